@@ -1,0 +1,1 @@
+"""aphrodite's command line (Typer). Thin: flags -> typed config -> engine calls."""

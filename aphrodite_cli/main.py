@@ -1,0 +1,76 @@
+"""The `aphrodite` command: wiring only. Each command group lives in its own module."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Annotated
+
+import typer
+
+from aphrodite_cli import media
+
+app = typer.Typer(
+    name="aphrodite",
+    help="Serve and benchmark multimodal (image, video, audio) language models.\n\n"
+    "Environment variables (APHRODITE_*) are listed in the README; unknown ones are warned about.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(media.app, name="media")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from engine.version import __version__
+
+        typer.echo(f"aphrodite {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-V", callback=_version, is_eager=True,
+                     help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Serve and benchmark multimodal (image, video, audio) language models."""
+    from engine import envs
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        envs.warn_unknown()
+    from aphrodite_cli.output import warn
+
+    for item in caught:
+        warn(str(item.message))
+    envs.validate_all()
+
+
+def main() -> None:
+    """Console entry point: known errors become one line and an exit code."""
+    from engine.errors import AphroditeError, ConfigError
+
+    try:
+        app(standalone_mode=True)
+    except AphroditeError as error:
+        from engine import envs
+
+        try:
+            debug = envs.APHRODITE_DEBUG
+        except ConfigError:
+            debug = False
+        if debug:
+            raise
+        from aphrodite_cli.output import print_error
+
+        print_error(error)
+        sys.exit(2 if isinstance(error, ConfigError) else 1)
+
+
+if __name__ == "__main__":
+    main()

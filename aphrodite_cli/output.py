@@ -1,0 +1,30 @@
+"""All console output goes through here: one-line errors, JSON, tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+from engine.errors import AphroditeError
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_json(data: Any) -> None:
+    """Machine-readable output on stdout, nothing else on that stream."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def print_error(error: AphroditeError) -> None:
+    """``Error: message`` plus the hint on its own line, on stderr."""
+    err.print(f"[bold red]Error:[/] {error.message}", markup=True, emoji=False)
+    if error.hint:
+        err.print(f"  [dim]hint:[/] {error.hint}", markup=True, emoji=False)
+
+
+def warn(message: str) -> None:
+    err.print(f"[yellow]Warning:[/] {message}", markup=True, emoji=False)

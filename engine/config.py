@@ -1,0 +1,102 @@
+"""Typed configuration objects. The CLI builds these from flags; the core sees nothing else."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from engine import envs
+from engine.errors import ConfigError
+
+Modality = Literal["image", "video", "audio"]
+MODALITIES: tuple[Modality, ...] = ("image", "video", "audio")
+
+
+def normalize_host(host: str) -> str:
+    """Lower-case, IDNA-encoded, without a trailing dot or IPv6 brackets: the form compared."""
+    host = host.strip().strip("[]").rstrip(".").lower()
+    try:
+        return host.encode("idna").decode("ascii") if not host.isascii() else host
+    except UnicodeError:
+        return host
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    """Where media may come from: the operator's allow-lists.
+
+    ``allowed_domains``: exact host names (after :func:`normalize_host`). When non-empty only
+    these hosts are fetched; a listed host may also resolve to private addresses. When empty
+    any host on a public address is fetched.
+    ``allowed_local_path``: the only folder ``file://`` URLs may read; ``None`` refuses them.
+    """
+
+    allowed_domains: frozenset[str] = frozenset()
+    allowed_local_path: Path | None = None
+    max_redirects: int = 3
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        allowed_domains: list[str] | tuple[str, ...] | None = None,
+        allowed_local_path: str | os.PathLike[str] | None = None,
+        max_redirects: int | None = None,
+    ) -> MediaPolicy:
+        """Validate operator input: the local folder must exist and be a directory."""
+        domains = frozenset(normalize_host(d) for d in (allowed_domains or ()) if d.strip())
+        local: Path | None = None
+        if allowed_local_path is not None and str(allowed_local_path) != "":
+            candidate = Path(allowed_local_path).expanduser()
+            if not candidate.exists():
+                raise ConfigError(
+                    f"--allowed-local-media-path {candidate} does not exist",
+                    hint="create the folder or point --allowed-local-media-path at one that exists",
+                )
+            if not candidate.is_dir():
+                raise ConfigError(
+                    f"--allowed-local-media-path {candidate} is not a directory",
+                    hint="pass a folder, not a file, to --allowed-local-media-path",
+                )
+            local = candidate.resolve(strict=True)
+        redirects = envs.APHRODITE_MEDIA_MAX_REDIRECTS if max_redirects is None else max_redirects
+        return cls(allowed_domains=domains, allowed_local_path=local, max_redirects=redirects)
+
+
+@dataclass(frozen=True)
+class ModalityLimits:
+    """Caps for one modality."""
+
+    max_bytes: int
+    fetch_timeout_s: float
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """Byte, time, pixel and duration caps for media, per modality."""
+
+    image: ModalityLimits
+    video: ModalityLimits
+    audio: ModalityLimits
+    max_image_pixels: int
+    max_audio_seconds: float
+    fetch_retries: int = 2
+    image_background: tuple[int, int, int] = field(default=(255, 255, 255))
+
+    def for_modality(self, modality: Modality) -> ModalityLimits:
+        return getattr(self, modality)
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> MediaLimits:
+        """Defaults from the ``APHRODITE_*`` variables; keyword overrides win."""
+        limits = cls(
+            image=ModalityLimits(envs.APHRODITE_MAX_IMAGE_BYTES, envs.APHRODITE_IMAGE_FETCH_TIMEOUT),
+            video=ModalityLimits(envs.APHRODITE_MAX_VIDEO_BYTES, envs.APHRODITE_VIDEO_FETCH_TIMEOUT),
+            audio=ModalityLimits(envs.APHRODITE_MAX_AUDIO_BYTES, envs.APHRODITE_AUDIO_FETCH_TIMEOUT),
+            max_image_pixels=envs.APHRODITE_MAX_IMAGE_PIXELS,
+            max_audio_seconds=envs.APHRODITE_MAX_AUDIO_SECONDS,
+            fetch_retries=envs.APHRODITE_MEDIA_FETCH_RETRIES,
+        )
+        return replace(limits, **overrides) if overrides else limits  # type: ignore[arg-type]

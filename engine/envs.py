@@ -1,0 +1,166 @@
+"""Every ``APHRODITE_*`` environment variable, in one place.
+
+Each variable is declared once below with its type, default and documentation. Values are read
+when asked for (``envs.APHRODITE_IMAGE_FETCH_TIMEOUT``), so a test or a launcher can set them
+before use. A value that does not parse raises :class:`~engine.errors.ConfigError` naming the
+variable; :func:`warn_unknown` warns about ``APHRODITE_*`` names that are declared nowhere
+(usually a typo).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import ConfigError
+
+PREFIX = "APHRODITE_"
+VIDEO_BACKENDS = ("opencv", "pyav", "torchcodec", "pynvvideocodec", "deepstream")
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """Declaration of one environment variable."""
+
+    name: str
+    default: Any
+    parse: Callable[[str], Any]
+    doc: str
+    kind: str
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError("must be greater than 0")
+    return value
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("must be 0 or more")
+    return value
+
+
+def _bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("must be one of 1/0, true/false, yes/no, on/off")
+
+
+def _video_backend(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in VIDEO_BACKENDS:
+        raise ValueError(f"must be one of {', '.join(VIDEO_BACKENDS)}")
+    return value
+
+
+def _log_level(raw: str) -> str:
+    value = raw.strip().upper()
+    if value not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
+    return value
+
+
+_MIB = 1024 * 1024
+
+_DECLARED: tuple[EnvVar, ...] = (
+    EnvVar("APHRODITE_IMAGE_FETCH_TIMEOUT", 10.0, _positive_float,
+           "Seconds to fetch one image, retries included.", "seconds"),
+    EnvVar("APHRODITE_VIDEO_FETCH_TIMEOUT", 30.0, _positive_float,
+           "Seconds to fetch one video, retries included.", "seconds"),
+    EnvVar("APHRODITE_AUDIO_FETCH_TIMEOUT", 10.0, _positive_float,
+           "Seconds to fetch one audio clip, retries included.", "seconds"),
+    EnvVar("APHRODITE_MEDIA_FETCH_RETRIES", 2, _non_negative_int,
+           "Retries after a timeout, connection error or 5xx (within the fetch timeout).", "int"),
+    EnvVar("APHRODITE_MEDIA_MAX_REDIRECTS", 3, _non_negative_int,
+           "Redirects followed per media fetch; each hop is checked against the policy.", "int"),
+    EnvVar("APHRODITE_MAX_IMAGE_BYTES", 20 * _MIB, _positive_int,
+           "Largest image accepted, in bytes (after any HTTP decompression).", "bytes"),
+    EnvVar("APHRODITE_MAX_VIDEO_BYTES", 256 * _MIB, _positive_int,
+           "Largest video accepted, in bytes.", "bytes"),
+    EnvVar("APHRODITE_MAX_AUDIO_BYTES", 32 * _MIB, _positive_int,
+           "Largest audio clip accepted, in bytes.", "bytes"),
+    EnvVar("APHRODITE_MAX_IMAGE_PIXELS", 40_000_000, _positive_int,
+           "Largest image accepted, in pixels (width x height), checked before decoding.",
+           "pixels"),
+    EnvVar("APHRODITE_MAX_AUDIO_SECONDS", 600.0, _positive_float,
+           "Longest audio clip accepted, in seconds.", "seconds"),
+    EnvVar("APHRODITE_MEDIA_LOADING_THREAD_COUNT", 8, _positive_int,
+           "Threads that decode media off the event loop.", "int"),
+    EnvVar("APHRODITE_VIDEO_LOADER_BACKEND", "opencv", _video_backend,
+           f"Default video decoder: one of {', '.join(VIDEO_BACKENDS)}.", "name"),
+    EnvVar("APHRODITE_CACHE_ROOT", "", str,
+           "Folder for built tiny models and other caches (default ~/.cache/aphrodite).",
+           "path"),
+    EnvVar("APHRODITE_LOGGING_LEVEL", "INFO", _log_level,
+           "Log level: DEBUG, INFO, WARNING or ERROR.", "name"),
+    EnvVar("APHRODITE_DEBUG", False, _bool,
+           "Show full tracebacks on the command line instead of one-line errors.", "bool"),
+    EnvVar("APHRODITE_FAIL_WITHOUT_GPU", False, _bool,
+           "Tests that need a GPU fail instead of skipping when none is present.", "bool"),
+)
+
+DECLARED: dict[str, EnvVar] = {var.name: var for var in _DECLARED}
+
+
+def get(name: str) -> Any:
+    """The parsed value of a declared variable (its default when unset or empty)."""
+    try:
+        var = DECLARED[name]
+    except KeyError:
+        raise AttributeError(f"{name} is not a declared APHRODITE_* variable") from None
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return var.default
+    try:
+        return var.parse(raw)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{name}={raw!r} is invalid: {exc}",
+            hint=f"unset {name} or set it to a valid {var.kind} (default {var.default!r})",
+            code="invalid_env_var",
+        ) from None
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith(PREFIX):
+        return get(name)
+    raise AttributeError(name)
+
+
+def unknown_names(environ: dict[str, str] | None = None) -> list[str]:
+    """``APHRODITE_*`` names set in the environment that no declaration knows."""
+    env = os.environ if environ is None else environ
+    return sorted(n for n in env if n.startswith(PREFIX) and n not in DECLARED)
+
+
+def warn_unknown(environ: dict[str, str] | None = None) -> list[str]:
+    """Warn once per unknown ``APHRODITE_*`` name, suggesting the closest declared one."""
+    names = unknown_names(environ)
+    for name in names:
+        close = difflib.get_close_matches(name, DECLARED, n=1)
+        tip = f"; did you mean {close[0]}?" if close else ""
+        warnings.warn(f"unknown environment variable {name} is ignored{tip}", stacklevel=2)
+    return names
+
+
+def validate_all() -> None:
+    """Parse every declared variable now, so a bad value fails at startup, not mid-request."""
+    for name in DECLARED:
+        get(name)

@@ -1,0 +1,133 @@
+"""One error hierarchy for the whole toolkit.
+
+Every error knows the HTTP status a server answers with, an OpenAI-style ``type``, a stable
+``code`` naming the rule that fired, and a one-line ``hint`` naming the flag or setting that
+changes the outcome. Catch at the level you need::
+
+    AphroditeError                      any error raised on purpose by this project
+    ├── ConfigError                     bad flag, env var or startup setting (CLI exit 2)
+    ├── ClientError (4xx)               the request is at fault
+    │   ├── InvalidRequestError  400    malformed input
+    │   ├── MediaPolicyError     400    a media URL the operator's policy forbids
+    │   ├── MediaFetchError      400    the media could not be fetched (status, timeout, refused)
+    │   ├── MediaTooLargeError   413    bytes, pixels or duration over a cap
+    │   ├── UnsupportedMediaError 415   the bytes are not the kind of media the part says
+    │   └── MediaDecodeError     422    the bytes are that kind of media but cannot be decoded
+    └── InternalError (500)             a bug in this project
+
+Messages never carry tracebacks, memory addresses or paths outside an allowed folder: use
+:func:`sanitize` on any text that came from a third-party exception.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+
+class AphroditeError(Exception):
+    """Base of every error this project raises on purpose."""
+
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "internal_error"
+    default_code: ClassVar[str] = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.code = code or self.default_code
+        self.param = param
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {
+            "error": {
+                "message": str(self),
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class ConfigError(AphroditeError):
+    """A flag, environment variable or startup setting is invalid."""
+
+    status = 400
+    type = "configuration_error"
+    default_code = "invalid_configuration"
+
+
+class ClientError(AphroditeError):
+    """The request is at fault (a 4xx)."""
+
+    status = 400
+    type = "invalid_request_error"
+    default_code = "invalid_request"
+
+
+class InvalidRequestError(ClientError):
+    """Malformed input: bad JSON, bad content part, bad base64."""
+
+
+class MediaPolicyError(ClientError):
+    """A media reference that the operator's policy forbids; nothing was fetched."""
+
+    default_code = "media_policy_violation"
+
+
+class MediaFetchError(ClientError):
+    """The media could not be fetched: an error status, a timeout, a refused connection."""
+
+    default_code = "media_fetch_failed"
+
+
+class MediaTooLargeError(ClientError):
+    """Bytes, pixels, frames or duration over a configured cap."""
+
+    status = 413
+    default_code = "media_too_large"
+
+
+class UnsupportedMediaError(ClientError):
+    """The bytes are not the kind of media the content part claims."""
+
+    status = 415
+    default_code = "unsupported_media_type"
+
+
+class MediaDecodeError(ClientError):
+    """The bytes look like the right kind of media but cannot be decoded."""
+
+    status = 422
+    default_code = "media_decode_failed"
+
+
+class InternalError(AphroditeError):
+    """A bug in this project (HTTP 500)."""
+
+
+_ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+\b|\b0x[0-9a-fA-F]{6,}\b")
+_ABS_PATH = re.compile(r"(?<![\w:/])/(?:[\w.\-+@]+/)*[\w.\-+@]+")
+
+
+def sanitize(text: object, *, limit: int = 200) -> str:
+    """Make third-party error text safe for a client: no addresses, paths or tracebacks.
+
+    Keeps the first line only, replaces memory addresses and absolute paths, and truncates.
+    """
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    line = _ADDRESS.sub("<addr>", line)
+    line = _ABS_PATH.sub("<path>", line)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
