@@ -98,7 +98,7 @@ class MediaConnector:
             declared = None
         else:
             raise InternalError(f"unfetchable media source kind {source.kind!r}")
-        mime = check_kind(data, source.modality, declared)
+        mime = check_kind(data, source.modality)
         return FetchedMedia(
             data=data,
             modality=source.modality,

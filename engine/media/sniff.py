@@ -15,20 +15,35 @@ _AUDIO_ALIASES = {"application/ogg", "audio/x-wav", "audio/wav"}
 
 
 def sniff_mime(data: bytes) -> str | None:
-    """The MIME type the content's magic bytes say, or ``None`` when unknown."""
+    """The MIME type the content's magic bytes say, or ``None`` when unknown.
+
+    Text (HTML error pages, JSON) has no magic bytes; it is recognised as text when the head
+    decodes as UTF-8 without control characters.
+    """
     kind = filetype.guess(data[:8192])
-    return kind.mime if kind is not None else None
+    if kind is not None:
+        return kind.mime
+    head = data[:1024].lstrip()
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:  # binary, unless only the cut-off last character broke
+        text = head[: exc.start].decode("utf-8") if exc.start >= len(head) - 3 else ""
+    if text and all(ch.isprintable() or ch in "\r\n\t" for ch in text):
+        if text[:1] == "<":
+            return "text/html"
+        return "application/json" if text[:1] in "{[" else "text/plain"
+    return None
 
 
-def check_kind(data: bytes, modality: Modality, declared: str | None = None) -> str | None:
+def check_kind(data: bytes, modality: Modality) -> str | None:
     """Sniff ``data`` and refuse content of another kind than ``modality`` (HTTP 415).
 
-    Unknown content passes (the decoder decides); the declared type is only a hint and never
-    overrides what the bytes say.
+    Returns the sniffed type; unknown content passes (``None``: the decoder decides). A
+    declared type (header, data URL) is never consulted: the bytes decide.
     """
     mime = sniff_mime(data)
     if mime is None:
-        return declared
+        return None
     top = mime.split("/", 1)[0]
     ok = (
         (modality == "image" and top == "image")
