@@ -68,7 +68,7 @@ def probe(
     raise typer.Exit(0 if report.ok else 1)
 
 
-def _print_report(report) -> None:  # noqa: ANN001 - ProbeReport, imported lazily
+def _print_report(report) -> None:
     status = "[green]accepted[/]" if report.ok else "[red]refused[/]"
     out.print(f"{report.modality} {report.source}: {status}", markup=True)
     rows = [("source", report.kind), ("mime", report.mime),

@@ -91,10 +91,13 @@ class MediaLimits:
     @classmethod
     def from_env(cls, **overrides: object) -> MediaLimits:
         """Defaults from the ``APHRODITE_*`` variables; keyword overrides win."""
+        per_modality = {
+            m: ModalityLimits(envs.get(f"APHRODITE_MAX_{m.upper()}_BYTES"),
+                              envs.get(f"APHRODITE_{m.upper()}_FETCH_TIMEOUT"))
+            for m in MODALITIES
+        }
         limits = cls(
-            image=ModalityLimits(envs.APHRODITE_MAX_IMAGE_BYTES, envs.APHRODITE_IMAGE_FETCH_TIMEOUT),
-            video=ModalityLimits(envs.APHRODITE_MAX_VIDEO_BYTES, envs.APHRODITE_VIDEO_FETCH_TIMEOUT),
-            audio=ModalityLimits(envs.APHRODITE_MAX_AUDIO_BYTES, envs.APHRODITE_AUDIO_FETCH_TIMEOUT),
+            **per_modality,
             max_image_pixels=envs.APHRODITE_MAX_IMAGE_PIXELS,
             max_audio_seconds=envs.APHRODITE_MAX_AUDIO_SECONDS,
             fetch_retries=envs.APHRODITE_MEDIA_FETCH_RETRIES,

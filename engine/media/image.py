@@ -6,6 +6,7 @@ Pillow's own decompression-bomb protection stays on; the project's pixel cap
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
 from dataclasses import dataclass
@@ -77,10 +78,8 @@ def decode_image(data: bytes, limits: MediaLimits) -> Image.Image:
     image = _open(data, limits)
     try:
         image.load()
-        try:
+        with contextlib.suppress(Exception):  # broken EXIF: keep the pixels as stored
             image = ImageOps.exif_transpose(image)
-        except Exception:  # broken EXIF: keep the pixels as stored
-            pass
         return to_rgb(image, limits.image_background)
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise MediaDecodeError(

@@ -72,7 +72,7 @@ def make_video(
         if codec == "libx265":
             options["x265-params"] = f"log-level=error:bframes={bframes}"
     stream.codec_context.options = options
-    for i in range(int(round(fps * seconds))):
+    for i in range(round(fps * seconds)):
         frame = av.VideoFrame.from_ndarray(video_frame(i, width, height, seed), format="rgb24")
         for packet in stream.encode(frame):
             out.mux(packet)

@@ -52,7 +52,7 @@ def probe_video(data: bytes) -> VideoInfo:
         rotation = 0
         try:
             side = getattr(stream, "side_data", None)
-            rotation = int(round(side.get("DISPLAYMATRIX", 0))) if side else 0
+            rotation = round(side.get("DISPLAYMATRIX", 0)) if side else 0
         except Exception:
             rotation = 0
         return VideoInfo(

@@ -1,0 +1,116 @@
+"""The `aphrodite` command, run as a user runs it: a real process."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.media import synthetic
+
+BIN = Path(sys.executable).with_name("aphrodite")
+
+
+def run(*args: str, stdin: str | None = None, env: dict | None = None):
+    import os
+
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([str(BIN), *args], capture_output=True, text=True, input=stdin,
+                          timeout=120, env=full_env)
+
+
+def test_help_and_version_do_not_import_torch_or_transformers():
+    code = (
+        "import sys\nfrom aphrodite_cli.main import app\n"
+        "for argv in (['--help'], ['--version'], ['media', '--help']):\n"
+        "    try:\n        app(argv, standalone_mode=False)\n"
+        "    except SystemExit:\n        pass\n"
+        "heavy = [m for m in ('torch', 'transformers', 'av', 'cv2', 'torchcodec') "
+        "if m in sys.modules]\nprint('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr
+
+
+def test_version():
+    from engine.version import __version__
+
+    result = run("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"aphrodite {__version__}"
+
+
+def test_probe_accepts_a_local_image(tmp_path):
+    (tmp_path / "a.png").write_bytes(synthetic.make_image(64, 48, fmt="PNG"))
+    result = run("media", "probe", f"file://{tmp_path}/a.png",
+                 "--allowed-local-media-path", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["mime"] == "image/png"
+    assert report["sent_to_model"] == {"type": "image", "mode": "RGB", "width": 64, "height": 48}
+
+
+def test_probe_refusal_exit_code_and_rule(tmp_path):
+    result = run("media", "probe", "file:///etc/passwd", "--modality", "image",
+                 "--allowed-local-media-path", str(tmp_path), "--json")
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["error"]["code"] == "media_local_path_outside"
+    human = run("media", "probe", "http://169.254.169.254/latest/x.png")
+    assert human.returncode == 1
+    assert "media_private_address" in human.stdout and "--allowed-media-domains" in human.stdout
+
+
+def test_probe_reads_long_data_urls_from_stdin():
+    wav = synthetic.make_audio(seconds=1.0)
+    url = "data:audio/wav;base64," + base64.b64encode(wav).decode()
+    result = run("media", "probe", "-", "--json", stdin=url)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["sent_to_model"]["samples"] == 16000
+
+
+def test_probe_video_reports_counted_frames(tmp_path):
+    (tmp_path / "c.mp4").write_bytes(synthetic.make_video(width=64, height=48, seconds=0.5))
+    result = run("media", "probe", f"file://{tmp_path}/c.mp4",
+                 "--allowed-local-media-path", str(tmp_path), "--json")
+    details = json.loads(result.stdout)["details"]
+    assert details["codec"] == "h264" and details["counted_frames"] == 15
+
+
+def test_bad_flag_value_is_a_usage_error(tmp_path):
+    result = run("media", "probe", "file:///x.png", "--allowed-local-media-path",
+                 str(tmp_path / "missing"))
+    assert result.returncode == 2
+    assert "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_env_var_is_one_line_error():
+    result = run("media", "probe", "http://x/a.png",
+                 env={"APHRODITE_IMAGE_FETCH_TIMEOUT": "soon"})
+    assert result.returncode == 2
+    assert "APHRODITE_IMAGE_FETCH_TIMEOUT" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unknown_env_var_is_warned():
+    result = run("media", "--help", env={"APHRODITE_VIDEO_BACKEND": "pyav"})
+    assert result.returncode == 0
+    assert "unknown environment variable APHRODITE_VIDEO_BACKEND" in result.stderr
+    assert "APHRODITE_VIDEO_LOADER_BACKEND" in result.stderr
+
+
+def test_generate_is_deterministic(tmp_path):
+    for name in ("a.mp4", "b.mp4"):
+        assert run("media", "generate", "video", str(tmp_path / name), "--seconds", "0.3",
+                   "--width", "64", "--height", "48").returncode == 0
+    assert (tmp_path / "a.mp4").read_bytes() == (tmp_path / "b.mp4").read_bytes()
+
+
+@pytest.mark.parametrize("kind,name", [("image", "x.webp"), ("audio", "x.flac")])
+def test_generate_then_probe(tmp_path, kind, name):
+    assert run("media", "generate", kind, str(tmp_path / name)).returncode == 0
+    result = run("media", "probe", f"file://{tmp_path}/{name}", "--json",
+                 "--allowed-local-media-path", str(tmp_path))
+    assert json.loads(result.stdout)["ok"]
