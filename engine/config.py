@@ -101,5 +101,6 @@ class MediaLimits:
             max_image_pixels=envs.APHRODITE_MAX_IMAGE_PIXELS,
             max_audio_seconds=envs.APHRODITE_MAX_AUDIO_SECONDS,
             fetch_retries=envs.APHRODITE_MEDIA_FETCH_RETRIES,
+            image_background=envs.APHRODITE_IMAGE_BACKGROUND,
         )
         return replace(limits, **overrides) if overrides else limits  # type: ignore[arg-type]

@@ -70,6 +70,16 @@ def _video_backend(raw: str) -> str:
     return value
 
 
+def _rgb(raw: str) -> tuple[int, int, int]:
+    text = raw.strip().lstrip("#")
+    if len(text) == 6 and all(c in "0123456789abcdefABCDEF" for c in text):
+        return (int(text[0:2], 16), int(text[2:4], 16), int(text[4:6], 16))
+    parts = [int(p) for p in text.split(",")]
+    if len(parts) != 3 or not all(0 <= p <= 255 for p in parts):
+        raise ValueError("must be R,G,B with each 0-255, or a hex colour like #ffffff")
+    return (parts[0], parts[1], parts[2])
+
+
 def _log_level(raw: str) -> str:
     value = raw.strip().upper()
     if value not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -99,6 +109,8 @@ _DECLARED: tuple[EnvVar, ...] = (
     EnvVar("APHRODITE_MAX_IMAGE_PIXELS", 40_000_000, _positive_int,
            "Largest image accepted, in pixels (width x height), checked before decoding.",
            "pixels"),
+    EnvVar("APHRODITE_IMAGE_BACKGROUND", (255, 255, 255), _rgb,
+           "Colour that transparent images are composited onto: R,G,B or #rrggbb.", "colour"),
     EnvVar("APHRODITE_MAX_AUDIO_SECONDS", 600.0, _positive_float,
            "Longest audio clip accepted, in seconds.", "seconds"),
     EnvVar("APHRODITE_MEDIA_LOADING_THREAD_COUNT", 8, _positive_int,
@@ -164,3 +176,16 @@ def validate_all() -> None:
     """Parse every declared variable now, so a bad value fails at startup, not mid-request."""
     for name in DECLARED:
         get(name)
+
+
+def markdown_table() -> str:
+    """The README's table of variables (``python -m engine.envs`` prints it)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for var in DECLARED.values():
+        default = var.default if var.default != "" else "(unset)"
+        rows.append(f"| `{var.name}` | `{default}` | {var.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -63,6 +63,17 @@ def test_no_module_reads_aphrodite_variables_elsewhere():
 
 
 def test_readme_documents_every_variable():
+    """The README's table is exactly what `python -m engine.envs` prints (regenerate it)."""
     text = README.read_text()
-    missing = [name for name in envs.DECLARED if f"`{name}`" not in text]
-    assert missing == []
+    start = text.index("<!-- envs-table:start -->") + len("<!-- envs-table:start -->")
+    table = text[start:text.index("<!-- envs-table:end -->")].strip()
+    assert table == envs.markdown_table()
+    assert all(f"`{name}`" in table for name in envs.DECLARED)
+
+
+def test_image_background(monkeypatch):
+    monkeypatch.setenv("APHRODITE_IMAGE_BACKGROUND", "#000010")
+    assert MediaLimits.from_env().image_background == (0, 0, 16)
+    monkeypatch.setenv("APHRODITE_IMAGE_BACKGROUND", "300,0,0")
+    with pytest.raises(ConfigError):
+        MediaLimits.from_env()
