@@ -82,6 +82,9 @@ class MediaLimits:
     audio: ModalityLimits
     max_image_pixels: int
     max_audio_seconds: float
+    max_video_frame_pixels: int = 4096 * 2304
+    max_video_frames: int = 100_000
+    max_video_decoded_bytes: int = 2 << 30
     fetch_retries: int = 2
     image_background: tuple[int, int, int] = field(default=(255, 255, 255))
 
@@ -100,6 +103,9 @@ class MediaLimits:
             **per_modality,
             max_image_pixels=envs.APHRODITE_MAX_IMAGE_PIXELS,
             max_audio_seconds=envs.APHRODITE_MAX_AUDIO_SECONDS,
+            max_video_frame_pixels=envs.APHRODITE_MAX_VIDEO_FRAME_PIXELS,
+            max_video_frames=envs.APHRODITE_MAX_VIDEO_FRAMES,
+            max_video_decoded_bytes=envs.APHRODITE_MAX_VIDEO_DECODED_BYTES,
             fetch_retries=envs.APHRODITE_MEDIA_FETCH_RETRIES,
             image_background=envs.APHRODITE_IMAGE_BACKGROUND,
         )

@@ -1,0 +1,1 @@
+"""One module per video backend, each imported only when chosen (see ``registry``)."""

@@ -1,0 +1,39 @@
+"""The interface every video backend implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import numpy as np
+
+from engine.media.video.options import BackendOptions
+from engine.media.video.scan import ContainerScan
+
+
+class VideoBackend(ABC):
+    """Decode the frames at given presentation-order indices.
+
+    Returns ``(T, H, W, 3)`` uint8 RGB, in the order of ``indices``, as displayed (the
+    container's rotation applied, as the ffmpeg CLI does). May return fewer frames than asked
+    when the stream ends early (truncated input); the loader turns that into an error.
+    """
+
+    name: ClassVar[str]
+    gpu: ClassVar[bool] = False
+
+    @abstractmethod
+    def decode(self, data: bytes, scan: ContainerScan, indices: list[int],
+               options: BackendOptions) -> np.ndarray: ...
+
+
+def rotate_for_display(frame: np.ndarray, rotation: float | int | None) -> np.ndarray:
+    """Apply FFmpeg's display rotation (degrees counter-clockwise) to an (H, W, 3) frame."""
+    turns = int(round((rotation or 0) / 90.0)) % 4
+    return np.ascontiguousarray(np.rot90(frame, k=turns)) if turns else frame
+
+
+def stack(frames: list[np.ndarray], scan: ContainerScan) -> np.ndarray:
+    if not frames:
+        return np.empty((0, scan.height, scan.width, 3), dtype=np.uint8)
+    return np.stack(frames)

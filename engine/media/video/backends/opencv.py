@@ -1,0 +1,47 @@
+"""OpenCV backend (FFmpeg underneath): grab every frame up to the last sampled one and convert
+only the sampled ones. Reads from memory through OpenCV's stream-buffered capture API."""
+
+from __future__ import annotations
+
+import io
+from typing import ClassVar
+
+import numpy as np
+
+from engine.errors import MediaDecodeError
+from engine.media.video.backends.base import VideoBackend, stack
+from engine.media.video.options import OpenCVOptions
+from engine.media.video.scan import ContainerScan
+
+
+class OpenCVBackend(VideoBackend):
+    name: ClassVar[str] = "opencv"
+
+    def decode(self, data: bytes, scan: ContainerScan, indices: list[int],
+               options: OpenCVOptions) -> np.ndarray:  # type: ignore[override]
+        import cv2
+
+        # Orientation is applied by OpenCV itself (CAP_PROP_ORIENTATION_AUTO is on by default).
+        # OpenCV reads through this object until release(): keep a reference to it till then.
+        source = io.BytesIO(data)
+        cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [])
+        if not cap.isOpened():
+            raise MediaDecodeError("OpenCV could not open the video", code="video_corrupt")
+        try:
+            wanted = set(indices)
+            frames: list[np.ndarray] = []
+            for i in range(indices[-1] + 1 if indices else 0):
+                if not cap.grab():
+                    break
+                if i in wanted:
+                    ok, bgr = cap.retrieve()
+                    if not ok:
+                        break
+                    frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+            return stack(frames, scan)
+        finally:
+            cap.release()
+            source.close()
+
+
+BACKEND = OpenCVBackend()

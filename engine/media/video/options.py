@@ -1,0 +1,217 @@
+"""Typed options per video backend, and the parsing of ``media_io_kwargs["video"]``.
+
+Server-wide kwargs come from ``--media-io-kwargs '{"video": {...}}'`` (or the backend from
+``APHRODITE_VIDEO_LOADER_BACKEND``); a request's ``media_io_kwargs.video`` is merged over them.
+A request may pick a GPU backend only if the server was started with it. Unknown backends,
+unknown options and options that belong to another backend are errors that say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from engine import envs
+from engine.envs import VIDEO_BACKENDS
+from engine.errors import ConfigError, InvalidRequestError
+from engine.media.video.sampling import SamplingRequest
+
+logger = logging.getLogger(__name__)
+
+GPU_BACKENDS = frozenset({"pynvvideocodec", "deepstream"})
+SAMPLING_KEYS = ("num_frames", "fps", "max_duration")
+
+
+def _int_at_least(low: int):
+    def check(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}={value!r} must be an integer of at least {low}")
+        return value
+    return check
+
+
+def _choice(*allowed: str):
+    def check(name: str, value: Any) -> str:
+        if value not in allowed:
+            raise ValueError(f"{name}={value!r} must be one of {', '.join(allowed)}")
+        return value
+    return check
+
+
+def _boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be true or false")
+    return value
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Base of the per-backend option classes."""
+
+    backend: ClassVar[str] = ""
+    checks: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@dataclass(frozen=True)
+class OpenCVOptions(BackendOptions):
+    """OpenCV (FFmpeg underneath): grabs every frame, converts only the sampled ones."""
+
+    backend: ClassVar[str] = "opencv"
+
+
+@dataclass(frozen=True)
+class PyAVOptions(BackendOptions):
+    """PyAV: ``threads`` (0 = FFmpeg's choice); ``skip_nonref`` skips decoding non-reference
+    frames that no sampled frame needs (the frames returned are unchanged)."""
+
+    backend: ClassVar[str] = "pyav"
+    checks: ClassVar[dict[str, Any]] = {"threads": _int_at_least(0), "skip_nonref": _boolean}
+    threads: int = 0
+    skip_nonref: bool = True
+
+
+@dataclass(frozen=True)
+class TorchCodecOptions(BackendOptions):
+    """torchcodec: ``num_ffmpeg_threads`` (0 = FFmpeg's default) and ``seek_mode`` (``exact``:
+    frame-accurate from a scan; ``approximate``: trusts the container's metadata)."""
+
+    backend: ClassVar[str] = "torchcodec"
+    checks: ClassVar[dict[str, Any]] = {"num_ffmpeg_threads": _int_at_least(0),
+                                        "seek_mode": _choice("exact", "approximate")}
+    num_ffmpeg_threads: int = 0
+    seek_mode: Literal["exact", "approximate"] = "exact"
+
+
+@dataclass(frozen=True)
+class PyNvVideoCodecOptions(BackendOptions):
+    """NVIDIA NVDEC through PyNvVideoCodec: ``hw_decoders`` slots kept per API server process
+    (reserved at startup), ``gpu_id``."""
+
+    backend: ClassVar[str] = "pynvvideocodec"
+    checks: ClassVar[dict[str, Any]] = {"hw_decoders": _int_at_least(1),
+                                        "gpu_id": _int_at_least(0)}
+    hw_decoders: int = 2
+    gpu_id: int = 0
+
+
+def _default_pool_size() -> int:
+    return envs.APHRODITE_MEDIA_LOADING_THREAD_COUNT
+
+
+@dataclass(frozen=True)
+class DeepStreamOptions(BackendOptions):
+    """GStreamer pipeline with NVIDIA's decoder when present: ``pool_size`` decode workers in
+    one process-wide pool (clamped to 1..16), ``decoder`` ``auto``/``nvidia``/``software``."""
+
+    backend: ClassVar[str] = "deepstream"
+    checks: ClassVar[dict[str, Any]] = {"pool_size": _int_at_least(1),
+                                        "decoder": _choice("auto", "nvidia", "software")}
+    pool_size: int = field(default_factory=_default_pool_size)
+    decoder: Literal["auto", "nvidia", "software"] = "auto"
+
+    def __post_init__(self) -> None:
+        clamped = min(max(self.pool_size, 1), 16)
+        if clamped != self.pool_size:
+            logger.warning("deepstream pool_size=%s clamped to %s", self.pool_size, clamped)
+            object.__setattr__(self, "pool_size", clamped)
+
+
+OPTION_CLASSES: dict[str, type[BackendOptions]] = {
+    cls.backend: cls for cls in (OpenCVOptions, PyAVOptions, TorchCodecOptions,
+                                 PyNvVideoCodecOptions, DeepStreamOptions)
+}
+# Options fixed when the server starts: a per-request value is ignored with a warning.
+STARTUP_ONLY = {"pynvvideocodec": ("hw_decoders", "gpu_id"), "deepstream": ("pool_size",)}
+
+
+@dataclass(frozen=True)
+class VideoLoadSpec:
+    """A resolved choice: backend, its typed options, and the sampling request."""
+
+    backend: str
+    options: BackendOptions
+    sampling: SamplingRequest
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def _owner_of(key: str) -> str | None:
+    return next((name for name, cls in OPTION_CLASSES.items() if key in cls.names()), None)
+
+
+def build_spec(kwargs: dict[str, Any], default_backend: str, *, error: type) -> VideoLoadSpec:
+    """Validate one ``video`` kwargs dict into a spec; ``error`` is the class raised."""
+    hint = ("--media-io-kwargs" if error is ConfigError
+            else "media_io_kwargs.video in the request")
+    if not isinstance(kwargs, dict):
+        raise error(f"video media_io_kwargs must be a JSON object, not {kwargs!r}", hint=hint)
+    backend = kwargs.get("backend", default_backend)
+    if backend not in OPTION_CLASSES:
+        raise error(
+            f"unknown video backend {backend!r}; valid backends: {', '.join(VIDEO_BACKENDS)}",
+            hint=f"set \"backend\" in {hint} to one of them", code="unknown_video_backend")
+    cls = OPTION_CLASSES[backend]
+    values: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key == "backend" or key in SAMPLING_KEYS:
+            continue
+        if key not in cls.names():
+            owner = _owner_of(key)
+            if owner is not None:
+                raise error(
+                    f"video option {key!r} belongs to the {owner} backend, not {backend}",
+                    hint=f'remove {key!r} or set "backend": "{owner}" in {hint}',
+                    code="video_option_wrong_backend")
+            valid = ", ".join((*cls.names(), *SAMPLING_KEYS))
+            raise error(f"unknown video option {key!r}; valid for {backend}: {valid}",
+                        hint=f"fix {hint}", code="unknown_video_option")
+        try:
+            values[key] = cls.checks[key](key, value)
+        except ValueError as exc:
+            raise error(str(exc), hint=f"fix {hint}", code="invalid_video_option") from None
+    sampling_args = {k: kwargs[k] for k in SAMPLING_KEYS if k in kwargs}
+    try:
+        sampling = SamplingRequest(**sampling_args)
+    except InvalidRequestError as exc:
+        raise error(exc.message, hint=f"fix {hint}", code=exc.code) from None
+    return VideoLoadSpec(backend, cls(**values), sampling, dict(kwargs))
+
+
+def server_video_spec(media_io_kwargs: dict[str, Any] | None) -> VideoLoadSpec:
+    """The server-wide spec from ``--media-io-kwargs`` and ``APHRODITE_VIDEO_LOADER_BACKEND``."""
+    video = dict((media_io_kwargs or {}).get("video") or {})
+    return build_spec(video, envs.APHRODITE_VIDEO_LOADER_BACKEND, error=ConfigError)
+
+
+def parse_video_io_kwargs(
+    request_kwargs: dict[str, Any] | None, server: VideoLoadSpec
+) -> VideoLoadSpec:
+    """A request's ``media_io_kwargs.video`` merged over the server's spec."""
+    if not request_kwargs:
+        return server
+    if not isinstance(request_kwargs, dict):
+        raise InvalidRequestError("media_io_kwargs.video must be a JSON object",
+                                  param="media_io_kwargs")
+    backend = request_kwargs.get("backend", server.backend)
+    if backend in GPU_BACKENDS and backend != server.backend:
+        raise InvalidRequestError(
+            f"video backend {backend!r} can only be used when the server was started with it",
+            hint=f"start the server with --media-io-kwargs '{{\"video\": {{\"backend\": "
+                 f"\"{backend}\"}}}}' or pick a CPU backend (opencv, pyav, torchcodec)",
+            code="video_backend_not_enabled", param="media_io_kwargs")
+    merged = {k: v for k, v in server.raw.items()
+              if k in SAMPLING_KEYS or (backend == server.backend and k != "backend")}
+    for key in STARTUP_ONLY.get(backend, ()):
+        if key in request_kwargs:
+            if request_kwargs[key] != getattr(server.options, key, None):
+                logger.warning("ignoring per-request video option %s=%r: %s fixes it when the "
+                               "server starts", key, request_kwargs[key], backend)
+            request_kwargs = {k: v for k, v in request_kwargs.items() if k != key}
+    merged.update(request_kwargs)
+    merged["backend"] = backend
+    return build_spec(merged, server.backend, error=InvalidRequestError)
