@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from aphrodite_cli import media
+from aphrodite_cli.bench import cli as bench
 
 app = typer.Typer(
     name="aphrodite",
@@ -20,6 +21,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(media.app, name="media")
+app.add_typer(bench.app, name="bench")
 
 
 def _version(value: bool) -> None:

@@ -69,9 +69,14 @@ def make_video(
     if codec in ("libx264", "libx265"):
         options.update({"bf": str(bframes), "crf": str(crf), "preset": "ultrafast"
                         if bframes == 0 else "veryfast"})
+        if codec == "libx264" and bframes:
+            options["x264-params"] = "b-adapt=0"  # exactly `bframes` B-frames per group
         if codec == "libx265":
-            options["x265-params"] = f"log-level=error:bframes={bframes}"
+            options["x265-params"] = f"log-level=error:bframes={bframes}:b-adapt=0"
     stream.codec_context.options = options
+    # Frame-threaded encoding: one slice per frame, as most files in the wild have (sliced
+    # threads would make every frame decodable in parallel slices, which real clips rarely are).
+    stream.codec_context.thread_type = "FRAME"
     for i in range(round(fps * seconds)):
         frame = av.VideoFrame.from_ndarray(video_frame(i, width, height, seed), format="rgb24")
         for packet in stream.encode(frame):

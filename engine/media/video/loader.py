@@ -97,7 +97,7 @@ def load_video(data: bytes, spec: VideoLoadSpec, limits: MediaLimits) -> VideoFr
 
 
 async def load_video_async(data: bytes, spec: VideoLoadSpec, limits: MediaLimits,
-                           budget=None) -> VideoFrames:  # noqa: ANN001 - GpuDecodeBudget
+                           budget=None) -> VideoFrames:
     """:func:`load_video` on the decode pool; GPU backends hold ``budget`` while decoding."""
     loop = asyncio.get_running_loop()
     pool = decode_executor()

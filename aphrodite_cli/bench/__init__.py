@@ -1,0 +1,1 @@
+"""Benchmark runners, result schema and reports (no Typer here; see ``cli.py``)."""

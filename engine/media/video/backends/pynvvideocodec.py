@@ -1,0 +1,103 @@
+"""NVIDIA NVDEC through PyNvVideoCodec (``SimpleDecoder``, RGB output on the GPU).
+
+PyNvVideoCodec is imported only when this backend is chosen: on a machine without an NVIDIA
+driver its import fails ("Failed to load NVENC library"), which becomes a clear error.
+``hw_decoders`` decoder slots are kept per process (reserved when the server starts); a decode
+waits for a free slot. The bytes reach the decoder through an in-memory file (memfd).
+Frames come back to host memory as (T, H, W, 3) uint8; rotation is applied like the other
+backends (read from torchcodec's metadata, which the GPU image has with torch).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import Any, ClassVar
+
+import numpy as np
+
+from engine.errors import ConfigError, MediaDecodeError, sanitize
+from engine.media.video.backends.base import VideoBackend, rotate_for_display, stack
+from engine.media.video.options import PyNvVideoCodecOptions
+from engine.media.video.scan import ContainerScan
+
+_nvc: Any = None
+_slots: queue.Queue[int] | None = None
+_slot_count = 0
+_lock = threading.Lock()
+
+
+def load_pynvvideocodec() -> Any:
+    """``import PyNvVideoCodec``, turning a missing driver or package into a ConfigError."""
+    global _nvc
+    with _lock:
+        if _nvc is None:
+            try:
+                import PyNvVideoCodec as nvc
+            except ImportError:
+                raise ConfigError(
+                    "the pynvvideocodec video backend needs the PyNvVideoCodec package",
+                    hint="pip install 'aphrodite-toolkit[nvidia]' on a machine with an NVIDIA "
+                         "GPU, or pick a CPU video backend", code="video_backend_unavailable",
+                ) from None
+            except RuntimeError as exc:
+                raise ConfigError(
+                    f"PyNvVideoCodec cannot use NVDEC here: {sanitize(exc)}",
+                    hint="this backend needs an NVIDIA GPU and driver; pick opencv, pyav or "
+                         "torchcodec on this machine", code="video_backend_unavailable",
+                ) from None
+            _nvc = nvc
+        return _nvc
+
+
+def reserve_slots(count: int) -> None:
+    """Reserve ``count`` hardware decoder slots for this process (at server start)."""
+    global _slots, _slot_count
+    with _lock:
+        if _slots is None:
+            _slots = queue.Queue()
+            for i in range(count):
+                _slots.put(i)
+            _slot_count = count
+
+
+def _rotation(data: bytes) -> float:
+    from torchcodec.decoders import VideoDecoder
+
+    return VideoDecoder(data, seek_mode="approximate").metadata.rotation or 0
+
+
+class PyNvVideoCodecBackend(VideoBackend):
+    name: ClassVar[str] = "pynvvideocodec"
+    gpu: ClassVar[bool] = True
+
+    def decode(self, data: bytes, scan: ContainerScan, indices: list[int],
+               options: PyNvVideoCodecOptions) -> np.ndarray:  # type: ignore[override]
+        nvc = load_pynvvideocodec()
+        reserve_slots(options.hw_decoders)
+        if not indices:
+            return stack([], scan)
+        import torch
+
+        slot = _slots.get()  # type: ignore[union-attr]
+        fd = os.memfd_create("aphrodite-nvdec", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, data)
+            decoder = nvc.SimpleDecoder(f"/proc/self/fd/{fd}", gpu_id=options.gpu_id,
+                                        use_device_memory=True,
+                                        output_color_type=nvc.OutputColorType.RGB)
+            batch = decoder.get_batch_frames_by_index(list(indices))
+            frames = [torch.from_dlpack(f).cpu().numpy() for f in batch]
+        except RuntimeError as exc:
+            raise MediaDecodeError(f"NVDEC could not decode the video: {sanitize(exc)}",
+                                   code="video_corrupt") from None
+        finally:
+            os.close(fd)
+            _slots.put(slot)  # type: ignore[union-attr]
+        turn = _rotation(data)
+        return stack([rotate_for_display(np.ascontiguousarray(f[..., :3]), turn)
+                      for f in frames], scan)
+
+
+BACKEND = PyNvVideoCodecBackend()
