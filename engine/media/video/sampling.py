@@ -7,7 +7,8 @@ over a header's claim, so every backend samples the same frames of the same clip
 - ``fps`` (frames per second wanted) sets the count to ``ceil(duration * fps)``, at most
   ``num_frames``;
 - otherwise the count is ``num_frames`` (default 32), at most the frames available;
-- the indices are spread uniformly: ``floor(linspace(0, n_available - 1, count) + 0.5)``, deduplicated.
+- the indices are spread uniformly, rounding half up:
+  ``floor(linspace(0, n_available - 1, count) + 0.5)``, deduplicated.
 """
 
 from __future__ import annotations

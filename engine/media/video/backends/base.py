@@ -29,7 +29,7 @@ class VideoBackend(ABC):
 
 def rotate_for_display(frame: np.ndarray, rotation: float | int | None) -> np.ndarray:
     """Apply FFmpeg's display rotation (degrees counter-clockwise) to an (H, W, 3) frame."""
-    turns = int(round((rotation or 0) / 90.0)) % 4
+    turns = round((rotation or 0) / 90.0) % 4
     return np.ascontiguousarray(np.rot90(frame, k=turns)) if turns else frame
 
 

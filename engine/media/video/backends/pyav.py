@@ -44,7 +44,7 @@ class _Collector:
 
     def add(self, slot: int, frame) -> None:
         if self.out is None:
-            turns = int(round((getattr(frame, "rotation", 0) or 0) / 90)) % 2
+            turns = round((getattr(frame, "rotation", 0) or 0) / 90) % 2
             h, w = (frame.width, frame.height) if turns else (frame.height, frame.width)
             self.out = np.empty((self.count, h, w, 3), dtype=np.uint8)
         self.filled.add(slot)
