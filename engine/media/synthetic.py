@@ -56,15 +56,26 @@ def video_frame(index: int, width: int, height: int, seed: int = 0) -> np.ndarra
 def make_video(
     *, width: int = 320, height: int = 240, fps: int = 30, seconds: float = 2.0,
     codec: str = "libx264", container: str = "mp4", gop: int = 30, bframes: int = 2,
-    pix_fmt: str = "yuv420p", seed: int = 0, crf: int = 23,
+    pix_fmt: str = "yuv420p", seed: int = 0, crf: int = 23, rotation: int = 0,
+    frame_times: list[float] | None = None,
 ) -> bytes:
-    """An encoded clip whose every frame differs (see :func:`video_frame`)."""
+    """An encoded clip whose every frame differs (see :func:`video_frame`).
+
+    ``rotation`` writes a display rotation (degrees) into the container; ``frame_times``
+    (seconds, increasing) makes a variable-frame-rate clip with those presentation times.
+    """
     import av
 
     buf = io.BytesIO()
     out = av.open(buf, mode="w", format=container)
     stream = out.add_stream(codec, rate=Fraction(fps))
     stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
+    if rotation:
+        stream.set_display_rotation(rotation)
+    time_base = Fraction(1, 90_000)
+    if frame_times is not None:
+        stream.time_base = time_base
+        stream.codec_context.time_base = time_base
     options = {"g": str(gop)}
     if codec in ("libx264", "libx265"):
         options.update({"bf": str(bframes), "crf": str(crf), "preset": "ultrafast"
@@ -77,8 +88,11 @@ def make_video(
     # Frame-threaded encoding: one slice per frame, as most files in the wild have (sliced
     # threads would make every frame decodable in parallel slices, which real clips rarely are).
     stream.codec_context.thread_type = "FRAME"
-    for i in range(round(fps * seconds)):
+    count = len(frame_times) if frame_times is not None else round(fps * seconds)
+    for i in range(count):
         frame = av.VideoFrame.from_ndarray(video_frame(i, width, height, seed), format="rgb24")
+        if frame_times is not None:
+            frame.pts, frame.time_base = round(frame_times[i] / time_base), time_base
         for packet in stream.encode(frame):
             out.mux(packet)
     for packet in stream.encode(None):

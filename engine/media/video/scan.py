@@ -101,7 +101,7 @@ def scan_video(data: bytes, limits: MediaLimits) -> ContainerScan:
             float(stream.average_rate) if stream.average_rate else None)
         return ContainerScan(
             container=container.format.name,
-            codec=ctx.name,
+            codec=ctx.codec.canonical_name,
             width=width,
             height=height,
             pixel_format=ctx.pix_fmt,

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from engine.errors import MediaDecodeError
+from engine.errors import MediaDecodeError, UnsupportedMediaError
 from engine.media.video.backends.base import VideoBackend, stack
 from engine.media.video.options import OpenCVOptions
 from engine.media.video.scan import ContainerScan
@@ -32,6 +32,11 @@ class OpenCVBackend(VideoBackend):
             frames: list[np.ndarray] = []
             for i in range(indices[-1] + 1 if indices else 0):
                 if not cap.grab():
+                    if i == 0:
+                        raise UnsupportedMediaError(
+                            f"OpenCV cannot decode this {scan.codec} video",
+                            hint="pick the pyav or torchcodec video backend for it",
+                            code="video_codec_unsupported")
                     break
                 if i in wanted:
                     ok, bgr = cap.retrieve()

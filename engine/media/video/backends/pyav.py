@@ -24,9 +24,36 @@ from engine.media.video.scan import ContainerScan
 _convert_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="aphrodite-rgb")
 
 
-def to_rgb(frame) -> np.ndarray:  # an av.VideoFrame
+def _is_8bit(frame) -> bool:  # an av.VideoFrame
+    return all(c.bits <= 8 for c in frame.format.components)
+
+
+class _GraphConverter:
+    """RGB24 through a ``format=rgb24`` filter graph: for more than 8 bits per component, the
+    CLI's auto-inserted scaler (with its dithering) is matched only this way."""
+
+    def __init__(self, stream) -> None:  # an av.VideoStream
+        import av
+
+        self.graph = av.filter.Graph()
+        source = self.graph.add_buffer(template=stream)
+        fmt = self.graph.add("format", "rgb24")
+        sink = self.graph.add("buffersink")
+        source.link_to(fmt)
+        fmt.link_to(sink)
+        self.graph.configure()
+
+    def __call__(self, frame):  # av.VideoFrame -> av.VideoFrame
+        self.graph.push(frame)
+        return self.graph.pull()
+
+
+def to_rgb(frame, converter: _GraphConverter | None = None) -> np.ndarray:
     """RGB24 as the ffmpeg CLI converts it, display rotation applied (a view when possible)."""
-    rgb = frame.reformat(format="rgb24", interpolation="BICUBIC")
+    if converter is not None:
+        rgb = converter(frame)
+    else:
+        rgb = frame.reformat(format="rgb24", interpolation="BICUBIC")
     plane = rgb.planes[0]
     rows = np.frombuffer(plane, dtype=np.uint8).reshape(plane.height, plane.line_size)
     image = rows[:, : plane.width * 3].reshape(plane.height, plane.width, 3)
@@ -36,8 +63,10 @@ def to_rgb(frame) -> np.ndarray:  # an av.VideoFrame
 class _Collector:
     """Converts sampled frames into one (T, H, W, 3) array, off the decoding thread."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, stream) -> None:  # an av.VideoStream
         self.count = count
+        self.stream = stream
+        self.graph: _GraphConverter | None = None
         self.out: np.ndarray | None = None
         self.jobs: list[Future[None]] = []
         self.filled: set[int] = set()
@@ -48,7 +77,12 @@ class _Collector:
             h, w = (frame.width, frame.height) if turns else (frame.height, frame.width)
             self.out = np.empty((self.count, h, w, 3), dtype=np.uint8)
         self.filled.add(slot)
-        self.jobs.append(_convert_pool.submit(self._convert, slot, frame))
+        if _is_8bit(frame):
+            self.jobs.append(_convert_pool.submit(self._convert, slot, frame))
+        else:  # a filter graph is not thread-safe: convert here, in order
+            if self.graph is None:
+                self.graph = _GraphConverter(self.stream)
+            self.out[slot] = to_rgb(frame, self.graph)
 
     def _convert(self, slot: int, frame) -> None:
         self.out[slot] = to_rgb(frame)  # type: ignore[index]
@@ -69,9 +103,9 @@ class PyAVBackend(VideoBackend):
         import av
 
         slot_of = {index: slot for slot, index in enumerate(indices)}
-        collector = _Collector(len(indices))
         with av.open(io.BytesIO(data), mode="r") as container:
             stream = container.streams.video[0]
+            collector = _Collector(len(indices), stream)
             ctx = stream.codec_context
             ctx.thread_type = "FRAME"
             ctx.thread_count = options.threads
