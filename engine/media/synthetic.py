@@ -53,6 +53,19 @@ def video_frame(index: int, width: int, height: int, seed: int = 0) -> np.ndarra
     return frame
 
 
+def read_frame_index(frame: np.ndarray) -> int:
+    """The frame number :func:`video_frame` wrote into the top band (frames as displayed
+    unrotated)."""
+    height, width = frame.shape[:2]
+    row = max(height // 8, 2) // 2
+    index = 0
+    for bit in range(16):
+        x = (bit * width // 16 + (bit + 1) * width // 16) // 2
+        if frame[row, x].mean() > 127:
+            index |= 1 << bit
+    return index
+
+
 def make_video(
     *, width: int = 320, height: int = 240, fps: int = 30, seconds: float = 2.0,
     codec: str = "libx264", container: str = "mp4", gop: int = 30, bframes: int = 2,

@@ -130,6 +130,19 @@ def _buffer_to_array(sample) -> np.ndarray:
         buf.unmap(info)
 
 
+def _clipped_at_edit_start(sample, frame_ns: float | None) -> bool:  # noqa: ANN001
+    """A frame that began before an edit list's start. GStreamer keeps it, clipped (its
+    timestamp moved to the segment start, its duration shortened); FFmpeg, whose frame
+    numbering every backend follows, drops it."""
+    buf, segment = sample.get_buffer(), sample.get_segment()
+    if segment is None or not segment.start or frame_ns is None:
+        return False
+    none = gst().CLOCK_TIME_NONE
+    if buf.pts == none or buf.duration == none:
+        return False
+    return buf.pts <= segment.start and buf.duration < 0.9 * frame_ns
+
+
 def run_pipeline(data: bytes, scan: ContainerScan, indices: list[int], decoder: str
                  ) -> list[np.ndarray]:
     """Decode the sampled frames through a GStreamer pipeline (blocking)."""
@@ -151,6 +164,7 @@ def run_pipeline(data: bytes, scan: ContainerScan, indices: list[int], decoder: 
         wanted = set(indices)
         frames: list[np.ndarray] = []
         index = 0
+        frame_ns = 1e9 / scan.fps if scan.fps else None
         while index <= indices[-1]:
             sample = sink.emit("try-pull-sample", _PULL_TIMEOUT_NS)
             if sample is None:
@@ -160,6 +174,8 @@ def run_pipeline(data: bytes, scan: ContainerScan, indices: list[int], decoder: 
                     raise MediaDecodeError(f"the video could not be decoded: "
                                            f"{sanitize(error.message)}", code="video_corrupt")
                 break  # end of stream (or stalled): the loader reports missing frames
+            if index == 0 and _clipped_at_edit_start(sample, frame_ns):
+                continue  # edit lists: FFmpeg drops a frame that starts before the edit
             if index in wanted:
                 frames.append(_buffer_to_array(sample))
             index += 1
