@@ -118,6 +118,7 @@ class InternalError(AphroditeError):
     """A bug in this project (HTTP 500)."""
 
 
+_ERRNO = re.compile(r"\[Errno -?\d+\]\s*")
 _ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+\b|\b0x[0-9a-fA-F]{6,}\b")
 _ABS_PATH = re.compile(r"(?<![\w:/])/(?:[\w.\-+@]+/)*[\w.\-+@]+")
 
@@ -128,6 +129,7 @@ def sanitize(text: object, *, limit: int = 200) -> str:
     Keeps the first line only, replaces memory addresses and absolute paths, and truncates.
     """
     line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    line = _ERRNO.sub("", line)
     line = _ADDRESS.sub("<addr>", line)
     line = _ABS_PATH.sub("<path>", line)
     return line if len(line) <= limit else line[: limit - 1] + "…"

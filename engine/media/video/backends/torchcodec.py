@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from engine.errors import MediaDecodeError, sanitize
+from engine.errors import MediaDecodeError
 from engine.media.video.backends.base import VideoBackend, stack
 from engine.media.video.options import TorchCodecOptions
 from engine.media.video.scan import ContainerScan
@@ -33,9 +33,11 @@ class TorchCodecBackend(VideoBackend):
             if not usable:
                 return stack([], scan)
             batch = decoder.get_frames_at(usable)
-        except (RuntimeError, ValueError, IndexError) as exc:
-            raise MediaDecodeError(f"torchcodec could not decode the video: {sanitize(exc)}",
-                                   code="video_corrupt") from None
+        except (RuntimeError, ValueError, IndexError):
+            # torchcodec's messages name its C++ source lines; the client gets the outcome.
+            raise MediaDecodeError("the video is truncated or corrupt: torchcodec could not "
+                                   "decode the sampled frames", code="video_corrupt",
+                                   hint="re-encode the video and send it again") from None
         return np.ascontiguousarray(batch.data.numpy())
 
 
