@@ -1,0 +1,117 @@
+"""Backend selection and typed options: server-wide, env var and per-request."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from engine.errors import ConfigError, InvalidRequestError
+from engine.media.video.options import (
+    DeepStreamOptions,
+    PyAVOptions,
+    TorchCodecOptions,
+    parse_video_io_kwargs,
+    server_video_spec,
+)
+from engine.media.video.sampling import SamplingRequest, sample_indices
+
+
+def test_env_var_picks_the_default_backend(monkeypatch):
+    monkeypatch.setenv("APHRODITE_VIDEO_LOADER_BACKEND", "pyav")
+    assert server_video_spec(None).backend == "pyav"
+    monkeypatch.delenv("APHRODITE_VIDEO_LOADER_BACKEND")
+    assert server_video_spec(None).backend == "opencv"
+
+
+def test_flag_wins_over_env_and_options_are_typed(monkeypatch):
+    monkeypatch.setenv("APHRODITE_VIDEO_LOADER_BACKEND", "pyav")
+    spec = server_video_spec({"video": {"backend": "torchcodec", "seek_mode": "approximate",
+                                        "num_ffmpeg_threads": 2, "num_frames": 16}})
+    assert spec.backend == "torchcodec"
+    assert spec.options == TorchCodecOptions(num_ffmpeg_threads=2, seek_mode="approximate")
+    assert spec.sampling == SamplingRequest(num_frames=16)
+
+
+def test_unknown_backend_lists_the_valid_ones():
+    with pytest.raises(ConfigError) as info:
+        server_video_spec({"video": {"backend": "ffmpeg-gpu"}})
+    for name in ("opencv", "pyav", "torchcodec", "pynvvideocodec", "deepstream"):
+        assert name in info.value.message
+
+
+def test_option_of_another_backend_names_option_and_backend():
+    with pytest.raises(ConfigError) as info:
+        server_video_spec({"video": {"backend": "pyav", "seek_mode": "exact"}})
+    assert "'seek_mode'" in info.value.message and "torchcodec" in info.value.message
+    assert info.value.code == "video_option_wrong_backend"
+
+
+def test_unknown_option_and_bad_values():
+    with pytest.raises(ConfigError, match="unknown video option 'turbo'"):
+        server_video_spec({"video": {"backend": "pyav", "turbo": True}})
+    with pytest.raises(ConfigError, match="seek_mode='fast' must be one of exact, approximate"):
+        server_video_spec({"video": {"backend": "torchcodec", "seek_mode": "fast"}})
+    with pytest.raises(ConfigError, match="threads=-1"):
+        server_video_spec({"video": {"backend": "pyav", "threads": -1}})
+    with pytest.raises(ConfigError, match="num_frames"):
+        server_video_spec({"video": {"num_frames": 0}})
+
+
+def test_request_merges_over_server_settings():
+    server = server_video_spec({"video": {"backend": "pyav", "threads": 2, "num_frames": 8}})
+    same = parse_video_io_kwargs({"fps": 2.0}, server)
+    assert same.options == PyAVOptions(threads=2) and same.sampling.num_frames == 8
+    assert same.sampling.fps == 2.0
+    other = parse_video_io_kwargs({"backend": "torchcodec", "seek_mode": "approximate"}, server)
+    assert other.backend == "torchcodec" and other.sampling.num_frames == 8
+    with pytest.raises(InvalidRequestError) as info:
+        parse_video_io_kwargs({"backend": "opencv", "threads": 2}, server)
+    assert info.value.status == 400 and "belongs to the pyav backend" in info.value.message
+
+
+@pytest.mark.parametrize("gpu", ["pynvvideocodec", "deepstream"])
+def test_gpu_backend_per_request_only_if_the_server_started_with_it(gpu):
+    server = server_video_spec(None)
+    with pytest.raises(InvalidRequestError) as info:
+        parse_video_io_kwargs({"backend": gpu}, server)
+    assert info.value.code == "video_backend_not_enabled"
+    assert "--media-io-kwargs" in info.value.hint
+    started = server_video_spec({"video": {"backend": gpu}})
+    assert parse_video_io_kwargs({"backend": gpu, "num_frames": 4}, started).backend == gpu
+
+
+def test_startup_only_options_are_ignored_per_request_with_a_warning(caplog):
+    server = server_video_spec({"video": {"backend": "pynvvideocodec", "hw_decoders": 3}})
+    with caplog.at_level(logging.WARNING):
+        spec = parse_video_io_kwargs({"hw_decoders": 9}, server)
+    assert spec.options.hw_decoders == 3
+    assert "hw_decoders" in caplog.text and "ignoring" in caplog.text
+
+
+def test_deepstream_pool_size_defaults_and_clamps(monkeypatch, caplog):
+    monkeypatch.setenv("APHRODITE_MEDIA_LOADING_THREAD_COUNT", "5")
+    assert DeepStreamOptions().pool_size == 5
+    with caplog.at_level(logging.WARNING):
+        assert DeepStreamOptions(pool_size=64).pool_size == 16
+    assert "clamped" in caplog.text
+
+
+@pytest.mark.parametrize("total,fps,request_,expected", [
+    (300, 30.0, SamplingRequest(num_frames=4), [0, 100, 199, 299]),
+    (10, 30.0, SamplingRequest(num_frames=32), list(range(10))),
+    (300, 30.0, SamplingRequest(num_frames=32, fps=1.0), [0, 33, 66, 100, 133, 166, 199, 233,
+                                                           266, 299]),
+    (300, 30.0, SamplingRequest(num_frames=4, max_duration=2.0), [0, 20, 39, 59]),
+    (1, 30.0, SamplingRequest(), [0]),
+    (0, None, SamplingRequest(), []),
+])
+def test_sampler(total, fps, request_, expected):
+    assert sample_indices(total, fps, request_) == expected
+
+
+def test_sampling_request_validation():
+    for bad in ({"num_frames": 0}, {"num_frames": 5000}, {"fps": -1}, {"max_duration": 0},
+                {"num_frames": True}, {"fps": float("nan")}):
+        with pytest.raises(InvalidRequestError):
+            SamplingRequest(**bad)
