@@ -7,7 +7,13 @@ from typing import Annotated, Literal
 
 import typer
 
-from aphrodite_cli.options import AllowedLocalMediaPath, AllowedMediaDomains, split_hosts
+from aphrodite_cli.options import (
+    AllowedLocalMediaPath,
+    AllowedMediaDomains,
+    MediaIoKwargs,
+    parse_json_flag,
+    split_hosts,
+)
 from aphrodite_cli.output import out, print_json
 
 app = typer.Typer(help="Inspect media exactly as `aphrodite serve` would fetch and decode it.",
@@ -43,6 +49,7 @@ def probe(
     sampling_rate: Annotated[
         int, typer.Option("--sampling-rate", min=1000, help="Audio rate sent to the model (Hz).")
     ] = 16_000,
+    media_io_kwargs: MediaIoKwargs = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Check, fetch and decode one media reference with the same policy flags as `serve`."""
@@ -58,8 +65,14 @@ def probe(
         allowed_local_path=allowed_local_media_path,
     )
     chosen = None if modality == "auto" else modality
+    io_kwargs = parse_json_flag("--media-io-kwargs", media_io_kwargs)
+    if io_kwargs:
+        from engine.media.video.options import server_video_spec
+
+        server_video_spec(io_kwargs)  # a bad backend or option is a usage error, up front
     report = asyncio.run(
-        probe_source(source, chosen, policy, MediaLimits.from_env(), sampling_rate=sampling_rate)
+        probe_source(source, chosen, policy, MediaLimits.from_env(), sampling_rate=sampling_rate,
+                     media_io_kwargs=io_kwargs)
     )
     if as_json:
         print_json(report.to_dict())
@@ -76,9 +89,12 @@ def _print_report(report) -> None:
             ("fetch time (s)", report.fetch_s)]
     rows += list(report.details.items())
     if report.sent_to_model:
-        sent = ", ".join(f"{k}={v}" for k, v in report.sent_to_model.items())
+        sent = ", ".join(f"{k}={v}" for k, v in report.sent_to_model.items()
+                         if k != "sampled_indices")
         rows.append(("sent to model", sent))
     for key, value in rows:
+        if isinstance(value, list) and len(value) > 8:
+            value = f"{value[:4]} … {value[-2:]} ({len(value)})"
         if value is not None:
             out.print(f"  {key:<18} {value}", markup=False)
     if report.error:
@@ -131,3 +147,82 @@ def generate(
         data = synthetic.make_audio(seconds=seconds, fmt=fmt)
     path.write_bytes(data)
     out.print(f"wrote {path} ({len(data)} bytes)", markup=False)
+
+
+@app.command(
+    epilog="""Examples:
+
+  aphrodite media decode file:///srv/clip.mp4 --allowed-local-media-path /srv
+  --backend pyav --out frames/
+
+  aphrodite media decode https://example.com/clip.webm --backend torchcodec
+  --num-frames 8 --options '{"seek_mode": "approximate"}' --out frames/
+
+Writes frame_0000.png ... and decode.json (metadata and decode time) into OUT."""
+)
+def decode(
+    source: Annotated[str, typer.Argument(help="http(s), data: or file:// URL of a video; "
+                                          "'-' reads it from stdin.")],
+    out_dir: Annotated[str, typer.Option("--out", help="Folder for the PNGs and decode.json.")],
+    backend: Annotated[str, typer.Option(help="opencv, pyav, torchcodec, pynvvideocodec or "
+                                         "deepstream (default: APHRODITE_VIDEO_LOADER_BACKEND)"
+                                         )] = "",
+    num_frames: Annotated[int | None, typer.Option(min=1, help="Frames to sample (32).")
+                          ] = None,
+    fps: Annotated[float | None, typer.Option(min=0.001, help="Frames per second to sample.")
+                   ] = None,
+    max_duration: Annotated[float | None, typer.Option(
+        min=0.001, help="Only sample the first N seconds.")] = None,
+    options: Annotated[str | None, typer.Option(
+        "--options", metavar="JSON", help="Backend options, e.g. '{\"seek_mode\": "
+        "\"approximate\"}' for torchcodec.")] = None,
+    allowed_media_domains: AllowedMediaDomains = None,
+    allowed_local_media_path: AllowedLocalMediaPath = None,
+) -> None:
+    """Decode a video's sampled frames with one backend and write them as PNG."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from PIL import Image
+
+    from engine.config import MediaLimits, MediaPolicy
+    from engine.errors import AphroditeError
+    from engine.media.connector import MediaConnector
+    from engine.media.video import load_video
+    from engine.media.video.options import server_video_spec
+
+    if source == "-":
+        source = sys.stdin.read().strip()
+    video = dict(parse_json_flag("--options", options) or {})
+    if backend:
+        video["backend"] = backend
+    for key, value in (("num_frames", num_frames), ("fps", fps), ("max_duration", max_duration)):
+        if value is not None:
+            video[key] = value
+    spec = server_video_spec({"video": video})
+    policy = MediaPolicy.create(allowed_domains=split_hosts(allowed_media_domains),
+                                allowed_local_path=allowed_local_media_path)
+    limits = MediaLimits.from_env()
+
+    async def fetch() -> bytes:
+        async with MediaConnector(policy, limits) as connector:
+            return (await connector.load_bytes(source, "video")).data
+
+    try:
+        result = load_video(asyncio.run(fetch()), spec, limits)
+    except AphroditeError as err:
+        from aphrodite_cli.output import print_error
+
+        print_error(err)
+        raise typer.Exit(1) from None
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    for n, frame in enumerate(result.frames):
+        Image.fromarray(frame).save(folder / f"frame_{n:04d}.png")
+    meta = {**result.metadata.__dict__, "options": spec.options.__dict__,
+            "sampling": spec.sampling.__dict__, "source": source[:200]}
+    (folder / "decode.json").write_text(json.dumps(meta, indent=2) + "\n")
+    out.print(f"{result.frames.shape[0]} frames {result.metadata.width}x"
+              f"{result.metadata.height} via {spec.backend} in {result.metadata.decode_s:.3f} s "
+              f"-> {folder}", markup=False)

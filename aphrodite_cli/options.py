@@ -31,3 +31,37 @@ AllowedLocalMediaPath = Annotated[
 def split_hosts(values: list[str] | None) -> list[str]:
     """``--allowed-media-domains a,b --allowed-media-domains c`` -> ``[a, b, c]``."""
     return [h.strip() for v in values or [] for h in v.replace(" ", ",").split(",") if h.strip()]
+
+
+MediaIoKwargs = Annotated[
+    str | None,
+    typer.Option(
+        "--media-io-kwargs",
+        help='JSON of media loading options, e.g. \'{"video": {"backend": "torchcodec", '
+        '"num_frames": 16}}\'. Video backends: opencv (default), pyav, torchcodec, '
+        "pynvvideocodec, deepstream.",
+        metavar="JSON",
+    ),
+]
+
+
+def parse_json_flag(flag: str, text: str | None) -> dict | None:
+    """A JSON-object flag; a usage error that shows the bad part otherwise."""
+    import json
+
+    from engine.errors import ConfigError
+
+    if text is None or text.strip() == "":
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        start = max(exc.pos - 15, 0)
+        snippet = text[start: exc.pos + 15]
+        raise ConfigError(f"{flag} is not valid JSON: {exc.msg} at position {exc.pos} "
+                          f"(near {snippet!r})", hint=f"quote {flag}'s JSON for your shell",
+                          code="invalid_json_flag") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a JSON object, not {type(value).__name__}",
+                          code="invalid_json_flag")
+    return value

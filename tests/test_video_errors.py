@@ -106,3 +106,45 @@ def test_decoded_size_cap():
     assert "num_frames" in info.value.hint
     ok = build_spec({"backend": "pyav", "num_frames": 4}, "pyav", error=ConfigError)
     assert load_video(data, ok, limits).frames.shape == (4, 240, 320, 3)
+
+
+def test_gstreamer_loaded_does_not_turn_decoder_exceptions_into_aborts(tmp_path):
+    """GStreamer's core links libunwind; loaded carelessly it hijacks C++ exception unwinding
+    and torchcodec's error on a truncated file aborts the process. Run in a subprocess."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        from engine.config import MediaLimits
+        from engine.errors import ClientError, ConfigError
+        from engine.media import synthetic
+        from engine.media.video import load_video
+        from engine.media.video.options import build_spec
+        limits = MediaLimits.from_env()
+        clip = synthetic.make_video(width=64, height=48, seconds=0.5)
+        load_video(clip, build_spec({"backend": "deepstream"}, "x", error=ConfigError), limits)
+        data = open(%r, "rb").read()
+        try:
+            load_video(data[: len(data) // 2],
+                       build_spec({"backend": "torchcodec"}, "x", error=ConfigError), limits)
+        except ClientError as err:
+            print("CLIENT", err.status)
+    """)
+    import av
+
+    path = tmp_path / "fast.mp4"
+    with av.open(str(path), "w", format="mp4", options={"movflags": "faststart"}) as out:
+        stream = out.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 160, 120, "yuv420p"
+        for i in range(60):
+            frame = av.VideoFrame.from_ndarray(synthetic.video_frame(i, 160, 120),
+                                               format="rgb24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    done = subprocess.run([sys.executable, "-c", code % str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert "CLIENT 422" in done.stdout

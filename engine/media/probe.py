@@ -17,6 +17,8 @@ from engine.errors import AphroditeError, InvalidRequestError
 from engine.media.audio import DEFAULT_SAMPLING_RATE, decode_audio
 from engine.media.connector import MediaConnector
 from engine.media.image import decode_image, probe_image
+from engine.media.video import load_video
+from engine.media.video.options import server_video_spec
 from engine.media.video_info import probe_video
 
 
@@ -57,6 +59,7 @@ async def probe_source(
     limits: MediaLimits,
     *,
     sampling_rate: int = DEFAULT_SAMPLING_RATE,
+    media_io_kwargs: dict[str, Any] | None = None,
 ) -> ProbeReport:
     """Check, fetch and decode ``source`` as ``serve`` would; never raises a client error."""
     chosen = modality or guess_modality(source)
@@ -76,7 +79,8 @@ async def probe_source(
             fetched = await connector.fetch(checked)
         report.mime, report.declared_mime = fetched.mime, fetched.declared_mime
         report.bytes, report.fetch_s = fetched.size, round(fetched.fetch_s, 4)
-        await asyncio.to_thread(_decode_into, report, fetched.data, limits, sampling_rate)
+        await asyncio.to_thread(_decode_into, report, fetched.data, limits, sampling_rate,
+                                media_io_kwargs)
         report.ok = True
     except AphroditeError as err:
         report.error = {"status": err.status, "code": err.code, "type": err.type,
@@ -84,7 +88,8 @@ async def probe_source(
     return report
 
 
-def _decode_into(report: ProbeReport, data: bytes, limits: MediaLimits, rate: int) -> None:
+def _decode_into(report: ProbeReport, data: bytes, limits: MediaLimits, rate: int,
+                 media_io_kwargs: dict[str, Any] | None) -> None:
     if report.modality == "image":
         info = probe_image(data, limits)
         report.details = asdict(info)
@@ -99,4 +104,10 @@ def _decode_into(report: ProbeReport, data: bytes, limits: MediaLimits, rate: in
         report.sent_to_model = {"type": "audio", "dtype": "float32", "channels": 1,
                                 "samples": int(clip.samples.shape[0]), "sampling_rate": rate}
     else:
-        report.details = asdict(probe_video(data))
+        report.details = asdict(probe_video(data, limits))
+        video = load_video(data, server_video_spec(media_io_kwargs), limits)
+        meta = video.metadata
+        report.sent_to_model = {"type": "video", "frames": int(video.frames.shape[0]),
+                                "height": meta.height, "width": meta.width,
+                                "backend": meta.backend, "decode_s": meta.decode_s,
+                                "sampled_indices": meta.sampled_indices}

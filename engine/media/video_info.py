@@ -1,15 +1,13 @@
-"""Container facts about a video, read with PyAV without decoding pixels.
-
-The frame count is counted from the packets (headers lie: edit lists, VFR, missing
-``nb_frames``), and reported beside what the header claims.
-"""
+"""Container facts about a video for ``aphrodite media probe``: the serving path's own scan
+(the counted frame count beside the header's claim), plus the display rotation."""
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass
 
-from engine.errors import MediaDecodeError, UnsupportedMediaError, sanitize
+from engine.config import MediaLimits
+from engine.media.video.scan import scan_video
 
 
 @dataclass(frozen=True)
@@ -26,48 +24,24 @@ class VideoInfo:
     rotation: int
 
 
-def probe_video(data: bytes) -> VideoInfo:
-    """Header facts and the true packet count of the first video stream."""
+def probe_video(data: bytes, limits: MediaLimits) -> VideoInfo:
+    """The scan's facts and the rotation the first frame carries."""
+    scan = scan_video(data, limits)
+    return VideoInfo(
+        container=scan.container, codec=scan.codec, width=scan.width, height=scan.height,
+        pixel_format=scan.pixel_format, header_frames=scan.header_frames,
+        counted_frames=scan.frame_count, fps=scan.fps, duration_s=scan.duration_s,
+        rotation=first_frame_rotation(data))
+
+
+def first_frame_rotation(data: bytes) -> int:
+    """Display rotation in degrees (counter-clockwise, as FFmpeg reports it)."""
     import av
 
     try:
-        container = av.open(io.BytesIO(data), mode="r")
-    except av.error.FFmpegError as exc:
-        raise UnsupportedMediaError(
-            f"the video could not be opened: {sanitize(exc)}",
-            hint="send MP4, WebM, MKV, MOV or AVI video",
-        ) from None
-    try:
-        stream = next((s for s in container.streams if s.type == "video"), None)
-        if stream is None:
-            raise MediaDecodeError("the video part's file has no video stream")
-        ctx = stream.codec_context
-        counted = sum(1 for p in container.demux(stream) if p.size > 0)
-        rate = stream.average_rate or stream.guessed_rate
-        duration = None
-        if stream.duration is not None and stream.time_base is not None:
-            duration = float(stream.duration * stream.time_base)
-        elif container.duration is not None:
-            duration = container.duration / 1e6
-        rotation = 0
-        try:
-            side = getattr(stream, "side_data", None)
-            rotation = round(side.get("DISPLAYMATRIX", 0)) if side else 0
-        except Exception:
-            rotation = 0
-        return VideoInfo(
-            container=container.format.name,
-            codec=ctx.name,
-            width=ctx.width,
-            height=ctx.height,
-            pixel_format=ctx.pix_fmt,
-            header_frames=stream.frames or None,
-            counted_frames=counted,
-            fps=float(rate) if rate else None,
-            duration_s=round(duration, 4) if duration is not None else None,
-            rotation=rotation,
-        )
-    except av.error.FFmpegError as exc:
-        raise MediaDecodeError(f"the video is corrupt: {sanitize(exc)}") from None
-    finally:
-        container.close()
+        with av.open(io.BytesIO(data)) as container:
+            for frame in container.decode(video=0):
+                return round(getattr(frame, "rotation", 0) or 0) % 360
+    except av.error.FFmpegError:
+        return 0
+    return 0

@@ -10,14 +10,15 @@ present, with GStreamer's software decoder and converter substituted otherwise.
 - The bytes are handed over in an anonymous in-memory file (memfd): no temp file on disk, and
   the demuxer can seek (MP4 files whose index is at the end work).
 - ``videoflip video-direction=auto`` applies the container's rotation, as the other backends do.
-- Frames leave the pipeline in presentation order; the sampled indices are kept and the
-  pipeline stops after the last one.
+- Frames leave the pipeline in presentation order and are numbered as FFmpeg numbers them (an
+  edit list's straddling first frame, which GStreamer keeps and FFmpeg drops, is skipped).
 - Decodes run on one process-wide pool of ``pool_size`` workers (clamped 1..16); the first
   value wins, a later different one is warned about.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -54,6 +55,7 @@ def gst():
     global _gst
     with _gst_lock:
         if _gst is None:
+            _pin_cxx_unwinder()
             try:
                 import gi
 
@@ -67,6 +69,19 @@ def gst():
             Gst.init(None)
             _gst = Gst
         return _gst
+
+
+def _pin_cxx_unwinder() -> None:
+    """Load libgcc_s globally before GStreamer, whose core links libunwind.
+
+    libunwind also exports ``_Unwind_Resume``; if it wins symbol resolution, a C++ exception
+    thrown later by another native decoder in this process (torchcodec on a corrupt file)
+    cannot unwind and aborts the whole process instead of becoming a client error.
+    """
+    import ctypes
+
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libgcc_s.so.1", mode=ctypes.RTLD_GLOBAL)
 
 
 def has_element(name: str) -> bool:
@@ -130,19 +145,6 @@ def _buffer_to_array(sample) -> np.ndarray:
         buf.unmap(info)
 
 
-def _clipped_at_edit_start(sample, frame_ns: float | None) -> bool:  # noqa: ANN001
-    """A frame that began before an edit list's start. GStreamer keeps it, clipped (its
-    timestamp moved to the segment start, its duration shortened); FFmpeg, whose frame
-    numbering every backend follows, drops it."""
-    buf, segment = sample.get_buffer(), sample.get_segment()
-    if segment is None or not segment.start or frame_ns is None:
-        return False
-    none = gst().CLOCK_TIME_NONE
-    if buf.pts == none or buf.duration == none:
-        return False
-    return buf.pts <= segment.start and buf.duration < 0.9 * frame_ns
-
-
 def run_pipeline(data: bytes, scan: ContainerScan, indices: list[int], decoder: str
                  ) -> list[np.ndarray]:
     """Decode the sampled frames through a GStreamer pipeline (blocking)."""
@@ -161,11 +163,13 @@ def run_pipeline(data: bytes, scan: ContainerScan, indices: list[int], decoder: 
         sink = pipeline.get_by_name("sink")
         bus = pipeline.get_bus()
         pipeline.set_state(Gst.State.PLAYING)
-        wanted = set(indices)
-        frames: list[np.ndarray] = []
-        index = 0
-        frame_ns = 1e9 / scan.fps if scan.fps else None
-        while index <= indices[-1]:
+        # GStreamer keeps a frame that straddles an edit list's start (clipped); FFmpeg, whose
+        # numbering every backend follows, drops it. Which one happened is known only at the
+        # end (one frame more than the scan counted), so keep both candidates per index.
+        keep = set(indices) | {i + 1 for i in indices}
+        decoded: dict[int, np.ndarray] = {}
+        count = 0
+        while True:
             sample = sink.emit("try-pull-sample", _PULL_TIMEOUT_NS)
             if sample is None:
                 message = bus.pop_filtered(Gst.MessageType.ERROR)
@@ -173,12 +177,14 @@ def run_pipeline(data: bytes, scan: ContainerScan, indices: list[int], decoder: 
                     error, _debug = message.parse_error()
                     raise MediaDecodeError(f"the video could not be decoded: "
                                            f"{sanitize(error.message)}", code="video_corrupt")
-                break  # end of stream (or stalled): the loader reports missing frames
-            if index == 0 and _clipped_at_edit_start(sample, frame_ns):
-                continue  # edit lists: FFmpeg drops a frame that starts before the edit
-            if index in wanted:
-                frames.append(_buffer_to_array(sample))
-            index += 1
+                break  # end of stream
+            if count in keep:
+                decoded[count] = _buffer_to_array(sample)
+            count += 1
+            if count > scan.frame_count + 1:
+                break  # more frames than the container holds: numbering cannot be trusted
+        shift = 1 if count == scan.frame_count + 1 else 0
+        frames = [decoded[i + shift] for i in indices if i + shift in decoded]
         return frames
     finally:
         if pipeline is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from typing import ClassVar
 
+import cv2
 import numpy as np
 
 from engine.errors import MediaDecodeError, UnsupportedMediaError
@@ -19,8 +20,6 @@ class OpenCVBackend(VideoBackend):
 
     def decode(self, data: bytes, scan: ContainerScan, indices: list[int],
                options: OpenCVOptions) -> np.ndarray:  # type: ignore[override]
-        import cv2
-
         # Orientation is applied by OpenCV itself (CAP_PROP_ORIENTATION_AUTO is on by default).
         # OpenCV reads through this object until release(): keep a reference to it till then.
         source = io.BytesIO(data)

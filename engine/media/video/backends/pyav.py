@@ -15,6 +15,7 @@ import io
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ClassVar
 
+import av
 import numpy as np
 
 from engine.media.video.backends.base import VideoBackend, rotate_for_display, stack
@@ -33,8 +34,6 @@ class _GraphConverter:
     CLI's auto-inserted scaler (with its dithering) is matched only this way."""
 
     def __init__(self, stream) -> None:  # an av.VideoStream
-        import av
-
         self.graph = av.filter.Graph()
         source = self.graph.add_buffer(template=stream)
         fmt = self.graph.add("format", "rgb24")
@@ -100,7 +99,7 @@ class PyAVBackend(VideoBackend):
 
     def decode(self, data: bytes, scan: ContainerScan, indices: list[int],
                options: PyAVOptions) -> np.ndarray:  # type: ignore[override]
-        import av
+
 
         slot_of = {index: slot for slot, index in enumerate(indices)}
         with av.open(io.BytesIO(data), mode="r") as container:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
+from torchcodec.decoders import VideoDecoder
 
 from engine.errors import MediaDecodeError
 from engine.media.video.backends.base import VideoBackend, stack
@@ -22,8 +23,6 @@ class TorchCodecBackend(VideoBackend):
 
     def decode(self, data: bytes, scan: ContainerScan, indices: list[int],
                options: TorchCodecOptions) -> np.ndarray:  # type: ignore[override]
-        from torchcodec.decoders import VideoDecoder
-
         try:
             decoder = VideoDecoder(data, dimension_order="NHWC",
                                    num_ffmpeg_threads=options.num_ffmpeg_threads,
