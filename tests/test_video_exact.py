@@ -96,3 +96,19 @@ def test_edit_list_clip(tmp_path, backend):
         read_frame_index(reference[i]) for i in meta.sampled_indices]
     diff = np.abs(result.frames.astype(np.int16) - reference[meta.sampled_indices])
     assert (diff.mean() < 4.0) if backend == "deepstream" else (diff.max() == 0)
+
+
+def test_benchmark_clip_recipe_matches_the_benchmark():
+    from aphrodite_cli.bench.video_decode import STANDARD_CLIP
+    from tests.video_clips import RECIPES
+
+    assert RECIPES["benchmark-1080p"] == STANDARD_CLIP
+    assert len(CLIPS) == 11
+
+
+def test_gop_structure_is_detected():
+    from engine.media.video.scan import scan_video
+
+    short = scan_video(clip("h264-short-gops"), MediaLimits.from_env())
+    assert len(short.keyframe_pts) >= 4 and not short.open_gop
+    assert scan_video(clip("h264-open-gop"), MediaLimits.from_env()).open_gop

@@ -80,6 +80,7 @@ def _print_table(doc: dict) -> None:
         table.add_row(b["backend"], json.dumps(b["options"]) if b["options"] else "",
                       f"{b['median_s']:.3f}" if b["median_s"] is not None else "-",
                       f"{ratio:.2f}" if ratio is not None else "-",
-                      {True: "yes", False: f"no (max diff {b['max_abs_diff']})", None: "-"}[
-                          b["identical_to_exact"]], (b["error"] or "")[:60])
+                      {True: "yes", None: "-",
+                       False: f"no (mean diff {b['mean_abs_diff']})"}[b["identical_to_exact"]],
+                      (b["error"] or "")[:60])
     out.print(table)

@@ -39,6 +39,7 @@ class BackendTiming:
     times_s: list[float] = field(default_factory=list)
     identical_to_exact: bool | None = None
     max_abs_diff: int | None = None
+    mean_abs_diff: float | None = None
     error: str | None = None
 
     @property
@@ -60,6 +61,9 @@ def standard_clip() -> Path:
     return path
 
 
+_PICT_TYPES = {1: "I", 2: "P", 3: "B", 4: "S", 5: "SI", 6: "SP", 7: "BI"}
+
+
 def frame_types(data: bytes) -> dict[str, int]:
     """How many I, P and B frames the clip has (one full decode)."""
     import av
@@ -67,8 +71,8 @@ def frame_types(data: bytes) -> dict[str, int]:
     counts: dict[str, int] = {}
     with av.open(io.BytesIO(data)) as container:
         for frame in container.decode(video=0):
-            kind = frame.pict_type.name if hasattr(frame.pict_type, "name") else str(
-                frame.pict_type)
+            kind = getattr(frame.pict_type, "name", None) or _PICT_TYPES.get(
+                int(frame.pict_type), str(frame.pict_type))
             counts[kind] = counts.get(kind, 0) + 1
     return counts
 
@@ -133,11 +137,12 @@ def run(
                 continue
             if t.identical_to_exact is None:
                 same_shape = result.frames.shape == reference.frames.shape
-                diff = (int(np.abs(result.frames.astype(np.int16)
-                                   - reference.frames.astype(np.int16)).max())
-                        if same_shape else None)
-                t.max_abs_diff = diff
-                t.identical_to_exact = bool(same_shape and diff == 0)
+                if same_shape:
+                    delta = np.abs(result.frames.astype(np.int16)
+                                   - reference.frames.astype(np.int16))
+                    t.max_abs_diff = int(delta.max())
+                    t.mean_abs_diff = round(float(delta.mean()), 3)
+                t.identical_to_exact = bool(same_shape and t.max_abs_diff == 0)
     ref_median = statistics.median(ffmpeg_times) if ffmpeg_times else None
     meta = reference.metadata
     return {

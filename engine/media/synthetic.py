@@ -70,7 +70,7 @@ def make_video(
     *, width: int = 320, height: int = 240, fps: int = 30, seconds: float = 2.0,
     codec: str = "libx264", container: str = "mp4", gop: int = 30, bframes: int = 2,
     pix_fmt: str = "yuv420p", seed: int = 0, crf: int = 23, rotation: int = 0,
-    frame_times: list[float] | None = None,
+    frame_times: list[float] | None = None, x264_params: str = "",
 ) -> bytes:
     """An encoded clip whose every frame differs (see :func:`video_frame`).
 
@@ -93,8 +93,11 @@ def make_video(
     if codec in ("libx264", "libx265"):
         options.update({"bf": str(bframes), "crf": str(crf), "preset": "ultrafast"
                         if bframes == 0 else "veryfast"})
-        if codec == "libx264" and bframes:
-            options["x264-params"] = "b-adapt=0"  # exactly `bframes` B-frames per group
+        if codec == "libx264":
+            # b-adapt=0: exactly `bframes` B-frames per group, whatever the content.
+            params = [p for p in ("b-adapt=0" if bframes else "", x264_params) if p]
+            if params:
+                options["x264-params"] = ":".join(params)
         if codec == "libx265":
             options["x265-params"] = f"log-level=error:bframes={bframes}:b-adapt=0"
     stream.codec_context.options = options

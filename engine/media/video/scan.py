@@ -31,6 +31,9 @@ class ContainerScan:
     duration_s: float | None
     time_base: float | None
     pts: list[int] = field(repr=False, default_factory=list)
+    keyframe_pts: list[int] = field(repr=False, default_factory=list)
+    open_gop: bool = False
+    discarded: int = 0
 
     @property
     def has_pts(self) -> bool:
@@ -69,10 +72,21 @@ def scan_video(data: bytes, limits: MediaLimits) -> ContainerScan:
                 code="video_too_many_pixels",
             )
         pts: list[int] = []
+        keyframes: list[int] = []
+        open_gop = False
+        discarded = 0
         count = 0
         for packet in container.demux(stream):
-            if packet.size == 0 or packet.is_discard:
+            if packet.size == 0:
                 continue
+            if packet.is_discard:
+                discarded += 1
+                continue
+            if packet.pts is not None:
+                if packet.is_keyframe:
+                    keyframes.append(packet.pts)
+                elif keyframes and packet.pts < keyframes[-1]:
+                    open_gop = True  # a leading picture: it references the previous GOP
             count += 1
             if count > limits.max_video_frames:
                 raise MediaTooLargeError(
@@ -111,6 +125,9 @@ def scan_video(data: bytes, limits: MediaLimits) -> ContainerScan:
             duration_s=round(duration, 6) if duration else None,
             time_base=time_base,
             pts=pts if len(pts) == count else [],
+            keyframe_pts=keyframes,
+            open_gop=open_gop,
+            discarded=discarded,
         )
     except av.error.FFmpegError as exc:
         raise MediaDecodeError(f"the video is corrupt: {sanitize(exc)}",

@@ -3,15 +3,24 @@
 Packets are fed in decode order. A packet whose frame is not sampled is sent with
 ``skip_frame = NONREF``: the decoder drops it if no other frame references it and decodes it
 otherwise, so the frames returned are exactly those of a full decode, while non-reference
-frames nobody asked for (most B-frames) cost nothing. Decoding stops after the last sampled
-frame. Frame threading runs on ``threads`` threads (0 = FFmpeg's choice). Sampled frames are
-converted to RGB (swscale, bicubic: what the ffmpeg CLI does) beside the decoder on a small
-shared pool, straight into one preallocated output array.
+frames nobody asked for (most B-frames) cost nothing. Decoding of a stretch stops after its
+last sampled frame.
+
+Closed GOPs are independent: when the clip has several keyframes, no leading pictures (open
+GOPs) and no edit list, the GOPs that hold sampled frames are decoded in parallel, one decoder
+each (the reference chain inside a GOP is serial; across GOPs it is not). Otherwise one decoder
+runs with frame threading on ``threads`` threads (0 = FFmpeg's choice).
+
+Sampled frames are converted to RGB (swscale, bicubic: what the ffmpeg CLI does; a filter graph
+for sources above 8 bits) beside the decoders, straight into one preallocated output array.
 """
 
 from __future__ import annotations
 
+import bisect
 import io
+import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ClassVar
 
@@ -23,6 +32,7 @@ from engine.media.video.options import PyAVOptions
 from engine.media.video.scan import ContainerScan
 
 _convert_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="aphrodite-rgb")
+_gop_pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="aphrodite-gop")
 
 
 def _is_8bit(frame) -> bool:  # an av.VideoFrame
@@ -60,28 +70,30 @@ def to_rgb(frame, converter: _GraphConverter | None = None) -> np.ndarray:
 
 
 class _Collector:
-    """Converts sampled frames into one (T, H, W, 3) array, off the decoding thread."""
+    """Converts sampled frames into one (T, H, W, 3) array, off the decoding threads."""
 
     def __init__(self, count: int, stream) -> None:  # an av.VideoStream
         self.count = count
         self.stream = stream
-        self.graph: _GraphConverter | None = None
         self.out: np.ndarray | None = None
+        self.graph: _GraphConverter | None = None
         self.jobs: list[Future[None]] = []
         self.filled: set[int] = set()
+        self.lock = threading.Lock()
 
     def add(self, slot: int, frame) -> None:
-        if self.out is None:
-            turns = round((getattr(frame, "rotation", 0) or 0) / 90) % 2
-            h, w = (frame.width, frame.height) if turns else (frame.height, frame.width)
-            self.out = np.empty((self.count, h, w, 3), dtype=np.uint8)
-        self.filled.add(slot)
-        if _is_8bit(frame):
-            self.jobs.append(_convert_pool.submit(self._convert, slot, frame))
-        else:  # a filter graph is not thread-safe: convert here, in order
-            if self.graph is None:
-                self.graph = _GraphConverter(self.stream)
-            self.out[slot] = to_rgb(frame, self.graph)
+        with self.lock:
+            if self.out is None:
+                turns = round((getattr(frame, "rotation", 0) or 0) / 90) % 2
+                h, w = (frame.width, frame.height) if turns else (frame.height, frame.width)
+                self.out = np.empty((self.count, h, w, 3), dtype=np.uint8)
+            self.filled.add(slot)
+            if _is_8bit(frame):
+                self.jobs.append(_convert_pool.submit(self._convert, slot, frame))
+            else:  # a filter graph is not thread-safe: convert here, under the lock
+                if self.graph is None:
+                    self.graph = _GraphConverter(self.stream)
+                self.out[slot] = to_rgb(frame, self.graph)
 
     def _convert(self, slot: int, frame) -> None:
         self.out[slot] = to_rgb(frame)  # type: ignore[index]
@@ -94,44 +106,78 @@ class _Collector:
         return self.out if len(self.filled) == self.count else self.out[sorted(self.filled)]
 
 
+def _decode_stretch(data: bytes, scan: ContainerScan, wanted: dict[int, int],
+                    collector: _Collector, threads: int, start_pts: int | None = None,
+                    end_pts: int | None = None) -> None:
+    """Decode from the keyframe at ``start_pts`` (or the start) until every pts in ``wanted``
+    (pts -> output slot) came out or the keyframe at ``end_pts`` is reached."""
+    remaining = set(wanted)
+    with av.open(io.BytesIO(data), mode="r") as container:
+        stream = container.streams.video[0]
+        ctx = stream.codec_context
+        ctx.thread_type = "FRAME"
+        ctx.thread_count = threads
+        if start_pts is not None:
+            container.seek(start_pts, stream=stream, backward=True, any_frame=False)
+        for packet in container.demux(stream):
+            if packet.size and end_pts is not None and packet.is_keyframe and \
+                    packet.pts is not None and packet.pts >= end_pts:
+                packet = None  # the next GOP: drain what is in flight instead
+            if packet is not None and packet.size:
+                ctx.skip_frame = "DEFAULT" if packet.pts in remaining else "NONREF"
+            else:
+                ctx.skip_frame = "DEFAULT"
+            for frame in ctx.decode(packet if packet is not None and packet.size else None):
+                if frame.pts in remaining:
+                    remaining.discard(frame.pts)
+                    collector.add(wanted[frame.pts], frame)
+            if not remaining or packet is None or not packet.size:
+                break
+
+
 class PyAVBackend(VideoBackend):
     name: ClassVar[str] = "pyav"
 
     def decode(self, data: bytes, scan: ContainerScan, indices: list[int],
                options: PyAVOptions) -> np.ndarray:  # type: ignore[override]
-
-
-        slot_of = {index: slot for slot, index in enumerate(indices)}
+        use_pts = options.skip_nonref and scan.has_pts and len(set(scan.pts)) == len(scan.pts)
         with av.open(io.BytesIO(data), mode="r") as container:
             stream = container.streams.video[0]
             collector = _Collector(len(indices), stream)
-            ctx = stream.codec_context
-            ctx.thread_type = "FRAME"
-            ctx.thread_count = options.threads
-            use_pts = options.skip_nonref and scan.has_pts and len(set(scan.pts)) == len(scan.pts)
-            if use_pts:
-                index_of = {p: i for i, p in enumerate(scan.pts)}
-                wanted_pts = {scan.pts[i] for i in indices}
-                for packet in container.demux(stream):
-                    if packet.size:
-                        ctx.skip_frame = "DEFAULT" if packet.pts in wanted_pts else "NONREF"
-                    else:
-                        ctx.skip_frame = "DEFAULT"  # the flush packet: drain every frame
-                    for frame in ctx.decode(packet if packet.size else None):
-                        slot = slot_of.get(index_of.get(frame.pts, -1))
-                        if slot is not None:
-                            collector.add(slot, frame)
-                    if len(collector.filled) == len(indices):
-                        break
-            else:
+            if not use_pts:
+                slot_of = {index: slot for slot, index in enumerate(indices)}
                 for i, frame in enumerate(container.decode(stream)):
-                    slot = slot_of.get(i)
-                    if slot is not None:
-                        collector.add(slot, frame)
+                    if i in slot_of:
+                        collector.add(slot_of[i], frame)
                         if len(collector.filled) == len(indices):
                             break
-            # Collect while the container (and the decoder's frame pool) is still open.
+                return collector.result(scan)
+            wanted = {scan.pts[i]: slot for slot, i in enumerate(indices)}
+            gops = self._gops(scan, wanted)
+            if len(gops) < 2:
+                _decode_stretch(data, scan, wanted, collector, options.threads)
+            else:
+                jobs = [_gop_pool.submit(_decode_stretch, data, scan, part, collector, 1,
+                                         start, end) for start, end, part in gops]
+                for job in jobs:
+                    job.result()
+            # Collect while the container (and the decoders' frame pools) are still open.
             return collector.result(scan)
+
+    @staticmethod
+    def _gops(scan: ContainerScan, wanted: dict[int, int]
+              ) -> list[tuple[int, int | None, dict[int, int]]]:
+        """Independent GOPs holding sampled frames: (keyframe pts, next keyframe pts, wanted).
+        Empty when the clip's GOPs are not safely independent."""
+        keys = sorted(scan.keyframe_pts)
+        if scan.open_gop or scan.discarded or len(keys) < 2 or keys[0] != scan.pts[0]:
+            return []
+        parts: dict[int, dict[int, int]] = {}
+        for pts, slot in wanted.items():
+            k = bisect.bisect_right(keys, pts) - 1
+            parts.setdefault(k, {})[pts] = slot
+        return [(keys[k], keys[k + 1] if k + 1 < len(keys) else None, part)
+                for k, part in sorted(parts.items())]
 
 
 BACKEND = PyAVBackend()
