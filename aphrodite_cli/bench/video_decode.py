@@ -9,7 +9,9 @@ full decode (PyAV without the skip path) so a fast wrong answer cannot pass.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import random
 import shutil
 import statistics
 import subprocess
@@ -28,6 +30,7 @@ from engine.media.video.options import build_spec
 from engine.paths import cache_root
 
 SCHEMA_VERSION = 1
+SETTLE_S = 0.25  # pause after the ffmpeg subprocess before timing anything else
 STANDARD_CLIP = {"width": 1920, "height": 1080, "fps": 30, "seconds": 10.0, "gop": 250,
                  "bframes": 3, "codec": "libx264"}
 
@@ -86,63 +89,112 @@ def time_ffmpeg_full_decode(path: Path) -> float | None:
     return time.perf_counter() - start
 
 
+def _compare(frames: np.ndarray, reference: np.ndarray) -> tuple[int | None, float | None]:
+    """Max and mean absolute difference, frame by frame (no 400 MB temporaries)."""
+    if frames.shape != reference.shape:
+        return None, None
+    deltas = [np.abs(a.astype(np.int16) - b.astype(np.int16))
+              for a, b in zip(frames, reference, strict=True)]
+    return max(int(d.max()) for d in deltas), round(float(np.mean([d.mean() for d in deltas])), 3)
+
+
+def _backend_worker(conn, clip: str, video_kwargs: dict[str, Any]) -> None:
+    """One backend in its own process, as a server runs one: warm up, then time a decode each
+    time the parent asks. The first answer also compares frames with an exact decode."""
+    from engine.memory import tune_allocator
+
+    tune_allocator()
+    try:
+        data = Path(clip).read_bytes()
+        limits = MediaLimits.from_env()
+        spec = build_spec(video_kwargs, video_kwargs["backend"], error=ConfigError)
+        exact = load_video(data, build_spec({"backend": "pyav", "skip_nonref": False,
+                                             "num_frames": video_kwargs["num_frames"]}, "pyav",
+                                            error=ConfigError), limits).frames
+        first = load_video(data, spec, limits)  # warm-up: imports, first-touch memory
+        diffs = _compare(first.frames, exact)
+        del first, exact
+        conn.send(("ready", diffs))
+    except AphroditeError as err:
+        conn.send(("error", str(err)))
+        return
+    while conn.recv() == "run":
+        start = time.perf_counter()
+        result = load_video(data, spec, limits)
+        conn.send(("time", time.perf_counter() - start))
+        del result
+
+
 def run(
     clip: Path,
     backends: list[tuple[str, dict[str, Any]]],
     *,
     num_frames: int = 32,
     repeats: int = 5,
+    seed: int = 0,
     progress=None,
 ) -> dict[str, Any]:
-    """Time every backend and the reference; returns the result document."""
-    from engine.memory import tune_allocator
+    """Time every backend (each in its own process) and the reference; the result document."""
+    import multiprocessing
 
-    tuned = tune_allocator()
     data = clip.read_bytes()
     limits = MediaLimits.from_env()
-    exact = build_spec({"backend": "pyav", "skip_nonref": False, "num_frames": num_frames},
-                       "pyav", error=ConfigError)
-    reference = load_video(data, exact, limits)
+    reference = load_video(data, build_spec({"backend": "pyav", "skip_nonref": False,
+                                             "num_frames": num_frames}, "pyav",
+                                            error=ConfigError), limits)
     timings = [BackendTiming(name, opts) for name, opts in backends]
-    specs = []
+    ctx = multiprocessing.get_context("spawn")
+    workers: list[Any] = []
     for t in timings:
+        kwargs = {"backend": t.backend, "num_frames": num_frames, **t.options}
         try:
-            specs.append(build_spec({"backend": t.backend, "num_frames": num_frames,
-                                     **t.options}, t.backend, error=ConfigError))
+            build_spec(kwargs, t.backend, error=ConfigError)
         except AphroditeError as err:
-            specs.append(None)
             t.error = str(err)
-    for t, spec in zip(timings, specs, strict=True):  # warm-up: imports, first-touch memory
-        if spec is not None:
-            try:
-                load_video(data, spec, limits)
-            except AphroditeError as err:
-                t.error = str(err)
+            workers.append(None)
+            continue
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_backend_worker, args=(child, str(clip), kwargs), daemon=True)
+        proc.start()
+        workers.append((proc, parent))
+    for t, worker in zip(timings, workers, strict=True):
+        if worker is None:
+            continue
+        kind, payload = worker[1].recv()
+        if kind == "error":
+            t.error = payload
+        else:
+            t.max_abs_diff, t.mean_abs_diff = payload
+            t.identical_to_exact = t.max_abs_diff == 0
     ffmpeg_times: list[float] = []
-    for repeat in range(repeats):
-        if progress:
-            progress(f"repeat {repeat + 1}/{repeats}")
-        full = time_ffmpeg_full_decode(clip)
-        if full is not None:
-            ffmpeg_times.append(full)
-        for t, spec in zip(timings, specs, strict=True):
-            if spec is None or t.error:
-                continue
-            try:
-                start = time.perf_counter()
-                result = load_video(data, spec, limits)
-                t.times_s.append(time.perf_counter() - start)
-            except AphroditeError as err:
-                t.error = str(err)
-                continue
-            if t.identical_to_exact is None:
-                same_shape = result.frames.shape == reference.frames.shape
-                if same_shape:
-                    delta = np.abs(result.frames.astype(np.int16)
-                                   - reference.frames.astype(np.int16))
-                    t.max_abs_diff = int(delta.max())
-                    t.mean_abs_diff = round(float(delta.mean()), 3)
-                t.identical_to_exact = bool(same_shape and t.max_abs_diff == 0)
+    # Every repeat runs the reference and each backend once, in a fresh (seeded) random order,
+    # each backend in its own warm process; nothing else runs while one is timed.
+    rng = random.Random(seed)
+    slots: list[int | None] = [None, *range(len(timings))]
+    try:
+        for repeat in range(repeats):
+            if progress:
+                progress(f"repeat {repeat + 1}/{repeats}")
+            rng.shuffle(slots)
+            for slot in slots:
+                if slot is None:
+                    full = time_ffmpeg_full_decode(clip)
+                    if full is not None:
+                        ffmpeg_times.append(full)
+                    time.sleep(SETTLE_S)
+                    continue
+                t, worker = timings[slot], workers[slot]
+                if worker is None or t.error:
+                    continue
+                worker[1].send("run")
+                _, seconds = worker[1].recv()
+                t.times_s.append(seconds)
+    finally:
+        for worker in workers:
+            if worker is not None:
+                with contextlib.suppress(OSError, BrokenPipeError):
+                    worker[1].send("stop")
+                worker[0].join(timeout=10)
     ref_median = statistics.median(ffmpeg_times) if ffmpeg_times else None
     meta = reference.metadata
     return {
@@ -155,7 +207,9 @@ def run(
         "num_frames": num_frames,
         "sampled_indices": meta.sampled_indices,
         "repeats": repeats,
-        "allocator_tuned": tuned,
+        "order": "seeded random permutation per repeat; each backend in its own process",
+        "seed": seed,
+        "allocator_tuned": True,
         "reference": {"command": "ffmpeg -threads 2 -i CLIP -f null -",
                       "times_s": ffmpeg_times, "median_s": ref_median},
         "backends": [

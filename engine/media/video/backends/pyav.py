@@ -9,7 +9,8 @@ last sampled frame.
 Closed GOPs are independent: when the clip has several keyframes, no leading pictures (open
 GOPs) and no edit list, the GOPs that hold sampled frames are decoded in parallel, one decoder
 each (the reference chain inside a GOP is serial; across GOPs it is not). Otherwise one decoder
-runs with frame threading on ``threads`` threads (0 = FFmpeg's choice).
+runs with frame threading on ``threads`` threads (0 = FFmpeg's choice; in GOP-parallel mode
+0 means one thread per GOP decoder, since the GOPs already fill the cores).
 
 Sampled frames are converted to RGB (swscale, bicubic: what the ffmpeg CLI does; a filter graph
 for sources above 8 bits) beside the decoders, straight into one preallocated output array.
@@ -72,10 +73,14 @@ def to_rgb(frame, converter: _GraphConverter | None = None) -> np.ndarray:
 class _Collector:
     """Converts sampled frames into one (T, H, W, 3) array, off the decoding threads."""
 
-    def __init__(self, count: int, stream) -> None:  # an av.VideoStream
+    def __init__(self, count: int, stream, height: int, width: int) -> None:
         self.count = count
-        self.stream = stream
-        self.out: np.ndarray | None = None
+        self.stream = stream  # an av.VideoStream
+        # Allocated here, in the calling thread: glibc serves a large block requested from a
+        # worker thread with a fresh mmap every time (its per-thread arenas are too small),
+        # and faulting in 200 MB of new pages per request costs more than a third of a decode.
+        self.out: np.ndarray | None = (np.empty((count, height, width, 3), dtype=np.uint8)
+                                       if count else None)
         self.graph: _GraphConverter | None = None
         self.jobs: list[Future[None]] = []
         self.filled: set[int] = set()
@@ -83,9 +88,9 @@ class _Collector:
 
     def add(self, slot: int, frame) -> None:
         with self.lock:
-            if self.out is None:
-                turns = round((getattr(frame, "rotation", 0) or 0) / 90) % 2
-                h, w = (frame.width, frame.height) if turns else (frame.height, frame.width)
+            turns = round((getattr(frame, "rotation", 0) or 0) / 90) % 2
+            h, w = (frame.width, frame.height) if turns else (frame.height, frame.width)
+            if self.out is None or self.out.shape[1:3] != (h, w):  # rotated: other shape
                 self.out = np.empty((self.count, h, w, 3), dtype=np.uint8)
             self.filled.add(slot)
             if _is_8bit(frame):
@@ -143,8 +148,10 @@ class PyAVBackend(VideoBackend):
         use_pts = options.skip_nonref and scan.has_pts and len(set(scan.pts)) == len(scan.pts)
         with av.open(io.BytesIO(data), mode="r") as container:
             stream = container.streams.video[0]
-            collector = _Collector(len(indices), stream)
+            collector = _Collector(len(indices), stream, scan.height, scan.width)
             if not use_pts:
+                stream.codec_context.thread_type = "FRAME"
+                stream.codec_context.thread_count = options.threads
                 slot_of = {index: slot for slot, index in enumerate(indices)}
                 for i, frame in enumerate(container.decode(stream)):
                     if i in slot_of:
@@ -157,8 +164,14 @@ class PyAVBackend(VideoBackend):
             if len(gops) < 2:
                 _decode_stretch(data, scan, wanted, collector, options.threads)
             else:
-                jobs = [_gop_pool.submit(_decode_stretch, data, scan, part, collector, 1,
-                                         start, end) for start, end, part in gops]
+                # One thread per GOP decoder (GOPs already fill the cores; more threads per
+                # decoder oversubscribe them); an explicit `threads` goes to the biggest GOP.
+                biggest = max(range(len(gops)), key=lambda g: gops[g][3])
+                big_threads = options.threads or 1
+                order = [biggest] + [g for g in range(len(gops)) if g != biggest]
+                jobs = [_gop_pool.submit(_decode_stretch, data, scan, gops[g][2], collector,
+                                         big_threads if g == biggest else 1,
+                                         gops[g][0], gops[g][1]) for g in order]
                 for job in jobs:
                     job.result()
             # Collect while the container (and the decoders' frame pools) are still open.
@@ -166,9 +179,9 @@ class PyAVBackend(VideoBackend):
 
     @staticmethod
     def _gops(scan: ContainerScan, wanted: dict[int, int]
-              ) -> list[tuple[int, int | None, dict[int, int]]]:
-        """Independent GOPs holding sampled frames: (keyframe pts, next keyframe pts, wanted).
-        Empty when the clip's GOPs are not safely independent."""
+              ) -> list[tuple[int, int | None, dict[int, int], int]]:
+        """Independent GOPs holding sampled frames: (keyframe pts, next keyframe pts, wanted,
+        frames to decode). Empty when the GOPs are not safely independent."""
         keys = sorted(scan.keyframe_pts)
         if scan.open_gop or scan.discarded or len(keys) < 2 or keys[0] != scan.pts[0]:
             return []
@@ -176,7 +189,9 @@ class PyAVBackend(VideoBackend):
         for pts, slot in wanted.items():
             k = bisect.bisect_right(keys, pts) - 1
             parts.setdefault(k, {})[pts] = slot
-        return [(keys[k], keys[k + 1] if k + 1 < len(keys) else None, part)
+        # Work per GOP: frames from its keyframe to its last sampled frame.
+        return [(keys[k], keys[k + 1] if k + 1 < len(keys) else None, part,
+                 bisect.bisect_right(scan.pts, max(part)) - bisect.bisect_left(scan.pts, keys[k]))
                 for k, part in sorted(parts.items())]
 
 
