@@ -30,4 +30,9 @@ echo; echo "== the same image without the allow-list: refused before any byte is
 if $A media probe "http://127.0.0.1:$port/cat.jpg"; then
   echo "demo: expected a refusal" >&2; exit 1
 fi
+echo; echo "== the video's sampled frames, decoded by pyav, written as PNG"
+$A media decode "file://$work/clip.mp4" --allowed-local-media-path "$work" --backend pyav \
+  --num-frames 8 --out "$work/frames"
+echo; echo "== sampled decoding per backend vs a full ffmpeg decode (10 s 1080p30 H.264 clip)"
+$A bench video-decode --repeats 3
 echo; echo "demo: done"

@@ -114,3 +114,40 @@ def test_generate_then_probe(tmp_path, kind, name):
     result = run("media", "probe", f"file://{tmp_path}/{name}", "--json",
                  "--allowed-local-media-path", str(tmp_path))
     assert json.loads(result.stdout)["ok"]
+
+
+def test_media_decode_writes_pngs_and_metadata(tmp_path):
+    (tmp_path / "c.mp4").write_bytes(synthetic.make_video(width=64, height=48, seconds=1))
+    out = tmp_path / "frames"
+    result = run("media", "decode", f"file://{tmp_path}/c.mp4", "--allowed-local-media-path",
+                 str(tmp_path), "--backend", "pyav", "--num-frames", "4", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((out / "decode.json").read_text())
+    assert meta["sampled_indices"] == [0, 10, 19, 29] and meta["backend"] == "pyav"
+    from PIL import Image
+
+    frames = sorted(out.glob("frame_*.png"))
+    assert len(frames) == 4
+    assert synthetic.read_frame_index(__import__("numpy").asarray(Image.open(frames[2]))) == 19
+
+
+def test_media_decode_refuses_a_wrong_option(tmp_path):
+    (tmp_path / "c.mp4").write_bytes(synthetic.make_video(width=64, height=48, seconds=0.3))
+    result = run("media", "decode", f"file://{tmp_path}/c.mp4", "--allowed-local-media-path",
+                 str(tmp_path), "--backend", "opencv", "--options", '{"seek_mode": "exact"}',
+                 "--out", str(tmp_path / "o"))
+    assert result.returncode == 2 and "belongs to the torchcodec backend" in result.stderr
+
+
+def test_bench_video_decode_writes_a_result(tmp_path):
+    clip = tmp_path / "c.mp4"
+    clip.write_bytes(synthetic.make_video(width=160, height=120, seconds=2, gop=20))
+    result = run("bench", "video-decode", str(clip), "--backends", "pyav,opencv",
+                 "--num-frames", "8", "--repeats", "2", "--out-dir", str(tmp_path / "res"))
+    assert result.returncode == 0, result.stderr
+    files = list((tmp_path / "res").glob("video-decode-*.json"))
+    doc = json.loads(files[0].read_text())
+    assert doc["schema_version"] == 1 and doc["environment"]["packages"]["av"]
+    assert [b["identical_to_exact"] for b in doc["backends"]] == [True, True]
+    assert all(len(b["times_s"]) == 2 for b in doc["backends"])
+    assert len(doc["reference"]["times_s"]) == 2

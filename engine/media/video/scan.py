@@ -31,6 +31,7 @@ class ContainerScan:
     duration_s: float | None
     time_base: float | None
     pts: list[int] = field(repr=False, default_factory=list)
+    colorspace_tagged: bool = False
     keyframe_pts: list[int] = field(repr=False, default_factory=list)
     open_gop: bool = False
     discarded: int = 0
@@ -125,6 +126,7 @@ def scan_video(data: bytes, limits: MediaLimits) -> ContainerScan:
             duration_s=round(duration, 6) if duration else None,
             time_base=time_base,
             pts=pts if len(pts) == count else [],
+            colorspace_tagged=(ctx.colorspace or 2) != 2,  # 2 = AVCOL_SPC_UNSPECIFIED
             keyframe_pts=keyframes,
             open_gop=open_gop,
             discarded=discarded,

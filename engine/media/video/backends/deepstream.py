@@ -124,6 +124,10 @@ def pipeline_description(scan: ContainerScan, location: str, decoder: str) -> st
         parts += ["nvv4l2decoder", "nvvideoconvert", "video/x-raw,format=RGBA"]
     else:
         parts.append(_SOFTWARE_DECODERS[scan.codec])
+    if not scan.colorspace_tagged:
+        # Untagged video: FFmpeg (every other backend, the CLI) converts with BT.601, while
+        # GStreamer guesses BT.709 for HD sizes; say BT.601 so the colours agree.
+        parts.append("capssetter caps=video/x-raw,colorimetry=bt601")
     parts += ["videoconvert", "videoflip video-direction=auto", "videoconvert",
               "video/x-raw,format=RGB", "appsink name=sink sync=false max-buffers=8"]
     return " ! ".join(parts)
