@@ -1,0 +1,1 @@
+"""Model families (registry), tiny random-weight builders, and model loading."""

@@ -1,0 +1,131 @@
+"""Finding and loading a model: a local folder, the Hugging Face cache, or the embedded tiny
+default. Nothing is downloaded: a hub id that is not already cached fails at once."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError
+from engine.models.registry import DEFAULT_ARCH, ArchSpec, arch_for_config, get_arch
+from engine.paths import cache_root
+
+TINY_VERSION = 1  # bump when the tiny builders change, so caches rebuild
+
+
+def offline() -> None:
+    """Never let transformers or huggingface_hub try the network (nothing is reachable)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+def tiny_model_dir(arch: str = DEFAULT_ARCH, seed: int = 0) -> Path:
+    """The cached tiny model of ``arch``, built on first use (safe across processes)."""
+    spec = get_arch(arch)
+    root = cache_root() / "models"
+    target = root / f"tiny-{spec.name}-v{TINY_VERSION}-seed{seed}"
+    if (target / "config.json").exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").exists():
+            tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
+            try:
+                spec.build_tiny(tmp, seed)
+                tmp.rename(target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_path(model: str | None) -> Path:
+    """A folder holding ``config.json`` for ``model`` (None: the default tiny Qwen2.5-VL;
+    ``tiny:ARCH``: that family's tiny model; a folder; or a hub id already in the cache)."""
+    offline()
+    if not model:
+        return tiny_model_dir()
+    if model.startswith("tiny:"):
+        return tiny_model_dir(model.split(":", 1)[1])
+    path = Path(model).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path} has no config.json, so it is not a model folder",
+                              hint="point at a folder saved with save_pretrained",
+                              code="model_not_found")
+        return path.resolve()
+    if model.count("/") == 1 and not model.startswith((".", "/")):
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:
+            return Path(snapshot_download(model, local_files_only=True))
+        except (LocalEntryNotFoundError, OSError, ValueError):
+            raise ConfigError(
+                f"model {model!r} is not a local folder and is not in the Hugging Face cache, "
+                "and no model hub can be reached from here",
+                hint="download it on a connected machine (huggingface-cli download) and copy the "
+                     "cache or the folder here, then pass its path",
+                code="model_not_found") from None
+    raise ConfigError(f"model {model!r} was not found", hint="pass a model folder, a cached "
+                      "hub id like org/name, or tiny:ARCH", code="model_not_found")
+
+
+@dataclass
+class LoadedModel:
+    """A model folder's family, config, processor, tokenizer and (on demand) weights."""
+
+    path: Path
+    spec: ArchSpec
+    config: dict[str, Any]
+    processor: Any
+    chat_template: str | None
+    name: str
+    _model: Any = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.processor.tokenizer
+
+    def model(self, device: str = "cpu", dtype: str = "auto") -> Any:
+        """The weights, loaded once."""
+        with self._lock:
+            if self._model is None:
+                import torch
+                import transformers
+
+                cls = getattr(transformers, self.spec.model_class)
+                torch_dtype = ("auto" if dtype == "auto" else getattr(torch, dtype))
+                self._model = cls.from_pretrained(self.path, dtype=torch_dtype).to(device).eval()
+            return self._model
+
+
+def load_model(model: str | None = None, *, chat_template: str | None = None,
+               served_name: str | None = None) -> LoadedModel:
+    """Resolve, identify the family and load the processor (weights load on first use)."""
+    path = resolve_model_path(model)
+    config = json.loads((path / "config.json").read_text())
+    spec = arch_for_config(config, str(path))
+    import transformers
+
+    processor = getattr(transformers, spec.processor_class).from_pretrained(path)
+    template = getattr(processor, "chat_template", None)
+    if chat_template:
+        file = Path(chat_template).expanduser()
+        if not file.is_file():
+            raise ConfigError(f"--chat-template {chat_template} is not a file",
+                              hint="pass the path of a Jinja chat template file",
+                              code="chat_template_missing")
+        template = file.read_text()
+    name = served_name or (model if model and not model.startswith("tiny:") else
+                           f"tiny-{spec.name}" if not model else model)
+    return LoadedModel(path, spec, config, processor, template, name)

@@ -1,0 +1,95 @@
+"""The multimodal model registry: one entry per family.
+
+Each entry declares the Hugging Face classes, the modalities the family accepts with the most
+items per prompt its processor takes, the placeholder text raw prompts use, the token the
+processor repeats per item, whether its tokenizer ships a chat template, and how to build a
+tiny random instance. A model folder is matched by its config's ``architectures``/``model_type``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    name: str
+    architectures: tuple[str, ...]
+    model_types: tuple[str, ...]
+    model_class: str
+    processor_class: str
+    max_items: dict[str, int]
+    placeholders: dict[str, str]
+    expansion_tokens: dict[str, str]
+    ships_chat_template: bool
+    encoder_attr: str
+    builder: str
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return tuple(self.max_items)
+
+    def build_tiny(self, out: Path, seed: int = 0) -> None:
+        module, func = self.builder.rsplit(":", 1)
+        fn: Callable[[Path, int], None] = getattr(importlib.import_module(module), func)
+        fn(Path(out), seed)
+
+
+_QWEN_PLACEHOLDERS = {"image": "<|vision_start|><|image_pad|><|vision_end|>",
+                      "video": "<|vision_start|><|video_pad|><|vision_end|>"}
+_QWEN_EXPANSION = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
+
+REGISTRY: dict[str, ArchSpec] = {
+    spec.name: spec for spec in (
+        ArchSpec("qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), ("qwen2_5_vl",),
+                 "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor",
+                 {"image": 32, "video": 8}, _QWEN_PLACEHOLDERS, _QWEN_EXPANSION, True,
+                 "visual", "engine.models.tiny:build_qwen2_5_vl"),
+        ArchSpec("qwen2_vl", ("Qwen2VLForConditionalGeneration",), ("qwen2_vl",),
+                 "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor",
+                 {"image": 32, "video": 8}, _QWEN_PLACEHOLDERS, _QWEN_EXPANSION, True,
+                 "visual", "engine.models.tiny:build_qwen2_vl"),
+        ArchSpec("llava", ("LlavaForConditionalGeneration",), ("llava",),
+                 "LlavaForConditionalGeneration", "LlavaProcessor",
+                 {"image": 1}, {"image": "<image>"}, {"image": "<image>"}, False,
+                 "vision_tower", "engine.models.tiny:build_llava",
+                 notes="LLaVA-1.5: its tokenizer ships no chat template; pass --chat-template"),
+        ArchSpec("qwen2_audio", ("Qwen2AudioForConditionalGeneration",), ("qwen2_audio",),
+                 "Qwen2AudioForConditionalGeneration", "Qwen2AudioProcessor",
+                 {"audio": 8}, {"audio": "<|audio_bos|><|AUDIO|><|audio_eos|>"},
+                 {"audio": "<|AUDIO|>"}, True, "audio_tower",
+                 "engine.models.tiny:build_qwen2_audio"),
+    )
+}
+DEFAULT_ARCH = "qwen2_5_vl"
+
+
+def get_arch(name: str) -> ArchSpec:
+    """A registered family by name; the error lists the supported ones."""
+    key = name.strip().lower().replace("-", "_").replace(".", "_")
+    if key not in REGISTRY:
+        raise ConfigError(f"unknown architecture {name!r}; supported: "
+                          f"{', '.join(REGISTRY)}", code="unknown_architecture")
+    return REGISTRY[key]
+
+
+def arch_for_config(config: dict[str, Any], where: str) -> ArchSpec:
+    """The family of a model folder's ``config.json``."""
+    architectures = tuple(config.get("architectures") or ())
+    model_type = config.get("model_type")
+    for spec in REGISTRY.values():
+        if set(architectures) & set(spec.architectures) or model_type in spec.model_types:
+            return spec
+    supported = ", ".join(a for s in REGISTRY.values() for a in s.architectures)
+    raise ConfigError(
+        f"the model at {where} is a {', '.join(architectures) or model_type or 'unknown'} "
+        f"model, which this toolkit does not support; supported architectures: {supported}",
+        code="unknown_architecture")

@@ -1,0 +1,134 @@
+"""Tiny random-weight instances of the registered families: real config classes at tiny
+sizes, a locally trained tokenizer with the family's special tokens, the real processor
+classes, saved with ``save_pretrained``. Deterministic for a seed; seconds to build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.models.templates_path import template_text
+
+_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=4096)
+
+
+def _seed(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+
+
+def _save(model, processor, out: Path) -> None:  # noqa: ANN001
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+
+
+def _qwen_vl_tokenizer():
+    from engine.models.tokenizer import qwen2_tokenizer
+
+    return qwen2_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                            "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
+                           eos="<|im_end|>", pad="<|endoftext|>")
+
+
+def _qwen_vl_processor(cls_name: str, tok):  # noqa: ANN001
+    import transformers as T
+
+    image = T.Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 256)
+    video = T.Qwen2VLVideoProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 128,
+                                    cap_pixels_per_frame=True)
+    return getattr(T, cls_name)(image_processor=image, tokenizer=tok, video_processor=video,
+                                chat_template=template_text("qwen2_vl"))
+
+
+def _qwen_token_ids(tok) -> dict[str, int]:  # noqa: ANN001
+    ids = tok.convert_tokens_to_ids
+    return dict(image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+                vision_start_token_id=ids("<|vision_start|>"),
+                vision_end_token_id=ids("<|vision_end|>"),
+                eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"),
+                bos_token_id=ids("<|endoftext|>"))
+
+
+def build_qwen2_5_vl(out: Path, seed: int = 0) -> None:
+    import transformers as T
+
+    tok = _qwen_vl_tokenizer()
+    ids = _qwen_token_ids(tok)
+    text = dict(_TEXT, vocab_size=len(tok), tie_word_embeddings=True,
+                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+                eos_token_id=ids["eos_token_id"], bos_token_id=ids["bos_token_id"],
+                pad_token_id=ids["pad_token_id"])
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                  fullatt_block_indexes=[1])
+    config = T.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
+    _seed(seed)
+    _save(T.Qwen2_5_VLForConditionalGeneration(config).eval(),
+          _qwen_vl_processor("Qwen2_5_VLProcessor", tok), out)
+
+
+def build_qwen2_vl(out: Path, seed: int = 0) -> None:
+    import transformers as T
+
+    tok = _qwen_vl_tokenizer()
+    ids = _qwen_token_ids(tok)
+    text = dict(_TEXT, vocab_size=len(tok), tie_word_embeddings=True,
+                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+                eos_token_id=ids["eos_token_id"], bos_token_id=ids["bos_token_id"],
+                pad_token_id=ids["pad_token_id"])
+    vision = dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2)
+    config = T.Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
+    _seed(seed)
+    _save(T.Qwen2VLForConditionalGeneration(config).eval(),
+          _qwen_vl_processor("Qwen2VLProcessor", tok), out)
+
+
+def build_llava(out: Path, seed: int = 0) -> None:
+    """LLaVA-1.5 at tiny size. Like llava-hf/llava-1.5-7b-hf, no chat template is saved."""
+    import transformers as T
+
+    from engine.models.tokenizer import generic_tokenizer
+
+    tok = generic_tokenizer(["<unk>", "<s>", "</s>", "<pad>", "<image>"], bos="<s>", eos="</s>",
+                            pad="<pad>", unk="<unk>")
+    image_id = tok.convert_tokens_to_ids("<image>")
+    vision = T.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=2, image_size=56, patch_size=14,
+                                projection_dim=32)
+    text = T.LlamaConfig(**_TEXT, vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = T.LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_id,
+                           image_seq_length=16, vision_feature_select_strategy="default",
+                           vision_feature_layer=-2)
+    processor = T.LlavaProcessor(
+        image_processor=T.CLIPImageProcessor(size={"shortest_edge": 56},
+                                             crop_size={"height": 56, "width": 56}),
+        tokenizer=tok, patch_size=14, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1)
+    _seed(seed)
+    _save(T.LlavaForConditionalGeneration(config).eval(), processor, out)
+
+
+def build_qwen2_audio(out: Path, seed: int = 0) -> None:
+    import transformers as T
+
+    from engine.models.tokenizer import qwen2_tokenizer
+
+    tok = qwen2_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>",
+                           "<|AUDIO|>", "<|audio_eos|>"], eos="<|im_end|>", pad="<|endoftext|>")
+    ids = tok.convert_tokens_to_ids
+    text = T.Qwen2Config(**_TEXT, vocab_size=len(tok), eos_token_id=ids("<|im_end|>"),
+                         pad_token_id=ids("<|endoftext|>"), bos_token_id=ids("<|endoftext|>"))
+    audio = T.Qwen2AudioEncoderConfig(num_mel_bins=128, encoder_layers=2, d_model=32,
+                                      encoder_attention_heads=2, encoder_ffn_dim=64,
+                                      max_source_positions=1500)
+    config = T.Qwen2AudioConfig(audio_config=audio, text_config=text,
+                                audio_token_index=ids("<|AUDIO|>"))
+    processor = T.Qwen2AudioProcessor(
+        feature_extractor=T.WhisperFeatureExtractor(feature_size=128, return_attention_mask=True),
+        tokenizer=tok, chat_template=template_text("qwen2_audio"))
+    _seed(seed)
+    _save(T.Qwen2AudioForConditionalGeneration(config).eval(), processor, out)

@@ -1,0 +1,1 @@
+"""Prompt rendering, item limits, processor kwargs, the processor cache, preprocessing."""

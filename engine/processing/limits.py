@@ -1,0 +1,49 @@
+"""Items per modality: counted before anything is fetched, against the effective limit
+``min(--limit-mm-per-prompt, the family's own maximum)``; unsupported modalities have 0."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from engine.errors import ConfigError, InvalidRequestError
+from engine.models.registry import ArchSpec
+
+MODALITIES = ("image", "video", "audio")
+
+
+def effective_limits(spec: ArchSpec, limit_mm_per_prompt: dict[str, int] | None
+                     ) -> dict[str, int]:
+    """Per modality: the operator's limit capped by the model's (0 when not accepted)."""
+    limits = {m: spec.max_items.get(m, 0) for m in MODALITIES}
+    for modality, value in (limit_mm_per_prompt or {}).items():
+        if modality not in MODALITIES:
+            raise ConfigError(f"--limit-mm-per-prompt names unknown modality {modality!r}",
+                              hint=f"use {', '.join(MODALITIES)}", code="invalid_limit")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"--limit-mm-per-prompt {modality}={value!r} must be a "
+                              "non-negative integer", code="invalid_limit")
+        limits[modality] = min(value, limits[modality])
+    return limits
+
+
+def check_item_counts(counts: Counter[str] | dict[str, int], limits: dict[str, int],
+                      spec: ArchSpec, requested: dict[str, int] | None) -> None:
+    """Refuse (400) a prompt with more items of a modality than allowed, naming why."""
+    for modality, count in counts.items():
+        limit = limits.get(modality, 0)
+        if count <= limit:
+            continue
+        model_max = spec.max_items.get(modality, 0)
+        if model_max == 0:
+            raise InvalidRequestError(
+                f"this model ({spec.name}) does not accept {modality} input",
+                hint=f"remove the {modality} parts or serve a model that accepts {modality}",
+                code="modality_not_supported", param="messages")
+        by_model = requested is None or modality not in requested or requested[modality] >= model_max
+        why = (f"the model's own maximum is {model_max}" if by_model
+               else "set by --limit-mm-per-prompt")
+        raise InvalidRequestError(
+            f"{count} {modality} items in one prompt, over the limit of {limit} ({why})",
+            hint=("the model itself cannot take more; send fewer" if by_model else
+                  f"send fewer or raise --limit-mm-per-prompt '{{\"{modality}\": N}}'"),
+            code="too_many_mm_items", param="messages")

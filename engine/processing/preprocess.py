@@ -1,0 +1,165 @@
+"""Preprocessing with a per-item processor cache.
+
+Each media item is processed on its own (the HF processor with a one-placeholder text), which
+yields its tensors and how many tokens its placeholder expands to; that is what the cache
+holds. A prompt is then assembled: placeholders expanded by those counts, tokenized, and the
+items' tensors concatenated in order. Tests check the assembly equals one processor call on
+the whole prompt, so a cache hit gives the model exactly what a miss gives it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.errors import InvalidRequestError, MediaDecodeError, sanitize
+from engine.models.loader import LoadedModel
+from engine.processing.cache import ProcessorCache, content_hash, item_key
+from engine.processing.prompt import count_placeholders
+
+_TEXT_KEYS = {"input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids"}
+_ARG = {"image": "images", "video": "videos", "audio": "audio"}
+
+
+@dataclass
+class MediaItem:
+    """One media item. ``encoded`` (fetched bytes) is hashed when given, else the decoded
+    data; ``decode`` runs only on a cache miss."""
+
+    modality: str
+    encoded: bytes | None = None
+    decoded: Any = None
+    decode: Callable[[], Any] | None = None
+    media_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def hash_source(self) -> bytes | memoryview:
+        if self.encoded is not None:
+            return self.encoded
+        data = self.decoded
+        if isinstance(data, tuple):  # (waveform, sampling rate)
+            data = data[0]
+        if hasattr(data, "tobytes"):
+            return memoryview(data.tobytes())
+        return memoryview(data.tobytes()) if hasattr(data, "tobytes") else repr(data).encode()
+
+
+@dataclass
+class ProcessedItem:
+    tensors: dict[str, Any]
+    num_tokens: int
+    nbytes: int
+
+
+@dataclass
+class ProcessedPrompt:
+    """What the executor needs for one prompt, and how it was obtained."""
+
+    input_ids: list[int]
+    mm: dict[str, Any]
+    item_hits: list[bool]
+    timings: dict[str, float]
+    modality_counts: dict[str, int]
+
+
+class Preprocessor:
+    """Turns a prompt and its media items into model inputs, through the cache."""
+
+    def __init__(self, loaded: LoadedModel, cache: ProcessorCache | None = None) -> None:
+        self.loaded = loaded
+        self.cache = cache or ProcessorCache(0)
+        tok = loaded.tokenizer
+        self.expansion_ids = {m: tok.convert_tokens_to_ids(t)
+                              for m, t in loaded.spec.expansion_tokens.items()}
+        pattern = "|".join(re.escape(t) for t in loaded.spec.expansion_tokens.values())
+        self._split = re.compile(f"({pattern})")
+        self._token_modality = {t: m for m, t in loaded.spec.expansion_tokens.items()}
+
+    def process_item(self, item: MediaItem, data: Any, kwargs: dict[str, Any]) -> ProcessedItem:
+        """The HF processor on one item (a one-placeholder text)."""
+        spec = self.loaded.spec
+        extra = dict(kwargs)
+        if item.modality == "audio":
+            data, rate = data
+            extra.setdefault("sampling_rate", rate)
+        try:
+            out = self.loaded.processor(text=[spec.placeholders[item.modality]],
+                                        **{_ARG[item.modality]: [data]}, return_tensors="pt",
+                                        **extra)
+        except (ValueError, TypeError, RuntimeError, IndexError) as exc:
+            raise MediaDecodeError(f"the {item.modality} could not be processed for this model:"
+                                   f" {sanitize(exc)}", code="processor_failed") from None
+        ids = out["input_ids"][0]
+        count = int((ids == self.expansion_ids[item.modality]).sum())
+        tensors = {k: v for k, v in out.items() if k not in _TEXT_KEYS}
+        nbytes = sum(int(v.numel() * v.element_size()) for v in tensors.values()
+                     if hasattr(v, "numel"))
+        return ProcessedItem(tensors, count, nbytes)
+
+    def process(self, prompt: str, items: list[MediaItem], kwargs: dict[str, Any] | None = None,
+                ) -> ProcessedPrompt:
+        """Cache lookup (and, on a miss, decode + process) per item, then assembly."""
+        kwargs = kwargs or {}
+        timings = {"hash_s": 0.0, "cache_lookup_s": 0.0, "decode_s": 0.0, "processor_s": 0.0}
+        placeholders = count_placeholders(prompt, self.loaded.spec)
+        counts = Counter(i.modality for i in items)
+        for modality in set(placeholders) | set(counts):
+            if placeholders.get(modality, 0) != counts.get(modality, 0):
+                raise InvalidRequestError(
+                    f"the prompt has {placeholders.get(modality, 0)} {modality} placeholder(s) "
+                    f"for {counts.get(modality, 0)} {modality} item(s)",
+                    code="placeholder_mismatch", param="prompt")
+        processed: list[ProcessedItem] = []
+        hits: list[bool] = []
+        for item in items:
+            start = time.perf_counter()
+            key = None
+            if self.cache.enabled:
+                key = item_key(self.loaded.name, item.modality, content_hash(item.hash_source()),
+                               kwargs, item.media_kwargs)
+            mid = time.perf_counter()
+            timings["hash_s"] += mid - start
+            cached = self.cache.get(key) if key is not None else None
+            timings["cache_lookup_s"] += time.perf_counter() - mid
+            if cached is not None:
+                processed.append(cached)
+                hits.append(True)
+                continue
+            start = time.perf_counter()
+            data = item.decoded if item.decoded is not None else item.decode()  # type: ignore[misc]
+            timings["decode_s"] += time.perf_counter() - start
+            start = time.perf_counter()
+            result = self.process_item(item, data, kwargs)
+            timings["processor_s"] += time.perf_counter() - start
+            if key is not None:
+                self.cache.put(key, result, result.nbytes)
+            processed.append(result)
+            hits.append(False)
+        start = time.perf_counter()
+        input_ids, mm = self.assemble(prompt, items, processed)
+        timings["processor_s"] += time.perf_counter() - start
+        return ProcessedPrompt(input_ids, mm, hits, timings, dict(counts))
+
+    def assemble(self, prompt: str, items: list[MediaItem], processed: list[ProcessedItem]
+                 ) -> tuple[list[int], dict[str, Any]]:
+        import torch
+
+        queues: dict[str, list[ProcessedItem]] = {}
+        for item, result in zip(items, processed, strict=True):
+            queues.setdefault(item.modality, []).append(result)
+        order = {m: iter(q) for m, q in queues.items()}
+        pieces = []
+        for piece in self._split.split(prompt):
+            modality = self._token_modality.get(piece)
+            pieces.append(piece * next(order[modality]).num_tokens if modality else piece)
+        input_ids = self.loaded.tokenizer("".join(pieces))["input_ids"]
+        mm: dict[str, Any] = {}
+        for modality in ("image", "video", "audio"):
+            for result in queues.get(modality, []):
+                for key, value in result.tensors.items():
+                    mm.setdefault(key, []).append(value)
+        merged = {k: torch.cat(v, dim=0) if hasattr(v[0], "dim") else v for k, v in mm.items()}
+        return list(input_ids), merged
