@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli import media
+from aphrodite_cli import media, model
 from aphrodite_cli.bench import cli as bench
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app = typer.Typer(
 )
 app.add_typer(media.app, name="media")
 app.add_typer(bench.app, name="bench")
+app.add_typer(model.app, name="model")
 
 
 def _version(value: bool) -> None:

@@ -84,3 +84,70 @@ def _print_table(doc: dict) -> None:
                        False: f"no (mean diff {b['mean_abs_diff']})"}[b["identical_to_exact"]],
                       (b["error"] or "")[:60])
     out.print(table)
+
+
+@app.command(
+    "mm-processor",
+    epilog="""Examples:
+
+  aphrodite bench mm-processor                       # 1280x720 JPEGs on the tiny Qwen2.5-VL
+
+  aphrodite bench mm-processor --model /models/qwen2.5-vl-7b --num-prompts 50""",
+)
+def mm_processor(
+    model: Annotated[str | None, typer.Option(help="Model folder, cached hub id or tiny:ARCH; "
+                                              "default: the embedded tiny Qwen2.5-VL.")] = None,
+    width: Annotated[int, typer.Option(min=16)] = 1280,
+    height: Annotated[int, typer.Option(min=16)] = 720,
+    num_prompts: Annotated[int, typer.Option(min=1)] = 30,
+    mode: Annotated[str, typer.Option(help="cold, warm or both")] = "both",
+    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
+) -> None:
+    """Preprocessing per stage, cold (media never seen) and warm (processor cache hits)."""
+    from aphrodite_cli.bench.engine_bench import run_mm_processor
+    from aphrodite_cli.bench.results import write_result
+    from engine.errors import ConfigError
+
+    if mode not in ("cold", "warm", "both"):
+        raise ConfigError(f"--mode {mode!r} must be cold, warm or both")
+    doc = run_mm_processor(model, width=width, height=height, num_prompts=num_prompts,
+                           mode=mode)
+    path = write_result(doc, "mm-processor", out_dir)
+    from rich.table import Table
+
+    table = Table(title=f"{doc['model']}: {width}x{height} JPEG, {num_prompts} prompts")
+    for col in ("phase", "median ms", "p90 ms", "p99 ms", "hit rate", "decode ms",
+                "processor ms"):
+        table.add_column(col)
+    for phase, p in doc["phases"].items():
+        table.add_row(phase, f"{p['total_s']['median'] * 1e3:.2f}",
+                      f"{p['total_s']['p90'] * 1e3:.2f}", f"{p['total_s']['p99'] * 1e3:.2f}",
+                      f"{p['hit_rate']:.0%}",
+                      f"{p['stages']['media_decode_s']['median'] * 1e3:.2f}",
+                      f"{p['stages']['processor_s']['median'] * 1e3:.2f}")
+    out.print(table)
+    if "cold_over_warm_median" in doc:
+        out.print(f"warm is {doc['cold_over_warm_median']:.1f}x faster than cold (median)",
+                  markup=False)
+    out.print(f"result: {path}", markup=False)
+
+
+@app.command("batching")
+def batching(
+    model: Annotated[str | None, typer.Option(help="Model; default: the tiny Qwen2.5-VL.")
+                     ] = None,
+    concurrency: Annotated[int, typer.Option(min=1)] = 8,
+    max_tokens: Annotated[int, typer.Option(min=1)] = 32,
+    repeats: Annotated[int, typer.Option(min=1)] = 3,
+    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
+) -> None:
+    """N concurrent image requests (sharing forward passes) vs the same N one after another."""
+    from aphrodite_cli.bench.engine_bench import run_batching
+    from aphrodite_cli.bench.results import write_result
+
+    doc = run_batching(model, concurrency=concurrency, max_tokens=max_tokens, repeats=repeats)
+    path = write_result(doc, "batching", out_dir)
+    out.print(f"{concurrency} concurrent: {doc['concurrent_s']['median']:.2f} s, one after "
+              f"another: {doc['sequential_s']['median']:.2f} s -> {doc['speedup_median']:.1f}x",
+              markup=False)
+    out.print(f"result: {path}", markup=False)

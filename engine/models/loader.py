@@ -126,6 +126,5 @@ def load_model(model: str | None = None, *, chat_template: str | None = None,
                               hint="pass the path of a Jinja chat template file",
                               code="chat_template_missing")
         template = file.read_text()
-    name = served_name or (model if model and not model.startswith("tiny:") else
-                           f"tiny-{spec.name}" if not model else model)
+    name = served_name or model or f"tiny-{spec.name}"
     return LoadedModel(path, spec, config, processor, template, name)

@@ -18,7 +18,7 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _save(model, processor, out: Path) -> None:  # noqa: ANN001
+def _save(model, processor, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     processor.save_pretrained(out)
@@ -32,7 +32,7 @@ def _qwen_vl_tokenizer():
                            eos="<|im_end|>", pad="<|endoftext|>")
 
 
-def _qwen_vl_processor(cls_name: str, tok):  # noqa: ANN001
+def _qwen_vl_processor(cls_name: str, tok):
     import transformers as T
 
     image = T.Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 256)
@@ -42,7 +42,7 @@ def _qwen_vl_processor(cls_name: str, tok):  # noqa: ANN001
                                 chat_template=template_text("qwen2_vl"))
 
 
-def _qwen_token_ids(tok) -> dict[str, int]:  # noqa: ANN001
+def _qwen_token_ids(tok) -> dict[str, int]:
     ids = tok.convert_tokens_to_ids
     return dict(image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
                 vision_start_token_id=ids("<|vision_start|>"),

@@ -39,7 +39,8 @@ def check_item_counts(counts: Counter[str] | dict[str, int], limits: dict[str, i
                 f"this model ({spec.name}) does not accept {modality} input",
                 hint=f"remove the {modality} parts or serve a model that accepts {modality}",
                 code="modality_not_supported", param="messages")
-        by_model = requested is None or modality not in requested or requested[modality] >= model_max
+        asked = (requested or {}).get(modality)
+        by_model = asked is None or asked >= model_max
         why = (f"the model's own maximum is {model_max}" if by_model
                else "set by --limit-mm-per-prompt")
         raise InvalidRequestError(

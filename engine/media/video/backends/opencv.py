@@ -14,7 +14,6 @@ from engine.media.video.backends.base import VideoBackend, stack
 from engine.media.video.options import OpenCVOptions
 from engine.media.video.scan import ContainerScan
 
-
 # OpenCV's own worker pool (used by cvtColor) busy-waits after each call and fights the decode
 # pool for the cores; decoding, not colour conversion, is what needs them.
 cv2.setNumThreads(1)

@@ -1,0 +1,1 @@
+"""Model execution: sampling parameters, the transformers runner, the batching engine."""

@@ -1,0 +1,179 @@
+"""Offline batched inference on the same engine as the server::
+
+    from engine import LLM, SamplingParams
+    llm = LLM()                      # the embedded tiny Qwen2.5-VL
+    out = llm.generate({"prompt": "Describe it.", "multi_modal_data": {"image": pil_image}})
+    print(out[0].outputs[0].text)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.config import MediaLimits, MediaPolicy
+from engine.errors import InvalidRequestError
+from engine.executor.engine import Engine
+from engine.executor.request import CompletionOutput, EngineRequest
+from engine.executor.sampling import SamplingParams
+from engine.media.connector import MediaConnector
+from engine.media.video.options import server_video_spec
+from engine.models.loader import load_model
+from engine.processing.cache import ProcessorCache
+from engine.processing.chat_parts import parse_messages
+from engine.processing.kwargs import merge_processor_kwargs
+from engine.processing.limits import check_item_counts, effective_limits
+from engine.processing.media_items import fetch_items
+from engine.processing.preprocess import MediaItem, Preprocessor
+from engine.processing.prompt import insert_placeholders, render_chat
+
+
+@dataclass
+class RequestOutput:
+    """One prompt's result (vLLM-shaped): ``outputs[i].text``."""
+
+    request_id: str
+    prompt: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    metrics: dict[str, Any] = field(default_factory=dict)
+    finished: bool = True
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def to_items(mm: dict[str, Any]) -> list[MediaItem]:
+    from PIL import Image
+
+    items: list[MediaItem] = []
+    for modality, values in mm.items():
+        for value in _as_list(values):
+            if modality == "image":
+                if not isinstance(value, Image.Image):
+                    raise InvalidRequestError("multi_modal_data image must be a PIL image",
+                                              code="invalid_multi_modal_data")
+                items.append(MediaItem("image", decoded=value.convert("RGB")))
+            elif modality == "video":
+                frames = np.asarray(value)
+                if frames.ndim != 4 or frames.shape[-1] != 3:
+                    raise InvalidRequestError("multi_modal_data video must be frames shaped "
+                                              "(T, H, W, 3)", code="invalid_multi_modal_data")
+                items.append(MediaItem("video", decoded=frames.astype(np.uint8, copy=False)))
+            elif modality == "audio":
+                if not (isinstance(value, tuple) and len(value) == 2):
+                    raise InvalidRequestError("multi_modal_data audio must be (array, rate)",
+                                              code="invalid_multi_modal_data")
+                items.append(MediaItem("audio", decoded=(np.asarray(value[0], np.float32),
+                                                         int(value[1]))))
+            else:
+                raise InvalidRequestError(f"unknown multi_modal_data modality {modality!r}",
+                                          code="invalid_multi_modal_data")
+    return items
+
+
+class LLM:
+    """A model, its processor cache and a batching engine, in this process."""
+
+    def __init__(self, model: str | None = None, *, chat_template: str | None = None,
+                 limit_mm_per_prompt: dict[str, int] | None = None,
+                 mm_processor_kwargs: dict[str, Any] | None = None,
+                 mm_processor_cache_gb: float = 4.0,
+                 media_io_kwargs: dict[str, Any] | None = None,
+                 allowed_local_media_path: str | None = None,
+                 allowed_media_domains: list[str] | None = None,
+                 device: str = "cpu", dtype: str = "auto", max_batch_size: int = 8) -> None:
+        self.loaded = load_model(model, chat_template=chat_template)
+        self.limits = effective_limits(self.loaded.spec, limit_mm_per_prompt)
+        self._requested_limits = limit_mm_per_prompt
+        self.mm_processor_kwargs = merge_processor_kwargs(self.loaded.processor,
+                                                          mm_processor_kwargs, None)
+        self.cache = ProcessorCache.from_gb(mm_processor_cache_gb)
+        self.preprocessor = Preprocessor(self.loaded, self.cache)
+        self.video = server_video_spec(media_io_kwargs)
+        self.policy = MediaPolicy.create(allowed_domains=allowed_media_domains,
+                                         allowed_local_path=allowed_local_media_path)
+        self.media_limits = MediaLimits.from_env()
+        self.engine = Engine(self.loaded, device=device, dtype=dtype,
+                             max_batch_size=max_batch_size)
+
+    @property
+    def sampling_rate(self) -> int:
+        extractor = getattr(self.loaded.processor, "feature_extractor", None)
+        return int(getattr(extractor, "sampling_rate", 16_000))
+
+    def prepare(self, prompt: str, items: list[MediaItem], kwargs: dict[str, Any] | None,
+                 raw: bool) -> Any:
+        counts = Counter(i.modality for i in items)
+        check_item_counts(counts, self.limits, self.loaded.spec, self._requested_limits)
+        if raw:
+            prompt = insert_placeholders(prompt, self.loaded.spec, counts)
+        merged = merge_processor_kwargs(self.loaded.processor, self.mm_processor_kwargs, kwargs)
+        return prompt, self.preprocessor.process(prompt, items, merged)
+
+    def _run(self, prepared: list[tuple[str, Any]], params: list[SamplingParams]
+             ) -> list[RequestOutput]:
+        requests = [self.engine.submit(EngineRequest(p, sp)) for (_, p), sp in
+                    zip(prepared, params, strict=True)]
+        results = []
+        for (text, processed), req in zip(prepared, requests, strict=True):
+            req.done.wait()
+            if req.error:
+                raise req.error
+            metrics = {**processed.timings, **req.timings, "item_cache_hits": processed.item_hits}
+            results.append(RequestOutput(req.request_id, text, processed.input_ids, req.outputs,
+                                         metrics))
+        return results
+
+    @staticmethod
+    def _params(sampling_params: Any, n: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * n
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * n
+        params = list(sampling_params)
+        if len(params) != n:
+            raise InvalidRequestError("one SamplingParams per prompt, or one for all")
+        return params
+
+    def generate(self, prompts: Any, sampling_params: Any = None) -> list[RequestOutput]:
+        """Prompts: a string, a ``{"prompt", "multi_modal_data", "mm_processor_kwargs"}`` dict,
+        or a list of those. Placeholders the prompt lacks are inserted per item."""
+        batch = prompts if isinstance(prompts, list) else [prompts]
+        prepared = []
+        for entry in batch:
+            if isinstance(entry, str):
+                entry = {"prompt": entry}
+            items = to_items(entry.get("multi_modal_data") or {})
+            prepared.append(self.prepare(entry["prompt"], items,
+                                          entry.get("mm_processor_kwargs"), raw=True))
+        return self._run(prepared, self._params(sampling_params, len(prepared)))
+
+    def chat(self, messages: Sequence[Any], sampling_params: Any = None,
+             mm_processor_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """One conversation (a list of messages) or a list of conversations, with the same
+        content parts the server accepts (media URLs are fetched under this LLM's policy)."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prepared = []
+        for conversation in conversations:
+            parsed = parse_messages(list(conversation))
+            check_item_counts(parsed.counts(), self.limits, self.loaded.spec,
+                              self._requested_limits)
+            items = asyncio.run(self._fetch(parsed.media)) if parsed.media else []
+            text = render_chat(self.loaded, parsed.messages)
+            prepared.append(self.prepare(text, items, mm_processor_kwargs, raw=False))
+        return self._run(prepared, self._params(sampling_params, len(prepared)))
+
+    async def _fetch(self, media: list[tuple[str, str]]) -> list[MediaItem]:
+        async with MediaConnector(self.policy, self.media_limits) as connector:
+            items, _ = await fetch_items(connector, media, self.video, self.sampling_rate)
+        return items
+
+    def close(self) -> None:
+        self.engine.close()
