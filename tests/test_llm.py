@@ -1,0 +1,164 @@
+"""The offline API and the executor on every tiny family: generate, chat, sampling,
+streaming, cancellation, batching, and the cache's effect on outputs."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from engine import SamplingParams
+from engine.errors import ConfigError, InvalidRequestError
+from engine.executor.request import EngineRequest
+from engine.media import synthetic
+from tests.engine_fixtures import llm
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+
+
+def img(seed: int = 0, w: int = 96, h: int = 80) -> Image.Image:
+    return Image.fromarray(synthetic.image_array(w, h, seed))
+
+
+def frames(n: int = 4) -> np.ndarray:
+    return np.stack([synthetic.video_frame(i, 96, 64) for i in range(n)])
+
+
+def wave(seconds: float = 1.0) -> tuple[np.ndarray, int]:
+    t = np.arange(int(16000 * seconds)) / 16000
+    return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000
+
+
+CASES = [
+    ("qwen2_5_vl", {"image": img()}), ("qwen2_5_vl", {"video": frames()}),
+    ("qwen2_vl", {"image": [img(1), img(2)]}), ("qwen2_vl", {"video": frames()}),
+    ("llava", {"image": img()}), ("qwen2_audio", {"audio": wave()}),
+]
+
+
+@pytest.mark.parametrize("arch,mm", CASES, ids=[f"{a}-{next(iter(m))}" for a, m in CASES])
+def test_every_family_generates_for_each_accepted_modality(arch, mm):
+    out = llm(arch).generate({"prompt": "Describe it.", "multi_modal_data": mm}, GREEDY)
+    completion = out[0].outputs[0]
+    assert len(completion.token_ids) == 6 and completion.finish_reason == "length"
+    expansion = llm(arch).loaded.spec.expansion_tokens[next(iter(mm))]
+    expansion_id = llm(arch).loaded.tokenizer.convert_tokens_to_ids(expansion)
+    assert out[0].prompt_token_ids.count(expansion_id) > 1  # the placeholder was expanded
+
+
+def test_cache_hit_gives_the_same_greedy_output():
+    model = llm("qwen2_5_vl")
+    prompt = {"prompt": "What is shown?", "multi_modal_data": {"image": img(7, 200, 150)}}
+    first = model.generate(prompt, GREEDY)[0]
+    second = model.generate(prompt, GREEDY)[0]
+    assert first.metrics["item_cache_hits"] == [False]
+    assert second.metrics["item_cache_hits"] == [True]
+    assert first.outputs[0].token_ids == second.outputs[0].token_ids
+    assert first.prompt_token_ids == second.prompt_token_ids
+
+
+def test_chat_with_server_content_parts():
+    jpeg = synthetic.make_image(120, 90, fmt="JPEG")
+    url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "What is it?"}]}]
+    out = llm("qwen2_5_vl").chat(messages, GREEDY)
+    assert len(out[0].outputs[0].token_ids) == 6
+    assert "<|vision_start|>" in out[0].prompt
+    wav = synthetic.make_audio(seconds=0.5)
+    audio = [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(),
+                                                "format": "wav"}},
+        {"type": "text", "text": "What is said?"}]}]
+    out = llm("qwen2_audio").chat(audio, GREEDY)
+    assert "Audio 1:" in out[0].prompt and len(out[0].outputs[0].token_ids) == 6
+
+
+def test_chat_refusals():
+    model = llm("qwen2_5_vl")
+    with pytest.raises(InvalidRequestError, match="does not accept audio"):
+        model.chat([{"role": "user", "content": [
+            {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64,AAAA"}}]}])
+    with pytest.raises(InvalidRequestError, match="unsupported type 'image'"):
+        model.chat([{"role": "user", "content": [{"type": "image", "image": "x"}]}])
+    from engine import LLM
+
+    bare = LLM("tiny:llava")
+    with pytest.raises(ConfigError, match="--chat-template"):
+        bare.chat([{"role": "user", "content": "hello"}])
+    bare.close()
+
+
+def test_sampling_seed_stop_and_n():
+    model = llm("qwen2_vl")
+    params = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, top_k=50, seed=11, n=2,
+                            ignore_eos=True)
+    a = model.generate("Tell me a story.", params)[0]
+    b = model.generate("Tell me a story.", params)[0]
+    assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
+    assert a.outputs[0].token_ids != a.outputs[1].token_ids  # n=2 rows sample differently
+    greedy = model.generate("Tell me a story.", SamplingParams(max_tokens=8, temperature=0,
+                                                                ignore_eos=True))[0].outputs[0]
+    stop = greedy.text[2:4] if len(greedy.text) >= 4 else greedy.text[-1:]
+    stopped = model.generate("Tell me a story.", SamplingParams(
+        max_tokens=8, temperature=0, ignore_eos=True, stop=[stop]))[0].outputs[0]
+    assert stopped.finish_reason == "stop" and stop not in stopped.text
+    assert greedy.text.startswith(stopped.text)
+
+
+@pytest.mark.parametrize("bad", [{"max_tokens": 0}, {"temperature": -1}, {"top_p": 0},
+                                 {"n": 99}, {"top_k": -5}, {"stop": [""]}, {"seed": "x"}])
+def test_sampling_params_validation(bad):
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(**bad)
+
+
+def test_streaming_and_cancellation():
+    model = llm("qwen2_vl")
+    processed = model.prepare("Go on.", [], None, raw=True)[1]
+    seen: list[int] = []
+    stop_after = threading.Event()
+
+    def on_event(event):
+        if event.token_id is not None:
+            seen.append(event.token_id)
+            if len(seen) == 3:
+                stop_after.set()
+
+    req = EngineRequest(processed, SamplingParams(max_tokens=2000, temperature=0,
+                                                  ignore_eos=True), on_event=on_event)
+    model.engine.submit(req)
+    assert stop_after.wait(60)
+    req.cancel()
+    assert req.done.wait(60)
+    assert req.outputs[0].finish_reason == "abort"
+    assert 3 <= len(req.outputs[0].token_ids) < 2000
+
+
+def test_concurrent_requests_share_forward_passes():
+    model = llm("qwen2_5_vl")
+    prepared = [model.prepare(f"Picture {i}.", [], None, raw=True)[1] for i in range(6)]
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    before = model.engine.batches
+    reqs = [model.engine.submit(EngineRequest(p, params)) for p in prepared]
+    for r in reqs:
+        assert r.done.wait(60)
+    assert model.engine.batches - before < 6
+    assert max(r.timings["batch_size"] for r in reqs) > 1
+    solo = model.engine.submit(EngineRequest(prepared[0], params))
+    solo.done.wait(60)
+    assert solo.outputs[0].token_ids == reqs[0].outputs[0].token_ids  # batching changes nothing
+
+
+def test_stage_timings_are_reported():
+    out = llm("qwen2_5_vl").generate({"prompt": "x", "multi_modal_data": {"image": img(9)}},
+                                     GREEDY)[0]
+    for key in ("hash_s", "cache_lookup_s", "media_decode_s", "processor_s", "encoder_s",
+                "prefill_s", "first_token_s", "decode_s", "queue_s"):
+        assert key in out.metrics and out.metrics[key] >= 0
+    assert out.metrics["encoder_s"] > 0
+    time.sleep(0)

@@ -1,0 +1,93 @@
+"""Registry, tiny builders, model resolution."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from engine.errors import ConfigError
+from engine.models.loader import load_model, resolve_model_path
+from engine.models.registry import REGISTRY, arch_for_config, get_arch
+from tests.engine_fixtures import FAMILIES
+
+
+def test_required_families_are_registered():
+    assert set(FAMILIES) <= set(REGISTRY)
+    assert get_arch("Qwen2.5-VL").name == "qwen2_5_vl"
+    assert REGISTRY["llava"].modalities == ("image",)
+    assert REGISTRY["qwen2_audio"].modalities == ("audio",)
+    assert not REGISTRY["llava"].ships_chat_template
+
+
+def test_unknown_architecture_lists_the_supported_ones(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"],
+                                                      "model_type": "gpt2"}))
+    with pytest.raises(ConfigError) as info:
+        load_model(str(tmp_path))
+    for arch in ("Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration",
+                 "Qwen2AudioForConditionalGeneration"):
+        assert arch in info.value.message
+    with pytest.raises(ConfigError, match="supported: qwen2_5_vl"):
+        get_arch("gpt2")
+    assert arch_for_config({"model_type": "qwen2_vl"}, "x").name == "qwen2_vl"
+
+
+def _weights_hash(folder) -> str:
+    return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_make_tiny_is_deterministic_and_uses_real_classes(tmp_path):
+    spec = REGISTRY["qwen2_vl"]
+    spec.build_tiny(tmp_path / "a", seed=0)
+    spec.build_tiny(tmp_path / "b", seed=0)
+    spec.build_tiny(tmp_path / "c", seed=1)
+    assert _weights_hash(tmp_path / "a") == _weights_hash(tmp_path / "b")
+    assert _weights_hash(tmp_path / "a") != _weights_hash(tmp_path / "c")
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2VLForConditionalGeneration"]
+    processor = json.loads((tmp_path / "a" / "processor_config.json").read_text())
+    assert processor["processor_class"] == "Qwen2VLProcessor"
+
+
+@pytest.mark.timeout(30)
+def test_hub_id_not_cached_fails_fast_without_network(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    with pytest.raises(ConfigError) as info:
+        resolve_model_path("llava-hf/llava-1.5-7b-hf")
+    assert "not in the Hugging Face cache" in info.value.message
+    assert info.value.code == "model_not_found"
+
+
+def test_local_folder_and_hf_cache_load_the_same_way(tmp_path, monkeypatch):
+    """A model copied into a Hugging Face cache layout resolves through the same loader."""
+    import shutil
+
+    source = resolve_model_path("tiny:qwen2_vl")
+    hub = tmp_path / "hub"
+    snap = hub / "models--acme--tiny-qwen2-vl" / "snapshots" / ("0" * 40)
+    shutil.copytree(source, snap)
+    (hub / "models--acme--tiny-qwen2-vl" / "refs").mkdir()
+    (hub / "models--acme--tiny-qwen2-vl" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(hub))
+    cached = load_model("acme/tiny-qwen2-vl")
+    local = load_model(str(source))
+    assert cached.spec.name == local.spec.name == "qwen2_vl"
+    assert cached.path.resolve() == snap.resolve()
+    assert cached.name == "acme/tiny-qwen2-vl"
+
+
+def test_llava_has_no_chat_template_until_given_one():
+    from engine.models.templates_path import template_path
+
+    bare = load_model("tiny:llava")
+    assert bare.chat_template is None
+    with_template = load_model("tiny:llava", chat_template=str(template_path("llava")))
+    assert "USER:" in with_template.chat_template
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_model("tiny:llava", chat_template="/nonexistent/template.jinja")

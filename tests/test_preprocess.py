@@ -1,0 +1,166 @@
+"""Preprocessing: per-item assembly equals one processor call; the cache; limits; kwargs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from engine.errors import ConfigError, InvalidRequestError
+from engine.media import synthetic
+from engine.processing.cache import ProcessorCache
+from engine.processing.kwargs import merge_processor_kwargs
+from engine.processing.limits import check_item_counts, effective_limits
+from engine.processing.preprocess import MediaItem, Preprocessor
+from engine.processing.prompt import insert_placeholders, render_chat
+from tests.engine_fixtures import FAMILIES, loaded
+
+
+def image(w: int, h: int, seed: int = 0) -> Image.Image:
+    return Image.fromarray(synthetic.image_array(w, h, seed))
+
+
+def sample(arch: str):
+    """(messages, items, processor kwargs for one full call) covering each modality."""
+    if arch == "qwen2_audio":
+        wave = (np.sin(np.arange(16000) / 7) * 0.3).astype(np.float32)
+        items = [MediaItem("audio", decoded=(wave, 16000)),
+                 MediaItem("audio", decoded=(wave[:6000], 16000))]
+        parts = [{"type": "audio"}, {"type": "audio"}]
+        full = {"audio": [i.decoded[0] for i in items], "sampling_rate": 16000}
+    elif arch == "llava":
+        items = [MediaItem("image", decoded=image(80, 60))]
+        parts = [{"type": "image"}]
+        full = {"images": [items[0].decoded]}
+    else:
+        frames = np.stack([synthetic.video_frame(i, 96, 64) for i in range(4)])
+        items = [MediaItem("image", decoded=image(120, 90)), MediaItem("video", decoded=frames),
+                 MediaItem("image", decoded=image(64, 200, 2))]
+        parts = [{"type": "image"}, {"type": "video"}, {"type": "image"}]
+        full = {"images": [items[0].decoded, items[2].decoded], "videos": [frames]}
+    messages = [{"role": "user", "content": [*parts, {"type": "text", "text": "What?"}]}]
+    return messages, items, full
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_assembled_inputs_equal_one_processor_call(arch):
+    lm = loaded(arch)
+    messages, items, full = sample(arch)
+    text = render_chat(lm, messages)
+    got = Preprocessor(lm, ProcessorCache(1 << 30)).process(text, items)
+    ref = lm.processor(text=[text], return_tensors="pt", **full)
+    assert got.input_ids == ref["input_ids"][0].tolist()
+    for key, value in ref.items():
+        if key in ("input_ids", "attention_mask"):
+            continue
+        assert torch.equal(got.mm[key], value), key
+
+
+def test_cache_hit_gives_the_same_inputs_and_skips_decoding_and_processing():
+    lm = loaded("qwen2_5_vl")
+    pre = Preprocessor(lm, ProcessorCache(1 << 30))
+    calls = Counter()
+    real = pre.process_item
+
+    def counting(item, data, kwargs):
+        calls["processor"] += 1
+        return real(item, data, kwargs)
+
+    pre.process_item = counting
+    jpeg = synthetic.make_image(320, 240, fmt="JPEG", seed=3)
+
+    def item() -> MediaItem:
+        def decode():
+            calls["decode"] += 1
+            from engine.config import MediaLimits
+            from engine.media.image import decode_image
+
+            return decode_image(jpeg, MediaLimits.from_env())
+        return MediaItem("image", encoded=jpeg, decode=decode)
+
+    prompt = render_chat(lm, [{"role": "user", "content": [{"type": "image"},
+                                                           {"type": "text", "text": "Hi"}]}])
+    miss = pre.process(prompt, [item()])
+    hit = pre.process(prompt, [item()])
+    assert miss.item_hits == [False] and hit.item_hits == [True]
+    assert calls == {"processor": 1, "decode": 1}
+    assert hit.input_ids == miss.input_ids
+    assert all(torch.equal(hit.mm[k], miss.mm[k]) for k in miss.mm)
+    assert pre.cache.stats.hits == 1 and pre.cache.stats.misses == 1
+
+
+def test_different_kwargs_never_share_an_entry():
+    lm = loaded("qwen2_5_vl")
+    pre = Preprocessor(lm, ProcessorCache(1 << 30))
+    jpeg = synthetic.make_image(640, 480, fmt="JPEG", seed=4)
+    prompt = lm.spec.placeholders["image"] + "Hi"
+    from engine.config import MediaLimits
+    from engine.media.image import decode_image
+
+    def item() -> MediaItem:
+        return MediaItem("image", encoded=jpeg,
+                         decode=lambda: decode_image(jpeg, MediaLimits.from_env()))
+
+    small = pre.process(prompt, [item()], {"max_pixels": 28 * 28 * 16})
+    large = pre.process(prompt, [item()], {"max_pixels": 28 * 28 * 64})
+    again = pre.process(prompt, [item()], {"max_pixels": 28 * 28 * 16})
+    assert small.item_hits == [False] and large.item_hits == [False] and again.item_hits == [True]
+    assert len(small.input_ids) < len(large.input_ids)
+
+
+def test_byte_bound_evicts_least_recently_used():
+    cache = ProcessorCache(100)
+    cache.put("a", "A", 40)
+    cache.put("b", "B", 40)
+    assert cache.get("a") == "A"  # a is now the most recent
+    cache.put("c", "C", 40)       # over 100 bytes: b (least recent) goes
+    assert cache.get("b") is None and cache.get("a") == "A" and cache.get("c") == "C"
+    assert cache.stats.evictions == 1 and cache.stats.bytes == 80
+    cache.put("huge", "H", 1000)  # larger than the whole cache: not stored
+    assert cache.get("huge") is None
+    disabled = ProcessorCache.from_gb(0)
+    disabled.put("a", "A", 1)
+    assert not disabled.enabled and disabled.get("a") is None
+
+
+def test_effective_limits_and_errors():
+    spec = loaded("qwen2_5_vl").spec
+    limits = effective_limits(spec, {"image": 2})
+    assert limits == {"image": 2, "video": 8, "audio": 0}
+    with pytest.raises(InvalidRequestError) as info:
+        check_item_counts({"image": 3}, limits, spec, {"image": 2})
+    assert "--limit-mm-per-prompt" in info.value.hint and "image" in info.value.message
+    big = effective_limits(spec, {"video": 100})
+    with pytest.raises(InvalidRequestError) as info:
+        check_item_counts({"video": 9}, big, spec, {"video": 100})
+    assert "model's own maximum is 8" in info.value.message
+    with pytest.raises(InvalidRequestError) as info:
+        check_item_counts({"audio": 1}, limits, spec, None)
+    assert info.value.code == "modality_not_supported"
+    with pytest.raises(ConfigError):
+        effective_limits(spec, {"smell": 1})
+
+
+def test_processor_kwargs_merge_and_validation():
+    processor = loaded("qwen2_5_vl").processor
+    merged = merge_processor_kwargs(processor, {"max_pixels": 100_000, "min_pixels": 3136},
+                                    {"max_pixels": 50_000})
+    assert merged == {"max_pixels": 50_000, "min_pixels": 3136}
+    with pytest.raises(InvalidRequestError) as info:
+        merge_processor_kwargs(processor, None, {"max_pixel": 1})
+    assert "max_pixel" in info.value.message and info.value.status == 400
+
+
+def test_raw_prompt_placeholders():
+    spec = loaded("llava").spec
+    assert insert_placeholders("USER: hi ASSISTANT:", spec, {"image": 1}) == \
+        "<image>\nUSER: hi ASSISTANT:"
+    written = "USER: <image>\nhi ASSISTANT:"
+    assert insert_placeholders(written, spec, {"image": 1}) == written
+    with pytest.raises(InvalidRequestError, match="placeholder"):
+        insert_placeholders("USER: <image><image> ASSISTANT:", spec, {"image": 1})
+    with pytest.raises(InvalidRequestError, match="no image item"):
+        insert_placeholders("USER: <image> ASSISTANT:", spec, {})
