@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli import media, model
+from aphrodite_cli import media, model, serve
 from aphrodite_cli.bench import cli as bench
 
 app = typer.Typer(
@@ -23,6 +23,8 @@ app = typer.Typer(
 app.add_typer(media.app, name="media")
 app.add_typer(bench.app, name="bench")
 app.add_typer(model.app, name="model")
+app.command("serve", epilog=serve.EPILOG)(serve.serve)
+app.command("run", epilog=serve.EPILOG, help="Alias of serve.")(serve.serve)
 
 
 def _version(value: bool) -> None:

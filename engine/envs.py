@@ -125,6 +125,8 @@ _DECLARED: tuple[EnvVar, ...] = (
            "Threads that decode media off the event loop.", "int"),
     EnvVar("APHRODITE_VIDEO_LOADER_BACKEND", "opencv", _video_backend,
            f"Default video decoder: one of {', '.join(VIDEO_BACKENDS)}.", "name"),
+    EnvVar("APHRODITE_API_KEY", "", str,
+           "API key the server requires (Authorization: Bearer KEY); --api-key wins.", "text"),
     EnvVar("APHRODITE_CACHE_ROOT", "", str,
            "Folder for built tiny models and other caches (default ~/.cache/aphrodite).",
            "path"),

@@ -196,12 +196,15 @@ class TransformersRunner:
             at = text.find(stop)
             if at != -1:
                 text, reason = text[:at], "stop"
-        delta = text[len(row.text):] if text.startswith(row.text) else text
-        row.text = text
+        if len(row.token_ids) >= params.max_tokens and reason is None:
+            reason = "length"
+        if text.endswith("\ufffd") and reason is None:
+            delta = ""  # a character split across tokens: wait for the rest of its bytes
+        else:
+            delta = text[len(row.text):] if text.startswith(row.text) else text
+            row.text = text
         out = req.outputs[row.index]
         out.text, out.token_ids = row.text, list(row.token_ids)
-        if reason is None and len(row.token_ids) >= params.max_tokens:
-            reason = "length"
         if req.on_event:
             req.on_event(TokenEvent(req.request_id, row.index, token, delta, reason))
         if reason:

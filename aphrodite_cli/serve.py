@@ -1,0 +1,87 @@
+"""``aphrodite serve`` / ``aphrodite run``: the OpenAI-compatible multimodal server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from aphrodite_cli.options import (
+    AllowedLocalMediaPath,
+    AllowedMediaDomains,
+    MediaIoKwargs,
+    parse_json_flag,
+    split_hosts,
+)
+from aphrodite_cli.output import out
+
+EPILOG = """Examples:
+
+  aphrodite serve                                   # the embedded tiny Qwen2.5-VL on :2242
+
+  aphrodite serve /models/llava-1.5-7b-hf --chat-template engine/models/templates/llava.jinja
+
+  aphrodite serve /models/Qwen2.5-VL-7B-Instruct
+  --media-io-kwargs '{"video": {"backend": "torchcodec"}}'
+  --limit-mm-per-prompt '{"image": 4, "video": 1}' --allowed-media-domains cdn.example.com
+
+  aphrodite serve --api-key secret --api-server-count 2 --port 8000"""
+
+
+def serve(
+    model: Annotated[str | None, typer.Argument(help="Model folder, cached hub id or "
+                                                "tiny:ARCH; default: the tiny Qwen2.5-VL.")
+                     ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on, e.g. 0.0.0.0.")
+                    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port, e.g. 8000.")] = 2242,
+    served_model_name: Annotated[str | None, typer.Option(
+        help="Name clients use in 'model', e.g. my-vlm.")] = None,
+    chat_template: Annotated[Path | None, typer.Option(
+        help="Jinja chat template file, e.g. engine/models/templates/llava.jinja.")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        help="Require 'Authorization: Bearer KEY' (or set APHRODITE_API_KEY).")] = None,
+    allowed_media_domains: AllowedMediaDomains = None,
+    allowed_local_media_path: AllowedLocalMediaPath = None,
+    limit_mm_per_prompt: Annotated[str | None, typer.Option(
+        metavar="JSON", help='Items per prompt, e.g. \'{"image": 4, "video": 1}\'.')] = None,
+    mm_processor_kwargs: Annotated[str | None, typer.Option(
+        metavar="JSON", help='Processor settings, e.g. \'{"max_pixels": 802816}\'.')] = None,
+    media_io_kwargs: MediaIoKwargs = None,
+    mm_processor_cache_gb: Annotated[float, typer.Option(
+        min=0, help="Processor cache size per API server in GB (0 disables), e.g. 4.")] = 4.0,
+    mm_ipc_gpu_memory_gb: Annotated[float, typer.Option(
+        min=0, help="GPU memory for video decoding, split among API servers, e.g. 4.")] = 0.0,
+    api_server_count: Annotated[int, typer.Option(
+        min=1, max=64, help="API server processes sharing the port, e.g. 2.")] = 1,
+    max_request_body_mb: Annotated[float, typer.Option(
+        min=0.001, help="Largest request body in MB, e.g. 64.")] = 64.0,
+    max_num_seqs: Annotated[int, typer.Option(
+        min=1, help="Sequences batched into one forward pass, e.g. 8.")] = 8,
+    max_model_len: Annotated[int, typer.Option(
+        min=16, help="Prompt plus output tokens per request, e.g. 8192.")] = 8192,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
+) -> None:
+    """Serve a multimodal model with an OpenAI-compatible API (alias: aphrodite run)."""
+    from engine import envs
+    from engine.server.config import ServerConfig
+    from engine.server.launcher import run
+
+    limits = parse_json_flag("--limit-mm-per-prompt", limit_mm_per_prompt)
+    config = ServerConfig(
+        model=model, host=host, port=port, served_model_name=served_model_name,
+        chat_template=str(chat_template) if chat_template else None,
+        api_key=api_key or envs.APHRODITE_API_KEY or None,
+        allowed_media_domains=tuple(split_hosts(allowed_media_domains)),
+        allowed_local_media_path=str(allowed_local_media_path)
+        if allowed_local_media_path else None,
+        limit_mm_per_prompt=limits,
+        mm_processor_kwargs=parse_json_flag("--mm-processor-kwargs", mm_processor_kwargs),
+        media_io_kwargs=parse_json_flag("--media-io-kwargs", media_io_kwargs),
+        mm_processor_cache_gb=mm_processor_cache_gb, mm_ipc_gpu_memory_gb=mm_ipc_gpu_memory_gb,
+        api_server_count=api_server_count, max_request_body_mb=max_request_body_mb,
+        max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device, dtype=dtype)
+    code = run(config, announce=lambda msg: out.print(msg, markup=False))
+    raise typer.Exit(code)

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server: API server processes around one engine process."""

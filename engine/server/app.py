@@ -1,0 +1,351 @@
+"""The aiohttp application of one API server process.
+
+Work inside one request, in this order (nothing is fetched before step 6):
+  1 body size (413)  2 JSON (400)  3 auth (401)  4 model (404)  5 parts, item limits, options
+  6 media URL policy (400)  7 fetch (bounded)  8 decode + HF processor (cache)  9 engine.
+Every error is the OpenAI shape; a bad item in a streaming request fails before the first SSE
+byte. Each response carries the server-side stage timings and cache hits: the header
+``x-aphrodite-timings`` (JSON) and the body field ``aphrodite`` (for streams, in the last chunk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+from aiohttp import web
+
+from engine.config import MediaLimits, MediaPolicy
+from engine.errors import AphroditeError, ClientError, InvalidRequestError
+from engine.media.connector import MediaConnector
+from engine.media.pool import decode_executor
+from engine.media.video.options import parse_video_io_kwargs, server_video_spec
+from engine.models.loader import LoadedModel
+from engine.processing.cache import ProcessorCache
+from engine.processing.chat_parts import parse_messages
+from engine.processing.kwargs import merge_processor_kwargs
+from engine.processing.limits import check_item_counts, effective_limits
+from engine.processing.media_items import fetch_items
+from engine.processing.preprocess import Preprocessor
+from engine.processing.prompt import render_chat
+from engine.server.config import ServerConfig
+from engine.server.engine_client import Completion, EngineClient
+from engine.server.metrics import Metrics
+from engine.server.protocol import parse_generation_fields
+from engine.version import __version__
+
+logger = logging.getLogger("aphrodite.server")
+
+
+class AuthError(ClientError):
+    status = 401
+    type = "authentication_error"
+    default_code = "invalid_api_key"
+
+
+class ModelNotFound(ClientError):
+    status = 404
+    type = "not_found_error"
+    default_code = "model_not_found"
+
+
+class BodyTooLarge(ClientError):
+    status = 413
+    default_code = "request_too_large"
+
+
+STATE = web.AppKey("state", object)
+
+
+class State:
+    """Everything a handler needs, built once per API server process."""
+
+    def __init__(self, config: ServerConfig, loaded: LoadedModel, engine: EngineClient) -> None:
+        self.config = config
+        self.loaded = loaded
+        self.engine = engine
+        self.name = config.served_model_name or loaded.name
+        self.limits = effective_limits(loaded.spec, config.limit_mm_per_prompt)
+        self.cache = ProcessorCache.from_gb(config.mm_processor_cache_gb)
+        self.preprocessor = Preprocessor(loaded, self.cache)
+        self.policy = MediaPolicy.create(allowed_domains=list(config.allowed_media_domains),
+                                         allowed_local_path=config.allowed_local_media_path)
+        self.media_limits = MediaLimits.from_env()
+        self.video = server_video_spec(config.media_io_kwargs)
+        self.server_mm_kwargs = merge_processor_kwargs(loaded.processor,
+                                                       config.mm_processor_kwargs, None)
+        self.connector = MediaConnector(self.policy, self.media_limits)
+        self.fetch_slots = asyncio.Semaphore(config.max_concurrent_fetches)
+        self.metrics = Metrics()
+        extractor = getattr(loaded.processor, "feature_extractor", None)
+        self.sampling_rate = int(getattr(extractor, "sampling_rate", 16_000))
+
+
+def error_response(err: AphroditeError) -> web.Response:
+    return web.json_response(err.to_openai(), status=err.status)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler):
+    state: State = request.app[STATE]
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource \
+        else "unmatched"
+    try:
+        response = await handler(request)
+    except AphroditeError as err:
+        response = error_response(err)
+    except web.HTTPRequestEntityTooLarge:
+        response = error_response(BodyTooLarge(
+            f"the request body is over {state.config.max_request_body_mb:g} MB",
+            hint="send media by URL instead of inline, or raise --max-request-body-mb"))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = web.json_response({"error": {"message": exc.reason, "type":
+                                                "invalid_request_error", "param": None,
+                                                "code": str(exc.status)}}, status=exc.status)
+    except Exception:
+        logger.exception("unhandled error in %s", route)
+        response = web.json_response({"error": {"message": "internal server error", "type":
+                                                "internal_error", "param": None,
+                                                "code": "internal_error"}}, status=500)
+    state.metrics.requests.labels(route, str(response.status)).inc()
+    if not response.prepared:
+        response.headers["x-aphrodite-api-server"] = str(os.getpid())
+    return response
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    state: State = request.app[STATE]
+    body = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"the request body is not valid JSON: {exc.msg} at "
+                                  f"position {exc.pos}", code="invalid_json") from None
+    except UnicodeDecodeError:
+        raise InvalidRequestError("the request body is not UTF-8 JSON",
+                                  code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise InvalidRequestError("the request body must be a JSON object", code="invalid_json")
+    key = state.config.api_key
+    if key:
+        header = request.headers.get("Authorization", "")
+        if header != f"Bearer {key}":
+            raise AuthError("missing or wrong API key",
+                            hint="send the header 'Authorization: Bearer <key>' with the key "
+                                 "given to --api-key / APHRODITE_API_KEY")
+    model = data.get("model")
+    if model is not None and model != state.name:
+        raise ModelNotFound(f"model {model!r} is not served here; this server serves "
+                            f"{state.name!r}", hint="GET /v1/models lists it", param="model")
+    return data
+
+
+def _timing_header(timings: dict[str, Any]) -> str:
+    return json.dumps(timings, separators=(",", ":"), default=str)
+
+
+async def prepare_chat(state: State, data: dict[str, Any]):
+    """Steps 5-8: everything before the engine; raises before any response byte."""
+    fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap)
+    parsed = parse_messages(data.get("messages"))
+    counts = Counter(parsed.counts())
+    check_item_counts(counts, state.limits, state.loaded.spec, state.config.limit_mm_per_prompt)
+    video = parse_video_io_kwargs((fields.media_io_kwargs or {}).get("video"), state.video)
+    kwargs = merge_processor_kwargs(state.loaded.processor, state.server_mm_kwargs,
+                                    fields.mm_processor_kwargs)
+    text = render_chat(state.loaded, parsed.messages)
+    items, fetch_s = [], 0.0
+    if parsed.media:
+        await state.connector.check_all([(url, m) for m, url in parsed.media])  # policy only
+        async with state.fetch_slots:
+            items, fetch_s = await fetch_items(state.connector, parsed.media, video,
+                                               state.sampling_rate)
+        for item in items:
+            state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
+    loop = asyncio.get_running_loop()
+    processed = await loop.run_in_executor(decode_executor(), state.preprocessor.process, text,
+                                           items, kwargs)
+    processed.timings["fetch_s"] = fetch_s
+    for hit in processed.item_hits:
+        state.metrics.cache.labels("hit" if hit else "miss").inc()
+    if counts.get("video") and processed.timings["media_decode_s"]:
+        state.metrics.video_decode.labels(video.backend).observe(
+            processed.timings["media_decode_s"])
+    return fields, processed
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state: State = request.app[STATE]
+    data = await read_json(request)
+    start = time.perf_counter()
+    fields, processed = await prepare_chat(state, data)
+    return await respond(request, state, fields, processed, start, chat=True)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    state: State = request.app[STATE]
+    data = await read_json(request)
+    start = time.perf_counter()
+    fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap)
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise InvalidRequestError("prompt must be a string", param="prompt")
+    loop = asyncio.get_running_loop()
+    processed = await loop.run_in_executor(decode_executor(), state.preprocessor.process,
+                                           prompt, [], {})
+    processed.timings["fetch_s"] = 0.0
+    return await respond(request, state, fields, processed, start, chat=False)
+
+
+async def respond(request: web.Request, state: State, fields, processed, start: float,
+                  *, chat: bool) -> web.StreamResponse:
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    created = int(time.time())
+    sampling = fields.sampling.__dict__
+    if len(processed.input_ids) + fields.sampling.max_tokens > state.config.max_model_len:
+        raise InvalidRequestError(
+            f"the prompt ({len(processed.input_ids)} tokens) plus max_tokens "
+            f"({fields.sampling.max_tokens}) is over the model length "
+            f"{state.config.max_model_len}", hint="shorten the prompt or lower max_tokens",
+            code="context_length_exceeded", param="messages" if chat else "prompt")
+    generation = state.engine.generate(processed.input_ids, processed.mm, sampling)
+    obj = "chat.completion" if chat else "text_completion"
+
+    def extension(completion: Completion | None) -> dict[str, Any]:
+        timings = {**processed.timings, **(completion.timings if completion else {}),
+                   "server_total_s": round(time.perf_counter() - start, 6)}
+        for name in ("fetch_s", "media_decode_s", "processor_s", "encoder_s", "prefill_s",
+                     "decode_s"):
+            if name in timings:
+                state.metrics.stage.labels(name[:-2]).observe(float(timings[name]))
+        return {"timings": timings, "cache_hits": processed.item_hits}
+
+    usage_prompt = len(processed.input_ids)
+    if not fields.stream:
+        completion: Completion | None = None
+        async for message in generation:
+            if isinstance(message, Completion):
+                completion = message
+        result = completion or Completion()
+        ext = extension(result)
+        choices = []
+        total = 0
+        for index, text, token_ids, reason in result.outputs:
+            total += len(token_ids)
+            choices.append({"index": index, "finish_reason": _reason(reason),
+                            **({"message": {"role": "assistant", "content": text}} if chat
+                               else {"text": text}), "logprobs": None})
+        body = {"id": rid, "object": obj, "created": created, "model": state.name,
+                "choices": choices, "usage": {"prompt_tokens": usage_prompt,
+                                              "completion_tokens": total,
+                                              "total_tokens": usage_prompt + total},
+                "aphrodite": ext}
+        return web.json_response(body, headers={"x-aphrodite-timings":
+                                                _timing_header(ext["timings"])})
+
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache",
+                                           "x-aphrodite-request-id": rid,
+                                           "x-aphrodite-api-server": str(os.getpid())})
+    await response.prepare(request)
+    chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+
+    async def send(payload: dict[str, Any]) -> None:
+        await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+
+    def chunk(index: int, delta: str, reason: str | None, first: bool) -> dict[str, Any]:
+        if chat:
+            d: dict[str, Any] = {"content": delta}
+            if first:
+                d["role"] = "assistant"
+            choice = {"index": index, "delta": d, "finish_reason": _reason(reason),
+                      "logprobs": None}
+        else:
+            choice = {"index": index, "text": delta, "finish_reason": _reason(reason),
+                      "logprobs": None}
+        return {"id": rid, "object": chunk_obj, "created": created, "model": state.name,
+                "choices": [choice]}
+
+    started: set[int] = set()
+    completion_tokens = 0
+    try:
+        async for message in generation:
+            if isinstance(message, Completion):
+                ext = extension(message)
+                tail = {"id": rid, "object": chunk_obj, "created": created, "model": state.name,
+                        "choices": [], "aphrodite": ext}
+                if fields.include_usage:
+                    tail["usage"] = {"prompt_tokens": usage_prompt,
+                                     "completion_tokens": completion_tokens,
+                                     "total_tokens": usage_prompt + completion_tokens}
+                await send(tail)
+                continue
+            _, _, index, token_id, delta, reason = message
+            if token_id is not None:
+                completion_tokens += 1
+            await send(chunk(index, delta, reason, index not in started))
+            started.add(index)
+        await response.write(b"data: [DONE]\n\n")
+    except (ConnectionResetError, asyncio.CancelledError):
+        await generation.aclose()  # cancels the request in the engine
+        raise
+    return response
+
+
+def _reason(reason: str | None) -> str | None:
+    return {"abort": "stop"}.get(reason, reason) if reason else None
+
+
+async def models(request: web.Request) -> web.Response:
+    state: State = request.app[STATE]
+    return web.json_response({"object": "list", "data": [{
+        "id": state.name, "object": "model", "created": 0, "owned_by": "aphrodite",
+        "max_model_len": state.config.max_model_len,
+        "modalities": list(state.loaded.spec.modalities)}]})
+
+
+async def health(request: web.Request) -> web.Response:
+    state: State = request.app[STATE]
+    if not state.engine.alive:
+        return web.json_response({"status": "engine down"}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": __version__})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state: State = request.app[STATE]
+    return web.Response(body=state.metrics.render(), content_type="text/plain")
+
+
+def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
+               ) -> web.Application:
+    """The app factory: state lives in an AppKey, cleanup in cleanup_ctx."""
+    app = web.Application(middlewares=[errors_middleware],
+                          client_max_size=int(config.max_request_body_mb * 1024 * 1024))
+
+    async def lifecycle(app: web.Application):
+        app[STATE] = State(config, loaded, engine)
+        yield
+        await app[STATE].connector.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/version", version)
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,32 @@
+"""Typed server configuration, built by the CLI from flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 2242
+    served_model_name: str | None = None
+    chat_template: str | None = None
+    api_key: str | None = None
+    allowed_media_domains: tuple[str, ...] = ()
+    allowed_local_media_path: str | None = None
+    limit_mm_per_prompt: dict[str, int] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, Any] | None = None
+    mm_processor_cache_gb: float = 4.0
+    mm_ipc_gpu_memory_gb: float = 0.0
+    api_server_count: int = 1
+    max_request_body_mb: float = 64.0
+    max_num_seqs: int = 8
+    max_model_len: int = 8192
+    max_tokens_cap: int = 4096
+    max_concurrent_fetches: int = 16
+    device: str = "cpu"
+    dtype: str = "auto"
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,96 @@
+"""An API server's connection to the engine process, for asyncio handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import threading
+from dataclasses import dataclass, field
+from multiprocessing.connection import Client
+from typing import Any
+
+from engine.errors import AphroditeError, InternalError
+
+
+@dataclass
+class Completion:
+    outputs: list[tuple[int, str, list[int], str | None]] = field(default_factory=list)
+    timings: dict[str, Any] = field(default_factory=dict)
+
+
+class EngineUnavailable(AphroditeError):
+    status = 503
+    type = "service_unavailable"
+    default_code = "engine_unavailable"
+
+
+class EngineClient:
+    """Sends requests to the engine process; routes its events to per-request queues."""
+
+    def __init__(self, address: str, authkey: bytes) -> None:
+        self._conn = Client(address, authkey=authkey)
+        self._send_lock = threading.Lock()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._prefix = f"{os.getpid()}-"
+        self.alive = True
+        self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                self.alive = False
+                for loop, queue in list(self._queues.values()):
+                    loop.call_soon_threadsafe(queue.put_nowait, ("gone",))
+                return
+            target = self._queues.get(message[1])
+            if target is not None:
+                loop, queue = target
+                loop.call_soon_threadsafe(queue.put_nowait, message)
+
+    def _send(self, message: tuple) -> None:
+        with self._send_lock:
+            self._conn.send(message)
+
+    async def generate(self, input_ids: list[int], mm: dict[str, Any], sampling: dict[str, Any]):
+        """Yields ("event", rid, index, token, delta, reason) tuples, then a Completion."""
+        if not self.alive:
+            raise EngineUnavailable("the engine process is not running",
+                                    hint="check the server log; restart the server")
+        rid = f"{self._prefix}{next(self._ids)}"
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = (asyncio.get_running_loop(), queue)
+        finished = False
+        try:
+            await asyncio.to_thread(self._send, ("submit", rid, input_ids, mm, sampling))
+            while True:
+                message = await queue.get()
+                if message[0] == "event":
+                    yield message
+                elif message[0] == "done":
+                    finished = True
+                    _, _, outputs, timings, error = message
+                    if error is not None:
+                        body, status = error
+                        err = InternalError(body["error"]["message"]) if status >= 500 else \
+                            AphroditeError(body["error"]["message"])
+                        err.status = status  # type: ignore[misc]
+                        raise err
+                    yield Completion(outputs, timings)
+                    return
+                else:
+                    raise EngineUnavailable("the engine process stopped during the request")
+        finally:
+            self._queues.pop(rid, None)
+            if not finished and self.alive:
+                with contextlib.suppress(OSError):
+                    self._send(("cancel", rid))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._conn.close()

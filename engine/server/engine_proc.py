@@ -1,0 +1,94 @@
+"""The engine process: owns the model and the batching engine; API server processes talk to
+it over local connections (one per API server).
+
+Protocol (pickled tuples over ``multiprocessing.connection``):
+  API -> engine: ("submit", rid, input_ids, mm_tensors, sampling_kwargs) | ("cancel", rid)
+  engine -> API: ("event", rid, index, token_id, text_delta, finish_reason)
+                 ("done", rid, outputs, timings, error_body_or_None)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from multiprocessing.connection import Connection, Listener
+from typing import Any
+
+from engine.errors import AphroditeError
+
+
+def serve_engine(address: str, authkey: bytes, model: str | None, chat_template: str | None,
+                 max_num_seqs: int, device: str, dtype: str, ready: Any,
+                 api_servers: int) -> None:
+    """Entry point of the engine process (blocks until every API server disconnected)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    from engine.executor.engine import Engine
+    from engine.executor.request import EngineRequest
+    from engine.executor.sampling import SamplingParams
+    from engine.memory import tune_allocator
+    from engine.models.loader import load_model
+    from engine.processing.preprocess import ProcessedPrompt
+
+    tune_allocator()
+    loaded = load_model(model, chat_template=chat_template)
+    engine = Engine(loaded, device=device, dtype=dtype, max_batch_size=max_num_seqs)
+    listener = Listener(address, authkey=authkey)
+    ready.send(os.getpid())
+    ready.close()
+
+    def handle(conn: Connection) -> None:
+        lock = threading.Lock()
+        live: dict[str, EngineRequest] = {}
+
+        def send(message: tuple) -> None:
+            with lock, contextlib.suppress(OSError, EOFError):
+                conn.send(message)
+
+        def finish(rid: str, req: EngineRequest) -> None:
+            req.done.wait()
+            live.pop(rid, None)
+            error = None
+            if req.error is not None:
+                error = (req.error.to_openai(), req.error.status) if isinstance(
+                    req.error, AphroditeError) else ({"error": {"message": "internal error",
+                                                                "type": "internal_error",
+                                                                "param": None,
+                                                                "code": "internal_error"}}, 500)
+            outputs = [(o.index, o.text, o.token_ids, o.finish_reason) for o in req.outputs]
+            send(("done", rid, outputs, req.timings, error))
+
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                for req in live.values():
+                    req.cancel()
+                return
+            if message[0] == "submit":
+                _, rid, input_ids, mm, sampling = message
+                prompt = ProcessedPrompt(input_ids, mm, [], {}, {})
+
+                def on_event(event, rid=rid) -> None:
+                    send(("event", rid, event.index, event.token_id, event.text_delta,
+                          event.finish_reason))
+
+                req = EngineRequest(prompt, SamplingParams(**sampling), on_event=on_event)
+                live[rid] = req
+                engine.submit(req)
+                threading.Thread(target=finish, args=(rid, req), daemon=True).start()
+            elif message[0] == "cancel":
+                req = live.get(message[1])
+                if req is not None:
+                    req.cancel()
+
+    threads = []
+    for _ in range(api_servers):
+        conn = listener.accept()
+        thread = threading.Thread(target=handle, args=(conn,), daemon=True)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    engine.close()

@@ -1,0 +1,159 @@
+"""``aphrodite serve``: validate everything, start one engine process and N API server
+processes on the same port (SO_REUSEPORT), supervise them.
+
+SIGTERM/SIGINT drains: API servers stop accepting, finish in-flight requests (up to
+``DRAIN_S``), then the engine stops. A child that dies on its own is reported by name and exit
+code, and the others are stopped: nothing is left hanging, the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import secrets
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError
+from engine.server.config import ServerConfig
+
+logger = logging.getLogger("aphrodite.server")
+DRAIN_S = 30.0
+
+
+def validate(config: ServerConfig) -> tuple[Any, str]:
+    """Every startup check, in the supervisor, before any child starts."""
+    from engine.config import MediaPolicy
+    from engine.media.video.gpu import check_gpu_backend_startup
+    from engine.media.video.options import server_video_spec
+    from engine.models.loader import load_model
+    from engine.processing.kwargs import merge_processor_kwargs
+    from engine.processing.limits import effective_limits
+
+    if config.api_server_count < 1:
+        raise ConfigError("--api-server-count must be at least 1")
+    loaded = load_model(config.model, chat_template=config.chat_template,
+                        served_name=config.served_model_name)
+    if not loaded.chat_template:
+        raise ConfigError(
+            f"the model {loaded.name} has no chat template, so /v1/chat/completions cannot "
+            "format messages", hint="pass --chat-template FILE (for LLaVA-1.5: "
+            "engine/models/templates/llava.jinja)", code="chat_template_missing")
+    MediaPolicy.create(allowed_domains=list(config.allowed_media_domains),
+                       allowed_local_path=config.allowed_local_media_path)
+    spec = server_video_spec(config.media_io_kwargs)
+    check_gpu_backend_startup(spec, config.mm_ipc_gpu_memory_gb)
+    effective_limits(loaded.spec, config.limit_mm_per_prompt)
+    merge_processor_kwargs(loaded.processor, config.mm_processor_kwargs, None)
+    return loaded, loaded.name
+
+
+def api_server_main(config: ServerConfig, model_path: str, name: str, address: str,
+                    authkey: bytes) -> None:
+    """Entry point of one API server process."""
+    from aiohttp import web
+
+    from engine.memory import tune_allocator
+    from engine.models.loader import load_model
+    from engine.server.app import create_app
+    from engine.server.engine_client import EngineClient
+
+    tune_allocator()
+    loaded = load_model(model_path, chat_template=config.chat_template, served_name=name)
+    engine = EngineClient(address, authkey)
+    app = create_app(config, loaded, engine)
+    web.run_app(app, host=config.host, port=config.port, reuse_port=True, print=None,
+                shutdown_timeout=DRAIN_S, access_log=None)
+    engine.close()
+
+
+def _wait_healthy(host: str, port: int, procs: list[Any], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/health"
+    while time.monotonic() < deadline:
+        for proc in procs:
+            if proc.exitcode is not None:
+                raise ConfigError(f"{proc.name} exited during startup (code {proc.exitcode})",
+                                  hint="see the messages above; is the port already in use?")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise ConfigError(f"the server did not become healthy within {timeout:.0f} s")
+
+
+def run(config: ServerConfig, *, announce=print) -> int:
+    """Start, supervise and stop the server processes; returns the exit status."""
+    loaded, name = validate(config)
+    ctx = multiprocessing.get_context("spawn")
+    folder = Path(tempfile.mkdtemp(prefix="aphrodite-"))
+    address = str(folder / "engine.sock")
+    authkey = secrets.token_bytes(32)
+    ready, ready_child = ctx.Pipe(duplex=False)
+    from engine.server.engine_proc import serve_engine
+
+    engine = ctx.Process(target=serve_engine, name="engine process", daemon=False, args=(
+        address, authkey, str(loaded.path), config.chat_template, config.max_num_seqs,
+        config.device, config.dtype, ready_child, config.api_server_count))
+    engine.start()
+    ready_child.close()
+    stopping = {"flag": False}
+
+    def stop(*_: Any) -> None:
+        stopping["flag"] = True
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    apis: list[Any] = []
+    try:
+        while not ready.poll(0.2):
+            if engine.exitcode is not None:
+                raise ConfigError(f"the engine process exited during startup "
+                                  f"(code {engine.exitcode})")
+            if stopping["flag"]:
+                return 0
+        engine_pid = ready.recv()
+        for i in range(config.api_server_count):
+            proc = ctx.Process(target=api_server_main, name=f"API server {i}", args=(
+                config, str(loaded.path), name, address, authkey))
+            proc.start()
+            apis.append(proc)
+        _wait_healthy(config.host, config.port, [engine, *apis], timeout=180)
+        announce(f"aphrodite serving {name} on http://{config.host}:{config.port} "
+                 f"({config.api_server_count} API server(s); supervisor pid {os.getpid()}, "
+                 f"engine pid {engine_pid}, API server pids "
+                 f"{', '.join(str(p.pid) for p in apis)})")
+        while not stopping["flag"]:
+            for proc in [engine, *apis]:
+                if proc.exitcode is not None:
+                    announce(f"error: the {proc.name} exited unexpectedly (code "
+                             f"{proc.exitcode}); stopping the server")
+                    return 1
+            time.sleep(0.2)
+        announce("draining in-flight requests and stopping")
+        return 0
+    finally:
+        for proc in apis:
+            if proc.exitcode is None:
+                proc.terminate()  # SIGTERM: aiohttp stops accepting and drains
+        for proc in apis:
+            proc.join(DRAIN_S + 5)
+            if proc.exitcode is None:
+                proc.kill()
+        engine.join(10)
+        if engine.exitcode is None:
+            engine.terminate()
+            engine.join(5)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for leftover in folder.iterdir():
+            leftover.unlink(missing_ok=True)
+        folder.rmdir()
+        sys.stdout.flush()

@@ -1,0 +1,30 @@
+"""Prometheus metrics of one API server process (``GET /metrics``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("aphrodite_requests_total", "HTTP requests by route and status",
+                                ["route", "status"], registry=self.registry)
+        self.stage = Histogram("aphrodite_stage_seconds", "Per-request time in each stage",
+                               ["stage"], buckets=_BUCKETS, registry=self.registry)
+        self.cache = Counter("aphrodite_processor_cache_total", "Processor cache lookups",
+                             ["result"], registry=self.registry)
+        self.media_bytes = Counter("aphrodite_media_bytes_fetched_total",
+                                   "Media bytes fetched, by modality", ["modality"],
+                                   registry=self.registry)
+        self.video_decode = Histogram("aphrodite_video_decode_seconds",
+                                      "Video decode time by backend", ["backend"],
+                                      buckets=_BUCKETS, registry=self.registry)
+        self.gpu_budget = Gauge("aphrodite_gpu_decode_budget_bytes_in_use",
+                                "GPU decode budget held by this API server",
+                                registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
