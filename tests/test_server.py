@@ -1,0 +1,212 @@
+"""End to end over real HTTP: `aphrodite serve` with the tiny Qwen2.5-VL, driven by the
+official `openai` client (sync, async, streaming), curl-style raw requests and a loopback
+media server whose hit counter proves what was (not) fetched."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import urllib.request
+
+import openai
+import pytest
+
+from engine.media import synthetic
+from tests.server_harness import MediaFiles, ServerProcess
+
+pytestmark = pytest.mark.timeout(300)
+KEY = "sekret"
+
+
+@pytest.fixture(scope="module")
+def media():
+    server = MediaFiles({
+        "/cat.jpg": (synthetic.make_image(320, 240, fmt="JPEG", seed=1), "image/jpeg"),
+        "/dog.png": (synthetic.make_image(200, 150, fmt="PNG", seed=2), "image/png"),
+        "/clip.mp4": (synthetic.make_video(width=128, height=96, seconds=1), "video/mp4"),
+    })
+    yield server
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("local-media")
+    (folder / "local.png").write_bytes(synthetic.make_image(100, 80, fmt="PNG", seed=3))
+    (tmp_path_factory.mktemp("outside") / "secret.png").write_bytes(b"x")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(local_dir):
+    proc = ServerProcess(
+        "--allowed-media-domains", "127.0.0.1", "--allowed-local-media-path", str(local_dir),
+        "--api-key", KEY, "--limit-mm-per-prompt", '{"image": 2, "video": 1}',
+        "--media-io-kwargs", '{"video": {"backend": "pyav", "num_frames": 4}}',
+        "--max-request-body-mb", "2").wait_ready()
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0)
+
+
+def chat(client, parts, **kwargs):  # noqa: ANN001, ANN201
+    return client.chat.completions.create(
+        model="tiny-qwen2_5_vl", max_tokens=kwargs.pop("max_tokens", 4), temperature=0,
+        messages=[{"role": "user", "content": [*parts, {"type": "text", "text": "What?"}]}],
+        **kwargs)
+
+
+def image_part(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def test_image_by_http_url(client, media):
+    before = media.hits["/cat.jpg"]
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny-qwen2_5_vl", max_tokens=4, temperature=0,
+        messages=[{"role": "user", "content": [image_part(f"{media.base}/cat.jpg"),
+                                               {"type": "text", "text": "Describe."}]}])
+    reply = raw.parse()
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 4
+    assert media.hits["/cat.jpg"] == before + 1
+    timings = json.loads(raw.headers["x-aphrodite-timings"])
+    assert timings["fetch_s"] > 0 and timings["processor_s"] > 0 and "prefill_s" in timings
+
+
+def test_image_by_data_url_and_local_file(client, local_dir):
+    png = synthetic.make_image(64, 48, fmt="PNG", seed=9)
+    data_url = "data:image/png;base64," + base64.b64encode(png).decode()
+    assert chat(client, [image_part(data_url)]).usage.prompt_tokens > 10
+    reply = chat(client, [image_part(f"file://{local_dir}/local.png")])
+    assert reply.usage.completion_tokens == 4
+
+
+def test_warm_request_hits_the_processor_cache(client, media):
+    parts = [image_part(f"{media.base}/dog.png")]
+    first = chat(client, parts, max_tokens=3)
+    second = chat(client, parts, max_tokens=3)
+    assert first.model_extra["aphrodite"]["cache_hits"] == [False]
+    assert second.model_extra["aphrodite"]["cache_hits"] == [True]
+    assert first.choices[0].message.content == second.choices[0].message.content
+
+
+def test_async_client(server, media):
+    async def run() -> str:
+        async with openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key=KEY) as c:
+            replies = await asyncio.gather(*(c.chat.completions.create(
+                model="tiny-qwen2_5_vl", max_tokens=3, temperature=0, messages=[{
+                    "role": "user", "content": [image_part(f"{media.base}/cat.jpg"),
+                                                {"type": "text", "text": f"Q{i}"}]}])
+                for i in range(3)))
+            return [r.choices[0].finish_reason for r in replies]
+
+    assert asyncio.run(run()) == ["length"] * 3
+
+
+def test_streaming_matches_non_streaming(client, media):
+    parts = [image_part(f"{media.base}/cat.jpg")]
+    whole = chat(client, parts, max_tokens=6).choices[0].message.content
+    chunks = list(chat(client, parts, max_tokens=6, stream=True,
+                       stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    assert chunks[-1].usage.completion_tokens == 6
+    assert "timings" in chunks[-1].model_extra["aphrodite"]
+
+
+def test_video_by_url_with_backend_choice(client, media):
+    reply = client.chat.completions.create(
+        model="tiny-qwen2_5_vl", max_tokens=3, temperature=0,
+        messages=[{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": f"{media.base}/clip.mp4"}},
+            {"type": "text", "text": "What happens?"}]}],
+        extra_body={"media_io_kwargs": {"video": {"backend": "torchcodec", "num_frames": 4}}})
+    assert reply.usage.completion_tokens == 3
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="tiny-qwen2_5_vl", max_tokens=3,
+            messages=[{"role": "user", "content": [
+                {"type": "video_url", "video_url": {"url": f"{media.base}/clip.mp4"}}]}],
+            extra_body={"media_io_kwargs": {"video": {"backend": "pynvvideocodec"}}})
+    assert info.value.body["code"] == "video_backend_not_enabled"
+
+
+@pytest.mark.parametrize("case", ["over-limit", "disallowed-domain", "outside-local-path",
+                                  "file-without-host-rule", "metadata-address"])
+def test_policy_refusals_fetch_nothing(client, media, local_dir, case):
+    port = media.base.rsplit(":", 1)[1]
+    parts = {
+        "over-limit": [image_part(f"{media.base}/cat.jpg")] * 3,
+        "disallowed-domain": [image_part(f"http://localhost:{port}/cat.jpg")],
+        "outside-local-path": [image_part(f"file://{local_dir}/../outside/secret.png")],
+        "file-without-host-rule": [image_part(f"file://otherhost{local_dir}/local.png")],
+        "metadata-address": [image_part("http://169.254.169.254/latest/meta-data/x.png"),
+                             image_part(f"{media.base}/cat.jpg")],
+    }[case]
+    before = media.total
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, parts)
+    assert info.value.status_code == 400
+    assert media.total == before  # not one byte was fetched for the refused request
+
+
+def test_errors_have_the_openai_shape_and_status(server):
+    def post(body: bytes, headers: dict) -> tuple[int, dict]:
+        req = urllib.request.Request(f"{server.base}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json", **headers})
+        try:
+            with urllib.request.urlopen(req) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    auth = {"Authorization": f"Bearer {KEY}"}
+    good = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert post(good.encode(), {})[0] == 401
+    assert post(b"{not json", auth)[0] == 400
+    status, body = post(json.dumps({"model": "gpt-4", "messages": []}).encode(), auth)
+    assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 3_000_000}]}).encode()
+    status, body = post(big, auth)
+    assert status == 413 and "--max-request-body-mb" in body["error"]["message"]
+    status, body = post(json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "image", "image": "x"}]}]}).encode(), auth)
+    assert status == 400 and body["error"]["code"] == "invalid_content_part"
+    status, body = post(json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                    "max_tokens": 10**6}).encode(), auth)
+    assert status == 400 and body["error"]["param"] == "max_tokens"
+    for _, body in [post(b"{not json", auth)]:
+        assert "Traceback" not in json.dumps(body) and "0x" not in json.dumps(body)
+
+
+def test_header_with_space_before_colon_is_a_plain_400(server):
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization : Bearer sekret\r\nContent-Length: 2\r\n\r\n{}")
+        reply = sock.recv(4096).decode(errors="replace")
+    assert reply.split("\r\n", 1)[0].split(" ")[1] == "400"
+    assert "Invalid header token" in reply  # the HTTP spec's rejection, not an API error
+
+
+def test_models_health_version_metrics_and_text_completions(server, client):
+    assert [m.id for m in client.models.list()] == ["tiny-qwen2_5_vl"]
+    with urllib.request.urlopen(f"{server.base}/health") as resp:
+        assert json.loads(resp.read()) == {"status": "ok"}
+    with urllib.request.urlopen(f"{server.base}/version") as resp:
+        assert "version" in json.loads(resp.read())
+    text = client.completions.create(model="tiny-qwen2_5_vl", prompt="Once upon a time",
+                                     max_tokens=3, temperature=0)
+    assert text.usage.completion_tokens == 3
+    with urllib.request.urlopen(f"{server.base}/metrics") as resp:
+        metrics = resp.read().decode()
+    for name in ("aphrodite_requests_total", "aphrodite_stage_seconds",
+                 "aphrodite_processor_cache_total", "aphrodite_media_bytes_fetched_total",
+                 "aphrodite_video_decode_seconds", "aphrodite_gpu_decode_budget_bytes_in_use"):
+        assert name in metrics
+    assert 'status="401"' in metrics or 'status="200"' in metrics
