@@ -1,0 +1,125 @@
+"""Server processes and the other families: LLaVA with --chat-template, Qwen2-Audio, two API
+servers on one port, drain on SIGTERM, crash detection."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import threading
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from engine.media import synthetic
+from engine.models.templates_path import template_path
+from tests.server_harness import BIN, MediaFiles, ServerProcess, free_port, wait_exit
+
+pytestmark = pytest.mark.timeout(400)
+
+
+@pytest.fixture(scope="module")
+def media():
+    server = MediaFiles({
+        "/cat.jpg": (synthetic.make_image(160, 120, fmt="JPEG", seed=5), "image/jpeg"),
+        "/tone.wav": (synthetic.make_audio(seconds=1.0), "audio/wav"),
+    })
+    yield server
+    server.shutdown()
+
+
+def test_llava_without_a_chat_template_refuses_to_start():
+    done = subprocess.run([str(BIN), "serve", "tiny:llava", "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2
+    assert "--chat-template" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_llava_with_the_shipped_template(media):
+    server = ServerProcess("tiny:llava", "--chat-template", str(template_path("llava")),
+                           "--allowed-media-domains", "127.0.0.1").wait_ready()
+    try:
+        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0)
+        reply = client.chat.completions.create(
+            model="tiny:llava", max_tokens=3, temperature=0, messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": f"{media.base}/cat.jpg"}},
+                {"type": "text", "text": "What is this?"}]}])
+        assert reply.usage.completion_tokens == 3
+        with pytest.raises(openai.BadRequestError) as info:  # LLaVA-1.5: one image per prompt
+            client.chat.completions.create(model="tiny:llava", max_tokens=3, messages=[{
+                "role": "user", "content": [{"type": "image_url", "image_url": {
+                    "url": f"{media.base}/cat.jpg"}}] * 2}])
+        assert "model's own maximum is 1" in info.value.body["message"]
+    finally:
+        assert server.stop() == 0
+
+
+def test_qwen2_audio_parts_and_private_addresses_and_drain(media):
+    """No --allowed-media-domains: loopback media is a private address and is refused."""
+    server = ServerProcess("tiny:qwen2_audio").wait_ready()
+    client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0)
+    try:
+        before = media.total
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="tiny:qwen2_audio", max_tokens=2, messages=[{
+                "role": "user", "content": [{"type": "audio_url", "audio_url": {
+                    "url": f"{media.base}/tone.wav"}}]}])
+        assert info.value.body["code"] == "media_private_address" and media.total == before
+        wav = base64.b64encode(synthetic.make_audio(seconds=0.5)).decode()
+        reply = client.chat.completions.create(
+            model="tiny:qwen2_audio", max_tokens=3, temperature=0, messages=[{
+                "role": "user", "content": [
+                    {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}},
+                    {"type": "text", "text": "What is it?"}]}])
+        assert reply.usage.completion_tokens == 3
+        # Drain: a long stream in flight when SIGTERM arrives still completes.
+        got: dict[str, object] = {}
+
+        def stream() -> None:
+            chunks = client.chat.completions.create(
+                model="tiny:qwen2_audio", max_tokens=300, temperature=0, stream=True,
+                extra_body={"ignore_eos": True},
+                messages=[{"role": "user", "content": "Tell me everything."}])
+            got["n"] = sum(1 for c in chunks if c.choices and c.choices[0].delta.content
+                           is not None)
+
+        worker = threading.Thread(target=stream)
+        worker.start()
+        import time
+
+        time.sleep(1.0)
+        server.proc.send_signal(signal.SIGTERM)
+        worker.join(120)
+        assert got.get("n", 0) >= 250  # every token arrived, none was cut off
+        assert wait_exit(server.proc, 60) == 0
+        assert "draining" in server.output
+    finally:
+        server.stop()
+
+
+def test_two_api_servers_share_the_port_and_crashes_are_reported():
+    server = ServerProcess("tiny:qwen2_vl", "--api-server-count", "2").wait_ready()
+    try:
+        def one(i: int) -> str:
+            body = json.dumps({"messages": [{"role": "user", "content": f"Hi {i}"}],
+                               "max_tokens": 2}).encode()
+            req = urllib.request.Request(f"{server.base}/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json",
+                                                  "Connection": "close"})
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                assert resp.status == 200
+                return resp.headers["x-aphrodite-api-server"]
+
+        with ThreadPoolExecutor(8) as pool:
+            pids = list(pool.map(one, range(24)))
+        assert len(set(pids)) == 2  # both API server processes answered
+        engine_pid = server.pid_of("engine")
+        os.kill(engine_pid, signal.SIGKILL)
+        assert wait_exit(server.proc, 60) == 1
+        assert "engine process exited unexpectedly" in server.output
+    finally:
+        server.stop(signal.SIGKILL)
