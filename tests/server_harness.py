@@ -78,7 +78,7 @@ class MediaFiles(http.server.ThreadingHTTPServer):
         files_ref, hits_ref = self.files, self.hits
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 hits_ref[self.path] += 1
                 entry = files_ref.get(self.path)
                 if entry is None:
@@ -90,7 +90,7 @@ class MediaFiles(http.server.ThreadingHTTPServer):
                 self.end_headers()
                 self.wfile.write(entry[0])
 
-            def log_message(self, *args) -> None:  # noqa: ANN002
+            def log_message(self, *args) -> None:
                 return
 
         super().__init__(("127.0.0.1", 0), Handler)

@@ -55,7 +55,7 @@ def client(server):
     return openai.OpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0)
 
 
-def chat(client, parts, **kwargs):  # noqa: ANN001, ANN201
+def chat(client, parts, **kwargs):
     return client.chat.completions.create(
         model="tiny-qwen2_5_vl", max_tokens=kwargs.pop("max_tokens", 4), temperature=0,
         messages=[{"role": "user", "content": [*parts, {"type": "text", "text": "What?"}]}],
@@ -210,3 +210,32 @@ def test_models_health_version_metrics_and_text_completions(server, client):
                  "aphrodite_video_decode_seconds", "aphrodite_gpu_decode_budget_bytes_in_use"):
         assert name in metrics
     assert 'status="401"' in metrics or 'status="200"' in metrics
+
+
+def test_media_probe_refuses_and_accepts_exactly_as_serve(client, media, local_dir):
+    """The same URLs through `aphrodite media probe` (same policy flags) and through serve."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    port = media.base.rsplit(":", 1)[1]
+    urls = [f"{media.base}/cat.jpg", f"http://localhost:{port}/cat.jpg",
+            f"file://{local_dir}/local.png", f"file://{local_dir}/../outside/secret.png",
+            "data:image/png;base64,!!!!", "gopher://example.com/a.png",
+            f"{media.base}/missing.png"]
+    flags = ["--allowed-media-domains", "127.0.0.1", "--allowed-local-media-path",
+             str(local_dir), "--modality", "image", "--json"]
+    aphrodite = str(Path(sys.executable).with_name("aphrodite"))
+    outcomes = []
+    for url in urls:
+        probe = json.loads(subprocess.run([aphrodite, "media", "probe", url, *flags],
+                                          capture_output=True, text=True, timeout=120).stdout)
+        try:
+            chat(client, [image_part(url)], max_tokens=1)
+            served = "ok"
+        except openai.APIStatusError as err:
+            served = err.body["code"]
+        probed = "ok" if probe["ok"] else probe["error"]["code"]
+        assert probed == served, url
+        outcomes.append(served)
+    assert outcomes.count("ok") == 2 and len(set(outcomes)) >= 5
