@@ -151,3 +151,24 @@ def test_bench_video_decode_writes_a_result(tmp_path):
     assert [b["identical_to_exact"] for b in doc["backends"]] == [True, True]
     assert all(len(b["times_s"]) == 2 for b in doc["backends"])
     assert len(doc["reference"]["times_s"]) == 2
+
+
+def test_serve_flag_json_errors_show_the_bad_part():
+    result = run("serve", "--limit-mm-per-prompt", '{"image": 2,, "video": 1}')
+    assert result.returncode == 2
+    assert "--limit-mm-per-prompt is not valid JSON" in result.stderr
+    assert "near" in result.stderr and "Traceback" not in result.stderr
+    result = run("serve", "--media-io-kwargs", '{"video": {"backend": "vlc"}}')
+    assert result.returncode == 2 and "valid backends: opencv" in result.stderr
+
+
+def test_serve_and_run_help_document_every_flag_with_examples():
+    for command in ("serve", "run"):
+        text = run(command, "--help").stdout
+        for flag in ("--host", "--port", "--served-model-name", "--chat-template", "--api-key",
+                     "--allowed-media-domains", "--allowed-local-media-path",
+                     "--limit-mm-per-prompt", "--mm-processor-kwargs", "--media-io-kwargs",
+                     "--mm-processor-cache-gb", "--mm-ipc-gpu-memory-gb", "--api-server-count",
+                     "--max-request-body-mb", "--max-num-seqs", "--max-model-len"):
+            assert flag in text, (command, flag)
+        assert "Examples" in text

@@ -162,3 +162,14 @@ def test_stage_timings_are_reported():
         assert key in out.metrics and out.metrics[key] >= 0
     assert out.metrics["encoder_s"] > 0
     time.sleep(0)
+
+
+@pytest.mark.needs_gpu
+def test_cuda_execution_matches_cpu_greedy():
+    from engine import LLM
+
+    gpu = LLM("tiny:qwen2_vl", device="cuda", dtype="float32")
+    prompt = {"prompt": "Describe.", "multi_modal_data": {"image": img(3)}}
+    on_gpu = gpu.generate(prompt, GREEDY)[0].outputs[0].token_ids
+    on_cpu = llm("qwen2_vl").generate(prompt, GREEDY)[0].outputs[0].token_ids
+    assert on_gpu == on_cpu

@@ -123,3 +123,32 @@ def test_two_api_servers_share_the_port_and_crashes_are_reported():
         assert "engine process exited unexpectedly" in server.output
     finally:
         server.stop(signal.SIGKILL)
+
+
+def test_gpu_decode_budget_is_split_among_api_servers(media):
+    """deepstream counts as a GPU backend (it runs its software path here): its decodes hold
+    the per-process budget; a video bigger than one share is a 413 naming the flag."""
+    clip = synthetic.make_video(width=128, height=96, seconds=1)
+    server = ServerProcess("tiny:qwen2_vl", "--api-server-count", "2",
+                           "--media-io-kwargs", '{"video": {"backend": "deepstream", '
+                           '"num_frames": 4}}', "--mm-ipc-gpu-memory-gb", "0.0003").wait_ready()
+    try:
+        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0)
+        url = "data:video/mp4;base64," + base64.b64encode(clip).decode()
+
+        def ask(frames: int):
+            return client.chat.completions.create(
+                model="tiny:qwen2_vl", max_tokens=2, messages=[{"role": "user", "content": [
+                    {"type": "video_url", "video_url": {"url": url}}]}],
+                extra_body={"media_io_kwargs": {"video": {"num_frames": frames}}})
+
+        # share = 0.0003 GiB / 2 = 161061 bytes; 4 frames of 128x96 RGB = 147456 bytes fit
+        assert ask(4).usage.completion_tokens == 2
+        with pytest.raises(openai.APIStatusError) as info:
+            ask(8)  # 294912 bytes: more than one API server's share
+        assert info.value.status_code == 413
+        assert "--mm-ipc-gpu-memory-gb" in info.value.body["message"]
+        with urllib.request.urlopen(f"{server.base}/metrics") as resp:
+            assert "aphrodite_gpu_decode_budget_bytes_in_use 0.0" in resp.read().decode()
+    finally:
+        assert server.stop() == 0

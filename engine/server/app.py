@@ -25,7 +25,10 @@ from engine.config import MediaLimits, MediaPolicy
 from engine.errors import AphroditeError, ClientError, InvalidRequestError
 from engine.media.connector import MediaConnector
 from engine.media.pool import decode_executor
+from engine.media.video import load_video_async
+from engine.media.video.budget import GpuDecodeBudget
 from engine.media.video.options import parse_video_io_kwargs, server_video_spec
+from engine.media.video.registry import get_backend
 from engine.models.loader import LoadedModel
 from engine.processing.cache import ProcessorCache
 from engine.processing.chat_parts import parse_messages
@@ -85,6 +88,10 @@ class State:
         self.metrics = Metrics()
         extractor = getattr(loaded.processor, "feature_extractor", None)
         self.sampling_rate = int(getattr(extractor, "sampling_rate", 16_000))
+        # This process's share of --mm-ipc-gpu-memory-gb, for GPU video backends.
+        self.gpu_budget = (GpuDecodeBudget.from_gb(config.mm_ipc_gpu_memory_gb,
+                                                   config.api_server_count)
+                           if config.mm_ipc_gpu_memory_gb > 0 else None)
 
 
 def error_response(err: AphroditeError) -> web.Response:
@@ -170,6 +177,8 @@ async def prepare_chat(state: State, data: dict[str, Any]):
                                                state.sampling_rate)
         for item in items:
             state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
+        if state.gpu_budget is not None and get_backend(video.backend).gpu:
+            await decode_gpu_videos(state, items, video)
     loop = asyncio.get_running_loop()
     processed = await loop.run_in_executor(decode_executor(), state.preprocessor.process, text,
                                            items, kwargs)
@@ -180,6 +189,20 @@ async def prepare_chat(state: State, data: dict[str, Any]):
         state.metrics.video_decode.labels(video.backend).observe(
             processed.timings["media_decode_s"])
     return fields, processed
+
+
+async def decode_gpu_videos(state: State, items: list, video) -> None:
+    """GPU decodes hold this process's budget share while they run (they wait, first come
+    first served, when it is used up); an item bigger than the share is a 413."""
+    for item in items:
+        if item.modality != "video" or item.encoded is None:
+            continue
+        task = load_video_async(item.encoded, video, state.media_limits, state.gpu_budget)
+        state.metrics.gpu_budget.set(state.gpu_budget.in_use)
+        try:
+            item.decoded = (await task).frames
+        finally:
+            state.metrics.gpu_budget.set(state.gpu_budget.in_use)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -19,9 +19,21 @@ from typing import Any
 from engine.errors import AphroditeError
 
 
+def reserve_decode_memory(device: str, reserved: int) -> None:
+    """Plan the engine's GPU memory without the video decode budget: cap this process's
+    allocator at (total - reserved), leaving the budget to the API servers' decoders."""
+    if reserved <= 0 or not device.startswith("cuda"):
+        return
+    import torch
+
+    index = torch.device(device).index or 0
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(max(1 - reserved / total, 0.05), index)
+
+
 def serve_engine(address: str, authkey: bytes, model: str | None, chat_template: str | None,
                  max_num_seqs: int, device: str, dtype: str, ready: Any,
-                 api_servers: int) -> None:
+                 api_servers: int, reserved_gpu_bytes: int = 0) -> None:
     """Entry point of the engine process (blocks until every API server disconnected)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     from engine.executor.engine import Engine
@@ -32,6 +44,7 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
     from engine.processing.preprocess import ProcessedPrompt
 
     tune_allocator()
+    reserve_decode_memory(device, reserved_gpu_bytes)
     loaded = load_model(model, chat_template=chat_template)
     engine = Engine(loaded, device=device, dtype=dtype, max_batch_size=max_num_seqs)
     listener = Listener(address, authkey=authkey)

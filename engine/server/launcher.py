@@ -102,7 +102,8 @@ def run(config: ServerConfig, *, announce=print) -> int:
 
     engine = ctx.Process(target=serve_engine, name="engine process", daemon=False, args=(
         address, authkey, str(loaded.path), config.chat_template, config.max_num_seqs,
-        config.device, config.dtype, ready_child, config.api_server_count))
+        config.device, config.dtype, ready_child, config.api_server_count,
+        int(config.mm_ipc_gpu_memory_gb * (1 << 30))))
     engine.start()
     ready_child.close()
     stopping = {"flag": False}
