@@ -164,7 +164,7 @@ def test_serve_flag_json_errors_show_the_bad_part():
 
 def test_serve_and_run_help_document_every_flag_with_examples():
     for command in ("serve", "run"):
-        text = run(command, "--help").stdout
+        text = run(command, "--help", env={"COLUMNS": "250"}).stdout
         for flag in ("--host", "--port", "--served-model-name", "--chat-template", "--api-key",
                      "--allowed-media-domains", "--allowed-local-media-path",
                      "--limit-mm-per-prompt", "--mm-processor-kwargs", "--media-io-kwargs",
