@@ -8,11 +8,15 @@ changes the outcome. Catch at the level you need::
     ├── ConfigError                     bad flag, env var or startup setting (CLI exit 2)
     ├── ClientError (4xx)               the request is at fault
     │   ├── InvalidRequestError  400    malformed input
+    │   ├── AuthenticationError  401    missing or wrong API key
+    │   ├── ModelNotFoundError   404    a model name this server does not serve
     │   ├── MediaPolicyError     400    a media URL the operator's policy forbids
     │   ├── MediaFetchError      400    the media could not be fetched (status, timeout, refused)
+    │   ├── RequestTooLargeError 413    the request body is over the limit
     │   ├── MediaTooLargeError   413    bytes, pixels or duration over a cap
     │   ├── UnsupportedMediaError 415   the bytes are not the kind of media the part says
     │   └── MediaDecodeError     422    the bytes are that kind of media but cannot be decoded
+    ├── ServiceUnavailableError (503)   the engine process is not there
     └── InternalError (500)             a bug in this project
 
 Messages never carry tracebacks, memory addresses or paths outside an allowed folder: use
@@ -81,6 +85,29 @@ class InvalidRequestError(ClientError):
     """Malformed input: bad JSON, bad content part, bad base64."""
 
 
+class AuthenticationError(ClientError):
+    """Missing or wrong API key."""
+
+    status = 401
+    type = "authentication_error"
+    default_code = "invalid_api_key"
+
+
+class ModelNotFoundError(ClientError):
+    """A model name this server does not serve."""
+
+    status = 404
+    type = "not_found_error"
+    default_code = "model_not_found"
+
+
+class RequestTooLargeError(ClientError):
+    """The request body is over ``--max-request-body-mb``."""
+
+    status = 413
+    default_code = "request_too_large"
+
+
 class MediaPolicyError(ClientError):
     """A media reference that the operator's policy forbids; nothing was fetched."""
 
@@ -112,6 +139,14 @@ class MediaDecodeError(ClientError):
 
     status = 422
     default_code = "media_decode_failed"
+
+
+class ServiceUnavailableError(AphroditeError):
+    """The engine process is gone or not ready (HTTP 503)."""
+
+    status = 503
+    type = "service_unavailable"
+    default_code = "engine_unavailable"
 
 
 class InternalError(AphroditeError):

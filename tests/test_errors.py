@@ -6,6 +6,7 @@ import pytest
 
 from engine.errors import (
     AphroditeError,
+    AuthenticationError,
     ClientError,
     ConfigError,
     InternalError,
@@ -14,6 +15,9 @@ from engine.errors import (
     MediaFetchError,
     MediaPolicyError,
     MediaTooLargeError,
+    ModelNotFoundError,
+    RequestTooLargeError,
+    ServiceUnavailableError,
     UnsupportedMediaError,
     sanitize,
 )
@@ -22,12 +26,14 @@ from engine.errors import (
 @pytest.mark.parametrize("cls,status", [
     (InvalidRequestError, 400), (MediaPolicyError, 400), (MediaFetchError, 400),
     (MediaTooLargeError, 413), (UnsupportedMediaError, 415), (MediaDecodeError, 422),
-    (InternalError, 500),
+    (InternalError, 500), (AuthenticationError, 401), (ModelNotFoundError, 404),
+    (RequestTooLargeError, 413), (ServiceUnavailableError, 503),
 ])
 def test_statuses(cls, status):
     assert cls.status == status
     assert issubclass(cls, AphroditeError)
     assert issubclass(cls, ClientError) == (status < 500)
+    assert cls("x").to_openai()["error"]["type"]
 
 
 def test_openai_shape_includes_the_hint():

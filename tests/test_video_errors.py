@@ -29,6 +29,24 @@ def moov_zeroed() -> bytes:
     return bytes(data)
 
 
+def faststart_clip(folder):
+    """A 60-frame MP4 with its index first (moov before mdat), written to ``folder``."""
+    import av
+
+    path = folder / "fast.mp4"
+    with av.open(str(path), "w", format="mp4", options={"movflags": "faststart"}) as out:
+        stream = out.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 160, 120, "yuv420p"
+        for i in range(60):
+            frame = av.VideoFrame.from_ndarray(synthetic.video_frame(i, 160, 120),
+                                               format="rgb24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return path
+
+
 BAD = {
     "garbage": (lambda: bytes(range(256)) * 40, 415),
     "truncated-index-at-end": (lambda: synthetic.make_video(width=64, height=48,
@@ -56,19 +74,7 @@ def test_bad_video_is_a_client_error(kind, backend):
 @pytest.mark.parametrize("backend", ["pyav", "opencv", "torchcodec", "deepstream"])
 def test_frames_missing_at_the_end_is_422(tmp_path, backend):
     """An index-first MP4 cut in half: the header promises frames that are not there."""
-    import av
-
-    path = tmp_path / "fast.mp4"
-    with av.open(str(path), "w", format="mp4", options={"movflags": "faststart"}) as out:
-        stream = out.add_stream("libx264", rate=30)
-        stream.width, stream.height, stream.pix_fmt = 160, 120, "yuv420p"
-        for i in range(60):
-            frame = av.VideoFrame.from_ndarray(synthetic.video_frame(i, 160, 120),
-                                               format="rgb24")
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode(None):
-            out.mux(packet)
+    path = faststart_clip(tmp_path)
     data = path.read_bytes()
     spec = build_spec({"backend": backend, "num_frames": 8}, backend, error=ConfigError)
     with pytest.raises(ClientError) as info:
@@ -131,19 +137,7 @@ def test_gstreamer_loaded_does_not_turn_decoder_exceptions_into_aborts(tmp_path)
         except ClientError as err:
             print("CLIENT", err.status)
     """)
-    import av
-
-    path = tmp_path / "fast.mp4"
-    with av.open(str(path), "w", format="mp4", options={"movflags": "faststart"}) as out:
-        stream = out.add_stream("libx264", rate=30)
-        stream.width, stream.height, stream.pix_fmt = 160, 120, "yuv420p"
-        for i in range(60):
-            frame = av.VideoFrame.from_ndarray(synthetic.video_frame(i, 160, 120),
-                                               format="rgb24")
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode(None):
-            out.mux(packet)
+    path = faststart_clip(tmp_path)
     done = subprocess.run([sys.executable, "-c", code % str(path)], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-500:]

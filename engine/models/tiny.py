@@ -51,15 +51,19 @@ def _qwen_token_ids(tok) -> dict[str, int]:
                 bos_token_id=ids("<|endoftext|>"))
 
 
+def _qwen_text_config(tok, ids: dict[str, int]) -> dict:
+    return dict(_TEXT, vocab_size=len(tok), tie_word_embeddings=True,
+                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+                eos_token_id=ids["eos_token_id"], bos_token_id=ids["bos_token_id"],
+                pad_token_id=ids["pad_token_id"])
+
+
 def build_qwen2_5_vl(out: Path, seed: int = 0) -> None:
     import transformers as T
 
     tok = _qwen_vl_tokenizer()
     ids = _qwen_token_ids(tok)
-    text = dict(_TEXT, vocab_size=len(tok), tie_word_embeddings=True,
-                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-                eos_token_id=ids["eos_token_id"], bos_token_id=ids["bos_token_id"],
-                pad_token_id=ids["pad_token_id"])
+    text = _qwen_text_config(tok, ids)
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                   patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
                   fullatt_block_indexes=[1])
@@ -74,10 +78,7 @@ def build_qwen2_vl(out: Path, seed: int = 0) -> None:
 
     tok = _qwen_vl_tokenizer()
     ids = _qwen_token_ids(tok)
-    text = dict(_TEXT, vocab_size=len(tok), tie_word_embeddings=True,
-                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-                eos_token_id=ids["eos_token_id"], bos_token_id=ids["bos_token_id"],
-                pad_token_id=ids["pad_token_id"])
+    text = _qwen_text_config(tok, ids)
     vision = dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2, patch_size=14,
                   spatial_merge_size=2, temporal_patch_size=2)
     config = T.Qwen2VLConfig(text_config=text, vision_config=vision, **ids)

@@ -22,7 +22,13 @@ from typing import Any
 from aiohttp import web
 
 from engine.config import MediaLimits, MediaPolicy
-from engine.errors import AphroditeError, ClientError, InvalidRequestError
+from engine.errors import (
+    AphroditeError,
+    AuthenticationError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    RequestTooLargeError,
+)
 from engine.media.connector import MediaConnector
 from engine.media.pool import decode_executor
 from engine.media.video import load_video_async
@@ -44,23 +50,6 @@ from engine.server.protocol import parse_generation_fields
 from engine.version import __version__
 
 logger = logging.getLogger("aphrodite.server")
-
-
-class AuthError(ClientError):
-    status = 401
-    type = "authentication_error"
-    default_code = "invalid_api_key"
-
-
-class ModelNotFound(ClientError):
-    status = 404
-    type = "not_found_error"
-    default_code = "model_not_found"
-
-
-class BodyTooLarge(ClientError):
-    status = 413
-    default_code = "request_too_large"
 
 
 STATE = web.AppKey("state", object)
@@ -108,7 +97,7 @@ async def errors_middleware(request: web.Request, handler):
     except AphroditeError as err:
         response = error_response(err)
     except web.HTTPRequestEntityTooLarge:
-        response = error_response(BodyTooLarge(
+        response = error_response(RequestTooLargeError(
             f"the request body is over {state.config.max_request_body_mb:g} MB",
             hint="send media by URL instead of inline, or raise --max-request-body-mb"))
     except web.HTTPException as exc:
@@ -145,12 +134,12 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     if key:
         header = request.headers.get("Authorization", "")
         if header != f"Bearer {key}":
-            raise AuthError("missing or wrong API key",
+            raise AuthenticationError("missing or wrong API key",
                             hint="send the header 'Authorization: Bearer <key>' with the key "
                                  "given to --api-key / APHRODITE_API_KEY")
     model = data.get("model")
     if model is not None and model != state.name:
-        raise ModelNotFound(f"model {model!r} is not served here; this server serves "
+        raise ModelNotFoundError(f"model {model!r} is not served here; this server serves "
                             f"{state.name!r}", hint="GET /v1/models lists it", param="model")
     return data
 

@@ -11,19 +11,13 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Client
 from typing import Any
 
-from engine.errors import AphroditeError, InternalError
+from engine.errors import AphroditeError, InternalError, ServiceUnavailableError
 
 
 @dataclass
 class Completion:
     outputs: list[tuple[int, str, list[int], str | None]] = field(default_factory=list)
     timings: dict[str, Any] = field(default_factory=dict)
-
-
-class EngineUnavailable(AphroditeError):
-    status = 503
-    type = "service_unavailable"
-    default_code = "engine_unavailable"
 
 
 class EngineClient:
@@ -60,7 +54,7 @@ class EngineClient:
     async def generate(self, input_ids: list[int], mm: dict[str, Any], sampling: dict[str, Any]):
         """Yields ("event", rid, index, token, delta, reason) tuples, then a Completion."""
         if not self.alive:
-            raise EngineUnavailable("the engine process is not running",
+            raise ServiceUnavailableError("the engine process is not running",
                                     hint="check the server log; restart the server")
         rid = f"{self._prefix}{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
@@ -84,7 +78,7 @@ class EngineClient:
                     yield Completion(outputs, timings)
                     return
                 else:
-                    raise EngineUnavailable("the engine process stopped during the request")
+                    raise ServiceUnavailableError("the engine process stopped during the request")
         finally:
             self._queues.pop(rid, None)
             if not finished and self.alive:
