@@ -151,3 +151,156 @@ def batching(
               f"another: {doc['sequential_s']['median']:.2f} s -> {doc['speedup_median']:.1f}x",
               markup=False)
     out.print(f"result: {path}", markup=False)
+
+
+@app.command(
+    "serve",
+    epilog="""Examples:
+
+  aphrodite bench serve --embedded --num-prompts 50 --mode both
+
+  aphrodite bench serve --base-url http://gpu-box:8000/v1 --model Qwen/Qwen2.5-VL-7B-Instruct
+  --request-rate 4 --burstiness 0.5 --max-concurrency 16 --media-delivery http
+  --bucket-config '{"720,1280,1": 0.7, "360,640,32": 0.3}' --goodput ttft:500,tpot:50
+
+  aphrodite bench serve --base-url http://localhost:2242/v1 --dataset jsonl
+  --dataset-path requests.jsonl --media-dir ./media --csv""",
+)
+def serve_cmd(
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL, e.g. "
+                                                 "http://localhost:2242/v1.")] = None,
+    embedded: Annotated[bool, typer.Option(help="Start this project's server (tiny default "
+                                           "model) for the run.")] = False,
+    model: Annotated[str | None, typer.Option(help="Model name to send (and to serve with "
+                                              "--embedded).")] = None,
+    api_key: Annotated[str | None, typer.Option(help="Bearer key for the target.")] = None,
+    dataset: Annotated[str, typer.Option(help="random-mm or jsonl.")] = "random-mm",
+    dataset_path: Annotated[Path | None, typer.Option(help="JSONL file for --dataset jsonl.")
+                            ] = None,
+    media_dir: Annotated[Path | None, typer.Option(help="Folder for media paths in JSONL.")
+                         ] = None,
+    num_prompts: Annotated[int, typer.Option(min=1)] = 50,
+    num_warmups: Annotated[int, typer.Option(min=0, help="Unmeasured requests first.")] = 2,
+    request_rate: Annotated[str, typer.Option(help="Requests/s, or inf.")] = "inf",
+    burstiness: Annotated[float, typer.Option(min=0.01, help="Gamma shape; 1 = Poisson.")
+                          ] = 1.0,
+    max_concurrency: Annotated[int | None, typer.Option(min=1)] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    mode: Annotated[str, typer.Option(help="cold, warm or both.")] = "both",
+    media_delivery: Annotated[str, typer.Option(help="data-url or http (a built-in loopback "
+                                                "media server).")] = "data-url",
+    items_per_request: Annotated[int, typer.Option(min=0)] = 1,
+    bucket_config: Annotated[str | None, typer.Option(
+        metavar="JSON", help='"height,width,frames": probability; frames > 1 is a video.')
+    ] = None,
+    prompt_len: Annotated[int, typer.Option(min=1, help="Words of text per prompt.")] = 32,
+    output_len: Annotated[int, typer.Option(min=1, help="Tokens per answer.")] = 16,
+    image_format: Annotated[str, typer.Option(help="JPEG, PNG or WEBP.")] = "JPEG",
+    image_quality: Annotated[int, typer.Option(min=1, max=100)] = 90,
+    video_codec: Annotated[str, typer.Option()] = "libx264",
+    video_fps: Annotated[int, typer.Option(min=1)] = 30,
+    video_gop: Annotated[int, typer.Option(min=1)] = 30,
+    goodput: Annotated[str | None, typer.Option(help="SLOs in ms, e.g. ttft:200,tpot:50.")
+                       ] = None,
+    csv: Annotated[bool, typer.Option("--csv", help="Also write per-request rows as CSV.")
+                   ] = False,
+    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
+) -> None:
+    """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
+    import math
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from aphrodite_cli.bench.datasets import parse_buckets
+    from aphrodite_cli.bench.results import write_result
+    from aphrodite_cli.bench.serve_bench import LoadConfig
+    from aphrodite_cli.bench.serve_run import run
+    from engine.errors import ConfigError
+
+    if embedded == bool(base_url):
+        raise ConfigError("pass exactly one of --base-url URL or --embedded")
+    if mode not in ("cold", "warm", "both") or media_delivery not in ("data-url", "http") or \
+            dataset not in ("random-mm", "jsonl"):
+        raise ConfigError("--mode is cold/warm/both, --media-delivery data-url/http, "
+                          "--dataset random-mm/jsonl")
+    try:
+        rate = math.inf if request_rate.lower() == "inf" else float(request_rate)
+        slos = {k: float(v) for k, v in (p.split(":") for p in goodput.split(","))} \
+            if goodput else {}
+    except ValueError:
+        raise ConfigError("--request-rate is a number or inf; --goodput looks like "
+                          "ttft:200,tpot:50") from None
+    if set(slos) - {"ttft", "tpot", "e2e"}:
+        raise ConfigError("--goodput metrics are ttft, tpot and e2e")
+    cfg = LoadConfig(base_url=base_url or "", model=model if not embedded else None,
+                     api_key=api_key, request_rate=rate, burstiness=burstiness,
+                     max_concurrency=max_concurrency, seed=seed, media_delivery=media_delivery,
+                     image_format=image_format.upper(), image_quality=image_quality,
+                     video_codec=video_codec, video_fps=video_fps, video_gop=video_gop,
+                     goodput=slos)
+    opts = {"dataset": dataset, "dataset_path": dataset_path, "media_dir": media_dir,
+            "num_prompts": num_prompts, "num_warmups": num_warmups, "mode": mode,
+            "items_per_request": items_per_request, "buckets": parse_buckets(bucket_config),
+            "prompt_len": prompt_len, "output_len": output_len, "seed": seed,
+            "embedded": embedded, "model": model}
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=out) as progress:
+        doc = run(cfg, opts, progress)
+    rows = doc.pop("_rows")
+    path = write_result(doc, "serve", out_dir)
+    if csv:
+        import pandas as pd
+
+        pd.DataFrame([r for phase in rows.values() for r in phase]).to_csv(
+            path.with_suffix(".csv"), index=False)
+    _print_serve_table(doc)
+    out.print(f"result: {path}", markup=False)
+    failed = [f"{m}: {p['cache_check']}" for m, p in doc["phases"].items()
+              if p.get("cache_check") not in (None, "ok")]
+    if failed:
+        raise ConfigError("; ".join(failed), hint="the cache state the phase needs was not "
+                          "reached (was the target restarted, or its cache disabled?)",
+                          code="cache_state_mismatch")
+
+
+def _print_serve_table(doc: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"bench serve: {doc['num_prompts']} prompts per phase")
+    for col in ("phase", "ok/failed", "req/s", "out tok/s", "TTFT p50/p99 ms",
+                "TPOT p50 ms", "ITL p50 ms", "E2E p50/p99 ms", "cache hit"):
+        table.add_column(col)
+    for mode, p in doc["phases"].items():
+        hit = p["server_cache"]["hit_rate"]
+        table.add_row(mode, f"{p['completed']}/{p['failed']}", f"{p['request_throughput']:.2f}",
+                      f"{p['output_throughput']:.1f}",
+                      f"{p['ttft_ms'].get('median', 0):.1f}/{p['ttft_ms'].get('p99', 0):.1f}",
+                      f"{p['tpot_ms'].get('median', 0):.2f}", f"{p['itl_ms'].get('median', 0):.2f}",
+                      f"{p['e2e_ms'].get('median', 0):.1f}/{p['e2e_ms'].get('p99', 0):.1f}",
+                      "-" if hit is None else f"{hit:.0%}")
+    out.print(table)
+
+
+@app.command(
+    "mock-server",
+    epilog="""Example:
+
+  aphrodite bench mock-server --port 9000 --ttft-ms 50 --itl-ms 10""",
+)
+def mock_server(
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 9000,
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    ttft_ms: Annotated[float, typer.Option(min=0)] = 0.0,
+    itl_ms: Annotated[float, typer.Option(min=0)] = 0.0,
+    output_tokens: Annotated[int | None, typer.Option(
+        min=1, help="Tokens per answer (default: the request's max_tokens).")] = None,
+) -> None:
+    """A mock OpenAI-compatible endpoint streaming tokens with a set TTFT and ITL."""
+    from aiohttp import web
+
+    from aphrodite_cli.bench.mock_server import create_app
+
+    out.print(f"mock server on http://{host}:{port}/v1 (ttft {ttft_ms} ms, itl {itl_ms} ms)",
+              markup=False)
+    web.run_app(create_app(ttft_ms, itl_ms, output_tokens), host=host, port=port, print=None,
+                access_log=None)

@@ -1,0 +1,57 @@
+"""A mock OpenAI-compatible endpoint that streams tokens with a set TTFT and inter-token delay:
+the load generator's measurements are checked against it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from aiohttp import web
+
+
+def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None) -> web.Application:
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n = int(output_tokens or body.get("max_tokens") or body.get("max_completion_tokens")
+                or 16)
+        chat_api = request.path.endswith("chat/completions")
+        rid = f"mock-{time.monotonic_ns()}"
+        if not body.get("stream"):
+            await asyncio.sleep((ttft_ms + itl_ms * max(n - 1, 0)) / 1000)
+            text = " tok" * n
+            choice = ({"message": {"role": "assistant", "content": text}} if chat_api
+                      else {"text": text})
+            return web.json_response({"id": rid, "object": "chat.completion", "choices": [
+                {"index": 0, "finish_reason": "length", **choice}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        start = time.perf_counter()
+        for i in range(n):
+            # Sleep to an absolute schedule so delays do not accumulate error.
+            due = start + (ttft_ms + itl_ms * i) / 1000
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            delta = {"content": " tok"} if chat_api else None
+            choice = {"index": 0, "finish_reason": "length" if i == n - 1 else None,
+                      **({"delta": delta} if chat_api else {"text": " tok"})}
+            await response.write(b"data: " + json.dumps(
+                {"id": rid, "object": "chat.completion.chunk", "choices": [choice]}).encode()
+                + b"\n\n")
+        usage = {"id": rid, "object": "chat.completion.chunk", "choices": [],
+                 "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}
+        await response.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "mock", "object": "model"}]})
+
+    app = web.Application(client_max_size=1 << 30)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", chat)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
+    return app

@@ -1,0 +1,246 @@
+"""`aphrodite bench serve`: an asyncio/aiohttp load generator for OpenAI-compatible chat
+endpoints, with cold-media and warm-cache phases measured separately."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+from aphrodite_cli.bench.datasets import BenchRequest, MediaSpec, render_media
+from aphrodite_cli.bench.metrics import FORMULAS, RequestRecord, compute
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class LoadConfig:
+    base_url: str
+    model: str | None = None
+    api_key: str | None = None
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    seed: int = 0
+    media_delivery: str = "data-url"  # or http
+    image_format: str = "JPEG"
+    image_quality: int = 90
+    video_codec: str = "libx264"
+    video_fps: int = 30
+    video_gop: int = 30
+    timeout_s: float = 300.0
+    goodput: dict[str, float] = field(default_factory=dict)
+
+
+class MediaHost:
+    """The built-in loopback media server (so the target pays a real download)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[bytes, str]] = {}
+        self.base = ""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        async def serve(request: web.Request) -> web.Response:
+            entry = self.files.get(request.match_info["name"])
+            if entry is None:
+                raise web.HTTPNotFound()
+            return web.Response(body=entry[0], content_type=entry[1])
+
+        app = web.Application()
+        app.router.add_get("/m/{name}", serve)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.base = f"http://127.0.0.1:{port}/m"
+
+    async def stop(self) -> None:
+        if self._runner:
+            await self._runner.cleanup()
+
+
+def build_payload(req: BenchRequest, cfg: LoadConfig, host: MediaHost | None,
+                  cache: dict[MediaSpec, bytes]) -> tuple[bytes, float]:
+    """The request body and the client-side cost of encoding it (base64 + JSON)."""
+    media_bytes = []
+    for spec in req.media:
+        if spec not in cache:
+            cache[spec] = render_media(spec, image_format=cfg.image_format,
+                                       quality=cfg.image_quality, codec=cfg.video_codec,
+                                       fps=cfg.video_fps, gop=cfg.video_gop)
+        media_bytes.append(cache[spec])
+    start = time.perf_counter()
+    if req.messages is not None:
+        messages = req.messages
+    else:
+        parts: list[dict[str, Any]] = []
+        for spec, data in zip(req.media, media_bytes, strict=True):
+            kind = "image_url" if spec.kind == "image" else "video_url"
+            mime = "image/jpeg" if spec.kind == "image" else "video/mp4"
+            if host is not None:
+                host.files[spec.name] = (data, mime)
+                url = f"{host.base}/{spec.name}"
+            else:
+                url = f"data:{mime};base64,{base64.b64encode(data).decode()}"
+            parts.append({"type": kind, kind: {"url": url}})
+        parts.append({"type": "text", "text": req.prompt})
+        messages = [{"role": "user", "content": parts}]
+    body: dict[str, Any] = {"messages": messages, "max_tokens": req.output_len,
+                            "stream": True, "stream_options": {"include_usage": True},
+                            "temperature": 0, "ignore_eos": True}
+    if cfg.model:
+        body["model"] = cfg.model
+    encoded = json.dumps(body).encode()
+    return encoded, time.perf_counter() - start
+
+
+async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
+                      body: bytes, record: RequestRecord) -> None:
+    record.request_bytes = len(body)
+    record.sent_at = time.perf_counter()
+    last = record.sent_at
+    try:
+        async with session.post(url, data=body, headers=headers) as resp:
+            if resp.status != 200:
+                try:
+                    code = (await resp.json()).get("error", {}).get("code")
+                except (aiohttp.ContentTypeError, json.JSONDecodeError, AttributeError):
+                    code = None
+                record.error = f"http_{resp.status}" + (f":{code}" if code else "")
+                return
+            async for line in resp.content:
+                if not line.startswith(b"data: "):
+                    continue
+                payload = line[6:].strip()
+                if payload == b"[DONE]":
+                    break
+                chunk = json.loads(payload)
+                choices = chunk.get("choices") or []
+                if choices:
+                    choice = choices[0]
+                    delta = choice.get("delta") or {}
+                    if delta.get("content") is not None or choice.get("text") is not None:
+                        now = time.perf_counter()
+                        if record.ttft is None:
+                            record.ttft = now - record.sent_at
+                        else:
+                            record.itl.append(now - last)
+                        last = now
+                        record.output_tokens += 1
+                usage = chunk.get("usage")
+                if usage:
+                    record.output_tokens = usage.get("completion_tokens", record.output_tokens)
+                    record.prompt_tokens = usage.get("prompt_tokens", 0)
+                if chunk.get("aphrodite"):
+                    record.server = chunk["aphrodite"]
+        record.e2e = time.perf_counter() - record.sent_at
+        record.ok = record.ttft is not None
+        if not record.ok:
+            record.error = "no_tokens"
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        record.error = type(exc).__name__
+
+
+def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """Seconds after start when each request is sent: all at once for an infinite rate,
+    else gamma-distributed gaps (shape = burstiness; 1 is Poisson) with mean 1/rate."""
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    gaps[0] = 0.0
+    return list(np.cumsum(gaps))
+
+
+async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
+                    on_done: Callable[[], None] | None = None,
+                    session: aiohttp.ClientSession | None = None
+                    ) -> tuple[list[RequestRecord], float, float]:
+    """Send every payload on the arrival schedule; returns records, duration and the
+    achieved send rate."""
+    url = cfg.base_url.rstrip("/") + "/chat/completions"
+    headers = {"Content-Type": "application/json"}
+    if cfg.api_key:
+        headers["Authorization"] = f"Bearer {cfg.api_key}"
+    own = session is None
+    if session is None:
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=cfg.max_concurrency or 0, limit_per_host=0),
+            timeout=aiohttp.ClientTimeout(total=cfg.timeout_s))
+    slots = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
+    records = [RequestRecord(i, encode_s=enc) for i, (_, enc) in enumerate(payloads)]
+    times = arrival_times(len(payloads), cfg.request_rate, cfg.burstiness, cfg.seed)
+    sent: list[float] = []
+
+    async def run_one(i: int) -> None:
+        if slots:
+            async with slots:
+                sent.append(time.perf_counter())
+                await one_request(session, url, headers, payloads[i][0], records[i])
+        else:
+            sent.append(time.perf_counter())
+            await one_request(session, url, headers, payloads[i][0], records[i])
+        if on_done:
+            on_done()
+
+    start = time.perf_counter()
+    tasks = []
+    try:
+        for i, at in enumerate(times):
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(run_one(i)))
+        await asyncio.gather(*tasks)
+    finally:
+        if own:
+            await session.close()
+    duration = time.perf_counter() - start
+    span = (max(sent) - min(sent)) if len(sent) > 1 else 0.0
+    send_rate = (len(sent) - 1) / span if span > 0 else math.inf
+    return records, duration, send_rate
+
+
+def scheduled_rate(n: int, cfg: LoadConfig) -> float:
+    """The rate the seeded schedule itself asks for ((n - 1) / last arrival): a Poisson
+    schedule of n requests deviates from the nominal rate by about 1/sqrt(n)."""
+    times = arrival_times(n, cfg.request_rate, cfg.burstiness, cfg.seed)
+    return (n - 1) / times[-1] if n > 1 and times[-1] > 0 else math.inf
+
+
+def phase_result(records: list[RequestRecord], duration: float, send_rate: float,
+                 cfg: LoadConfig) -> dict[str, Any]:
+    metrics = compute(records, duration, cfg.goodput)
+    metrics["achieved_send_rate"] = send_rate
+    metrics["requested_rate"] = cfg.request_rate
+    metrics["scheduled_rate"] = scheduled_rate(len(records), cfg)
+    return metrics
+
+
+def document(cfg: LoadConfig, phases: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    config = asdict(cfg)
+    config["request_rate"] = "inf" if math.isinf(cfg.request_rate) else cfg.request_rate
+    for phase in phases.values():
+        if math.isinf(phase.get("requested_rate", 0)):
+            phase["requested_rate"] = "inf"
+        for key in ("achieved_send_rate", "scheduled_rate"):
+            if math.isinf(phase.get(key, 0)):
+                phase[key] = None
+    return {"schema_version": SCHEMA_VERSION, "kind": "serve", "config": config,
+            "formulas": FORMULAS, "phases": phases, **extra}
+
+
+def nonce() -> int:
+    return random.SystemRandom().randrange(1, 1 << 20)

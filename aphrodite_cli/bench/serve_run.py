@@ -1,0 +1,146 @@
+"""Orchestration of `bench serve`: dataset -> payloads -> phases (cold, warm) -> result."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from aphrodite_cli.bench.datasets import (
+    BenchRequest,
+    load_jsonl,
+    random_mm,
+)
+from aphrodite_cli.bench.serve_bench import (
+    LoadConfig,
+    MediaHost,
+    build_payload,
+    document,
+    nonce,
+    phase_result,
+    run_phase,
+)
+from engine.errors import ConfigError
+
+
+class EmbeddedServer:
+    """This project's server with the tiny default model, for the length of a run."""
+
+    def __init__(self, model: str | None, extra: list[str]) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        exe = Path(sys.executable).with_name("aphrodite")
+        args = [str(exe), "serve", *([model] if model else []), "--port", str(self.port),
+                "--allowed-media-domains", "127.0.0.1", *extra]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        self.lines: list[str] = []
+        deadline = time.monotonic() + 300
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.append(line)
+            if "aphrodite serving" in line:
+                break
+            if time.monotonic() > deadline:
+                break
+        if self.proc.poll() is not None or not any("aphrodite serving" in x for x in self.lines):
+            self.stop()
+            raise ConfigError("the embedded server did not start:\n" + "".join(self.lines[-20:]))
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def make_dataset(opts: dict[str, Any], *, run_nonce: int) -> list[BenchRequest]:
+    if opts["dataset"] == "jsonl":
+        if not opts.get("dataset_path"):
+            raise ConfigError("--dataset jsonl needs --dataset-path FILE")
+        rows = load_jsonl(Path(opts["dataset_path"]), opts.get("media_dir"))
+        return (rows * (opts["num_prompts"] // max(len(rows), 1) + 1))[: opts["num_prompts"]]
+    return random_mm(opts["num_prompts"], items=opts["items_per_request"],
+                     buckets=opts["buckets"], prompt_len=opts["prompt_len"],
+                     output_len=opts["output_len"], seed=opts["seed"], nonce=run_nonce)
+
+
+async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dict[str, Any]:
+    host = MediaHost() if cfg.media_delivery == "http" else None
+    if host:
+        await host.start()
+    cache: dict = {}
+    phases: dict[str, Any] = {}
+    rows: dict[str, list[dict[str, Any]]] = {}
+    try:
+        modes = ("cold", "warm") if opts["mode"] == "both" else (opts["mode"],)
+        for mode in modes:
+            dataset = make_dataset(opts, run_nonce=nonce() if mode == "cold" else opts["seed"]
+                                   + 7919)
+            payloads = [build_payload(r, cfg, host, cache) for r in dataset]
+            warmups = [build_payload(r, cfg, host, cache) for r in make_dataset(
+                {**opts, "num_prompts": opts["num_warmups"]}, run_nonce=nonce())
+            ] if opts["num_warmups"] else []
+            if warmups:  # server warm-up (JIT, pools): never measured
+                await run_phase(warmups, LoadConfig(**{**cfg.__dict__,
+                                                       "request_rate": math.inf}))
+            if mode == "warm":  # the same media, sent once before measuring: never measured
+                await run_phase(payloads, LoadConfig(**{**cfg.__dict__,
+                                                        "request_rate": math.inf}))
+            task = progress.add_task(f"{mode} phase", total=len(payloads))
+            records, duration, send_rate = await run_phase(
+                payloads, cfg, on_done=lambda t=task: progress.advance(t))
+            result = phase_result(records, duration, send_rate, cfg)
+            hit_rate = result["server_cache"]["hit_rate"]
+            result["cache_check"] = None
+            if hit_rate is not None:
+                want = 1.0 if mode == "warm" else 0.0
+                result["cache_check"] = "ok" if abs(hit_rate - want) <= 0.01 else (
+                    f"FAILED: {mode} phase measured a server cache hit rate of {hit_rate:.0%}")
+            phases[mode] = result
+            rows[mode] = [{"phase": mode, "index": r.index, "ok": r.ok, "error": r.error,
+                           "ttft_ms": r.ttft * 1e3 if r.ttft is not None else None,
+                           "tpot_ms": r.tpot * 1e3 if r.tpot is not None else None,
+                           "e2e_ms": r.e2e * 1e3 if r.e2e is not None else None,
+                           "output_tokens": r.output_tokens, "prompt_tokens": r.prompt_tokens,
+                           "request_bytes": r.request_bytes, "encode_ms": r.encode_s * 1e3,
+                           **{f"server_{k}": v for k, v in ((r.server or {}).get("timings")
+                                                            or {}).items()}}
+                          for r in records]
+    finally:
+        if host:
+            await host.stop()
+    media = {"items_per_request": opts["items_per_request"],
+             "buckets": {",".join(map(str, k)): v for k, v in opts["buckets"].items()},
+             "image_format": cfg.image_format, "image_quality": cfg.image_quality,
+             "video_codec": cfg.video_codec, "video_fps": cfg.video_fps,
+             "video_gop": cfg.video_gop}
+    doc = document(cfg, phases, {"dataset": opts["dataset"], "num_prompts": opts["num_prompts"],
+                                 "num_warmups": opts["num_warmups"], "mode": opts["mode"],
+                                 "media": media, "embedded": opts.get("embedded", False),
+                                 "pid": os.getpid()})
+    doc["_rows"] = rows
+    return doc
+
+
+def run(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dict[str, Any]:
+    server = None
+    if opts.get("embedded"):
+        server = EmbeddedServer(opts.get("model"), opts.get("server_args", []))
+        cfg.base_url = server.base_url
+    try:
+        return asyncio.run(run_serve(cfg, opts, progress))
+    finally:
+        if server:
+            server.stop()
