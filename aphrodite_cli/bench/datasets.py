@@ -21,7 +21,9 @@ from typing import Any
 
 from engine.errors import ConfigError
 
-_WORDS = ["the", "cat", "sat", "on", "a", "red", "mat", "near", "an", "open", "window", "while", "rain", "fell", "over", "the", "quiet", "city", "and", "a", "small", "dog", "watched", "birds", "crossing", "the", "grey", "sky", "above", "old", "roofs"]
+_WORDS = ("the", "cat", "sat", "on", "a", "red", "mat", "near", "an", "open", "window",
+          "while", "rain", "fell", "over", "the", "quiet", "city", "and", "a", "small", "dog",
+          "watched", "birds", "crossing", "the", "grey", "sky", "above", "old", "roofs")
 DEFAULT_BUCKETS = {(480, 640, 1): 0.5, (720, 1280, 1): 0.3, (240, 320, 16): 0.2}
 
 
