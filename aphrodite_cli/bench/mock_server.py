@@ -53,5 +53,8 @@ def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None) -> web.
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", chat)
     app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app.router.add_get("/health", health)
     return app

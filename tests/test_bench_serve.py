@@ -1,0 +1,146 @@
+"""bench serve: metric formulas on hand-computed traces, datasets, schedules, the mock
+server's injected delays, sustained rate, and cold/warm phases against the real server."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aphrodite_cli.bench.datasets import parse_buckets, random_mm
+from aphrodite_cli.bench.metrics import RequestRecord, compute
+from aphrodite_cli.bench.mock_server import create_app
+from aphrodite_cli.bench.serve_bench import (
+    LoadConfig,
+    MediaHost,
+    arrival_times,
+    build_payload,
+    run_phase,
+)
+from aphrodite_cli.bench.stats import percentile
+from engine.errors import ConfigError
+
+
+def test_percentiles_interpolate_linearly():
+    values = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6]
+    for q in (0, 10, 50, 90, 95, 99, 100):
+        assert percentile(values, q) == pytest.approx(np.percentile(values, q))
+
+
+def test_metric_formulas_on_a_hand_computed_trace():
+    a = RequestRecord(0, ok=True, ttft=0.100, itl=[0.020, 0.030, 0.010], e2e=0.160,
+                      output_tokens=4)
+    b = RequestRecord(1, ok=True, ttft=0.300, itl=[], e2e=0.300, output_tokens=1)
+    c = RequestRecord(2, ok=False, error="http_400:media_policy_violation")
+    result = compute([a, b, c], duration_s=2.0, slos_ms={"ttft": 200})
+    assert a.tpot == pytest.approx((0.160 - 0.100) / 3)  # TPOT excludes the first token
+    assert b.tpot is None  # one token: no time per output token
+    assert result["tpot_ms"]["median"] == pytest.approx(20.0)
+    assert result["ttft_ms"]["median"] == pytest.approx(200.0)  # (100 + 300) / 2
+    assert result["itl_ms"]["count"] == 3 and result["itl_ms"]["median"] == pytest.approx(20.0)
+    assert result["e2e_ms"]["p90"] == pytest.approx(160 + 0.9 * 140)
+    assert result["request_throughput"] == pytest.approx(1.0)  # 2 completed / 2 s
+    assert result["output_throughput"] == pytest.approx(2.5)   # 5 tokens / 2 s
+    assert result["goodput"] == pytest.approx(0.5)             # only a meets ttft <= 200 ms
+    assert result["failures_by_type"] == {"http_400:media_policy_violation": 1}
+
+
+def test_random_mm_is_deterministic_and_cold_runs_are_unique():
+    buckets = parse_buckets('{"480,640,1": 0.5, "240,320,8": 0.5}')
+    one = random_mm(20, items=2, buckets=buckets, prompt_len=5, output_len=8, seed=3, nonce=1)
+    same = random_mm(20, items=2, buckets=buckets, prompt_len=5, output_len=8, seed=3, nonce=1)
+    other = random_mm(20, items=2, buckets=buckets, prompt_len=5, output_len=8, seed=3, nonce=2)
+    assert one == same
+    assert {m.seed for r in one for m in r.media}.isdisjoint({m.seed for r in other
+                                                             for m in r.media})
+    kinds = {m.kind for r in one for m in r.media}
+    assert kinds == {"image", "video"}
+    assert len({m.seed for r in one for m in r.media}) == 40  # every item unique in a run
+    for bad in ('{"480,640": 1}', '{"480,640,1": 0.3}', "nope"):
+        with pytest.raises(ConfigError):
+            parse_buckets(bad)
+
+
+def test_arrival_schedules():
+    assert arrival_times(5, math.inf, 1.0, 0) == [0.0] * 5
+    times = arrival_times(20_000, 50.0, 1.0, 7)
+    assert times == arrival_times(20_000, 50.0, 1.0, 7)
+    gaps = np.diff(times)
+    assert gaps.mean() == pytest.approx(1 / 50, rel=0.03)
+    assert gaps.std() == pytest.approx(1 / 50, rel=0.05)  # Poisson: std == mean
+    bursty = np.diff(arrival_times(20_000, 50.0, 0.25, 7))
+    assert bursty.mean() == pytest.approx(1 / 50, rel=0.05) and bursty.std() > 1.5 / 50
+
+
+async def _mock(aiohttp_server, ttft_ms: float, itl_ms: float):
+    server = await aiohttp_server(create_app(ttft_ms, itl_ms, None))
+    return f"http://127.0.0.1:{server.port}/v1"
+
+
+async def test_measured_medians_match_injected_delays(aiohttp_server):
+    base = await _mock(aiohttp_server, 50, 10)
+    cfg = LoadConfig(base_url=base, request_rate=20.0, seed=1)
+    reqs = random_mm(40, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=8,
+                     seed=1, nonce=1)
+    payloads = [build_payload(r, cfg, None, {}) for r in reqs]
+    records, duration, _ = await run_phase(payloads, cfg)
+    result = compute(records, duration)
+    assert result["completed"] == 40
+    assert abs(result["ttft_ms"]["median"] - 50) < 3
+    assert abs(result["itl_ms"]["median"] - 10) < 3
+    assert abs(result["tpot_ms"]["median"] - 10) < 3
+
+
+async def test_generator_keeps_the_requested_rate(aiohttp_server):
+    base = await _mock(aiohttp_server, 0, 0)
+    cfg = LoadConfig(base_url=base, request_rate=100.0, seed=2)
+    reqs = random_mm(400, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=16,
+                     seed=2, nonce=1)
+    payloads = [build_payload(r, cfg, None, {}) for r in reqs]
+    records, duration, send_rate = await run_phase(payloads, cfg)
+    scheduled = (len(records) - 1) / arrival_times(len(records), 100.0, 1.0, 2)[-1]
+    assert all(r.ok and r.output_tokens == 16 for r in records)
+    assert send_rate == pytest.approx(scheduled, rel=0.05)
+
+
+async def test_http_media_delivery_serves_the_bytes():
+    host = MediaHost()
+    await host.start()
+    try:
+        req = random_mm(1, items=1, buckets=parse_buckets('{"48,64,1": 1}'), prompt_len=3,
+                        output_len=4, seed=5, nonce=9)[0]
+        body, _ = build_payload(req, LoadConfig(base_url="x", media_delivery="http"), host, {})
+        url = json.loads(body)["messages"][0]["content"][0]["image_url"]["url"]
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session, session.get(url) as resp:
+            assert resp.status == 200 and (await resp.read())[:2] == b"\xff\xd8"
+    finally:
+        await host.stop()
+
+
+@pytest.mark.timeout(400)
+def test_cold_and_warm_phases_against_the_real_server(tmp_path):
+    """Cold: every item a cache miss on the server; warm: every item a hit."""
+    exe = Path(sys.executable).with_name("aphrodite")
+    done = subprocess.run([str(exe), "bench", "serve", "--embedded", "--num-prompts", "6",
+                           "--num-warmups", "1", "--mode", "both", "--media-delivery", "http",
+                           "--bucket-config", '{"120,160,1": 0.5, "96,128,8": 0.5}',
+                           "--output-len", "4", "--csv", "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=380)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(next(tmp_path.glob("serve-*.json")).read_text())
+    cold, warm = result["phases"]["cold"], result["phases"]["warm"]
+    assert cold["server_cache"]["hit_rate"] == 0.0 and cold["server_cache"]["misses"] == 6
+    assert warm["server_cache"]["hit_rate"] == 1.0 and warm["server_cache"]["hits"] == 6
+    assert cold["cache_check"] == warm["cache_check"] == "ok"
+    assert cold["completed"] == warm["completed"] == 6
+    assert "processor_s" in cold["server_stages_ms"] and result["environment"]["packages"]
+    assert result["formulas"]["tpot"].startswith("(e2e - ttft)")
+    csv = next(tmp_path.glob("serve-*.csv")).read_text().splitlines()
+    assert len(csv) == 13 and "ttft_ms" in csv[0]
