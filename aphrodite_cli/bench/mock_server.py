@@ -10,15 +10,24 @@ import time
 from aiohttp import web
 
 
+async def _sleep_until(due: float) -> None:
+    """Sleep to ``due`` (perf_counter seconds): an absolute schedule, so per-token delays do
+    not accumulate the event loop's wake-up lateness."""
+    delay = due - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
 def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None) -> web.Application:
     async def chat(request: web.Request) -> web.StreamResponse:
+        start = time.perf_counter()  # delays count from the request's arrival
         body = await request.json()
         n = int(output_tokens or body.get("max_tokens") or body.get("max_completion_tokens")
                 or 16)
         chat_api = request.path.endswith("chat/completions")
         rid = f"mock-{time.monotonic_ns()}"
         if not body.get("stream"):
-            await asyncio.sleep((ttft_ms + itl_ms * max(n - 1, 0)) / 1000)
+            await _sleep_until(start + (ttft_ms + itl_ms * max(n - 1, 0)) / 1000)
             text = " tok" * n
             choice = ({"message": {"role": "assistant", "content": text}} if chat_api
                       else {"text": text})
@@ -27,13 +36,9 @@ def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None) -> web.
                 "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        start = time.perf_counter()
         for i in range(n):
             # Sleep to an absolute schedule so delays do not accumulate error.
-            due = start + (ttft_ms + itl_ms * i) / 1000
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await _sleep_until(start + (ttft_ms + itl_ms * i) / 1000)
             delta = {"content": " tok"} if chat_api else None
             choice = {"index": 0, "finish_reason": "length" if i == n - 1 else None,
                       **({"delta": delta} if chat_api else {"text": " tok"})}
