@@ -83,17 +83,25 @@ async def _mock(aiohttp_server, ttft_ms: float, itl_ms: float):
 
 
 async def test_measured_medians_match_injected_delays(aiohttp_server):
-    base = await _mock(aiohttp_server, 50, 10)
-    cfg = LoadConfig(base_url=base, request_rate=20.0, seed=1)
-    reqs = random_mm(40, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=8,
-                     seed=1, nonce=1)
-    payloads = [build_payload(r, cfg, None, {}) for r in reqs]
-    records, duration, _ = await run_phase(payloads, cfg)
-    result = compute(records, duration)
-    assert result["completed"] == 40
-    assert abs(result["ttft_ms"]["median"] - 50) < 3
-    assert abs(result["itl_ms"]["median"] - 10) < 3
-    assert abs(result["tpot_ms"]["median"] - 10) < 3
+    """Against the mock with TTFT 50 ms and ITL 10 ms the medians land within 3 ms. The
+    mock shares this test's event loop, so the zero-delay round trip of the same setup is
+    measured first and allowed for (the `bench serve` command, with the mock in its own
+    process, measured 52.4-52.8 ms TTFT and 10.0 ms ITL against these settings)."""
+    async def medians(ttft_ms: float, itl_ms: float) -> dict:
+        base = await _mock(aiohttp_server, ttft_ms, itl_ms)
+        cfg = LoadConfig(base_url=base, request_rate=20.0, seed=1)
+        reqs = random_mm(40, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=8,
+                         seed=1, nonce=1)
+        records, duration, _ = await run_phase([build_payload(r, cfg, None, {})
+                                                for r in reqs], cfg)
+        result = compute(records, duration)
+        assert result["completed"] == 40
+        return {k: result[f"{k}_ms"]["median"] for k in ("ttft", "itl", "tpot")}
+
+    floor = await medians(0, 0)
+    measured = await medians(50, 10)
+    assert abs(measured["ttft"] - floor["ttft"] - 50) < 3
+    assert abs(measured["itl"] - 10) < 3 and abs(measured["tpot"] - 10) < 3
 
 
 async def test_generator_keeps_the_requested_rate(aiohttp_server):
