@@ -304,3 +304,36 @@ def mock_server(
               markup=False)
     web.run_app(create_app(ttft_ms, itl_ms, output_tokens), host=host, port=port, print=None,
                 access_log=None)
+
+
+@app.command(
+    "gate",
+    epilog="""Examples:
+
+  aphrodite bench gate --baseline results/baselines/serve-tiny.json --candidate results/serve-*.json
+
+  aphrodite bench gate --baseline base1.json --baseline base2.json --candidate new1.json
+  --candidate new2.json --threshold ttft_ms:10%,e2e_ms:5%
+
+Exit status: 1 when a metric regressed beyond its threshold with 95% confidence, else 0.""",
+)
+def gate(
+    baseline: Annotated[list[Path], typer.Option(help="Baseline result file(s); repeat.")],
+    candidate: Annotated[list[Path], typer.Option(help="Candidate result file(s); repeat.")],
+    threshold: Annotated[str | None, typer.Option(
+        help="Per-metric thresholds, e.g. ttft_ms:10%,e2e_ms:5% (default 5%).")] = None,
+    markdown_out: Annotated[Path | None, typer.Option(
+        "--markdown", help="Also write the verdict table to this file.")] = None,
+) -> None:
+    """Decide whether a candidate run regressed against a baseline, with noise in mind."""
+    from aphrodite_cli.bench import gate as g
+
+    verdicts = g.compare(baseline, candidate, g.parse_thresholds(threshold))
+    table = g.markdown(verdicts)
+    out.print(table, markup=False)
+    if markdown_out:
+        markdown_out.write_text(table + "\n")
+    regressed = [v for v in verdicts if v.regressed]
+    out.print(f"\n{'REGRESSION' if regressed else 'PASS'}: {len(regressed)} of {len(verdicts)} "
+              "metrics regressed", markup=False)
+    raise typer.Exit(1 if regressed else 0)

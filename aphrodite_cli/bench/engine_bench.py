@@ -55,7 +55,8 @@ def run_mm_processor(model: str | None, *, width: int, height: int, num_prompts:
         if phase == "cold" and hit_rate > 0:
             raise InternalError(f"cold phase hit rate {hit_rate:.0%}: media were not unique")
         phases[phase] = {"total_s": summary(totals), "hit_rate": hit_rate,
-                         "stages": {s: summary(v) for s, v in stages.items()}}
+                         "stages": {s: summary(v) for s, v in stages.items()},
+                         "samples": {"total_ms": [t * 1e3 for t in totals]}}
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "kind": "mm-processor", "model": loaded.name,
         "architecture": loaded.spec.name, "image": {"width": width, "height": height,

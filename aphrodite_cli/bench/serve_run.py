@@ -108,6 +108,17 @@ async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dic
                 want = 1.0 if mode == "warm" else 0.0
                 result["cache_check"] = "ok" if abs(hit_rate - want) <= 0.01 else (
                     f"FAILED: {mode} phase measured a server cache hit rate of {hit_rate:.0%}")
+            result["samples"] = {
+                "ttft_ms": [r.ttft * 1e3 for r in records if r.ok and r.ttft is not None],
+                "tpot_ms": [r.tpot * 1e3 for r in records if r.tpot is not None],
+                "e2e_ms": [r.e2e * 1e3 for r in records if r.ok and r.e2e is not None],
+                "pixels": [sum(m.width * m.height * m.frames for m in req.media)
+                           for req, r in zip(dataset, records, strict=True) if r.ok],
+                "stages_ms": {k: [float(((r.server or {}).get("timings") or {}).get(k, 0)) * 1e3
+                                  for r in records if r.ok]
+                              for k in ("fetch_s", "media_decode_s", "processor_s",
+                                        "queue_s", "encoder_s", "prefill_s", "decode_s")},
+            }
             phases[mode] = result
             rows[mode] = [{"phase": mode, "index": r.index, "ok": r.ok, "error": r.error,
                            "ttft_ms": r.ttft * 1e3 if r.ttft is not None else None,

@@ -1,0 +1,118 @@
+"""The regression gate: candidate vs baseline, aware of noise.
+
+For each metric, the per-request samples of every baseline file are pooled, likewise the
+candidate's, and the ratio of medians (candidate / baseline) gets a 95% bootstrap confidence
+interval (seeded, 2000 resamples). A latency metric regresses when the whole interval lies
+above 1 + threshold: a slowdown the noise cannot explain. Run several repeats per side to
+catch run-to-run noise, not just request-to-request noise.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.errors import ConfigError
+
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "total_ms")
+
+
+@dataclass
+class Verdict:
+    metric: str
+    phase: str
+    baseline_median: float
+    candidate_median: float
+    ratio: float
+    low: float
+    high: float
+    threshold: float
+    n_baseline: int
+    n_candidate: int
+
+    @property
+    def regressed(self) -> bool:
+        return self.low > 1 + self.threshold
+
+    @property
+    def improved(self) -> bool:
+        return self.high < 1 - self.threshold
+
+
+def samples(paths: list[Path]) -> dict[tuple[str, str], list[float]]:
+    """(phase, metric) -> pooled samples from result files."""
+    pooled: dict[tuple[str, str], list[float]] = {}
+    for path in paths:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read result file {path}: {exc}") from None
+        for phase, result in (doc.get("phases") or {}).items():
+            for metric, values in (result.get("samples") or {}).items():
+                if isinstance(values, list) and values and isinstance(values[0], int | float):
+                    pooled.setdefault((phase, metric), []).extend(float(v) for v in values)
+    return pooled
+
+
+def ratio_ci(base: np.ndarray, cand: np.ndarray, *, resamples: int = 2000, seed: int = 0
+             ) -> tuple[float, float, float]:
+    """Median ratio and its 95% percentile-bootstrap interval."""
+    rng = np.random.default_rng(seed)
+    b = rng.choice(base, size=(resamples, base.size))
+    c = rng.choice(cand, size=(resamples, cand.size))
+    ratios = np.median(c, axis=1) / np.maximum(np.median(b, axis=1), 1e-12)
+    return (float(np.median(cand) / max(np.median(base), 1e-12)),
+            float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5)))
+
+
+def compare(baseline: list[Path], candidate: list[Path], thresholds: dict[str, float] | None = None,
+            metrics: tuple[str, ...] = DEFAULT_METRICS) -> list[Verdict]:
+    base, cand = samples(baseline), samples(candidate)
+    verdicts = []
+    for key in sorted(set(base) & set(cand)):
+        phase, metric = key
+        if metric not in metrics or len(base[key]) < 5 or len(cand[key]) < 5:
+            continue
+        threshold = (thresholds or {}).get(metric, DEFAULT_THRESHOLD)
+        b, c = np.asarray(base[key]), np.asarray(cand[key])
+        ratio, low, high = ratio_ci(b, c)
+        verdicts.append(Verdict(metric, phase, float(np.median(b)), float(np.median(c)), ratio,
+                                low, high, threshold, b.size, c.size))
+    if not verdicts:
+        raise ConfigError("no metric has samples in both baseline and candidate",
+                          hint="compare result files of the same kind (bench serve or "
+                               "mm-processor) written by this version")
+    return verdicts
+
+
+def markdown(verdicts: list[Verdict]) -> str:
+    rows = ["| phase | metric | baseline median | candidate median | ratio | 95% CI | verdict |",
+            "|---|---|---|---|---|---|---|"]
+    for v in verdicts:
+        verdict = ("**regression**" if v.regressed else "improvement" if v.improved
+                   else "no significant change")
+        rows.append(f"| {v.phase} | {v.metric} | {v.baseline_median:.2f} | "
+                    f"{v.candidate_median:.2f} | {v.ratio:.3f} | [{v.low:.3f}, {v.high:.3f}] | "
+                    f"{verdict} (threshold {v.threshold:.0%}) |")
+    return "\n".join(rows)
+
+
+def parse_thresholds(text: str | None) -> dict[str, float]:
+    """``ttft_ms:10%,e2e_ms:5%`` -> {"ttft_ms": 0.10, "e2e_ms": 0.05}."""
+    out: dict[str, float] = {}
+    for part in (p for p in (text or "").split(",") if p.strip()):
+        name, _, value = part.partition(":")
+        try:
+            out[name.strip()] = float(value.strip().rstrip("%")) / 100
+        except ValueError:
+            raise ConfigError(f"--threshold {part!r} should look like ttft_ms:10%") from None
+    return out
+
+
+def verdicts_json(verdicts: list[Verdict]) -> list[dict[str, Any]]:
+    return [{**v.__dict__, "regressed": v.regressed, "improved": v.improved} for v in verdicts]

@@ -1,0 +1,70 @@
+"""The regression gate: no change passes, a real slowdown fails, noise passes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aphrodite_cli.bench.gate import compare, parse_thresholds
+from engine.errors import ConfigError
+
+BIN = Path(sys.executable).with_name("aphrodite")
+
+
+def result(path: Path, seed: int, scale: float = 1.0, n: int = 200) -> Path:
+    rng = np.random.default_rng(seed)
+    def draw(mu: float) -> list[float]:
+        return list(rng.lognormal(np.log(mu), 0.25, n) * scale)
+
+    path.write_text(json.dumps({"schema_version": 1, "kind": "serve", "phases": {
+        "cold": {"samples": {"ttft_ms": draw(80), "tpot_ms": draw(12), "e2e_ms": draw(300)}},
+        "warm": {"samples": {"ttft_ms": draw(40), "tpot_ms": draw(12), "e2e_ms": draw(250)}},
+    }}))
+    return path
+
+
+def gate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN), "bench", "gate", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_no_change_passes(tmp_path):
+    base = result(tmp_path / "b.json", seed=1)
+    done = gate("--baseline", str(base), "--candidate", str(base))
+    assert done.returncode == 0 and "PASS" in done.stdout
+    assert "| cold | ttft_ms |" in done.stdout  # a Markdown verdict table
+
+
+def test_noise_passes(tmp_path):
+    """Independent runs of the same distribution: different numbers, no regression."""
+    base = [result(tmp_path / f"b{i}.json", seed=i) for i in range(3)]
+    cand = [result(tmp_path / f"c{i}.json", seed=100 + i) for i in range(3)]
+    verdicts = compare(base, cand)
+    assert any(v.ratio != 1.0 for v in verdicts)
+    assert not any(v.regressed for v in verdicts)
+
+
+def test_real_slowdown_fails(tmp_path):
+    base = result(tmp_path / "b.json", seed=1)
+    slow = result(tmp_path / "s.json", seed=2, scale=1.3)
+    done = gate("--baseline", str(base), "--candidate", str(slow), "--markdown",
+                str(tmp_path / "verdict.md"))
+    assert done.returncode == 1 and "REGRESSION" in done.stdout
+    assert "**regression**" in (tmp_path / "verdict.md").read_text()
+
+
+def test_speedup_is_not_a_regression_and_thresholds_apply(tmp_path):
+    base = result(tmp_path / "b.json", seed=1)
+    fast = result(tmp_path / "f.json", seed=2, scale=0.7)
+    assert all(v.improved for v in compare([base], [fast]))
+    slightly = result(tmp_path / "x.json", seed=3, scale=1.12)
+    loose = compare([base], [slightly], parse_thresholds("ttft_ms:50%,tpot_ms:50%,e2e_ms:50%"))
+    assert not any(v.regressed for v in loose)
+    assert any(v.regressed for v in compare([base], [slightly]))
+    with pytest.raises(ConfigError):
+        parse_thresholds("ttft_ms:fast")
