@@ -10,6 +10,7 @@ DEB_PACKAGES=(
   python3-gi python3-gst-1.0 gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0
   gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good
   gstreamer1.0-plugins-bad gstreamer1.0-libav   # the deepstream backend's software path
+  chromium                                # the test that opens the HTML report in a browser
 )
 
 missing=()

@@ -24,6 +24,7 @@ def pytest_collection_modifyitems(config, items):
     checks = {
         "needs_gpu": (_has_nvidia_gpu, "no NVIDIA GPU"),
         "needs_ffmpeg_cli": (lambda: shutil.which("ffmpeg") is not None, "no ffmpeg CLI"),
+        "needs_browser": (lambda: shutil.which("chromium") is not None, "no chromium"),
     }
     for item in items:
         for marker, (present, why) in checks.items():

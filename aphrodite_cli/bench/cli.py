@@ -337,3 +337,22 @@ def gate(
     out.print(f"\n{'REGRESSION' if regressed else 'PASS'}: {len(regressed)} of {len(verdicts)} "
               "metrics regressed", markup=False)
     raise typer.Exit(1 if regressed else 0)
+
+
+@app.command(
+    "report",
+    epilog="""Example:
+
+  aphrodite bench report results/serve-*.json results/mm-processor-*.json
+  results/video-decode-*.json --out-dir results/report""",
+)
+def report(
+    results: Annotated[list[Path], typer.Argument(help="Result JSON files.")],
+    out_dir: Annotated[Path | None, typer.Option("--out-dir")] = None,
+) -> None:
+    """Plots, a self-contained HTML report and a Markdown summary for pull requests."""
+    from aphrodite_cli.bench.report import write_report
+
+    html_path, md_path = write_report(results, out_dir)
+    out.print(f"markdown summary: {md_path}", markup=False)
+    out.print(f"report: {html_path}", markup=False)

@@ -1,0 +1,221 @@
+"""`aphrodite bench report`: plots, a self-contained HTML report and a Markdown summary from
+result files. Every output reads the same result documents the gate reads."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError
+
+STAGES = ("fetch_s", "media_decode_s", "processor_s", "queue_s", "encoder_s", "prefill_s",
+          "decode_s")
+
+
+def _load(paths: list[Path]) -> list[tuple[Path, dict[str, Any]]]:
+    docs = []
+    for path in paths:
+        try:
+            docs.append((path, json.loads(path.read_text())))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read result file {path}: {exc}") from None
+    return docs
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def plots(docs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[str, bytes]]:
+    """(title, PNG) for every plot the results support."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    out: list[tuple[str, bytes]] = []
+    for path, doc in docs:
+        kind, name = doc.get("kind"), path.stem
+        phases = doc.get("phases") or {}
+        if kind == "serve":
+            fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+            for ax, metric in zip(axes, ("ttft_ms", "e2e_ms"), strict=True):
+                for phase, result in phases.items():
+                    values = np.sort(result.get("samples", {}).get(metric, []))
+                    if values.size:
+                        ax.plot(values, np.arange(1, values.size + 1) / values.size,
+                                label=phase)
+                ax.set_xlabel(f"{metric[:-3].upper()} (ms)")
+                ax.set_ylabel("fraction of requests")
+                ax.legend()
+                ax.grid(alpha=0.3)
+            fig.suptitle("Cold media vs warm cache: latency distributions")
+            out.append((f"{name}: cold vs warm latency", _png(fig)))
+            fig, ax = plt.subplots(figsize=(7, 3.6))
+            bottom = np.zeros(len(phases))
+            for stage in STAGES:
+                medians = [float(np.median(r.get("samples", {}).get("stages_ms", {})
+                                           .get(stage, [0]) or [0])) for r in phases.values()]
+                ax.bar(list(phases), medians, bottom=bottom, label=stage[:-2])
+                bottom += np.array(medians)
+            ax.set_ylabel("median ms per request")
+            ax.set_title("Server-side stages per request")
+            ax.legend(fontsize=8, ncol=2)
+            out.append((f"{name}: per-stage breakdown", _png(fig)))
+            fig, ax = plt.subplots(figsize=(7, 3.6))
+            for phase, result in phases.items():
+                s = result.get("samples", {})
+                if s.get("pixels") and s.get("e2e_ms"):
+                    ax.scatter(np.array(s["pixels"]) / 1e6, s["e2e_ms"], s=12, label=phase)
+            ax.set_xlabel("megapixels per request (frames x width x height)")
+            ax.set_ylabel("E2E (ms)")
+            ax.set_title("Latency against media size")
+            ax.legend()
+            out.append((f"{name}: latency vs pixels", _png(fig)))
+        elif kind == "video-decode":
+            fig, ax = plt.subplots(figsize=(7, 3.6))
+            labels = [b["backend"] + ("" if not b["options"] else " " + ",".join(
+                f"{k}={v}" for k, v in b["options"].items())) for b in doc["backends"]]
+            medians = [b["median_s"] or 0 for b in doc["backends"]]
+            ax.barh(labels, medians, color="#4a7")
+            ref = doc["reference"]["median_s"]
+            if ref:
+                ax.axvline(ref, color="red", linestyle="--", label="full ffmpeg decode")
+                ax.legend()
+            clip = doc["clip"]
+            ax.set_xlabel("seconds per decode (median)")
+            ax.set_title(f"{doc['num_frames']} frames from {clip['width']}x{clip['height']} "
+                         f"{clip['codec']} ({clip['frames']} frames)")
+            out.append((f"{name}: decode time per backend", _png(fig)))
+        elif kind == "mm-processor":
+            fig, ax = plt.subplots(figsize=(7, 3.2))
+            data = [r.get("samples", {}).get("total_ms", []) for r in phases.values()]
+            if any(data):
+                ax.boxplot(data, tick_labels=list(phases), vert=False)
+                ax.set_xscale("log")
+                ax.set_xlabel("preprocessing ms per request (log)")
+                ax.set_title("Preprocessing: cold vs warm")
+                out.append((f"{name}: preprocessing cold vs warm", _png(fig)))
+            else:
+                plt.close(fig)
+    return out
+
+
+def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
+    lines = ["# aphrodite benchmark report", ""]
+    for path, doc in docs:
+        kind = doc.get("kind")
+        env = doc.get("environment", {})
+        lines.append(f"## {path.name} ({kind}; git {env.get('git_revision')}, "
+                     f"{env.get('cpu_count')} CPUs)")
+        if kind == "serve":
+            lines += ["| phase | ok | failed | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |"
+                      " E2E p50 ms | cache hit rate |", "|---|---|---|---|---|---|---|---|---|"]
+            for phase, r in doc["phases"].items():
+                hit = r["server_cache"]["hit_rate"]
+                lines.append(f"| {phase} | {r['completed']} | {r['failed']} | "
+                             f"{r['request_throughput']:.2f} | "
+                             f"{r['ttft_ms'].get('median', 0):.1f} | "
+                             f"{r['ttft_ms'].get('p99', 0):.1f} | "
+                             f"{r['tpot_ms'].get('median', 0):.2f} | "
+                             f"{r['e2e_ms'].get('median', 0):.1f} | "
+                             f"{'-' if hit is None else f'{hit:.0%}'} |")
+        elif kind == "video-decode":
+            lines += ["| backend | options | median s | x full decode | frames exact |",
+                      "|---|---|---|---|---|"]
+            ref = doc["reference"]["median_s"]
+            lines.append(f"| ffmpeg full decode | -threads 2 | {ref:.3f} | 1.00 | |"
+                         if ref else "| ffmpeg | not installed | | | |")
+            for b in doc["backends"]:
+                ratio = b.get("ratio_to_full_decode")
+                lines.append(f"| {b['backend']} | {json.dumps(b['options'])} | "
+                             f"{(b['median_s'] or 0):.3f} | "
+                             f"{'' if ratio is None else f'{ratio:.2f}'} | "
+                             f"{b['identical_to_exact']} |")
+        elif kind == "batching":
+            lines += ["| concurrent requests | together s | one after another s | speedup |",
+                      "|---|---|---|---|",
+                      f"| {doc['concurrency']} | {doc['concurrent_s']['median']:.2f} | "
+                      f"{doc['sequential_s']['median']:.2f} | {doc['speedup_median']:.1f}x |"]
+        elif kind == "mm-processor":
+            lines += ["| phase | median ms | p99 ms | hit rate |", "|---|---|---|---|"]
+            for phase, r in doc["phases"].items():
+                lines.append(f"| {phase} | {r['total_s']['median'] * 1e3:.2f} | "
+                             f"{r['total_s']['p99'] * 1e3:.2f} | {r['hit_rate']:.0%} |")
+            if doc.get("video_backends"):
+                lines += ["", "| video backend | clip | decode median ms |", "|---|---|---|"]
+                for row in doc["video_backends"]:
+                    lines.append(f"| {row['backend']} | {row['clip']} | "
+                                 f"{row['decode_ms']['median']:.1f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(paths: list[Path], out_dir: Path | None = None) -> tuple[Path, Path]:
+    docs = _load(paths)
+    folder = out_dir or Path("results") / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder.mkdir(parents=True, exist_ok=True)
+    images = plots(docs)
+    md = summary_markdown(docs)
+    for n, (_, png) in enumerate(images):
+        (folder / f"plot-{n}.png").write_bytes(png)
+    md_path = folder / "summary.md"
+    md_path.write_text(md + "\n")
+    figures = "\n".join(
+        f'<figure><img class="plot" alt="{html.escape(title)}" '
+        f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+        f"<figcaption>{html.escape(title)}</figcaption></figure>" for title, png in images)
+    body = _markdown_tables_to_html(md)
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>aphrodite benchmark report</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}}
+table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px}}
+figure{{margin:1.5em 0}}img.plot{{max-width:100%}}figcaption{{color:#555}}</style></head>
+<body data-expected-plots="{len(images)}">
+{body}
+<h2>Plots</h2>
+{figures}
+<script>
+window.addEventListener("load", () => {{
+  const ok = [...document.querySelectorAll("img.plot")].filter(i => i.complete &&
+                                                                   i.naturalWidth > 0);
+  document.body.setAttribute("data-rendered-plots", String(ok.length));
+}});
+</script>
+</body></html>
+"""
+    html_path = folder / "report.html"
+    html_path.write_text(page)
+    return html_path, md_path
+
+
+def _markdown_tables_to_html(md: str) -> str:
+    parts, table = [], []
+    for line in [*md.splitlines(), ""]:
+        if line.startswith("|"):
+            if not set(line) <= set("|-: "):
+                table.append(line)
+            continue
+        if table:
+            rows = [[html.escape(c.strip()) for c in r.strip("|").split("|")] for r in table]
+            head = "".join(f"<th>{c}</th>" for c in rows[0])
+            rest = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>"
+                           for r in rows[1:])
+            parts.append(f"<table><tr>{head}</tr>{rest}</table>")
+            table = []
+        if line.startswith("# "):
+            parts.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line.startswith("## "):
+            parts.append(f"<h2>{html.escape(line[3:])}</h2>")
+    return "\n".join(parts)

@@ -1,0 +1,70 @@
+"""The report: plots and Markdown from result files, and the HTML opened in a real headless
+browser, which must load every plot."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BIN = Path(sys.executable).with_name("aphrodite")
+
+
+def serve_result(path: Path) -> Path:
+    rng = np.random.default_rng(0)
+
+    def phase(scale: float, hit: float) -> dict:
+        n = 30
+        return {"completed": n, "failed": 0, "request_throughput": 5.0,
+                "output_throughput": 80.0, "ttft_ms": {"median": 40 * scale, "p99": 90 * scale},
+                "tpot_ms": {"median": 10.0}, "e2e_ms": {"median": 200 * scale},
+                "server_cache": {"hit_rate": hit},
+                "samples": {"ttft_ms": list(rng.lognormal(np.log(40 * scale), 0.3, n)),
+                            "tpot_ms": list(rng.lognormal(np.log(10), 0.1, n)),
+                            "e2e_ms": list(rng.lognormal(np.log(200 * scale), 0.2, n)),
+                            "pixels": list(rng.integers(100_000, 2_000_000, n)),
+                            "stages_ms": {"fetch_s": [2.0] * n, "processor_s": [12 * scale] * n,
+                                          "prefill_s": [8.0] * n}}}
+
+    path.write_text(json.dumps({"schema_version": 1, "kind": "serve", "environment": {
+        "git_revision": "abc", "cpu_count": 2}, "phases": {"cold": phase(1.5, 0.0),
+                                                             "warm": phase(1.0, 1.0)}},
+                               default=int))
+    return path
+
+
+def test_report_outputs(tmp_path):
+    result = serve_result(tmp_path / "serve-x.json")
+    done = subprocess.run([str(BIN), "bench", "report", str(result), "--out-dir",
+                           str(tmp_path / "rep")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert "| cold | 30 | 0 |" in md and "| warm |" in md
+    assert len(list((tmp_path / "rep").glob("plot-*.png"))) == 3
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3 and "http" not in html.split("<body")[1]
+
+
+@pytest.mark.needs_browser
+def test_report_renders_in_a_headless_browser(tmp_path):
+    result = serve_result(tmp_path / "serve-x.json")
+    subprocess.run([str(BIN), "bench", "report", str(result), "--out-dir",
+                    str(tmp_path / "rep")], check=True, capture_output=True, timeout=120)
+    page = tmp_path / "rep" / "report.html"
+    dom = subprocess.run(
+        [shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'u'}",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120).stdout
+    expected = re.search(r'data-expected-plots="(\d+)"', dom)
+    rendered = re.search(r'data-rendered-plots="(\d+)"', dom)
+    assert expected and rendered, dom[:500]
+    assert rendered.group(1) == expected.group(1) == "3"
+    assert "Cold media vs warm cache" not in dom or "<img" in dom
