@@ -110,7 +110,7 @@ async def test_generator_keeps_the_requested_rate(aiohttp_server):
     reqs = random_mm(400, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=16,
                      seed=2, nonce=1)
     payloads = [build_payload(r, cfg, None, {}) for r in reqs]
-    records, duration, send_rate = await run_phase(payloads, cfg)
+    records, _duration, send_rate = await run_phase(payloads, cfg)
     scheduled = (len(records) - 1) / arrival_times(len(records), 100.0, 1.0, 2)[-1]
     assert all(r.ok and r.output_tokens == 16 for r in records)
     assert send_rate == pytest.approx(scheduled, rel=0.05)
@@ -152,3 +152,36 @@ def test_cold_and_warm_phases_against_the_real_server(tmp_path):
     assert result["formulas"]["tpot"].startswith("(e2e - ttft)")
     csv = next(tmp_path.glob("serve-*.csv")).read_text().splitlines()
     assert len(csv) == 13 and "ttft_ms" in csv[0]
+
+
+def test_jsonl_dataset_with_a_media_folder(tmp_path):
+    from aphrodite_cli.bench.datasets import load_jsonl
+    from engine.media import synthetic
+
+    (tmp_path / "media").mkdir()
+    (tmp_path / "media" / "a.png").write_bytes(synthetic.make_image(8, 8, fmt="PNG"))
+    rows = [{"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"path": "a.png"}},
+        {"type": "text", "text": "What?"}]}], "output_len": 5},
+        {"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/x.jpg"}}]}]}]
+    path = tmp_path / "reqs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    loaded = load_jsonl(path, tmp_path / "media")
+    assert [r.output_len for r in loaded] == [5, 16]
+    url = loaded[0].messages[0]["content"][0]["image_url"]["url"]
+    assert url.startswith("data:image/jpeg;base64,") or url.startswith("data:image/")
+    assert loaded[1].messages[0]["content"][0]["image_url"]["url"].startswith("https://")
+    with pytest.raises(ConfigError, match="--media-dir"):
+        load_jsonl(path, None)
+    body, _ = build_payload(loaded[0], LoadConfig(base_url="x"), None, {})
+    assert json.loads(body)["max_tokens"] == 5
+
+
+def test_gate_accepts_the_committed_baseline_against_itself():
+    from aphrodite_cli.bench.gate import compare
+
+    baseline = Path(__file__).resolve().parents[1] / "results" / "baselines" / \
+        "serve-tiny-embedded.json"
+    verdicts = compare([baseline], [baseline])
+    assert verdicts and not any(v.regressed for v in verdicts)

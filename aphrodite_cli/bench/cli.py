@@ -101,6 +101,9 @@ def mm_processor(
     height: Annotated[int, typer.Option(min=16)] = 720,
     num_prompts: Annotated[int, typer.Option(min=1)] = 30,
     mode: Annotated[str, typer.Option(help="cold, warm or both")] = "both",
+    video_backends: Annotated[str | None, typer.Option(
+        help="Also decode the same videos with each of these backends, e.g. "
+             "opencv,pyav,torchcodec.")] = None,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
 ) -> None:
     """Preprocessing per stage, cold (media never seen) and warm (processor cache hits)."""
@@ -111,7 +114,8 @@ def mm_processor(
     if mode not in ("cold", "warm", "both"):
         raise ConfigError(f"--mode {mode!r} must be cold, warm or both")
     doc = run_mm_processor(model, width=width, height=height, num_prompts=num_prompts,
-                           mode=mode)
+                           mode=mode, video_backends=[b.strip() for b in video_backends.split(",")
+                                                      if b.strip()] if video_backends else None)
     path = write_result(doc, "mm-processor", out_dir)
     from rich.table import Table
 
@@ -129,6 +133,11 @@ def mm_processor(
     if "cold_over_warm_median" in doc:
         out.print(f"warm is {doc['cold_over_warm_median']:.1f}x faster than cold (median)",
                   markup=False)
+    for row in doc.get("video_backends", []):
+        timing = (f"{row['decode_ms']['median']:.1f} ms median" if row["decode_ms"].get("count")
+                  else row["error"])
+        out.print(f"  video decode {row['backend']:<11} {row['clip']}, "
+                  f"{row['frames_sampled']} frames: {timing}", markup=False)
     out.print(f"result: {path}", markup=False)
 
 

@@ -11,8 +11,40 @@ SCHEMA_VERSION = 1
 STAGES = ("hash_s", "cache_lookup_s", "media_decode_s", "processor_s")
 
 
+def run_video_backends(backends: list[str], *, clips: int = 3, width: int = 640,
+                       height: int = 360, seconds: float = 2.0, gop: int = 30,
+                       num_frames: int = 16, seed: int = 0) -> list[dict[str, Any]]:
+    """The same videos decoded by each backend: decode time per backend and clip."""
+    from engine.config import MediaLimits
+    from engine.errors import AphroditeError, ConfigError
+    from engine.media import synthetic
+    from engine.media.video import load_video
+    from engine.media.video.options import build_spec
+
+    limits = MediaLimits.from_env()
+    videos = [synthetic.make_video(width=width, height=height, seconds=seconds, gop=gop,
+                                   seed=seed + i) for i in range(clips)]
+    rows = []
+    for backend in backends:
+        spec = build_spec({"backend": backend, "num_frames": num_frames}, backend,
+                          error=ConfigError)
+        times, error = [], None
+        try:
+            load_video(videos[0], spec, limits)  # warm-up: imports
+            for data in videos:
+                times.append(load_video(data, spec, limits).metadata.decode_s)
+        except AphroditeError as err:
+            error = str(err)
+        rows.append({"backend": backend, "clip": f"h264 {width}x{height} gop {gop} "
+                     f"{int(seconds * 30)} frames", "frames_sampled": num_frames,
+                     "clips": clips, "decode_ms": summary([t * 1e3 for t in times]),
+                     "error": error})
+    return rows
+
+
 def run_mm_processor(model: str | None, *, width: int, height: int, num_prompts: int,
-                     quality: int = 90, mode: str = "both", seed: int = 0) -> dict[str, Any]:
+                     quality: int = 90, mode: str = "both", seed: int = 0,
+                     video_backends: list[str] | None = None) -> dict[str, Any]:
     """Preprocess ``num_prompts`` distinct JPEGs cold (never seen), then the same warm."""
     from engine.config import MediaLimits
     from engine.errors import InternalError
@@ -64,6 +96,8 @@ def run_mm_processor(model: str | None, *, width: int, height: int, num_prompts:
         "num_prompts": num_prompts, "mode": mode, "phases": phases,
         "cache": {"max_bytes": cache.max_bytes, **cache.stats.__dict__},
     }
+    if video_backends:
+        doc["video_backends"] = run_video_backends(video_backends, seed=seed)
     if "cold" in phases and "warm" in phases:
         doc["cold_over_warm_median"] = (phases["cold"]["total_s"]["median"]
                                         / phases["warm"]["total_s"]["median"])
