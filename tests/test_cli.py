@@ -172,3 +172,39 @@ def test_serve_and_run_help_document_every_flag_with_examples():
                      "--max-request-body-mb", "--max-num-seqs", "--max-model-len"):
             assert flag in text, (command, flag)
         assert "Examples" in text
+
+
+def test_bench_mm_processor_cold_warm_and_video_backends(tmp_path):
+    result = run("bench", "mm-processor", "--num-prompts", "4", "--bucket-config",
+                 '{"120,160,1": 0.5, "96,128,8": 0.5}', "--items-per-request", "2",
+                 "--media-delivery", "http", "--video-backends", "pyav,opencv",
+                 "--out-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    doc = json.loads(next(tmp_path.glob("mm-processor-*.json")).read_text())
+    cold, warm = doc["phases"]["cold"], doc["phases"]["warm"]
+    assert cold["hit_rate"] == 0.0 and warm["hit_rate"] == 1.0
+    for stage in ("fetch_s", "hash_s", "cache_lookup_s", "media_decode_s", "processor_s",
+                  "encoder_s"):
+        assert {"mean", "median", "std", "p90", "p99"} <= set(cold["stages"][stage])
+    assert cold["stages"]["encoder_s"]["median"] > 0 and doc["encoder"] is True
+    assert warm["stages"]["media_decode_s"]["max"] == 0.0  # hits skip decoding
+    assert [r["backend"] for r in doc["video_backends"]] == ["pyav", "opencv"]
+    assert all(r["decode_ms"]["count"] == 3 and r["frames_sampled"] == 16
+               for r in doc["video_backends"])
+
+
+def test_bench_mm_processor_on_a_jsonl_dataset(tmp_path):
+    (tmp_path / "media").mkdir()
+    (tmp_path / "media" / "a.jpg").write_bytes(synthetic.make_image(160, 120, seed=1))
+    (tmp_path / "media" / "b.jpg").write_bytes(synthetic.make_image(160, 120, seed=2))
+    rows = [{"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"path": name}}, {"type": "text", "text": "Hi"}]}]}
+        for name in ("a.jpg", "b.jpg")]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    result = run("bench", "mm-processor", "--dataset-path", str(tmp_path / "d.jsonl"),
+                 "--media-dir", str(tmp_path / "media"), "--num-prompts", "2", "--no-encoder",
+                 "--out-dir", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr[-1500:]
+    doc = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    assert doc["dataset"]["name"] == "jsonl"
+    assert doc["phases"]["cold"]["hit_rate"] == 0.0 and doc["phases"]["warm"]["hit_rate"] == 1.0

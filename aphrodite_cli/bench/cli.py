@@ -92,43 +92,59 @@ def _print_table(doc: dict) -> None:
 
   aphrodite bench mm-processor                       # 1280x720 JPEGs on the tiny Qwen2.5-VL
 
+  aphrodite bench mm-processor --bucket-config '{"720,1280,1": 0.6, "360,640,16": 0.4}'
+  --items-per-request 2 --video-backends opencv,pyav,torchcodec
+
   aphrodite bench mm-processor --model /models/qwen2.5-vl-7b --num-prompts 50""",
 )
 def mm_processor(
     model: Annotated[str | None, typer.Option(help="Model folder, cached hub id or tiny:ARCH; "
                                               "default: the embedded tiny Qwen2.5-VL.")] = None,
-    width: Annotated[int, typer.Option(min=16)] = 1280,
-    height: Annotated[int, typer.Option(min=16)] = 720,
     num_prompts: Annotated[int, typer.Option(min=1)] = 30,
+    bucket_config: Annotated[str | None, typer.Option(
+        metavar="JSON", help='"height,width,frames": probability (default 1280x720 images).')
+    ] = '{"720,1280,1": 1}',
+    items_per_request: Annotated[int, typer.Option(min=1)] = 1,
+    media_delivery: Annotated[str, typer.Option(help="data-url, or http (a loopback media "
+                                                "server: adds a real download).")] = "data-url",
     mode: Annotated[str, typer.Option(help="cold, warm or both")] = "both",
+    encoder: Annotated[bool, typer.Option(help="Also time the vision/audio encoder.")] = True,
+    dataset_path: Annotated[Path | None, typer.Option(
+        help="A JSONL dataset (as for bench serve) instead of random-mm.")] = None,
+    media_dir: Annotated[Path | None, typer.Option(help="Folder for media paths in JSONL.")
+                         ] = None,
     video_backends: Annotated[str | None, typer.Option(
         help="Also decode the same videos with each of these backends, e.g. "
              "opencv,pyav,torchcodec.")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
 ) -> None:
-    """Preprocessing per stage, cold (media never seen) and warm (processor cache hits)."""
-    from aphrodite_cli.bench.engine_bench import run_mm_processor
+    """Preprocessing per stage (fetch, decode, hash, cache lookup, HF processor, encoder),
+    cold (media never seen) and warm (processor cache hits), offline."""
+    from aphrodite_cli.bench.datasets import parse_buckets
+    from aphrodite_cli.bench.engine_bench import STAGES, run_mm_processor
     from aphrodite_cli.bench.results import write_result
     from engine.errors import ConfigError
 
-    if mode not in ("cold", "warm", "both"):
-        raise ConfigError(f"--mode {mode!r} must be cold, warm or both")
-    doc = run_mm_processor(model, width=width, height=height, num_prompts=num_prompts,
-                           mode=mode, video_backends=[b.strip() for b in video_backends.split(",")
-                                                      if b.strip()] if video_backends else None)
+    if mode not in ("cold", "warm", "both") or media_delivery not in ("http", "data-url"):
+        raise ConfigError("--mode is cold, warm or both; --media-delivery http or data-url")
+    doc = run_mm_processor(
+        model, num_prompts=num_prompts, buckets=parse_buckets(bucket_config),
+        items=items_per_request, media_delivery=media_delivery, mode=mode, seed=seed,
+        encoder=encoder, video_backends=[b.strip() for b in video_backends.split(",")
+                                         if b.strip()] if video_backends else None,
+        jsonl=dataset_path, media_dir=media_dir)
     path = write_result(doc, "mm-processor", out_dir)
     from rich.table import Table
 
-    table = Table(title=f"{doc['model']}: {width}x{height} JPEG, {num_prompts} prompts")
-    for col in ("phase", "median ms", "p90 ms", "p99 ms", "hit rate", "decode ms",
-                "processor ms"):
+    table = Table(title=f"{doc['model']}: {num_prompts} prompts, median ms per stage")
+    for col in ("phase", "total", "p90", "p99", "hit rate", *(s[:-2] for s in STAGES)):
         table.add_column(col)
     for phase, p in doc["phases"].items():
         table.add_row(phase, f"{p['total_s']['median'] * 1e3:.2f}",
                       f"{p['total_s']['p90'] * 1e3:.2f}", f"{p['total_s']['p99'] * 1e3:.2f}",
-                      f"{p['hit_rate']:.0%}",
-                      f"{p['stages']['media_decode_s']['median'] * 1e3:.2f}",
-                      f"{p['stages']['processor_s']['median'] * 1e3:.2f}")
+                      f"{p['hit_rate']:.0%}", *(f"{p['stages'][s]['median'] * 1e3:.2f}"
+                                                for s in STAGES))
     out.print(table)
     if "cold_over_warm_median" in doc:
         out.print(f"warm is {doc['cold_over_warm_median']:.1f}x faster than cold (median)",

@@ -8,7 +8,7 @@ from typing import Any
 from aphrodite_cli.bench.stats import summary
 
 SCHEMA_VERSION = 1
-STAGES = ("hash_s", "cache_lookup_s", "media_decode_s", "processor_s")
+STAGES = ("fetch_s", "hash_s", "cache_lookup_s", "media_decode_s", "processor_s", "encoder_s")
 
 
 def run_video_backends(backends: list[str], *, clips: int = 3, width: int = 640,
@@ -42,58 +42,153 @@ def run_video_backends(backends: list[str], *, clips: int = 3, width: int = 640,
     return rows
 
 
-def run_mm_processor(model: str | None, *, width: int, height: int, num_prompts: int,
-                     quality: int = 90, mode: str = "both", seed: int = 0,
-                     video_backends: list[str] | None = None) -> dict[str, Any]:
-    """Preprocess ``num_prompts`` distinct JPEGs cold (never seen), then the same warm."""
-    from engine.config import MediaLimits
+def _encoder_timer(loaded):
+    """Runs one prefill of the model on processed inputs and returns the time its vision or
+    audio encoder took (forward hooks), or None when the model has no such module."""
+    import torch
+
+    model = loaded.model()
+    attr = loaded.spec.encoder_attr
+    module = getattr(model, attr, None) or getattr(getattr(model, "model", None), attr, None)
+    if module is None:
+        return None
+    spent: list[float] = []
+    starts: list[float] = []
+    module.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter()))
+    module.register_forward_hook(lambda *_: spent.append(time.perf_counter() - starts.pop()))
+
+    def run(processed) -> float:
+        spent.clear()
+        ids = torch.tensor([processed.input_ids])
+        with torch.inference_mode():
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), **processed.mm)
+        return sum(spent)
+
+    return run
+
+
+def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | None = None,
+                     items: int = 1, media_delivery: str = "data-url", mode: str = "both",
+                     seed: int = 0, video_backends: list[str] | None = None,
+                     encoder: bool = True, image_quality: int = 90,
+                     jsonl: Any = None, media_dir: Any = None) -> dict[str, Any]:
+    """The engine's preprocessing on a random-mm dataset, offline: fetch (loopback HTTP or
+    data URL, through the same connector as the server), decode, hash, cache lookup, HF
+    processor; then the model's encoder on the result, timed on its own (the processor cache
+    does not skip it, so it is kept out of the preprocessing total). Cold media first (never
+    seen), then warm (the same media again)."""
+    import asyncio
+
+    from aphrodite_cli.bench.datasets import parse_buckets, random_mm, render_media
+    from aphrodite_cli.bench.serve_bench import MediaHost, nonce
+    from engine.config import MediaLimits, MediaPolicy
     from engine.errors import InternalError
-    from engine.media import synthetic
-    from engine.media.image import decode_image
+    from engine.media.connector import MediaConnector
+    from engine.media.video.options import server_video_spec
     from engine.models.loader import load_model
     from engine.processing.cache import ProcessorCache
-    from engine.processing.preprocess import MediaItem, Preprocessor
+    from engine.processing.chat_parts import parse_messages
+    from engine.processing.media_items import fetch_items
+    from engine.processing.preprocess import Preprocessor
     from engine.processing.prompt import render_chat
 
     loaded = load_model(model)
-    limits = MediaLimits.from_env()
+    buckets = buckets or parse_buckets('{"720,1280,1": 1}')
     cache = ProcessorCache.from_gb(4)
     pre = Preprocessor(loaded, cache)
-    prompt = render_chat(loaded, [{"role": "user", "content": [
-        {"type": "image"}, {"type": "text", "text": "Describe this image."}]}])
-    images = [synthetic.make_image(width, height, fmt="JPEG", seed=seed + i, quality=quality)
-              for i in range(num_prompts)]
+    video = server_video_spec(None)
+    timer = _encoder_timer(loaded) if encoder else None
+    if jsonl is not None:
+        from aphrodite_cli.bench.datasets import load_jsonl
 
-    def item(data: bytes) -> MediaItem:
-        return MediaItem("image", encoded=data, decode=lambda: decode_image(data, limits))
+        rows = load_jsonl(jsonl, media_dir)
+        dataset = (rows * (num_prompts // max(len(rows), 1) + 1))[:num_prompts]
+    else:
+        dataset = random_mm(num_prompts, items=items, buckets=buckets, prompt_len=8,
+                            output_len=1, seed=seed, nonce=nonce())
 
-    pre.process(prompt, [item(synthetic.make_image(64, 64, seed=10_000))])  # warm-up imports
-    phases: dict[str, Any] = {}
-    for phase in (("cold", "warm") if mode == "both" else (mode,)):
-        if phase == "warm" and mode == "warm":
-            for data in images:  # warm-up pass, not measured
-                pre.process(prompt, [item(data)])
-        totals, stages, hits = [], {s: [] for s in STAGES}, 0
-        for data in images:
-            start = time.perf_counter()
-            result = pre.process(prompt, [item(data)])
-            totals.append(time.perf_counter() - start)
-            hits += sum(result.item_hits)
-            for s in STAGES:
-                stages[s].append(result.timings[s])
-        hit_rate = hits / len(images)
-        if phase == "warm" and hit_rate < 0.99:
-            raise InternalError(f"warm phase hit rate {hit_rate:.0%}: the cache was not warm")
-        if phase == "cold" and hit_rate > 0:
-            raise InternalError(f"cold phase hit rate {hit_rate:.0%}: media were not unique")
-        phases[phase] = {"total_s": summary(totals), "hit_rate": hit_rate,
-                         "stages": {s: summary(v) for s, v in stages.items()},
-                         "samples": {"total_ms": [t * 1e3 for t in totals]}}
+    async def run() -> dict[str, Any]:
+        host = MediaHost() if media_delivery == "http" else None
+        if host:
+            await host.start()
+        policy = MediaPolicy.create(allowed_domains=["127.0.0.1"])
+        connector = MediaConnector(policy, MediaLimits.from_env())
+        prepared = []
+        for req in dataset:
+            if req.messages is not None:  # jsonl: the server's own message parsing
+                parsed = parse_messages(req.messages)
+                prepared.append((parsed.media, render_chat(loaded, parsed.messages)))
+                continue
+            refs = []
+            for spec in req.media:
+                data = render_media(spec, quality=image_quality)
+                mime = "image/jpeg" if spec.kind == "image" else "video/mp4"
+                if host:
+                    host.files[spec.name] = (data, mime)
+                    url = f"{host.base}/{spec.name}"
+                else:
+                    import base64
+
+                    url = f"data:{mime};base64,{base64.b64encode(data).decode()}"
+                refs.append((spec.kind, url))
+            parts = [{"type": kind} for kind, _ in refs] + [{"type": "text", "text": req.prompt}]
+            prepared.append((refs, render_chat(loaded, [{"role": "user", "content": parts}])))
+        # warm-up of imports and pools, on media outside the dataset, never measured
+        extra = random_mm(1, items=items, buckets=buckets, prompt_len=2, output_len=1,
+                          seed=seed + 1, nonce=nonce())[0]
+        for spec in extra.media:
+            if host:
+                host.files[spec.name] = (render_media(spec), "image/jpeg" if spec.kind ==
+                                         "image" else "video/mp4")
+        phases: dict[str, Any] = {}
+        try:
+            for phase in (("cold", "warm") if mode == "both" else (mode,)):
+                if phase == "warm" and mode == "warm":
+                    for refs, text in prepared:  # warm-up pass, not measured
+                        got, _ = await fetch_items(connector, refs, video, 16_000)
+                        pre.process(text, got)
+                totals: list[float] = []
+                stages: dict[str, list[float]] = {s: [] for s in STAGES}
+                hits = count = 0
+                for refs, text in prepared:
+                    start = time.perf_counter()
+                    got, fetch_s = await fetch_items(connector, refs, video, 16_000)
+                    result = pre.process(text, got)
+                    totals.append(time.perf_counter() - start)  # preprocessing, as served
+                    encoder_s = timer(result) if timer else 0.0  # then the model's encoder
+                    stages["fetch_s"].append(fetch_s)
+                    stages["encoder_s"].append(encoder_s)
+                    for s in STAGES[1:-1]:
+                        stages[s].append(result.timings[s])
+                    hits += sum(result.item_hits)
+                    count += len(result.item_hits)
+                hit_rate = hits / count if count else 0.0
+                if phase == "warm" and hit_rate < 0.99:
+                    raise InternalError(f"warm phase hit rate {hit_rate:.0%}: the cache was "
+                                        "not warm")
+                if phase == "cold" and hit_rate > 0 and jsonl is None:
+                    raise InternalError(f"cold phase hit rate {hit_rate:.0%}: media were not "
+                                        "unique")
+                phases[phase] = {"total_s": summary(totals), "hit_rate": hit_rate,
+                                 "stages": {s: summary(v) for s, v in stages.items()},
+                                 "stage_totals_s": {s: sum(v) for s, v in stages.items()},
+                                 "samples": {"total_ms": [t * 1e3 for t in totals]}}
+        finally:
+            await connector.close()
+            if host:
+                await host.stop()
+        return phases
+
+    phases = asyncio.run(run())
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "kind": "mm-processor", "model": loaded.name,
-        "architecture": loaded.spec.name, "image": {"width": width, "height": height,
-                                                    "format": "JPEG", "quality": quality},
-        "num_prompts": num_prompts, "mode": mode, "phases": phases,
+        "architecture": loaded.spec.name, "num_prompts": num_prompts, "mode": mode,
+        "dataset": {"name": "jsonl" if jsonl is not None else "random-mm",
+                    "path": str(jsonl) if jsonl is not None else None,
+                    "items_per_request": items,
+                    "buckets": {",".join(map(str, k)): v for k, v in buckets.items()},
+                    "image_quality": image_quality, "media_delivery": media_delivery},
+        "encoder": bool(timer), "phases": phases,
         "cache": {"max_bytes": cache.max_bytes, **cache.stats.__dict__},
     }
     if video_backends:

@@ -140,6 +140,10 @@ async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dic
     doc = document(cfg, phases, {"dataset": opts["dataset"], "num_prompts": opts["num_prompts"],
                                  "num_warmups": opts["num_warmups"], "mode": opts["mode"],
                                  "media": media, "embedded": opts.get("embedded", False),
+                                 "target": {"base_url": cfg.base_url,
+                                            "embedded_server": "aphrodite serve (tiny "
+                                            "Qwen2.5-VL, video backend opencv, processor cache "
+                                            "4 GB)" if opts.get("embedded") else None},
                                  "pid": os.getpid()})
     doc["_rows"] = rows
     return doc
