@@ -80,7 +80,7 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
     import asyncio
 
     from aphrodite_cli.bench.datasets import parse_buckets, random_mm, render_media
-    from aphrodite_cli.bench.serve_bench import MediaHost, nonce
+    from aphrodite_cli.bench.serve_bench import MediaHost, media_url, nonce
     from engine.config import MediaLimits, MediaPolicy
     from engine.errors import InternalError
     from engine.media.connector import MediaConnector
@@ -119,27 +119,21 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
                 parsed = parse_messages(req.messages)
                 prepared.append((parsed.media, render_chat(loaded, parsed.messages)))
                 continue
-            refs = []
-            for spec in req.media:
-                data = render_media(spec, quality=image_quality)
-                mime = "image/jpeg" if spec.kind == "image" else "video/mp4"
-                if host:
-                    host.files[spec.name] = (data, mime)
-                    url = f"{host.base}/{spec.name}"
-                else:
-                    import base64
-
-                    url = f"data:{mime};base64,{base64.b64encode(data).decode()}"
-                refs.append((spec.kind, url))
+            refs = [(spec.kind, media_url(spec, render_media(spec, quality=image_quality), host))
+                    for spec in req.media]
             parts = [{"type": kind} for kind, _ in refs] + [{"type": "text", "text": req.prompt}]
             prepared.append((refs, render_chat(loaded, [{"role": "user", "content": parts}])))
-        # warm-up of imports and pools, on media outside the dataset, never measured
-        extra = random_mm(1, items=items, buckets=buckets, prompt_len=2, output_len=1,
+        # Warm-up of imports and pools on media outside the dataset: never measured.
+        extra = random_mm(1, items=1, buckets=buckets, prompt_len=2, output_len=1,
                           seed=seed + 1, nonce=nonce())[0]
-        for spec in extra.media:
-            if host:
-                host.files[spec.name] = (render_media(spec), "image/jpeg" if spec.kind ==
-                                         "image" else "video/mp4")
+        extra_refs = [(spec.kind, media_url(spec, render_media(spec), host))
+                      for spec in extra.media]
+        extra_text = render_chat(loaded, [{"role": "user", "content": [
+            *({"type": kind} for kind, _ in extra_refs), {"type": "text", "text": "x"}]}])
+        warm_items, _ = await fetch_items(connector, extra_refs, video, 16_000)
+        warmed = pre.process(extra_text, warm_items)
+        if timer:
+            timer(warmed)
         phases: dict[str, Any] = {}
         try:
             for phase in (("cold", "warm") if mode == "both" else (mode,)):

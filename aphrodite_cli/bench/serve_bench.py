@@ -71,6 +71,15 @@ class MediaHost:
             await self._runner.cleanup()
 
 
+def media_url(spec: MediaSpec, data: bytes, host: MediaHost | None) -> str:
+    """Where the target finds this item: the loopback media server, or a data URL."""
+    mime = "image/jpeg" if spec.kind == "image" else "video/mp4"
+    if host is not None:
+        host.files[spec.name] = (data, mime)
+        return f"{host.base}/{spec.name}"
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
 def build_payload(req: BenchRequest, cfg: LoadConfig, host: MediaHost | None,
                   cache: dict[MediaSpec, bytes]) -> tuple[bytes, float]:
     """The request body and the client-side cost of encoding it (base64 + JSON)."""
@@ -88,13 +97,7 @@ def build_payload(req: BenchRequest, cfg: LoadConfig, host: MediaHost | None,
         parts: list[dict[str, Any]] = []
         for spec, data in zip(req.media, media_bytes, strict=True):
             kind = "image_url" if spec.kind == "image" else "video_url"
-            mime = "image/jpeg" if spec.kind == "image" else "video/mp4"
-            if host is not None:
-                host.files[spec.name] = (data, mime)
-                url = f"{host.base}/{spec.name}"
-            else:
-                url = f"data:{mime};base64,{base64.b64encode(data).decode()}"
-            parts.append({"type": kind, kind: {"url": url}})
+            parts.append({"type": kind, kind: {"url": media_url(spec, data, host)}})
         parts.append({"type": "text", "text": req.prompt})
         messages = [{"role": "user", "content": parts}]
     body: dict[str, Any] = {"messages": messages, "max_tokens": req.output_len,
