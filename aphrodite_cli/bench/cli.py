@@ -147,8 +147,9 @@ def mm_processor(
                                                 for s in STAGES))
     out.print(table)
     if "cold_over_warm_median" in doc:
-        out.print(f"warm is {doc['cold_over_warm_median']:.1f}x faster than cold (median)",
-                  markup=False)
+        out.print(f"warm is {doc['cold_over_warm_median']:.1f}x faster than cold (median), "
+                  f"{doc['cold_over_warm_median_after_fetch']:.1f}x after the fetch (hash, "
+                  "lookup, decode, processor)", markup=False)
     for row in doc.get("video_backends", []):
         timing = (f"{row['decode_ms']['median']:.1f} ms median" if row["decode_ms"].get("count")
                   else row["error"])
