@@ -1,0 +1,73 @@
+"""Property-based tests: whatever a client sends, parsing answers with a 4xx or a result,
+never an unexpected exception (a 500)."""
+
+from __future__ import annotations
+
+import base64
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.config import MediaLimits, MediaPolicy
+from engine.errors import ClientError
+from engine.media.data_url import decode_base64_payload
+from engine.media.policy import parse_source
+from engine.processing.chat_parts import parse_messages
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=12)
+
+part = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=20)}),
+    st.fixed_dictionaries({"type": st.sampled_from(["image_url", "video_url", "audio_url"]),
+                           "image_url": json_values}),
+    st.fixed_dictionaries({"type": st.just("input_audio"), "input_audio": json_values}),
+    st.dictionaries(st.text(max_size=8), json_values, max_size=3),
+)
+message = st.fixed_dictionaries({
+    "role": st.sampled_from(["user", "assistant", "system", "developer", "tool", "x", ""]),
+    "content": st.one_of(st.text(max_size=20), st.lists(part, max_size=4), json_values)})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.lists(message, max_size=4), json_values))
+def test_content_part_parsing_only_raises_client_errors(messages):
+    try:
+        parsed = parse_messages(messages)
+    except ClientError as err:
+        assert err.status == 400
+    else:
+        assert len(parsed.media) == sum(
+            1 for m in parsed.messages if isinstance(m["content"], list)
+            for p in m["content"] if p["type"] in ("image", "video", "audio"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_base64_round_trips_and_garbage_is_a_client_error(data):
+    assert decode_base64_payload(base64.b64encode(data).decode()) == data
+    assert decode_base64_payload(base64.urlsafe_b64encode(data).decode().rstrip("=")) == data
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=60))
+def test_base64_of_any_text_is_bytes_or_a_client_error(text):
+    try:
+        decode_base64_payload(text)
+    except ClientError as err:
+        assert err.code == "media_data_url_malformed"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=30), st.text(max_size=80))
+def test_data_urls_of_any_shape_parse_or_refuse(header, payload):
+    try:
+        source = parse_source(f"data:{header},{payload}", "image", MediaPolicy.create(),
+                              MediaLimits.from_env())
+    except ClientError as err:
+        assert 400 <= err.status < 500
+    else:
+        assert source.kind == "data" and source.data_payload == payload
