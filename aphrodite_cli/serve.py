@@ -61,6 +61,9 @@ def serve(
         min=1, help="Sequences batched into one forward pass, e.g. 8.")] = 8,
     max_model_len: Annotated[int, typer.Option(
         min=16, help="Prompt plus output tokens per request, e.g. 8192.")] = 8192,
+    max_pending_requests: Annotated[int, typer.Option(
+        min=1, help="Requests in flight per API server before 503 + Retry-After, e.g. 256.")
+    ] = 256,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
 ) -> None:
@@ -82,6 +85,7 @@ def serve(
         media_io_kwargs=parse_json_flag("--media-io-kwargs", media_io_kwargs),
         mm_processor_cache_gb=mm_processor_cache_gb, mm_ipc_gpu_memory_gb=mm_ipc_gpu_memory_gb,
         api_server_count=api_server_count, max_request_body_mb=max_request_body_mb,
-        max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device, dtype=dtype)
+        max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+        max_pending_requests=max_pending_requests, device=device, dtype=dtype)
     code = run(config, announce=lambda msg: out.print(msg, markup=False))
     raise typer.Exit(code)

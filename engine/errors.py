@@ -16,7 +16,8 @@ changes the outcome. Catch at the level you need::
     │   ├── MediaTooLargeError   413    bytes, pixels or duration over a cap
     │   ├── UnsupportedMediaError 415   the bytes are not the kind of media the part says
     │   └── MediaDecodeError     422    the bytes are that kind of media but cannot be decoded
-    ├── ServiceUnavailableError (503)   the engine process is not there
+    ├── ServiceUnavailableError (503)   the engine process is not there, or the server is full
+    │   └── OverloadedError      503    more requests in flight than --max-pending-requests
     └── InternalError (500)             a bug in this project
 
 Messages never carry tracebacks, memory addresses or paths outside an allowed folder: use
@@ -147,6 +148,13 @@ class ServiceUnavailableError(AphroditeError):
     status = 503
     type = "service_unavailable"
     default_code = "engine_unavailable"
+
+
+class OverloadedError(ServiceUnavailableError):
+    """Too many requests in flight: answered at once with ``Retry-After``."""
+
+    default_code = "server_overloaded"
+    retry_after_s = 1
 
 
 class InternalError(AphroditeError):

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import threading
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,7 +42,8 @@ def test_llava_without_a_chat_template_refuses_to_start():
 
 def test_llava_with_the_shipped_template(media):
     server = ServerProcess("tiny:llava", "--chat-template", str(template_path("llava")),
-                           "--allowed-media-domains", "127.0.0.1").wait_ready()
+                           "--allowed-media-domains", "127.0.0.1",
+                           "--max-pending-requests", "1").wait_ready()
     try:
         client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0)
         reply = client.chat.completions.create(
@@ -54,6 +56,22 @@ def test_llava_with_the_shipped_template(media):
                 "role": "user", "content": [{"type": "image_url", "image_url": {
                     "url": f"{media.base}/cat.jpg"}}] * 2}])
         assert "model's own maximum is 1" in info.value.body["message"]
+        # Overload: one request in flight is the limit; a second one is answered at once.
+        long = threading.Thread(target=lambda: client.chat.completions.create(
+            model="tiny:llava", max_tokens=400, extra_body={"ignore_eos": True},
+            messages=[{"role": "user", "content": "Talk."}]))
+        long.start()
+        import time
+
+        time.sleep(1.0)
+        raw = urllib.request.Request(f"{server.base}/v1/chat/completions", data=json.dumps(
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode(),
+            headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as busy:
+            urllib.request.urlopen(raw, timeout=30)
+        assert busy.value.code == 503 and busy.value.headers["Retry-After"] == "1"
+        assert json.loads(busy.value.read())["error"]["code"] == "server_overloaded"
+        long.join(120)
     finally:
         assert server.stop() == 0
 

@@ -27,6 +27,7 @@ from engine.errors import (
     AuthenticationError,
     InvalidRequestError,
     ModelNotFoundError,
+    OverloadedError,
     RequestTooLargeError,
 )
 from engine.media.connector import MediaConnector
@@ -75,6 +76,7 @@ class State:
         self.connector = MediaConnector(self.policy, self.media_limits)
         self.fetch_slots = asyncio.Semaphore(config.max_concurrent_fetches)
         self.metrics = Metrics()
+        self.pending = 0
         extractor = getattr(loaded.processor, "feature_extractor", None)
         self.sampling_rate = int(getattr(extractor, "sampling_rate", 16_000))
         # This process's share of --mm-ipc-gpu-memory-gb, for GPU video backends.
@@ -84,7 +86,10 @@ class State:
 
 
 def error_response(err: AphroditeError) -> web.Response:
-    return web.json_response(err.to_openai(), status=err.status)
+    headers = {}
+    if err.status in (429, 503):
+        headers["Retry-After"] = str(getattr(err, "retry_after_s", 1))
+    return web.json_response(err.to_openai(), status=err.status, headers=headers)
 
 
 @web.middleware
@@ -194,6 +199,26 @@ async def decode_gpu_videos(state: State, items: list, video) -> None:
             state.metrics.gpu_budget.set(state.gpu_budget.in_use)
 
 
+def admitted(handler):
+    """At most --max-pending-requests generation requests in flight per API server; past
+    that, a 503 with Retry-After at once instead of a queue that grows without bound."""
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        state: State = request.app[STATE]
+        if state.pending >= state.config.max_pending_requests:
+            raise OverloadedError(
+                f"this API server already has {state.pending} requests in flight",
+                hint="retry after the Retry-After seconds, add API servers "
+                     "(--api-server-count) or raise --max-pending-requests")
+        state.pending += 1
+        try:
+            return await handler(request)
+        finally:
+            state.pending -= 1
+
+    return wrapper
+
+
+@admitted
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state: State = request.app[STATE]
     data = await read_json(request)
@@ -202,6 +227,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await respond(request, state, fields, processed, start, chat=True)
 
 
+@admitted
 async def completions(request: web.Request) -> web.StreamResponse:
     state: State = request.app[STATE]
     data = await read_json(request)

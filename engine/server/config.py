@@ -27,6 +27,7 @@ class ServerConfig:
     max_model_len: int = 8192
     max_tokens_cap: int = 4096
     max_concurrent_fetches: int = 16
+    max_pending_requests: int = 256
     device: str = "cpu"
     dtype: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)
