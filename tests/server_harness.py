@@ -72,14 +72,16 @@ class ServerProcess:
 class MediaFiles(http.server.ThreadingHTTPServer):
     """A loopback HTTP server over an in-memory dict of files, counting hits per path."""
 
-    def __init__(self, files: dict[str, tuple[bytes, str]]) -> None:
+    def __init__(self, files: dict[str, tuple[bytes, str]],
+                 delays: dict[str, float] | None = None) -> None:
         self.files = files
         self.hits: Counter[str] = Counter()
-        files_ref, hits_ref = self.files, self.hits
+        files_ref, hits_ref, delays_ref = self.files, self.hits, delays or {}
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 hits_ref[self.path] += 1
+                time.sleep(delays_ref.get(self.path, 0))  # a slow media host, on request
                 entry = files_ref.get(self.path)
                 if entry is None:
                     self.send_error(404)

@@ -25,10 +25,12 @@ pytestmark = pytest.mark.timeout(400)
 
 @pytest.fixture(scope="module")
 def media():
+    cat = synthetic.make_image(160, 120, fmt="JPEG", seed=5)
     server = MediaFiles({
-        "/cat.jpg": (synthetic.make_image(160, 120, fmt="JPEG", seed=5), "image/jpeg"),
+        "/cat.jpg": (cat, "image/jpeg"),
+        "/slow-cat.jpg": (cat, "image/jpeg"),
         "/tone.wav": (synthetic.make_audio(seconds=1.0), "audio/wav"),
-    })
+    }, delays={"/slow-cat.jpg": 4.0})
     yield server
     server.shutdown()
 
@@ -57,13 +59,16 @@ def test_llava_with_the_shipped_template(media):
                     "url": f"{media.base}/cat.jpg"}}] * 2}])
         assert "model's own maximum is 1" in info.value.body["message"]
         # Overload: one request in flight is the limit; a second one is answered at once.
+        # The first waits on a slow media host (4 s), so it is surely still in flight.
         long = threading.Thread(target=lambda: client.chat.completions.create(
-            model="tiny:llava", max_tokens=400, extra_body={"ignore_eos": True},
-            messages=[{"role": "user", "content": "Talk."}]))
+            model="tiny:llava", max_tokens=2, messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": f"{media.base}/slow-cat.jpg"}}]}]))
         long.start()
         import time
 
-        time.sleep(1.0)
+        deadline = time.monotonic() + 10
+        while media.hits["/slow-cat.jpg"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
         raw = urllib.request.Request(f"{server.base}/v1/chat/completions", data=json.dumps(
             {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode(),
             headers={"Content-Type": "application/json"})

@@ -11,13 +11,23 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Client
 from typing import Any
 
-from engine.errors import AphroditeError, InternalError, ServiceUnavailableError
+from engine.errors import AphroditeError, ServiceUnavailableError
 
 
 @dataclass
 class Completion:
     outputs: list[tuple[int, str, list[int], str | None]] = field(default_factory=list)
     timings: dict[str, Any] = field(default_factory=dict)
+
+
+class EngineError(AphroditeError):
+    """An error the engine process reported, re-raised here with its status and shape."""
+
+    def __init__(self, body: dict[str, Any], status: int) -> None:
+        super().__init__(body.get("message", "engine error"), code=body.get("code"),
+                         param=body.get("param"))
+        self.status = status  # type: ignore[misc]
+        self.type = body.get("type", "internal_error")  # type: ignore[misc]
 
 
 class EngineClient:
@@ -71,10 +81,7 @@ class EngineClient:
                     _, _, outputs, timings, error = message
                     if error is not None:
                         body, status = error
-                        err = InternalError(body["error"]["message"]) if status >= 500 else \
-                            AphroditeError(body["error"]["message"])
-                        err.status = status  # type: ignore[misc]
-                        raise err
+                        raise EngineError(body["error"], status)
                     yield Completion(outputs, timings)
                     return
                 else:
