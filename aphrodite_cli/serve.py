@@ -64,6 +64,14 @@ def serve(
     max_pending_requests: Annotated[int, typer.Option(
         min=1, help="Requests in flight per API server before 503 + Retry-After, e.g. 256.")
     ] = 256,
+    decode_isolation: Annotated[str, typer.Option(
+        help="thread (in the API server) or process (decode worker processes: a decoder "
+             "crash or hang fails one request, not the server).")] = "thread",
+    decode_workers: Annotated[int, typer.Option(
+        min=1, help="Decode worker processes per API server with --decode-isolation process.")
+    ] = 2,
+    decode_timeout_s: Annotated[float, typer.Option(
+        min=0.1, help="Wall-clock limit of one isolated video decode, e.g. 60.")] = 60.0,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
 ) -> None:
@@ -86,6 +94,8 @@ def serve(
         mm_processor_cache_gb=mm_processor_cache_gb, mm_ipc_gpu_memory_gb=mm_ipc_gpu_memory_gb,
         api_server_count=api_server_count, max_request_body_mb=max_request_body_mb,
         max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-        max_pending_requests=max_pending_requests, device=device, dtype=dtype)
+        max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
+        decode_workers=decode_workers, decode_timeout_s=decode_timeout_s, device=device,
+        dtype=dtype)
     code = run(config, announce=lambda msg: out.print(msg, markup=False))
     raise typer.Exit(code)

@@ -12,6 +12,7 @@ import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import pytest
@@ -173,5 +174,71 @@ def test_gpu_decode_budget_is_split_among_api_servers(media):
         assert "--mm-ipc-gpu-memory-gb" in info.value.body["message"]
         with urllib.request.urlopen(f"{server.base}/metrics") as resp:
             assert "aphrodite_gpu_decode_budget_bytes_in_use 0.0" in resp.read().decode()
+    finally:
+        assert server.stop() == 0
+
+
+def _decode_worker_pids(api_pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(api_pid)], capture_output=True, text=True).stdout
+    pids = []
+    for pid in (int(p) for p in out.split()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            pids.append(pid)
+    return pids
+
+
+def test_decode_isolation_survives_a_killed_decoder():
+    server = ServerProcess("tiny:qwen2_vl", "--decode-isolation", "process",
+                           "--decode-workers", "1", "--mm-processor-cache-gb", "0").wait_ready()
+    try:
+        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0)
+
+        def ask(clip: bytes, frames: int = 4):
+            url = "data:video/mp4;base64," + base64.b64encode(clip).decode()
+            return client.chat.completions.create(
+                model="tiny:qwen2_vl", max_tokens=2, messages=[{"role": "user", "content": [
+                    {"type": "video_url", "video_url": {"url": url}}]}],
+                extra_body={"media_io_kwargs": {"video": {"backend": "pyav",
+                                                          "skip_nonref": False,
+                                                          "num_frames": frames}}})
+
+        small = synthetic.make_video(width=96, height=64, seconds=1)
+        assert ask(small).usage.completion_tokens == 2
+        api_pid = server.pid_of("API server")
+        workers = _decode_worker_pids(api_pid)
+        assert len(workers) == 1
+        big = synthetic.make_video(width=1280, height=720, seconds=4)
+        result: dict[str, object] = {}
+
+        def victim() -> None:
+            try:
+                ask(big, frames=64)
+                result["status"] = 200
+            except openai.APIStatusError as err:
+                result["status"], result["code"] = err.status_code, err.body["code"]
+
+        def cpu_ticks(pid: int) -> int:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])  # utime + stime
+
+        before = cpu_ticks(workers[0])
+        thread = threading.Thread(target=victim)
+        thread.start()
+        import time
+
+        deadline = time.monotonic() + 60
+        while cpu_ticks(workers[0]) < before + 5 and time.monotonic() < deadline:
+            time.sleep(0.005)  # wait until the worker is busy decoding the big clip
+        os.kill(workers[0], signal.SIGKILL)
+        thread.join(120)
+        assert result == {"status": 422, "code": "video_decoder_crashed"}
+        assert ask(small).usage.completion_tokens == 2  # a replacement worker decodes it
+        replacement = _decode_worker_pids(api_pid)
+        assert len(replacement) == 1 and replacement != workers
+        assert server.proc.poll() is None
     finally:
         assert server.stop() == 0

@@ -77,6 +77,12 @@ class State:
         self.fetch_slots = asyncio.Semaphore(config.max_concurrent_fetches)
         self.metrics = Metrics()
         self.pending = 0
+        self.decoders = None
+        if config.decode_isolation == "process":
+            from engine.media.isolation import DecodeWorkers
+
+            self.decoders = DecodeWorkers(config.decode_workers,
+                                          timeout_s=config.decode_timeout_s)
         extractor = getattr(loaded.processor, "feature_extractor", None)
         self.sampling_rate = int(getattr(extractor, "sampling_rate", 16_000))
         # This process's share of --mm-ipc-gpu-memory-gb, for GPU video backends.
@@ -168,7 +174,7 @@ async def prepare_chat(state: State, data: dict[str, Any]):
         await state.connector.check_all([(url, m) for m, url in parsed.media])  # policy only
         async with state.fetch_slots:
             items, fetch_s = await fetch_items(state.connector, parsed.media, video,
-                                               state.sampling_rate)
+                                               state.sampling_rate, state.decoders)
         for item in items:
             state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
         if state.gpu_budget is not None and get_backend(video.backend).gpu:
@@ -378,6 +384,8 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
         app[STATE] = State(config, loaded, engine)
         yield
         await app[STATE].connector.close()
+        if app[STATE].decoders is not None:
+            app[STATE].decoders.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/chat/completions", chat_completions)

@@ -28,6 +28,9 @@ class ServerConfig:
     max_tokens_cap: int = 4096
     max_concurrent_fetches: int = 16
     max_pending_requests: int = 256
+    decode_isolation: str = "thread"  # or "process": decode worker processes
+    decode_workers: int = 2
+    decode_timeout_s: float = 60.0
     device: str = "cpu"
     dtype: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)

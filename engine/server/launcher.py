@@ -38,6 +38,9 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
 
     if config.api_server_count < 1:
         raise ConfigError("--api-server-count must be at least 1")
+    if config.decode_isolation not in ("thread", "process"):
+        raise ConfigError(f"--decode-isolation {config.decode_isolation!r} must be thread or "
+                          "process")
     loaded = load_model(config.model, chat_template=config.chat_template,
                         served_name=config.served_model_name)
     if not loaded.chat_template:
