@@ -382,3 +382,62 @@ def report(
     html_path, md_path = write_report(results, out_dir)
     out.print(f"markdown summary: {md_path}", markup=False)
     out.print(f"report: {html_path}", markup=False)
+
+
+@app.command(
+    "soak",
+    epilog="""Example (the README's 10-minute run):
+
+  aphrodite bench soak --embedded --duration 600 --hostile-share 0.25 --concurrency 4
+
+Exit status 1 when a valid request got a 5xx, a hostile request got another status than its
+rule's, memory grew more than --max-rss-growth after warm-up, or temp files were left.""",
+)
+def soak(
+    embedded: Annotated[bool, typer.Option(help="Start this project's server for the run.")
+                        ] = True,
+    duration: Annotated[float, typer.Option(min=1, help="Seconds to run.")] = 60.0,
+    hostile_share: Annotated[float, typer.Option(min=0, max=1)] = 0.25,
+    concurrency: Annotated[int, typer.Option(min=1)] = 4,
+    warmup: Annotated[float, typer.Option(min=0, help="Seconds before memory is judged.")
+                      ] = 10.0,
+    max_rss_growth: Annotated[float, typer.Option(help="Allowed RSS growth after warm-up.")
+                              ] = 0.25,
+    decode_isolation: Annotated[str, typer.Option(help="thread or process.")] = "process",
+    seed: Annotated[int, typer.Option()] = 0,
+    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
+) -> None:
+    """Valid and hostile requests against the server for a set time; checks nothing leaks."""
+    from aphrodite_cli.bench.results import write_result
+    from aphrodite_cli.bench.serve_run import EmbeddedServer
+    from aphrodite_cli.bench.soak import RedirectHost, run_soak
+    from engine.errors import ConfigError
+
+    if not embedded:
+        raise ConfigError("bench soak runs against its embedded server (it watches the "
+                          "server's processes)", hint="leave --embedded on")
+    host = RedirectHost()
+    server = EmbeddedServer(None, ["--decode-isolation", decode_isolation,
+                                   "--limit-mm-per-prompt", '{"image": 4}',
+                                   # a small cache: it fills during warm-up, so growth after
+                                   # warm-up is a leak, not the cache doing its job
+                                   "--mm-processor-cache-gb", "0.02"])
+    try:
+        doc = run_soak(server.base_url, "tiny-qwen2_5_vl", server.proc.pid,
+                       duration_s=duration, hostile_share=hostile_share,
+                       concurrency=concurrency, seed=seed, media_base=host.base,
+                       warmup_s=min(warmup, duration / 2))
+    finally:
+        server.stop()
+        host.close()
+    path = write_result(doc, "soak", out_dir)
+    for kind, statuses in sorted(doc["by_kind"].items()):
+        out.print(f"  {kind:<22} {dict(statuses)}", markup=False)
+    out.print(f"requests {doc['requests']}, valid 5xx {doc['valid_5xx']}, hostile mismatches "
+              f"{len(doc['hostile_mismatches'])}, RSS growth after warm-up "
+              f"{doc['rss_growth_after_warmup']:+.1%}, fd growth {doc['fd_growth_after_warmup']:+d}"
+              f", temp leftovers {len(doc['temp_leftovers'])}", markup=False)
+    out.print(f"result: {path}", markup=False)
+    failed = (doc["valid_5xx"] or doc["hostile_mismatches"] or doc["temp_leftovers"]
+              or doc["rss_growth_after_warmup"] > max_rss_growth)
+    raise typer.Exit(1 if failed else 0)

@@ -71,7 +71,10 @@ class EngineClient:
         self._queues[rid] = (asyncio.get_running_loop(), queue)
         finished = False
         try:
-            await asyncio.to_thread(self._send, ("submit", rid, input_ids, mm, sampling))
+            # numpy, not torch: torch's pickler would move every tensor into shared memory and
+            # pass a file descriptor per storage, which the processor cache then keeps open.
+            plain = {k: v.numpy() if hasattr(v, "numpy") else v for k, v in mm.items()}
+            await asyncio.to_thread(self._send, ("submit", rid, input_ids, plain, sampling))
             while True:
                 message = await queue.get()
                 if message[0] == "event":

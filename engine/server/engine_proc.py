@@ -36,6 +36,9 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
                  api_servers: int, reserved_gpu_bytes: int = 0) -> None:
     """Entry point of the engine process (blocks until every API server disconnected)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    import numpy as np
+    import torch
+
     from engine.executor.engine import Engine
     from engine.executor.request import EngineRequest
     from engine.executor.sampling import SamplingParams
@@ -81,7 +84,9 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
                 return
             if message[0] == "submit":
                 _, rid, input_ids, mm, sampling = message
-                prompt = ProcessedPrompt(input_ids, mm, [], {}, {})
+                tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                           for k, v in mm.items()}
+                prompt = ProcessedPrompt(input_ids, tensors, [], {}, {})
 
                 def on_event(event, rid=rid) -> None:
                     send(("event", rid, event.index, event.token_id, event.text_delta,
