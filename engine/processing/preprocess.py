@@ -41,8 +41,6 @@ class MediaItem:
         data = self.decoded
         if isinstance(data, tuple):  # (waveform, sampling rate)
             data = data[0]
-        if hasattr(data, "tobytes"):
-            return memoryview(data.tobytes())
         return memoryview(data.tobytes()) if hasattr(data, "tobytes") else repr(data).encode()
 
 
