@@ -65,13 +65,22 @@ def serve(
         min=1, help="Requests in flight per API server before 503 + Retry-After, e.g. 256.")
     ] = 256,
     decode_isolation: Annotated[str, typer.Option(
-        help="thread (in the API server) or process (decode worker processes: a decoder "
-             "crash or hang fails one request, not the server).")] = "thread",
+        help="process (decode worker processes: a decoder crash, hang or memory blow-up "
+             "fails one request, not the server) or thread (in the API server, faster by "
+             "one hand-over through shared memory).")] = "process",
     decode_workers: Annotated[int, typer.Option(
-        min=1, help="Decode worker processes per API server with --decode-isolation process.")
-    ] = 2,
+        min=1, help="Decode worker processes per API server with --decode-isolation process, "
+                    "e.g. 4.")] = 2,
     decode_timeout_s: Annotated[float, typer.Option(
-        min=0.1, help="Wall-clock limit of one isolated video decode, e.g. 60.")] = 60.0,
+        min=0.1, help="Wall-clock limit of one isolated decode in seconds, e.g. 60.")] = 60.0,
+    decode_memory_gb: Annotated[float, typer.Option(
+        min=0.25, help="Address-space limit of one decode worker in GB, e.g. 8.")] = 8.0,
+    max_decode_queue: Annotated[int, typer.Option(
+        min=1, help="Requests fetching/decoding/preprocessing per API server before 503 + "
+                    "Retry-After, e.g. 64.")] = 64,
+    max_inflight_media_mb: Annotated[float, typer.Option(
+        min=0.01, help="Fetched media bytes held per API server before 503 + Retry-After, in MB, "
+                    "e.g. 2048.")] = 2048.0,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
 ) -> None:
@@ -95,7 +104,9 @@ def serve(
         api_server_count=api_server_count, max_request_body_mb=max_request_body_mb,
         max_num_seqs=max_num_seqs, max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
-        decode_workers=decode_workers, decode_timeout_s=decode_timeout_s, device=device,
+        decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,
+        decode_memory_gb=decode_memory_gb, max_decode_queue=max_decode_queue,
+        max_inflight_media_mb=max_inflight_media_mb, device=device,
         dtype=dtype)
     code = run(config, announce=lambda msg: out.print(msg, markup=False))
     raise typer.Exit(code)

@@ -73,10 +73,14 @@ class MediaFiles(http.server.ThreadingHTTPServer):
     """A loopback HTTP server over an in-memory dict of files, counting hits per path."""
 
     def __init__(self, files: dict[str, tuple[bytes, str]],
-                 delays: dict[str, float] | None = None) -> None:
+                 delays: dict[str, float] | None = None,
+                 stalls: dict[str, float] | None = None) -> None:
+        """``delays``: seconds before answering; ``stalls``: seconds to pause after sending
+        the first half of the body (a slow-drip host holding the server's bytes)."""
         self.files = files
         self.hits: Counter[str] = Counter()
         files_ref, hits_ref, delays_ref = self.files, self.hits, delays or {}
+        stalls_ref = stalls or {}
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -90,7 +94,12 @@ class MediaFiles(http.server.ThreadingHTTPServer):
                 self.send_header("Content-Type", entry[1])
                 self.send_header("Content-Length", str(len(entry[0])))
                 self.end_headers()
-                self.wfile.write(entry[0])
+                half = len(entry[0]) // 2 if self.path in stalls_ref else len(entry[0])
+                self.wfile.write(entry[0][:half])
+                self.wfile.flush()
+                if half < len(entry[0]):
+                    time.sleep(stalls_ref[self.path])
+                    self.wfile.write(entry[0][half:])
 
             def log_message(self, *args) -> None:
                 return

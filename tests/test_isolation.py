@@ -3,17 +3,21 @@ worker fails only its own decode and is replaced."""
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing
 import os
 import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from engine.config import MediaLimits
-from engine.errors import ConfigError, MediaDecodeError, UnsupportedMediaError
-from engine.media import synthetic
+from engine.errors import ConfigError, MediaDecodeError, OverloadedError, UnsupportedMediaError
+from engine.media import frame_memory, synthetic
+from engine.media.audio import decode_audio
+from engine.media.image import decode_image
 from engine.media.isolation import DecodeWorkers
 from engine.media.video import load_video
 from engine.media.video.options import build_spec
@@ -34,7 +38,7 @@ def spec(**kw):
 
 def test_frames_equal_in_process_decoding(workers):
     clip = synthetic.make_video(width=160, height=120, seconds=1)
-    isolated = workers.decode(clip, spec(), MediaLimits.from_env())
+    isolated = workers.decode_video(clip, spec(), MediaLimits.from_env())
     local = load_video(clip, spec(), MediaLimits.from_env())
     assert (isolated.frames == local.frames).all()
     assert isolated.metadata.sampled_indices == local.metadata.sampled_indices
@@ -42,7 +46,7 @@ def test_frames_equal_in_process_decoding(workers):
 
 def test_client_errors_come_back_as_themselves(workers):
     with pytest.raises(UnsupportedMediaError):
-        workers.decode(b"not a video" * 100, spec(), MediaLimits.from_env())
+        workers.decode_video(b"not a video" * 100, spec(), MediaLimits.from_env())
 
 
 def test_a_killed_worker_fails_only_its_decode_and_is_replaced(workers):
@@ -52,7 +56,7 @@ def test_a_killed_worker_fails_only_its_decode_and_is_replaced(workers):
 
     def victim() -> None:
         try:
-            outcome["victim"] = workers.decode(big, spec(num_frames=32, skip_nonref=False),
+            outcome["victim"] = workers.decode_video(big, spec(num_frames=32, skip_nonref=False),
                                                MediaLimits.from_env())
         except MediaDecodeError as err:
             outcome["victim"] = err
@@ -67,15 +71,15 @@ def test_a_killed_worker_fails_only_its_decode_and_is_replaced(workers):
                 if c.name == "aphrodite-decode-worker" and c.pid not in workers.pids()]
         time.sleep(0.02)
     assert busy
-    bystander = workers.decode(small, spec(), MediaLimits.from_env())  # the other worker
+    bystander = workers.decode_video(small, spec(), MediaLimits.from_env())  # the other worker
     os.kill(busy[0], signal.SIGKILL)
     thread.join(60)
     assert isinstance(outcome["victim"], MediaDecodeError)
-    assert outcome["victim"].code == "video_decoder_crashed"
+    assert outcome["victim"].code == "media_decoder_crashed"
     assert bystander.frames.shape == (8, 64, 96, 3)
     assert workers.restarts >= 1 and len(workers.pids()) == 2
     assert set(workers.pids()) != idle_before | {busy[0]}
-    assert workers.decode(small, spec(), MediaLimits.from_env()).frames.shape[0] == 8
+    assert workers.decode_video(small, spec(), MediaLimits.from_env()).frames.shape[0] == 8
 
 
 def test_a_decode_over_the_time_limit_is_killed():
@@ -83,7 +87,107 @@ def test_a_decode_over_the_time_limit_is_killed():
     try:
         big = synthetic.make_video(width=1280, height=720, seconds=3)
         with pytest.raises(MediaDecodeError) as info:
-            pool.decode(big, spec(num_frames=64, skip_nonref=False), MediaLimits.from_env())
-        assert info.value.code == "video_decode_timeout" and pool.restarts == 1
+            pool.decode_video(big, spec(num_frames=64, skip_nonref=False), MediaLimits.from_env())
+        assert info.value.code == "media_decode_timeout" and pool.restarts == 1
     finally:
         pool.close()
+
+
+def _segments() -> list[str]:
+    pattern = f"{frame_memory.PREFIX}{os.getpid()}-*"
+    return sorted(p.name for p in frame_memory.SHM_DIR.glob(pattern))
+
+
+def test_frames_arrive_in_shared_memory_without_a_copy_and_leave_nothing_behind(workers):
+    clip = synthetic.make_video(width=320, height=240, seconds=1)
+    isolated = workers.decode_video(clip, spec(num_frames=16), MediaLimits.from_env())
+    # The array is a view over the mapped segment (not a private copy), and the segment's name
+    # is already gone: the memory is freed with the last array over it.
+    owner = isolated.frames
+    while isinstance(owner, np.ndarray):
+        owner = owner.base
+    assert isinstance(owner, memoryview) and isinstance(owner.obj, mmap.mmap)
+    assert _segments() == []
+    local = load_video(clip, spec(num_frames=16), MediaLimits.from_env())
+    assert (isolated.frames == local.frames).all()
+
+
+def test_images_and_audio_decode_in_the_workers_too(workers):
+    limits = MediaLimits.from_env()
+    png = synthetic.make_image(640, 480, fmt="PNG")
+    image = workers.decode_image(png, limits)
+    assert np.array_equal(np.asarray(image), np.asarray(decode_image(png, limits)))
+    wav = synthetic.make_audio(seconds=2.0, rate=22_050)
+    isolated = workers.decode_audio(wav, sampling_rate=16_000, max_seconds=30)
+    local = decode_audio(wav, sampling_rate=16_000, max_seconds=30)
+    assert isolated.sampling_rate == 16_000 and isolated.codec == local.codec
+    assert np.array_equal(isolated.samples, local.samples)  # small: came through the pipe
+    with pytest.raises(UnsupportedMediaError):
+        workers.decode_image(b"\x00garbage" * 50, limits)
+
+
+def test_a_full_decode_queue_answers_503_at_once():
+    pool = DecodeWorkers(1, timeout_s=30, max_waiting=1)
+    big = synthetic.make_video(width=1280, height=720, seconds=3)
+    small = synthetic.make_video(width=96, height=64, seconds=1)
+    outcomes: list[object] = []
+
+    def decode(clip) -> None:
+        try:
+            outcomes.append(pool.decode_video(clip, spec(num_frames=32, skip_nonref=False),
+                                              MediaLimits.from_env()))
+        except Exception as err:
+            outcomes.append(err)
+
+    try:
+        running = threading.Thread(target=decode, args=(big,))
+        running.start()
+        while pool.pids():
+            time.sleep(0.01)
+        waiting = threading.Thread(target=decode, args=(small,))
+        waiting.start()
+        while pool.waiting < 1:
+            time.sleep(0.01)
+        with pytest.raises(OverloadedError) as info:
+            pool.decode_video(small, spec(), MediaLimits.from_env())
+        assert info.value.status == 503 and info.value.code == "decode_queue_full"
+        assert "--max-decode-queue" in info.value.hint
+        running.join(60)
+        waiting.join(60)
+        assert all(not isinstance(o, Exception) for o in outcomes) and len(outcomes) == 2
+    finally:
+        pool.close()
+
+
+def test_a_killed_worker_leaves_no_shared_memory(tmp_path):
+    pool = DecodeWorkers(1, timeout_s=0.3)
+    try:
+        big = synthetic.make_video(width=1280, height=720, seconds=3)
+        with pytest.raises(MediaDecodeError):
+            pool.decode_video(big, spec(num_frames=64, skip_nonref=False),
+                              MediaLimits.from_env())
+        assert _segments() == []
+    finally:
+        pool.close()
+
+
+def test_allocator_falls_back_to_ordinary_memory_without_shm(monkeypatch, tmp_path):
+    monkeypatch.setattr(frame_memory, "SHM_DIR", tmp_path / "missing")
+    allocator = frame_memory.SharedAllocator("test")
+    array = allocator((4, 8, 3), np.dtype(np.uint8))
+    assert array.shape == (4, 8, 3) and array.flags.owndata
+    assert allocator.export(array) is None
+
+
+def test_orphaned_segments_of_dead_servers_are_removed():
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    stale = frame_memory.SHM_DIR / f"{frame_memory.PREFIX}{dead}-1-1"
+    stale.write_bytes(b"x")
+    mine = frame_memory.SHM_DIR / f"{frame_memory.PREFIX}{os.getpid()}-1-1"
+    mine.write_bytes(b"x")
+    try:
+        frame_memory.remove_orphans()
+        assert not stale.exists() and mine.exists()
+    finally:
+        stale.unlink(missing_ok=True)
+        mine.unlink(missing_ok=True)

@@ -235,7 +235,7 @@ def test_decode_isolation_survives_a_killed_decoder():
             time.sleep(0.005)  # wait until the worker is busy decoding the big clip
         os.kill(workers[0], signal.SIGKILL)
         thread.join(120)
-        assert result == {"status": 422, "code": "video_decoder_crashed"}
+        assert result == {"status": 422, "code": "media_decoder_crashed"}
         assert ask(small).usage.completion_tokens == 2  # a replacement worker decodes it
         replacement = _decode_worker_pids(api_pid)
         assert len(replacement) == 1 and replacement != workers

@@ -12,7 +12,8 @@ from aphrodite_cli.output import out
 
 app = typer.Typer(help="Benchmarks that write result files.", no_args_is_help=True)
 
-DEFAULT_BACKENDS = "opencv,pyav,pyav:skip_nonref=false,torchcodec,deepstream"
+DEFAULT_BACKENDS = \
+    "opencv,pyav,pyav:isolation=process,pyav:skip_nonref=false,torchcodec,deepstream"
 
 
 def parse_backend_list(text: str) -> list[tuple[str, dict]]:
@@ -39,7 +40,9 @@ def parse_backend_list(text: str) -> list[tuple[str, dict]]:
 
   aphrodite bench video-decode clip.mp4 --backends pyav,torchcodec:seek_mode=approximate
 
-Backend options follow the name: NAME:KEY=VALUE:KEY=VALUE.""",
+Backend options follow the name: NAME:KEY=VALUE:KEY=VALUE. isolation=process runs the decode
+in a decode worker process, as `serve --decode-isolation process` does (frames handed back
+through shared memory), so the row beside the plain one is the isolation's overhead.""",
 )
 def video_decode(
     clip: Annotated[Path | None, typer.Argument(help="Video file; default: the standard clip, "

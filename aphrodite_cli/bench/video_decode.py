@@ -98,31 +98,51 @@ def _compare(frames: np.ndarray, reference: np.ndarray) -> tuple[int | None, flo
     return max(int(d.max()) for d in deltas), round(float(np.mean([d.mean() for d in deltas])), 3)
 
 
-def _backend_worker(conn, clip: str, video_kwargs: dict[str, Any]) -> None:
+def _backend_worker(conn, clip: str, video_kwargs: dict[str, Any], isolated: bool) -> None:
     """One backend in its own process, as a server runs one: warm up, then time a decode each
-    time the parent asks. The first answer also compares frames with an exact decode."""
+    time the parent asks. The first answer also compares frames with an exact decode. With
+    ``isolated`` the decode runs in a decode worker process (``--decode-isolation process``)
+    and the time includes handing the frames back."""
     from engine.memory import tune_allocator
 
     tune_allocator()
+    workers = None
     try:
         data = Path(clip).read_bytes()
         limits = MediaLimits.from_env()
         spec = build_spec(video_kwargs, video_kwargs["backend"], error=ConfigError)
+        if isolated:
+            from engine.media.isolation import DecodeWorkers
+
+            workers = DecodeWorkers(1, timeout_s=600)
+            decode = workers.decode_video
+        else:
+            decode = load_video
         exact = load_video(data, build_spec({"backend": "pyav", "skip_nonref": False,
                                              "num_frames": video_kwargs["num_frames"]}, "pyav",
                                             error=ConfigError), limits).frames
-        first = load_video(data, spec, limits)  # warm-up: imports, first-touch memory
+        first = decode(data, spec, limits)  # warm-up: imports, first-touch memory
         diffs = _compare(first.frames, exact)
         del first, exact
         conn.send(("ready", diffs))
+        while conn.recv() == "run":
+            start = time.perf_counter()
+            result = decode(data, spec, limits)
+            conn.send(("time", time.perf_counter() - start))
+            del result
     except AphroditeError as err:
         conn.send(("error", str(err)))
-        return
-    while conn.recv() == "run":
-        start = time.perf_counter()
-        result = load_video(data, spec, limits)
-        conn.send(("time", time.perf_counter() - start))
-        del result
+    finally:
+        if workers is not None:
+            workers.close()
+
+
+def _receive(proc, conn) -> tuple[str, Any]:
+    """The worker's next answer; a worker that died answers an error instead of hanging."""
+    while not conn.poll(0.1):
+        if not proc.is_alive():
+            return "error", f"the benchmark process died (exit code {proc.exitcode})"
+    return conn.recv()
 
 
 def run(
@@ -146,7 +166,13 @@ def run(
     ctx = multiprocessing.get_context("spawn")
     workers: list[Any] = []
     for t in timings:
-        kwargs = {"backend": t.backend, "num_frames": num_frames, **t.options}
+        options = dict(t.options)
+        isolation = str(options.pop("isolation", "thread"))
+        kwargs = {"backend": t.backend, "num_frames": num_frames, **options}
+        if isolation not in ("thread", "process"):
+            t.error = f"isolation={isolation!r}: must be thread or process"
+            workers.append(None)
+            continue
         try:
             build_spec(kwargs, t.backend, error=ConfigError)
         except AphroditeError as err:
@@ -154,13 +180,15 @@ def run(
             workers.append(None)
             continue
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_backend_worker, args=(child, str(clip), kwargs), daemon=True)
+        proc = ctx.Process(target=_backend_worker, args=(child, str(clip), kwargs,
+                                                         isolation == "process"),
+                           daemon=isolation != "process")  # a daemon may not start workers
         proc.start()
         workers.append((proc, parent))
     for t, worker in zip(timings, workers, strict=True):
         if worker is None:
             continue
-        kind, payload = worker[1].recv()
+        kind, payload = _receive(*worker)
         if kind == "error":
             t.error = payload
         else:
@@ -187,8 +215,11 @@ def run(
                 if worker is None or t.error:
                     continue
                 worker[1].send("run")
-                _, seconds = worker[1].recv()
-                t.times_s.append(seconds)
+                kind, payload = _receive(*worker)
+                if kind == "error":
+                    t.error = payload
+                else:
+                    t.times_s.append(payload)
     finally:
         for worker in workers:
             if worker is not None:

@@ -19,6 +19,7 @@ from engine.errors import InternalError
 from engine.media.addresses import Lookup
 from engine.media.data_url import decode_base64_payload
 from engine.media.http_fetch import HttpFetcher
+from engine.media.inflight import Ticket
 from engine.media.local_file import read_local_file
 from engine.media.policy import MediaSource, SourceKind, parse_source
 from engine.media.sniff import check_kind
@@ -77,17 +78,20 @@ class MediaConnector:
         """Check a whole request's items; the first refusal raises before anything is fetched."""
         return list(await asyncio.gather(*(self.check(url, m) for url, m in items)))
 
-    async def fetch(self, source: MediaSource) -> FetchedMedia:
-        """The bytes of a checked source, sniffed against its modality."""
+    async def fetch(self, source: MediaSource, ticket: Ticket | None = None) -> FetchedMedia:
+        """The bytes of a checked source, sniffed against its modality; charged to ``ticket``
+        (the server's in-flight media bound) when given."""
         start = time.perf_counter()
         cap = self.limits.for_modality(source.modality).max_bytes
         redirects, attempts = 0, 1
         if source.kind == "http" and source.http_url is not None:
-            result = await self._http.fetch(source.http_url, source.modality)
+            result = await self._http.fetch(source.http_url, source.modality, ticket)
             data, declared = result.data, result.content_type
             redirects, attempts = result.redirects, result.attempts
         elif source.kind == "data" and source.data_payload is not None:
             data, declared = decode_base64_payload(source.data_payload), source.data_mime
+            if ticket is not None:
+                ticket.charge(len(data))
         elif source.kind == "file" and source.local_parts is not None:
             root = self.policy.allowed_local_path
             if root is None:
@@ -96,6 +100,8 @@ class MediaConnector:
                 read_local_file, root, source.local_parts, cap, source.modality
             )
             declared = None
+            if ticket is not None:
+                ticket.charge(len(data))
         else:
             raise InternalError(f"unfetchable media source kind {source.kind!r}")
         mime = check_kind(data, source.modality)

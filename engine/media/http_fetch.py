@@ -21,6 +21,7 @@ from yarl import URL
 from engine.config import MediaLimits, MediaPolicy, Modality
 from engine.errors import AphroditeError, InternalError, MediaFetchError, MediaTooLargeError
 from engine.media.addresses import Lookup, PolicyResolver
+from engine.media.inflight import Ticket
 from engine.media.policy import check_http_url, display_url
 from engine.version import __version__
 
@@ -72,8 +73,10 @@ class HttpFetcher:
             await self._session.close()
             self._session = None
 
-    async def fetch(self, url: URL, modality: Modality) -> HttpResult:
-        """The body at ``url``; raises a :class:`~engine.errors.ClientError` subclass."""
+    async def fetch(self, url: URL, modality: Modality, ticket: Ticket | None = None
+                    ) -> HttpResult:
+        """The body at ``url``; raises a :class:`~engine.errors.ClientError` subclass. Bytes
+        are charged to ``ticket`` (the in-flight bound) as they arrive."""
         caps = self.limits.for_modality(modality)
         env_name = f"APHRODITE_{modality.upper()}_FETCH_TIMEOUT"
         attempts = 0
@@ -83,7 +86,7 @@ class HttpFetcher:
                 for attempt in range(self.limits.fetch_retries + 1):
                     attempts = attempt + 1
                     try:
-                        return await self._attempt(url, modality, caps.max_bytes, attempts)
+                        return await self._attempt(url, modality, caps.max_bytes, attempts, ticket)
                     except _Retryable as retry:
                         last = retry.error
                         if attempt < self.limits.fetch_retries:
@@ -97,7 +100,8 @@ class HttpFetcher:
             ) from None
         raise last or InternalError("media fetch ended without a result")
 
-    async def _attempt(self, url: URL, modality: Modality, cap: int, attempt: int) -> HttpResult:
+    async def _attempt(self, url: URL, modality: Modality, cap: int, attempt: int,
+                       ticket: Ticket | None) -> HttpResult:
         session = self._get_session()
         current = url
         for hop in range(self.policy.max_redirects + 1):
@@ -108,7 +112,7 @@ class HttpFetcher:
                     if resp.status in _REDIRECTS and "Location" in resp.headers:
                         current = current.join(URL(resp.headers["Location"]))
                         continue
-                    return await self._read(resp, current, modality, cap, attempt, hop)
+                    return await self._read(resp, current, modality, cap, attempt, hop, ticket)
             except AphroditeError:
                 raise
             except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
@@ -134,6 +138,7 @@ class HttpFetcher:
         cap: int,
         attempt: int,
         hops: int,
+        ticket: Ticket | None,
     ) -> HttpResult:
         shown = display_url(str(url))
         if resp.status >= 500:
@@ -147,10 +152,17 @@ class HttpFetcher:
         if resp.content_length is not None and resp.content_length > cap:
             raise too_big
         body = bytearray()
-        async for chunk in resp.content.iter_chunked(_CHUNK):
-            body += chunk
-            if len(body) > cap:
-                raise too_big
+        try:
+            async for chunk in resp.content.iter_chunked(_CHUNK):
+                body += chunk
+                if len(body) > cap:
+                    raise too_big
+                if ticket is not None:
+                    ticket.charge(len(chunk))
+        except BaseException:
+            if ticket is not None:  # this attempt's bytes are dropped: give them back
+                ticket.refund(len(body))
+            raise
         return HttpResult(bytes(body), resp.content_type or None, str(url), attempt, hops)
 
 

@@ -1,39 +1,72 @@
-"""Decode worker processes: native video decoding away from the API server process.
+"""Decode worker processes: native media decoding away from the API server process.
 
-A crash, hang or memory blow-up of a decoder cannot take the API server down: each decode runs
-in one of ``workers`` processes (spawned, each with an address-space limit), with a wall-clock
-limit. Frames come back through shared memory, not pickled. A worker that dies or runs over
-time is killed and replaced; only its own request fails (a clear 422), the others keep
-going.
+A crash, hang or memory blow-up of a decoder (FFmpeg through PyAV/OpenCV/torchcodec,
+GStreamer, Pillow's codecs) cannot take the API server down: each decode runs in one of
+``workers`` spawned processes, each with an address-space limit, under a wall-clock limit.
+Frames are decoded straight into shared memory (see :mod:`engine.media.frame_memory`) and
+mapped by the server without a copy. A worker that dies or runs over time is killed and
+replaced; only its own request fails (a clear 422), the others keep going. At most
+``max_waiting`` decodes wait for a worker; past that a decode is refused at once with a 503
+(``Retry-After``) instead of queueing without bound.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import threading
 import time
 from dataclasses import dataclass
-from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
 
-from engine.errors import AphroditeError, MediaDecodeError, ServiceUnavailableError
+from engine.errors import (
+    AphroditeError,
+    MediaDecodeError,
+    OverloadedError,
+    ServiceUnavailableError,
+)
+from engine.media import frame_memory
 
 _CTX = multiprocessing.get_context("spawn")
 
 
+def _run_job(kind: str, args: tuple) -> tuple[np.ndarray, Any]:
+    """Decode in the worker: the array (in shared memory where possible) and its metadata."""
+    if kind == "video":
+        from engine.media.video.loader import load_video
+
+        result = load_video(*args)
+        return result.frames, result.metadata
+    if kind == "image":
+        from engine.media.image import decode_image
+
+        image = decode_image(*args)
+        out = frame_memory.empty((image.height, image.width, 3))
+        out[...] = np.asarray(image)
+        return out, None
+    if kind == "audio":
+        from engine.media.audio import decode_audio
+
+        data, rate, max_seconds = args
+        clip = decode_audio(data, sampling_rate=rate, max_seconds=max_seconds)
+        return clip.samples, (clip.sampling_rate, clip.source_rate, clip.source_channels,
+                              clip.codec)
+    raise ValueError(f"unknown decode job {kind!r}")
+
+
 def _worker_main(conn, memory_limit_bytes: int) -> None:
-    """One decode worker: receives (data, spec, limits), answers frames via shared memory."""
+    """One decode worker: receives (kind, args), answers the array through shared memory."""
     import resource
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if memory_limit_bytes > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
-    from engine.media.video.loader import load_video
-
+    allocator = frame_memory.SharedAllocator(f"{os.getppid()}-{os.getpid()}")
+    frame_memory.install(allocator)
     while True:
         try:
             message = conn.recv()
@@ -41,20 +74,29 @@ def _worker_main(conn, memory_limit_bytes: int) -> None:
             return
         if message is None:
             return
-        data, spec, limits = message
+        kind, args = message
         try:
-            result = load_video(data, spec, limits)
-            frames = result.frames
-            shm = shared_memory.SharedMemory(create=True, size=max(frames.nbytes, 1))
-            np.ndarray(frames.shape, frames.dtype, buffer=shm.buf)[...] = frames
-            conn.send(("ok", shm.name, frames.shape, str(frames.dtype), result.metadata))
-            shm.close()
+            try:
+                array, meta = _run_job(kind, args)
+            except MemoryError:
+                raise MediaDecodeError("decoding the media needed more memory than a decode "
+                                       "worker may use", code="media_decode_memory",
+                                       hint="send smaller media or fewer frames") from None
+            segment = allocator.export(array)
+            if segment is None and array.nbytes >= 1 << 20:  # decoded elsewhere: one copy
+                copy = allocator(array.shape, array.dtype)
+                copy[...] = array
+                array, segment = copy, allocator.export(copy)
+            if segment is not None:
+                conn.send(("shm", segment, array.shape, array.dtype.str, meta))
+            else:
+                conn.send(("pipe", None, array.shape, array.dtype.str, meta))
+                conn.send_bytes(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+            allocator.discard(keep=segment[0] if segment else None)
         except AphroditeError as err:
-            conn.send(("error", err))
-        except MemoryError:
-            conn.send(("error", MediaDecodeError("decoding the video needed more memory than a "
-                                                 "decode worker may use",
-                                                 code="video_decode_memory")))
+            allocator.discard()
+            conn.send(("error", err, None, None, None))
+        del message, args
 
 
 @dataclass
@@ -64,13 +106,17 @@ class _Worker:
 
 
 class DecodeWorkers:
-    """A fixed set of decode worker processes; ``decode`` blocks its calling thread."""
+    """A fixed set of decode worker processes; the ``decode_*`` methods block their thread."""
 
     def __init__(self, workers: int = 2, *, timeout_s: float = 60.0,
-                 memory_limit_bytes: int = 8 << 30) -> None:
+                 memory_limit_bytes: int = 8 << 30, max_waiting: int = 64) -> None:
         self.timeout_s = timeout_s
         self.memory_limit_bytes = memory_limit_bytes
+        self.max_waiting = max_waiting
+        self.size = workers
         self.restarts = 0
+        self.waiting = 0
+        frame_memory.remove_orphans()
         self._idle: list[_Worker] = [self._spawn() for _ in range(workers)]
         self._cond = threading.Condition()
         self._closed = False
@@ -85,11 +131,21 @@ class DecodeWorkers:
 
     def _take(self) -> _Worker:
         with self._cond:
-            while not self._idle:
-                if self._closed:
-                    raise ServiceUnavailableError("the decode workers are shut down")
-                self._cond.wait()
-            return self._idle.pop()
+            if not self._idle and self.waiting >= self.max_waiting:
+                raise OverloadedError(
+                    f"all {self.size} decode workers are busy and {self.waiting} decodes are "
+                    "waiting", hint="retry after the Retry-After seconds, or raise "
+                                    "--decode-workers / --max-decode-queue",
+                    code="decode_queue_full")
+            self.waiting += 1
+            try:
+                while not self._idle:
+                    if self._closed:
+                        raise ServiceUnavailableError("the decode workers are shut down")
+                    self._cond.wait()
+                return self._idle.pop()
+            finally:
+                self.waiting -= 1
 
     def _give(self, worker: _Worker) -> None:
         with self._cond:
@@ -100,6 +156,7 @@ class DecodeWorkers:
         worker.process.kill()
         worker.process.join(5)
         worker.conn.close()
+        frame_memory.remove_segments(f"{os.getpid()}-{worker.process.pid}-")
         self.restarts += 1
         self._give(self._spawn())
 
@@ -107,38 +164,54 @@ class DecodeWorkers:
         with self._cond:
             return [w.process.pid for w in self._idle]
 
-    def decode(self, data: bytes, spec: Any, limits: Any):
-        from engine.media.video.loader import VideoFrames
-
+    def _call(self, kind: str, args: tuple) -> tuple[np.ndarray, Any]:
         worker = self._take()
         start = time.monotonic()
         try:
-            worker.conn.send((data, spec, limits))
+            worker.conn.send((kind, args))
             while not worker.conn.poll(0.05):
                 if not worker.process.is_alive():
                     raise EOFError
                 if time.monotonic() - start > self.timeout_s:
                     self._replace(worker)
                     raise MediaDecodeError(
-                        f"decoding the video took longer than {self.timeout_s:g} s",
-                        hint="send a shorter or smaller video", code="video_decode_timeout")
-            reply = worker.conn.recv()
+                        f"decoding the {kind} took longer than {self.timeout_s:g} s",
+                        hint="send shorter or smaller media (the limit is --decode-timeout-s)",
+                        code="media_decode_timeout")
+            how, where, shape, dtype, meta = worker.conn.recv()
+            if how == "pipe":
+                array = np.empty(shape, np.dtype(dtype))
+                worker.conn.recv_bytes_into(array.reshape(-1).view(np.uint8))
         except (EOFError, OSError, BrokenPipeError):
             self._replace(worker)
-            raise MediaDecodeError("the video decoder crashed on this input",
+            raise MediaDecodeError(f"the {kind} decoder crashed on this input",
                                    hint="the file is likely corrupt or hostile; re-encode it",
-                                   code="video_decoder_crashed") from None
+                                   code="media_decoder_crashed") from None
         self._give(worker)
-        if reply[0] == "error":
-            raise reply[1]
-        _, name, shape, dtype, metadata = reply
-        shm = shared_memory.SharedMemory(name=name)
-        try:
-            frames = np.array(np.ndarray(shape, np.dtype(dtype), buffer=shm.buf))
-        finally:
-            shm.close()
-            shm.unlink()
+        if how == "error":
+            raise where
+        if how == "shm":
+            array = frame_memory.attach(where[0], where[1], shape, dtype)
+        return array, meta
+
+    def decode_video(self, data: bytes, spec: Any, limits: Any):
+        from engine.media.video.loader import VideoFrames
+
+        frames, metadata = self._call("video", (data, spec, limits))
         return VideoFrames(frames, metadata)
+
+    def decode_image(self, data: bytes, limits: Any):
+        from PIL import Image
+
+        pixels, _ = self._call("image", (data, limits))
+        return Image.fromarray(pixels)
+
+    def decode_audio(self, data: bytes, *, sampling_rate: int, max_seconds: float):
+        from engine.media.audio import AudioClip
+
+        samples, (rate, source_rate, channels, codec) = self._call(
+            "audio", (data, sampling_rate, max_seconds))
+        return AudioClip(samples, rate, source_rate, channels, codec)
 
     def close(self) -> None:
         with self._cond:
@@ -151,3 +224,4 @@ class DecodeWorkers:
             worker.process.join(5)
             if worker.process.is_alive():
                 worker.process.kill()
+        frame_memory.remove_segments(f"{os.getpid()}-")

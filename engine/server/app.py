@@ -31,6 +31,7 @@ from engine.errors import (
     RequestTooLargeError,
 )
 from engine.media.connector import MediaConnector
+from engine.media.inflight import InflightBytes
 from engine.media.pool import decode_executor
 from engine.media.video import load_video_async
 from engine.media.video.budget import GpuDecodeBudget
@@ -81,8 +82,16 @@ class State:
         if config.decode_isolation == "process":
             from engine.media.isolation import DecodeWorkers
 
-            self.decoders = DecodeWorkers(config.decode_workers,
-                                          timeout_s=config.decode_timeout_s)
+            self.decoders = DecodeWorkers(
+                config.decode_workers, timeout_s=config.decode_timeout_s,
+                memory_limit_bytes=int(config.decode_memory_gb * (1 << 30)),
+                max_waiting=config.max_decode_queue)
+        self.inflight = InflightBytes(int(config.max_inflight_media_mb * (1 << 20)))
+        self.preprocessing = 0  # requests fetching, decoding or in the HF processor
+        self.metrics.inflight_bytes.set_function(lambda: self.inflight.in_use)
+        decoders = self.decoders
+        self.metrics.decode_restarts.set_function(
+            lambda: decoders.restarts if decoders is not None else 0)
         extractor = getattr(loaded.processor, "feature_extractor", None)
         self.sampling_rate = int(getattr(extractor, "sampling_rate", 16_000))
         # This process's share of --mm-ipc-gpu-memory-gb, for GPU video backends.
@@ -170,18 +179,19 @@ async def prepare_chat(state: State, data: dict[str, Any]):
                                     fields.mm_processor_kwargs)
     text = render_chat(state.loaded, parsed.messages)
     items, fetch_s = [], 0.0
-    if parsed.media:
-        await state.connector.check_all([(url, m) for m, url in parsed.media])  # policy only
-        async with state.fetch_slots:
-            items, fetch_s = await fetch_items(state.connector, parsed.media, video,
-                                               state.sampling_rate, state.decoders)
-        for item in items:
-            state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
-        if state.gpu_budget is not None and get_backend(video.backend).gpu:
-            await decode_gpu_videos(state, items, video)
-    loop = asyncio.get_running_loop()
-    processed = await loop.run_in_executor(decode_executor(), state.preprocessor.process, text,
-                                           items, kwargs)
+    with preprocess_slot(state), state.inflight.ticket() as ticket:
+        if parsed.media:
+            await state.connector.check_all([(url, m) for m, url in parsed.media])  # policy
+            async with state.fetch_slots:
+                items, fetch_s = await fetch_items(state.connector, parsed.media, video,
+                                                   state.sampling_rate, state.decoders, ticket)
+            for item in items:
+                state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
+            if state.gpu_budget is not None and get_backend(video.backend).gpu:
+                await decode_gpu_videos(state, items, video)
+        loop = asyncio.get_running_loop()
+        processed = await loop.run_in_executor(decode_executor(), state.preprocessor.process,
+                                               text, items, kwargs)
     processed.timings["fetch_s"] = fetch_s
     for hit in processed.item_hits:
         state.metrics.cache.labels("hit" if hit else "miss").inc()
@@ -189,6 +199,26 @@ async def prepare_chat(state: State, data: dict[str, Any]):
         state.metrics.video_decode.labels(video.backend).observe(
             processed.timings["media_decode_s"])
     return fields, processed
+
+
+class preprocess_slot:
+    """At most --max-decode-queue requests fetching, decoding or preprocessing per API server;
+    past that a 503 with Retry-After at once (the decode pool's queue stays bounded)."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+
+    def __enter__(self) -> None:
+        state = self.state
+        if state.preprocessing >= state.config.max_decode_queue:
+            raise OverloadedError(
+                f"this API server already has {state.preprocessing} requests fetching, "
+                "decoding or preprocessing media", code="decode_queue_full",
+                hint="retry after the Retry-After seconds, or raise --max-decode-queue")
+        state.preprocessing += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.state.preprocessing -= 1
 
 
 async def decode_gpu_videos(state: State, items: list, video) -> None:

@@ -28,9 +28,12 @@ class ServerConfig:
     max_tokens_cap: int = 4096
     max_concurrent_fetches: int = 16
     max_pending_requests: int = 256
-    decode_isolation: str = "thread"  # or "process": decode worker processes
+    decode_isolation: str = "process"  # decode worker processes; or "thread" (in-process)
     decode_workers: int = 2
     decode_timeout_s: float = 60.0
+    decode_memory_gb: float = 8.0
+    max_decode_queue: int = 64
+    max_inflight_media_mb: float = 2048.0
     device: str = "cpu"
     dtype: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)

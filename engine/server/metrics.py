@@ -26,5 +26,12 @@ class Metrics:
                                 "GPU decode budget held by this API server",
                                 registry=self.registry)
 
+        self.inflight_bytes = Gauge("aphrodite_media_bytes_in_flight",
+                                    "Fetched media bytes held by requests not yet preprocessed",
+                                    registry=self.registry)
+        self.decode_restarts = Gauge("aphrodite_decode_worker_restarts",
+                                     "Decode workers killed (crash, timeout) and replaced",
+                                     registry=self.registry)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

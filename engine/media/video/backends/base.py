@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from engine.media import frame_memory
 from engine.media.video.options import BackendOptions
 from engine.media.video.scan import ContainerScan
 
@@ -34,6 +35,8 @@ def rotate_for_display(frame: np.ndarray, rotation: float | int | None) -> np.nd
 
 
 def stack(frames: list[np.ndarray], scan: ContainerScan) -> np.ndarray:
+    """One (T, H, W, 3) array in this process's media memory (see ``frame_memory``)."""
     if not frames:
         return np.empty((0, scan.height, scan.width, 3), dtype=np.uint8)
-    return np.stack(frames)
+    out = frame_memory.empty((len(frames), *frames[0].shape), frames[0].dtype)
+    return np.stack(frames, out=out)

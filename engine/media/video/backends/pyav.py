@@ -28,6 +28,7 @@ from typing import ClassVar
 import av
 import numpy as np
 
+from engine.media import frame_memory
 from engine.media.video.backends.base import VideoBackend, rotate_for_display, stack
 from engine.media.video.options import PyAVOptions
 from engine.media.video.scan import ContainerScan
@@ -79,7 +80,7 @@ class _Collector:
         # Allocated here, in the calling thread: glibc serves a large block requested from a
         # worker thread with a fresh mmap every time (its per-thread arenas are too small),
         # and faulting in 200 MB of new pages per request costs more than a third of a decode.
-        self.out: np.ndarray | None = (np.empty((count, height, width, 3), dtype=np.uint8)
+        self.out: np.ndarray | None = (frame_memory.empty((count, height, width, 3))
                                        if count else None)
         self.graph: _GraphConverter | None = None
         self.jobs: list[Future[None]] = []
@@ -91,7 +92,7 @@ class _Collector:
             turns = round((getattr(frame, "rotation", 0) or 0) / 90) % 2
             h, w = (frame.width, frame.height) if turns else (frame.height, frame.width)
             if self.out is None or self.out.shape[1:3] != (h, w):  # rotated: other shape
-                self.out = np.empty((self.count, h, w, 3), dtype=np.uint8)
+                self.out = frame_memory.empty((self.count, h, w, 3))
             self.filled.add(slot)
             if _is_8bit(frame):
                 self.jobs.append(_convert_pool.submit(self._convert, slot, frame))
