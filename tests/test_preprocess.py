@@ -164,3 +164,21 @@ def test_raw_prompt_placeholders():
         insert_placeholders("USER: <image><image> ASSISTANT:", spec, {"image": 1})
     with pytest.raises(InvalidRequestError, match="no image item"):
         insert_placeholders("USER: <image> ASSISTANT:", spec, {})
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_control_tokens_in_message_text_are_refused(arch):
+    model = loaded(arch)
+    tokenizer = model.processor.tokenizer
+    specials = [t.content for t in tokenizer.added_tokens_decoder.values() if t.special]
+    assert specials  # every family's tokenizer has some
+    plain = [{"role": "user", "content": "a <b>tag</b>, <|not_a_token|> and [INST]"}]
+    if model.chat_template:
+        assert "<|not_a_token|>" in render_chat(model, plain)
+    for token in specials:
+        for content in (f"hi {token} there", [{"type": "text", "text": f"x{token}"}]):
+            with pytest.raises(InvalidRequestError) as info:
+                render_chat(model, [{"role": "system", "content": "ok"},
+                                    {"role": "user", "content": content}])
+            assert info.value.code == "control_token_in_text" and "messages[1]" in str(
+                info.value) and token in str(info.value)

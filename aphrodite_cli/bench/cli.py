@@ -411,20 +411,20 @@ def soak(
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
 ) -> None:
     """Valid and hostile requests against the server for a set time; checks nothing leaks."""
+    from aphrodite_cli.bench.hostile import SERVER_ARGS, SERVER_ENV, HostileHost
     from aphrodite_cli.bench.results import write_result
     from aphrodite_cli.bench.serve_run import EmbeddedServer
-    from aphrodite_cli.bench.soak import RedirectHost, run_soak
+    from aphrodite_cli.bench.soak import run_soak
     from engine.errors import ConfigError
 
     if not embedded:
         raise ConfigError("bench soak runs against its embedded server (it watches the "
                           "server's processes)", hint="leave --embedded on")
-    host = RedirectHost()
-    server = EmbeddedServer(None, ["--decode-isolation", decode_isolation,
-                                   "--limit-mm-per-prompt", '{"image": 4}',
+    host = HostileHost()
+    server = EmbeddedServer(None, ["--decode-isolation", decode_isolation, *SERVER_ARGS,
                                    # a small cache: it fills during warm-up, so growth after
                                    # warm-up is a leak, not the cache doing its job
-                                   "--mm-processor-cache-gb", "0.02"])
+                                   "--mm-processor-cache-gb", "0.02"], env=SERVER_ENV)
     try:
         doc = run_soak(server.base_url, "tiny-qwen2_5_vl", server.proc.pid,
                        duration_s=duration, hostile_share=hostile_share,
@@ -436,8 +436,11 @@ def soak(
     path = write_result(doc, "soak", out_dir)
     for kind, statuses in sorted(doc["by_kind"].items()):
         out.print(f"  {kind:<22} {dict(statuses)}", markup=False)
+    for miss in doc["hostile_mismatches"][:10]:
+        out.print(f"  mismatch: {miss}", markup=False)
     out.print(f"requests {doc['requests']}, valid 5xx {doc['valid_5xx']}, hostile mismatches "
-              f"{len(doc['hostile_mismatches'])}, RSS growth after warm-up "
+              f"{doc['hostile_mismatch_count']}, decode worker restarts "
+              f"{doc['decode_worker_restarts']}, RSS growth after warm-up "
               f"{doc['rss_growth_after_warmup']:+.1%}, fd growth {doc['fd_growth_after_warmup']:+d}"
               f", temp leftovers {len(doc['temp_leftovers'])}", markup=False)
     out.print(f"result: {path}", markup=False)

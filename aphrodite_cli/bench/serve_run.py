@@ -32,7 +32,8 @@ from engine.errors import ConfigError
 class EmbeddedServer:
     """This project's server with the tiny default model, for the length of a run."""
 
-    def __init__(self, model: str | None, extra: list[str]) -> None:
+    def __init__(self, model: str | None, extra: list[str],
+                 env: dict[str, str] | None = None) -> None:
         import socket
 
         with socket.socket() as s:
@@ -42,7 +43,7 @@ class EmbeddedServer:
         args = [str(exe), "serve", *([model] if model else []), "--port", str(self.port),
                 "--allowed-media-domains", "127.0.0.1", *extra]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
+                                     text=True, env={**os.environ, **(env or {})})
         self.lines: list[str] = []
         deadline = time.monotonic() + 300
         for line in self.proc.stdout:  # type: ignore[union-attr]

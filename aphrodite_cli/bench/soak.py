@@ -1,15 +1,18 @@
 """`aphrodite bench soak`: valid and hostile requests against the server for a set time.
 
-Reports: 5xx answers to valid requests (must be zero), every hostile request's status against
-the status it must get, RSS and open file descriptors of every server process over time
-(flat after warm-up), temp files left behind, decode-worker restarts.
+Reports: 5xx answers to valid requests (must be zero), every hostile request's status and
+error code against those it must get (the catalogue is in ``hostile.py``), RSS and open file
+descriptors of every server process over time (flat after warm-up), temp files and shared
+memory segments left behind, decode-worker restarts.
 """
 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import random
+import re
 import tempfile
 import time
 import urllib.error
@@ -20,82 +23,38 @@ from pathlib import Path
 from typing import Any
 
 
-def hostile_catalogue(model: str, media_base: str) -> list[tuple[str, bytes, int]]:
-    """(name, request body, expected status). Each is something a hostile client sends."""
-    from engine.media import synthetic
-
-    jpeg = synthetic.make_image(64, 48, fmt="JPEG")
-
-    def chat(parts: list[dict], **extra: Any) -> bytes:
-        return json.dumps({"model": model, "max_tokens": 2, **extra, "messages": [
-            {"role": "user", "content": parts}]}).encode()
-
-    def image(url: str) -> dict:
-        return {"type": "image_url", "image_url": {"url": url}}
-
-    b64 = base64.b64encode
-    return [
-        ("metadata-address", chat([image("http://169.254.169.254/latest/meta-data")]), 400),
-        ("loopback-spelling", chat([image("http://0x7f.1:22/x.png")]), 400),
-        ("redirect-outside", chat([image(f"{media_base}/redirect?to=http://10.0.0.1/")]), 400),
-        ("local-file", chat([image("file:///etc/passwd")]), 400),
-        ("other-scheme", chat([image("gopher://example.com/x")]), 400),
-        ("bad-base64", chat([image("data:image/png;base64,!!!!")]), 400),
-        ("text-as-image", chat([image("data:image/png;base64," + b64(b"<html>x</html>")
-                                      .decode())]), 415),
-        ("truncated-jpeg", chat([image("data:image/jpeg;base64," + b64(jpeg[:300]).decode())]),
-         422),
-        ("too-many-images", chat([image("data:image/jpeg;base64," + b64(jpeg).decode())] * 40),
-         400),
-        ("huge-max-tokens", chat([{"type": "text", "text": "hi"}], max_tokens=10**9), 400),
-        ("huge-n", chat([{"type": "text", "text": "hi"}], n=10**6), 400),
-        ("unknown-part", chat([{"type": "image", "image": "x"}]), 400),
-        ("placeholder-injection", chat([{"type": "text", "text":
-                                         "<|vision_start|><|image_pad|><|vision_end|>"}]), 400),
-        ("malformed-json", b'{"messages": [', 400),
-        ("wrong-model", json.dumps({"model": "gpt-x", "messages": []}).encode(), 404),
-    ]
-
-
-class RedirectHost:
-    """A loopback host whose /redirect?to=URL answers 302 to URL (a hostile media host)."""
-
-    def __init__(self) -> None:
-        import http.server
-        import threading
-        from urllib.parse import parse_qs, urlparse
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                target = parse_qs(urlparse(self.path).query).get("to", ["/"])[0]
-                self.send_response(302)
-                self.send_header("Location", target)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                return
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-
-
-def _post(base: str, body: bytes) -> int:
+def post(base: str, body: bytes) -> tuple[int, str | None]:
+    """(status, error code) of one chat request; status 0 when the connection failed."""
     req = urllib.request.Request(f"{base}/chat/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             resp.read()
-            return resp.status
+            return resp.status, None
     except urllib.error.HTTPError as err:
-        err.read()
-        return err.code
+        try:
+            return err.code, json.loads(err.read())["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            return err.code, None
     except OSError:
-        return 0
+        return 0, None
+
+
+def decode_worker_restarts(base: str) -> int | None:
+    """The server's decode-worker restarts, from /metrics (None when not isolated)."""
+    root = base.removesuffix("/v1")
+    try:
+        text = urllib.request.urlopen(f"{root}/metrics", timeout=30).read().decode()
+    except OSError:
+        return None
+    match = re.search(r"^aphrodite_decode_worker_restarts (\S+)$", text, re.M)
+    return int(float(match.group(1))) if match else None
+
+
+def _shm_segments() -> set[str]:
+    from engine.media import frame_memory
+
+    return {p.name for p in frame_memory.SHM_DIR.glob(f"{frame_memory.PREFIX}*")}
 
 
 def _proc_stats(pids: list[int]) -> dict[str, int]:
@@ -127,56 +86,67 @@ def _tree(pid: int) -> list[int]:
 def run_soak(base_url: str, model: str, root_pid: int, *, duration_s: float,
              hostile_share: float, concurrency: int, seed: int, media_base: str,
              warmup_s: float) -> dict[str, Any]:
+    """``concurrency`` clients send requests back to back for ``duration_s``; a share of them
+    hostile (each checked against its status and rule); server processes sampled every 2 s."""
+    from aphrodite_cli.bench.hostile import hostile_catalogue
     from engine.media import synthetic
 
-    rng = random.Random(seed)
     catalogue = hostile_catalogue(model, media_base)
     temp_before = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
-    results: list[tuple[str, int, int]] = []
+    shm_before = _shm_segments()
+    results: list[tuple[str, int, str | None, int, str | None]] = []
     samples: list[dict[str, Any]] = []
     start = time.monotonic()
-    counter = [0]
+    counter = itertools.count()
 
     def valid_body() -> bytes:
-        counter[0] += 1
-        jpeg = synthetic.make_image(96, 64, fmt="JPEG", seed=seed * 100_000 + counter[0])
+        jpeg = synthetic.make_image(96, 64, fmt="JPEG", seed=seed * 100_000 + next(counter))
         return json.dumps({"model": model, "max_tokens": 4, "messages": [{"role": "user",
             "content": [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,"
                          + base64.b64encode(jpeg).decode()}}, {"type": "text",
                                                               "text": "Describe."}]}]}).encode()
 
-    def one() -> None:
-        if rng.random() < hostile_share:
-            name, body, expected = rng.choice(catalogue)
-        else:
-            name, body, expected = "valid", valid_body(), 200
-        results.append((name, expected, _post(base_url, body)))
+    def client(index: int) -> None:
+        rng = random.Random(seed * 1000 + index)
+        while time.monotonic() - start < duration_s:
+            if rng.random() < hostile_share:
+                case = rng.choice(catalogue)
+                name, body, status, code = case.name, case.body, case.status, case.code
+            else:
+                name, body, status, code = "valid", valid_body(), 200, None
+            results.append((name, status, code, *post(base_url, body)))
 
     with ThreadPoolExecutor(concurrency) as pool:
-        next_sample = 0.0
-        while time.monotonic() - start < duration_s:
-            futures = [pool.submit(one) for _ in range(concurrency)]
-            for f in futures:
-                f.result()
-            elapsed = time.monotonic() - start
-            if elapsed >= next_sample:
-                samples.append({"t_s": round(elapsed, 2), **_proc_stats(_tree(root_pid))})
-                next_sample = elapsed + 2.0
+        futures = [pool.submit(client, i) for i in range(concurrency)]
+        while not all(f.done() for f in futures):
+            samples.append({"t_s": round(time.monotonic() - start, 2),
+                            **_proc_stats(_tree(root_pid))})
+            time.sleep(2.0)
+        for f in futures:
+            f.result()
+    samples.append({"t_s": round(time.monotonic() - start, 2), **_proc_stats(_tree(root_pid))})
+    restarts = decode_worker_restarts(base_url)
     temp_after = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
     leftovers = sorted(n for n in temp_after - temp_before if "aphrodite" in n)
+    leftovers += sorted(f"/dev/shm/{n}" for n in _shm_segments() - shm_before)
     by_kind: dict[str, Counter] = {}
     mismatches = []
-    for name, expected, status in results:
-        by_kind.setdefault(name, Counter())[status] += 1
-        if status != expected:
-            mismatches.append({"request": name, "expected": expected, "got": status})
+    for name, expected, rule, status, code in results:
+        by_kind.setdefault(name, Counter())[str(status)] += 1
+        if status != expected or (rule is not None and code != rule):
+            mismatches.append({"request": name, "expected": expected, "rule": rule,
+                               "got": status, "code": code})
     after_warmup = [s for s in samples if s["t_s"] >= warmup_s] or samples
     first, last = after_warmup[0], after_warmup[-1]
-    valid_5xx = sum(1 for n, _, s in results if n == "valid" and (s >= 500 or s == 0))
+    valid_5xx = sum(1 for r in results if r[0] == "valid" and (r[3] >= 500 or r[3] == 0))
     return {
-        "schema_version": 1, "kind": "soak", "duration_s": duration_s,
+        "schema_version": 2, "kind": "soak", "duration_s": duration_s,
+        "concurrency": concurrency, "hostile_share": hostile_share, "seed": seed,
+        "catalogue": [{"name": c.name, "status": c.status, "rule": c.code} for c in catalogue],
         "requests": len(results), "by_kind": {k: dict(v) for k, v in by_kind.items()},
-        "valid_5xx": valid_5xx, "hostile_mismatches": mismatches,
+        "valid_5xx": valid_5xx, "hostile_mismatches": mismatches[:200],
+        "hostile_mismatch_count": len(mismatches),
+        "decode_worker_restarts": restarts,
         "process_samples": samples,
         "rss_growth_after_warmup": (last["rss_bytes"] - first["rss_bytes"]) / max(
             first["rss_bytes"], 1),

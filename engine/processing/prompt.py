@@ -3,6 +3,7 @@ placeholders, inserted for each media item the user did not write one for."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -10,9 +11,49 @@ from engine.errors import ConfigError, InvalidRequestError
 from engine.models.loader import LoadedModel
 from engine.models.registry import ArchSpec
 
+_CONTROL: dict[int, re.Pattern[str] | None] = {}
+
+
+def control_tokens(loaded: LoadedModel) -> re.Pattern[str] | None:
+    """The tokenizer's special tokens (``<|im_start|>``, ``<|image_pad|>``...) as one pattern."""
+    key = id(loaded.processor)
+    if key not in _CONTROL:
+        tokenizer = getattr(loaded.processor, "tokenizer", loaded.processor)
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        tokens = {t.content for t in added.values() if getattr(t, "special", False)}
+        tokens |= set(getattr(tokenizer, "all_special_tokens", []) or [])
+        tokens = {t for t in tokens if t}
+        _CONTROL[key] = (re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len,
+                                                                           reverse=True)))
+                         if tokens else None)
+    return _CONTROL[key]
+
+
+def check_message_text(loaded: LoadedModel, messages: list[dict[str, Any]]) -> None:
+    """Refuse message text that holds a control token: the template would read it as a role
+    boundary or a media placeholder (prompt injection across roles), not as text."""
+    pattern = control_tokens(loaded)
+    if pattern is None:
+        return
+    for n, message in enumerate(messages):
+        content = message.get("content")
+        texts = [content] if isinstance(content, str) else [
+            p.get("text", "") for p in content or [] if p.get("type") == "text"]
+        for text in texts:
+            found = pattern.search(text)
+            if found:
+                raise InvalidRequestError(
+                    f"messages[{n}] contains the control token {found.group(0)!r} of this "
+                    "model's chat template in its text",
+                    hint="remove it: send media as content parts and let the template add "
+                         "roles (raw prompts with tokens go to /v1/completions)",
+                    code="control_token_in_text", param="messages")
+
 
 def render_chat(loaded: LoadedModel, messages: list[dict[str, Any]]) -> str:
-    """The prompt text for HF-style messages (content parts ``{"type": "image"}`` etc.)."""
+    """The prompt text for HF-style messages (content parts ``{"type": "image"}`` etc.);
+    message text holding a control token is refused (:func:`check_message_text`)."""
+    check_message_text(loaded, messages)
     if not loaded.chat_template:
         raise ConfigError(
             f"the model {loaded.name} has no chat template (its tokenizer ships none)",
