@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,14 +51,14 @@ def test_client_errors_come_back_as_themselves(workers):
 
 
 def test_a_killed_worker_fails_only_its_decode_and_is_replaced(workers):
-    big = synthetic.make_video(width=1280, height=720, seconds=3)
+    big = synthetic.make_video(width=1920, height=1080, seconds=3)
     small = synthetic.make_video(width=96, height=64, seconds=1)
     outcome: dict[str, object] = {}
 
     def victim() -> None:
         try:
-            outcome["victim"] = workers.decode_video(big, spec(num_frames=32, skip_nonref=False),
-                                               MediaLimits.from_env())
+            outcome["victim"] = workers.decode_video(big, spec(num_frames=90, skip_nonref=False),
+                                                     MediaLimits.from_env())
         except MediaDecodeError as err:
             outcome["victim"] = err
 
@@ -71,9 +72,14 @@ def test_a_killed_worker_fails_only_its_decode_and_is_replaced(workers):
                 if c.name == "aphrodite-decode-worker" and c.pid not in workers.pids()]
         time.sleep(0.02)
     assert busy
-    bystander = workers.decode_video(small, spec(), MediaLimits.from_env())  # the other worker
+    # The bystander decodes on the other worker while the victim's worker is killed mid-decode.
+    other = threading.Thread(target=lambda: outcome.__setitem__(
+        "bystander", workers.decode_video(small, spec(), MediaLimits.from_env())))
+    other.start()
     os.kill(busy[0], signal.SIGKILL)
     thread.join(60)
+    other.join(60)
+    bystander = outcome["bystander"]
     assert isinstance(outcome["victim"], MediaDecodeError)
     assert outcome["victim"].code == "media_decoder_crashed"
     assert bystander.frames.shape == (8, 64, 96, 3)
@@ -191,3 +197,28 @@ def test_orphaned_segments_of_dead_servers_are_removed():
     finally:
         stale.unlink(missing_ok=True)
         mine.unlink(missing_ok=True)
+
+
+def test_a_decode_over_the_memory_limit_is_a_422_and_the_worker_is_renewed():
+    """The worker's address-space limit is lowered (prlimit) to what it uses after a warm-up
+    plus 150 MB, and then asked for 90 frames of 720p (249 MB)."""
+    import resource
+
+    pool = DecodeWorkers(1, timeout_s=60)
+    try:
+        clip = synthetic.make_video(width=1280, height=720, seconds=3)
+        pool.decode_video(clip, spec(), MediaLimits.from_env())
+        (pid,) = pool.pids()
+        status = Path(f"/proc/{pid}/status").read_text()
+        size = int(next(x for x in status.splitlines() if x.startswith("VmSize")).split()[1])
+        limit = size * 1024 + (150 << 20)
+        resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
+        with pytest.raises(MediaDecodeError) as info:
+            pool.decode_video(clip, spec(num_frames=90), MediaLimits.from_env())
+        assert info.value.status == 422 and info.value.code == "media_decode_memory"
+        assert "--decode-memory-gb" in str(info.value)
+        assert pool.pids() != [pid] and pool.restarts == 1  # renewed before more work
+        assert pool.decode_video(clip, spec(), MediaLimits.from_env()).frames.shape[0] == 8
+        assert _segments() == []
+    finally:
+        pool.close()

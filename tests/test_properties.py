@@ -71,3 +71,46 @@ def test_data_urls_of_any_shape_parse_or_refuse(header, payload):
         assert 400 <= err.status < 500
     else:
         assert source.kind == "data" and source.data_payload == payload
+
+
+_PIECES = ["127.0.0.1", "169.254.169.254", "10.0.0.1", "media.example", "evil.example", "@",
+           "\\", "#", "?", "/", ":80", ":", "%40", "%2f", "%00", ".", "[", "]", "::1", " ",
+           "\t", "user:pw", "\u3002", "%2e"]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(["http://", "https://", "HTTP://", "http:/", "http:\\\\"]),
+       st.lists(st.sampled_from(_PIECES), min_size=1, max_size=7))
+def test_no_parser_differential_between_the_check_and_the_fetch(scheme, pieces):
+    """Whatever a URL looks like, if the policy accepts it, the host it checked is the host
+    the fetcher (yarl) and Python's own parser connect to, and it is on the allow-list."""
+    from urllib.parse import urlsplit
+
+    url = scheme + "".join(pieces)
+    policy = MediaPolicy.create(allowed_domains=["media.example", "127.0.0.1"])
+    try:
+        source = parse_source(url, "image", policy, MediaLimits.from_env())
+    except ClientError as err:
+        assert err.status == 400
+        return
+    assert source.host in ("media.example", "127.0.0.1")
+    assert source.http_url is not None and source.http_url.host == source.host
+    assert (urlsplit(str(source.http_url)).hostname or "").rstrip(".") == source.host
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40), st.text(max_size=40), st.sampled_from(
+    ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>", "<|video_pad|>",
+     "<|endoftext|>"]))
+def test_control_tokens_are_refused_wherever_they_sit_in_text(before, after, token):
+    from engine.errors import InvalidRequestError
+    from engine.processing.prompt import check_message_text
+    from tests.engine_fixtures import loaded
+
+    model = loaded("qwen2_5_vl")
+    try:
+        check_message_text(model, [{"role": "user", "content": before + token + after}])
+    except InvalidRequestError as err:
+        assert err.code == "control_token_in_text"
+    else:
+        raise AssertionError(f"{token!r} in text was accepted")

@@ -211,7 +211,7 @@ def test_decode_isolation_survives_a_killed_decoder():
         api_pid = server.pid_of("API server")
         workers = _decode_worker_pids(api_pid)
         assert len(workers) == 1
-        big = synthetic.make_video(width=1280, height=720, seconds=4)
+        big = synthetic.make_video(width=1920, height=1080, seconds=4)
         result: dict[str, object] = {}
 
         def victim() -> None:

@@ -13,6 +13,7 @@ allocation falls back to ordinary memory and the worker sends the bytes through 
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import mmap
@@ -72,6 +73,8 @@ class SharedAllocator:
             memory = _map(path, size, create=True)
         except OSError as exc:
             path.unlink(missing_ok=True)
+            if exc.errno == errno.ENOMEM:  # this process's own memory limit, not /dev/shm
+                raise MemoryError(f"no room to map {size} bytes") from None
             if not self.warned:
                 self.warned = True
                 logger.warning("shared memory unavailable (%s): decoded media goes through a "

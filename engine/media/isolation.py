@@ -78,15 +78,21 @@ def _worker_main(conn, memory_limit_bytes: int) -> None:
         try:
             try:
                 array, meta = _run_job(kind, args)
+                segment = allocator.export(array)
+                if segment is None and array.nbytes >= 1 << 20:  # decoded elsewhere: copy once
+                    copy = allocator(array.shape, array.dtype)
+                    copy[...] = array
+                    array, segment = copy, allocator.export(copy)
             except MemoryError:
-                raise MediaDecodeError("decoding the media needed more memory than a decode "
-                                       "worker may use", code="media_decode_memory",
-                                       hint="send smaller media or fewer frames") from None
-            segment = allocator.export(array)
-            if segment is None and array.nbytes >= 1 << 20:  # decoded elsewhere: one copy
-                copy = allocator(array.shape, array.dtype)
-                copy[...] = array
-                array, segment = copy, allocator.export(copy)
+                # Native code may be left half-way after a failed allocation: answer, then
+                # leave; the server replaces this worker before giving it more work.
+                allocator.discard()
+                conn.send(("error", MediaDecodeError(
+                    "decoding the media needed more memory than a decode worker may use",
+                    code="media_decode_memory",
+                    hint="send smaller media or fewer frames, or raise --decode-memory-gb"),
+                    None, None, "retire"))
+                return
             if segment is not None:
                 conn.send(("shm", segment, array.shape, array.dtype.str, meta))
             else:
@@ -187,7 +193,10 @@ class DecodeWorkers:
             raise MediaDecodeError(f"the {kind} decoder crashed on this input",
                                    hint="the file is likely corrupt or hostile; re-encode it",
                                    code="media_decoder_crashed") from None
-        self._give(worker)
+        if how == "error" and meta == "retire":
+            self._replace(worker)
+        else:
+            self._give(worker)
         if how == "error":
             raise where
         if how == "shm":
