@@ -28,3 +28,6 @@ def test_short_soak(tmp_path):
     assert len(doc["by_kind"]) >= 20  # most of the catalogue was exercised
     assert doc["fd_growth_after_warmup"] <= 2 and doc["temp_leftovers"] == []
     assert doc["requests"] > 100
+    roles = doc["process_samples"][-1]["rss_by_role"]
+    assert {"supervisor", "engine", "api0", "api0-decode-workers"} <= set(roles)
+    assert all(roles[r] > 0 for r in ("engine", "api0", "api0-decode-workers"))

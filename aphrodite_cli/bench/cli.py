@@ -414,7 +414,7 @@ def soak(
     from aphrodite_cli.bench.hostile import SERVER_ARGS, SERVER_ENV, HostileHost
     from aphrodite_cli.bench.results import write_result
     from aphrodite_cli.bench.serve_run import EmbeddedServer
-    from aphrodite_cli.bench.soak import run_soak
+    from aphrodite_cli.bench.soak import run_soak, server_roles
     from engine.errors import ConfigError
 
     if not embedded:
@@ -426,7 +426,7 @@ def soak(
                                    # warm-up is a leak, not the cache doing its job
                                    "--mm-processor-cache-gb", "0.02"], env=SERVER_ENV)
     try:
-        doc = run_soak(server.base_url, "tiny-qwen2_5_vl", server.proc.pid,
+        doc = run_soak(server.base_url, "tiny-qwen2_5_vl", server_roles("".join(server.lines)),
                        duration_s=duration, hostile_share=hostile_share,
                        concurrency=concurrency, seed=seed, media_base=host.base,
                        warmup_s=min(warmup, duration / 2))
@@ -443,6 +443,8 @@ def soak(
               f"{doc['decode_worker_restarts']}, RSS growth after warm-up "
               f"{doc['rss_growth_after_warmup']:+.1%}, fd growth {doc['fd_growth_after_warmup']:+d}"
               f", temp leftovers {len(doc['temp_leftovers'])}", markup=False)
+    out.print(f"RSS slope over the second half: {doc['rss_slope_second_half_mb_per_min']} MB/min "
+              f"(by process: {doc['rss_slope_second_half_by_role_mb_per_min']})", markup=False)
     out.print(f"result: {path}", markup=False)
     failed = (doc["valid_5xx"] or doc["hostile_mismatches"] or doc["temp_leftovers"]
               or doc["rss_growth_after_warmup"] > max_rss_growth)

@@ -205,6 +205,8 @@ def hostile_catalogue(model: str, host: str) -> list[HostileCase]:
         ("truncated-mkv", [video(f"{host}/truncated.mkv")], 200, None),  # the frames present
         ("8k-video", [video(f"{host}/8k.mp4")], 413, None),
         ("too-many-frames", [video(f"{host}/endless.mp4")], 413, None),
+        ("video-as-image", [image(f"{host}/truncated.mkv")], 415, None),
+        ("image-as-video", [video(f"{host}/one-by-one.png")], 415, None),
         ("bad-base64", [image("data:image/png;base64,!!!!")], 400, None),
         ("text-as-image", [image("data:image/png;base64," + b64(b"<html>x</html>").decode())],
          415, None),

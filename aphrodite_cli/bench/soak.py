@@ -57,33 +57,80 @@ def _shm_segments() -> set[str]:
     return {p.name for p in frame_memory.SHM_DIR.glob(f"{frame_memory.PREFIX}*")}
 
 
-def _proc_stats(pids: list[int]) -> dict[str, int]:
-    rss = fds = 0
-    for pid in pids:
+def _rss(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def server_roles(output: str) -> dict[str, int]:
+    """Role -> pid from the server's ready line (supervisor, engine, API servers)."""
+    roles: dict[str, int] = {}
+    for key, role in (("supervisor pid", "supervisor"), ("engine pid", "engine")):
+        match = re.search(rf"{key} (\d+)", output)
+        if match:
+            roles[role] = int(match.group(1))
+    match = re.search(r"API server pids ([\d, ]+)", output)
+    for i, pid in enumerate(match.group(1).replace(",", " ").split() if match else []):
+        roles[f"api{i}"] = int(pid)
+    return roles
+
+
+def sample_processes(roles: dict[str, int]) -> dict[str, Any]:
+    """RSS per role (decode workers summed under their API server), total RSS and open fds
+    of the whole tree."""
+    by_role: dict[str, int] = {}
+    fds = 0
+    seen: set[int] = set()
+    for role, pid in roles.items():
+        by_role[role] = _rss(pid) or 0
+        seen.add(pid)
+        if role.startswith("api"):
+            workers = _children(pid)
+            by_role[f"{role}-decode-workers"] = sum(_rss(w) or 0 for w in workers)
+            seen.update(workers)
+    todo = [roles.get("supervisor", 0)]
+    while todo:  # anything else in the tree (e.g. the resource tracker)
+        pid = todo.pop()
+        if pid and pid not in seen:
+            seen.add(pid)
+            by_role["other"] = by_role.get("other", 0) + (_rss(pid) or 0)
+        todo += _children(pid) if pid else []
+    for pid in seen:
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss += int(line.split()[1]) * 1024
             fds += len(list(Path(f"/proc/{pid}/fd").iterdir()))
         except OSError:
             continue
-    return {"rss_bytes": rss, "open_fds": fds}
+    return {"rss_bytes": sum(by_role.values()), "open_fds": fds, "rss_by_role": by_role}
 
 
-def _tree(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        out.append(current)
-        try:
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
-        except OSError:
-            children = []
-        todo += [int(c) for c in children]
-    return out
+def slope_mb_per_min(samples: list[dict[str, Any]], key: str | None = None) -> float | None:
+    """Least-squares RSS slope over the samples (MB/min); ``key``: one role."""
+    points = [(s["t_s"], (s["rss_by_role"].get(key, 0) if key else s["rss_bytes"]) / 2**20)
+              for s in samples]
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    if var == 0:
+        return None
+    return round(60 * sum((t - mean_t) * (v - mean_v) for t, v in points) / var, 3)
 
 
-def run_soak(base_url: str, model: str, root_pid: int, *, duration_s: float,
+def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: float,
              hostile_share: float, concurrency: int, seed: int, media_base: str,
              warmup_s: float) -> dict[str, Any]:
     """``concurrency`` clients send requests back to back for ``duration_s``; a share of them
@@ -120,11 +167,11 @@ def run_soak(base_url: str, model: str, root_pid: int, *, duration_s: float,
         futures = [pool.submit(client, i) for i in range(concurrency)]
         while not all(f.done() for f in futures):
             samples.append({"t_s": round(time.monotonic() - start, 2),
-                            **_proc_stats(_tree(root_pid))})
+                            **sample_processes(roles)})
             time.sleep(2.0)
         for f in futures:
             f.result()
-    samples.append({"t_s": round(time.monotonic() - start, 2), **_proc_stats(_tree(root_pid))})
+    samples.append({"t_s": round(time.monotonic() - start, 2), **sample_processes(roles)})
     restarts = decode_worker_restarts(base_url)
     temp_after = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
     leftovers = sorted(n for n in temp_after - temp_before if "aphrodite" in n)
@@ -138,6 +185,7 @@ def run_soak(base_url: str, model: str, root_pid: int, *, duration_s: float,
                                "got": status, "code": code})
     after_warmup = [s for s in samples if s["t_s"] >= warmup_s] or samples
     first, last = after_warmup[0], after_warmup[-1]
+    second_half = [s for s in samples if s["t_s"] >= duration_s / 2]
     valid_5xx = sum(1 for r in results if r[0] == "valid" and (r[3] >= 500 or r[3] == 0))
     return {
         "schema_version": 2, "kind": "soak", "duration_s": duration_s,
@@ -150,6 +198,13 @@ def run_soak(base_url: str, model: str, root_pid: int, *, duration_s: float,
         "process_samples": samples,
         "rss_growth_after_warmup": (last["rss_bytes"] - first["rss_bytes"]) / max(
             first["rss_bytes"], 1),
+        "rss_growth_after_warmup_by_role": {
+            role: last["rss_by_role"].get(role, 0) - first["rss_by_role"].get(role, 0)
+            for role in last["rss_by_role"]},
+        # a leak keeps rising to the end; a warm-up (arenas, caches filling) levels off
+        "rss_slope_second_half_mb_per_min": slope_mb_per_min(second_half),
+        "rss_slope_second_half_by_role_mb_per_min": {
+            role: slope_mb_per_min(second_half, role) for role in last["rss_by_role"]},
         "fd_growth_after_warmup": last["open_fds"] - first["open_fds"],
         "temp_leftovers": leftovers,
     }

@@ -54,6 +54,7 @@ def check_kind(data: bytes, modality: Modality) -> str | None:
     if not ok:
         raise UnsupportedMediaError(
             f"the {modality} part's content is {mime}, not {modality}",
-            hint=f"send a {modality} file in this part, or use the part type that matches {mime}",
+            hint=f"send {'an' if modality[0] in 'aeiou' else 'a'} {modality} file in this part, "
+                 f"or use the part type that matches {mime}",
         )
     return mime
