@@ -31,3 +31,5 @@ def test_short_soak(tmp_path):
     roles = doc["process_samples"][-1]["rss_by_role"]
     assert {"supervisor", "engine", "api0", "api0-decode-workers"} <= set(roles)
     assert all(roles[r] > 0 for r in ("engine", "api0", "api0-decode-workers"))
+    # The supervisor validated the model in a throwaway process: no torch/transformers in it.
+    assert roles["supervisor"] < 250 << 20 < roles["engine"]
