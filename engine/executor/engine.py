@@ -60,7 +60,7 @@ class Engine:
             live = [r for r in batch if not r.cancelled.is_set()]
             for r in batch:
                 if r.cancelled.is_set():
-                    r.done.set()
+                    r.finish()
             if not live:
                 continue
             try:
@@ -74,7 +74,7 @@ class Engine:
                     r.error = InternalError(f"generation failed: {type(exc).__name__}")
             finally:
                 for r in live:
-                    r.done.set()
+                    r.finish()
 
     async def stream(self, request: EngineRequest) -> AsyncIterator[TokenEvent]:
         """Submit and yield token events as they are produced (cancels on consumer exit)."""

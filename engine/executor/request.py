@@ -47,6 +47,14 @@ class EngineRequest:
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    on_done: Callable[[EngineRequest], None] | None = None
+
+    def finish(self) -> None:
+        """Mark done (the engine thread calls this once) and run ``on_done``: a caller that
+        must act on completion needs no thread of its own waiting on ``done``."""
+        self.done.set()
+        if self.on_done is not None:
+            self.on_done(self)
 
     def cancel(self) -> None:
         """The client went away: stop generating for it at the next step."""

@@ -63,7 +63,6 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
                 conn.send(message)
 
         def finish(rid: str, req: EngineRequest) -> None:
-            req.done.wait()
             live.pop(rid, None)
             error = None
             if req.error is not None:
@@ -92,10 +91,10 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
                     send(("event", rid, event.index, event.token_id, event.text_delta,
                           event.finish_reason))
 
-                req = EngineRequest(prompt, SamplingParams(**sampling), on_event=on_event)
+                req = EngineRequest(prompt, SamplingParams(**sampling), on_event=on_event,
+                                    on_done=lambda req, rid=rid: finish(rid, req))
                 live[rid] = req
                 engine.submit(req)
-                threading.Thread(target=finish, args=(rid, req), daemon=True).start()
             elif message[0] == "cancel":
                 req = live.get(message[1])
                 if req is not None:
