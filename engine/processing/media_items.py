@@ -16,31 +16,40 @@ from engine.media.video.options import VideoLoadSpec
 from engine.processing.preprocess import MediaItem
 
 
+class InProcessDecoders:
+    """The decoding calls of :class:`~engine.media.isolation.DecodeWorkers`, run here."""
+
+    @staticmethod
+    def decode_image(data: bytes, limits: MediaLimits) -> Any:
+        return decode_image(data, limits)
+
+    @staticmethod
+    def decode_video(data: bytes, spec: VideoLoadSpec, limits: MediaLimits) -> Any:
+        return load_video(data, spec, limits)
+
+    @staticmethod
+    def decode_audio(data: bytes, *, sampling_rate: int, max_seconds: float) -> Any:
+        return decode_audio(data, sampling_rate=sampling_rate, max_seconds=max_seconds)
+
+
 def item_for(modality: str, data: bytes, limits: MediaLimits, video: VideoLoadSpec,
              sampling_rate: int, decoders: Any = None) -> MediaItem:
     """A MediaItem whose hash is the encoded bytes and whose decode runs the media path
     (in ``decoders``, the decode worker processes, when given; else in this process)."""
+    run = decoders if decoders is not None else InProcessDecoders
     if modality == "image":
-        def image() -> Any:
-            if decoders is not None:
-                return decoders.decode_image(data, limits)
-            return decode_image(data, limits)
-
-        return MediaItem("image", encoded=data, decode=image,
+        return MediaItem("image", encoded=data, decode=lambda: run.decode_image(data, limits),
                          media_kwargs={"background": limits.image_background})
     if modality == "video":
-        def decode_video() -> Any:
-            if decoders is not None:
-                return decoders.decode_video(data, video, limits).frames
-            return load_video(data, video, limits).frames
-
-        return MediaItem("video", encoded=data, decode=decode_video, media_kwargs={
-            "backend": video.backend, "options": repr(video.options),
-            "sampling": repr(video.sampling)})
+        return MediaItem("video", encoded=data,
+                         decode=lambda: run.decode_video(data, video, limits).frames,
+                         media_kwargs={"backend": video.backend,
+                                       "options": repr(video.options),
+                                       "sampling": repr(video.sampling)})
 
     def decode() -> Any:
-        run = decoders.decode_audio if decoders is not None else decode_audio
-        clip = run(data, sampling_rate=sampling_rate, max_seconds=limits.max_audio_seconds)
+        clip = run.decode_audio(data, sampling_rate=sampling_rate,
+                                max_seconds=limits.max_audio_seconds)
         return clip.samples, clip.sampling_rate
 
     return MediaItem("audio", encoded=data, decode=decode,

@@ -11,6 +11,7 @@ byte. Each response carries the server-side stage timings and cache hits: the he
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -201,24 +202,20 @@ async def prepare_chat(state: State, data: dict[str, Any]):
     return fields, processed
 
 
-class preprocess_slot:
+@contextlib.contextmanager
+def preprocess_slot(state: State):
     """At most --max-decode-queue requests fetching, decoding or preprocessing per API server;
     past that a 503 with Retry-After at once (the decode pool's queue stays bounded)."""
-
-    def __init__(self, state: State) -> None:
-        self.state = state
-
-    def __enter__(self) -> None:
-        state = self.state
-        if state.preprocessing >= state.config.max_decode_queue:
-            raise OverloadedError(
-                f"this API server already has {state.preprocessing} requests fetching, "
-                "decoding or preprocessing media", code="decode_queue_full",
-                hint="retry after the Retry-After seconds, or raise --max-decode-queue")
-        state.preprocessing += 1
-
-    def __exit__(self, *exc: object) -> None:
-        self.state.preprocessing -= 1
+    if state.preprocessing >= state.config.max_decode_queue:
+        raise OverloadedError(
+            f"this API server already has {state.preprocessing} requests fetching, "
+            "decoding or preprocessing media", code="decode_queue_full",
+            hint="retry after the Retry-After seconds, or raise --max-decode-queue")
+    state.preprocessing += 1
+    try:
+        yield
+    finally:
+        state.preprocessing -= 1
 
 
 async def decode_gpu_videos(state: State, items: list, video) -> None:
