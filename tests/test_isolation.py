@@ -4,7 +4,6 @@ worker fails only its own decode and is replaced."""
 from __future__ import annotations
 
 import mmap
-import multiprocessing
 import os
 import signal
 import threading
@@ -50,51 +49,75 @@ def test_client_errors_come_back_as_themselves(workers):
         workers.decode_video(b"not a video" * 100, spec(), MediaLimits.from_env())
 
 
+def _worker_segments(worker_pid: int) -> list[Path]:
+    return list(frame_memory.SHM_DIR.glob(f"{frame_memory.PREFIX}{os.getpid()}-{worker_pid}-*"))
+
+
+def _stop_mid_decode(pool: DecodeWorkers, decode, attempts: int = 5) -> tuple[int, object]:
+    """Run ``decode`` in a thread and SIGSTOP its worker once the worker has allocated the
+    frames' shared-memory segment, i.e. in the middle of decoding: no race with the clock, on
+    a fast machine or a slow one. Returns the stopped worker's pid and the thread's outcome
+    holder. A decode that finished before it could be caught is run again."""
+    for _ in range(attempts):
+        idle = set(pool.pids())
+        outcome: dict[str, object] = {}
+
+        def run(outcome: dict[str, object] = outcome) -> None:
+            try:
+                outcome["result"] = decode()
+            except Exception as err:
+                outcome["result"] = err
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        busy: list[int] = []
+        while thread.is_alive():
+            busy = busy or sorted(idle - set(pool.pids()))
+            if busy and _worker_segments(busy[0]):
+                os.kill(busy[0], signal.SIGSTOP)
+                outcome["thread"] = thread
+                return busy[0], outcome
+            time.sleep(0.001)
+        thread.join()
+    pytest.fail(f"the decode finished before its worker could be stopped, {attempts} times")
+
+
 def test_a_killed_worker_fails_only_its_decode_and_is_replaced(workers):
     big = synthetic.make_video(width=1920, height=1080, seconds=3)
     small = synthetic.make_video(width=96, height=64, seconds=1)
-    outcome: dict[str, object] = {}
-
-    def victim() -> None:
-        try:
-            outcome["victim"] = workers.decode_video(big, spec(num_frames=90, skip_nonref=False),
-                                                     MediaLimits.from_env())
-        except MediaDecodeError as err:
-            outcome["victim"] = err
-
     idle_before = set(workers.pids())
-    thread = threading.Thread(target=victim)
-    thread.start()
-    deadline = time.monotonic() + 20
-    busy: list[int] = []
-    while not busy and time.monotonic() < deadline:
-        busy = [c.pid for c in multiprocessing.active_children()
-                if c.name == "aphrodite-decode-worker" and c.pid not in workers.pids()]
-        time.sleep(0.02)
-    assert busy
-    # The bystander decodes on the other worker while the victim's worker is killed mid-decode.
-    other = threading.Thread(target=lambda: outcome.__setitem__(
-        "bystander", workers.decode_video(small, spec(), MediaLimits.from_env())))
-    other.start()
-    os.kill(busy[0], signal.SIGKILL)
-    thread.join(60)
-    other.join(60)
-    bystander = outcome["bystander"]
-    assert isinstance(outcome["victim"], MediaDecodeError)
-    assert outcome["victim"].code == "media_decoder_crashed"
+    victim, outcome = _stop_mid_decode(workers, lambda: workers.decode_video(
+        big, spec(num_frames=90, skip_nonref=False), MediaLimits.from_env()))
+    # The bystander decodes on the other worker while the victim's worker hangs, then the
+    # victim's worker is killed mid-decode.
+    bystander = workers.decode_video(small, spec(), MediaLimits.from_env())
     assert bystander.frames.shape == (8, 64, 96, 3)
+    os.kill(victim, signal.SIGKILL)
+    outcome["thread"].join(60)
+    assert isinstance(outcome["result"], MediaDecodeError)
+    assert outcome["result"].code == "media_decoder_crashed"
     assert workers.restarts >= 1 and len(workers.pids()) == 2
-    assert set(workers.pids()) != idle_before | {busy[0]}
+    assert victim not in workers.pids() and set(workers.pids()) != idle_before
+    assert _worker_segments(victim) == []
     assert workers.decode_video(small, spec(), MediaLimits.from_env()).frames.shape[0] == 8
 
 
-def test_a_decode_over_the_time_limit_is_killed():
-    pool = DecodeWorkers(1, timeout_s=0.2)
+def test_a_decode_over_the_time_limit_is_killed_and_leaves_no_shared_memory():
+    pool = DecodeWorkers(1, timeout_s=3)
     try:
         big = synthetic.make_video(width=1280, height=720, seconds=3)
-        with pytest.raises(MediaDecodeError) as info:
-            pool.decode_video(big, spec(num_frames=64, skip_nonref=False), MediaLimits.from_env())
-        assert info.value.code == "media_decode_timeout" and pool.restarts == 1
+        started = time.monotonic()
+        hung, outcome = _stop_mid_decode(pool, lambda: pool.decode_video(
+            big, spec(num_frames=64, skip_nonref=False), MediaLimits.from_env()))
+        assert _worker_segments(hung)  # it hangs holding a half-filled segment
+        outcome["thread"].join(60)
+        error = outcome["result"]
+        assert isinstance(error, MediaDecodeError) and error.code == "media_decode_timeout"
+        assert "--decode-timeout-s" in error.hint
+        assert time.monotonic() - started >= 3
+        assert pool.restarts == 1 and hung not in pool.pids() and len(pool.pids()) == 1
+        assert _worker_segments(hung) == [] and _segments() == []
+        assert pool.decode_video(big, spec(), MediaLimits.from_env()).frames.shape[0] == 8
     finally:
         pool.close()
 
@@ -145,6 +168,8 @@ def test_a_full_decode_queue_answers_503_at_once():
         except Exception as err:
             outcomes.append(err)
 
+    (worker,) = pool.pids()
+    os.kill(worker, signal.SIGSTOP)  # it stays busy with the first decode until resumed
     try:
         running = threading.Thread(target=decode, args=(big,))
         running.start()
@@ -158,21 +183,10 @@ def test_a_full_decode_queue_answers_503_at_once():
             pool.decode_video(small, spec(), MediaLimits.from_env())
         assert info.value.status == 503 and info.value.code == "decode_queue_full"
         assert "--max-decode-queue" in info.value.hint
+        os.kill(worker, signal.SIGCONT)
         running.join(60)
         waiting.join(60)
         assert all(not isinstance(o, Exception) for o in outcomes) and len(outcomes) == 2
-    finally:
-        pool.close()
-
-
-def test_a_killed_worker_leaves_no_shared_memory(tmp_path):
-    pool = DecodeWorkers(1, timeout_s=0.3)
-    try:
-        big = synthetic.make_video(width=1280, height=720, seconds=3)
-        with pytest.raises(MediaDecodeError):
-            pool.decode_video(big, spec(num_frames=64, skip_nonref=False),
-                              MediaLimits.from_env())
-        assert _segments() == []
     finally:
         pool.close()
 
