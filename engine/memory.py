@@ -30,3 +30,38 @@ def tune_allocator(mmap_threshold: int = 1 << 30, trim_threshold: int = (1 << 31
             libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
     except (OSError, AttributeError):
         return False
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+def heap_stats() -> dict[str, int] | None:
+    """glibc's view of this process's heap (all arenas), in bytes: ``in_use`` by live blocks,
+    ``free`` inside the heap but not given back to the OS, ``mmapped`` large blocks. None
+    where mallinfo2 is unavailable (glibc < 2.33, musl)."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd,
+            "arena": info.arena}
+
+
+def trim() -> bool:
+    """Give free heap pages back to the OS (``malloc_trim(0)``: every arena, not only the top
+    of the main heap). True if memory was released."""
+    libc = _libc()
+    return bool(libc and hasattr(libc, "malloc_trim") and libc.malloc_trim(0))

@@ -28,14 +28,44 @@ def rss_mb(pid: int) -> int:
     return 0
 
 
-async def main(requests: int, every: int) -> dict:
+def _serve_with_heap_stats(stats_path: str, trim_every_s: float, *args) -> None:
+    """The engine process, plus a thread that writes glibc's heap numbers to ``stats_path``
+    every 0.5 s (and calls malloc_trim every ``trim_every_s`` seconds when > 0)."""
+    import threading
+
+    from engine.memory import heap_stats, trim
+    from engine.server.engine_proc import serve_engine
+
+    def report() -> None:
+        last_trim = time.monotonic()
+        while True:
+            time.sleep(0.5)
+            if trim_every_s > 0 and time.monotonic() - last_trim > trim_every_s:
+                trim()
+                last_trim = time.monotonic()
+            tmp = stats_path + ".tmp"
+            Path(tmp).write_text(json.dumps(heap_stats()))
+            os.replace(tmp, stats_path)
+
+    threading.Thread(target=report, daemon=True).start()
+    serve_engine(*args)
+
+
+def heap_mb(stats_path: str) -> dict[str, int]:
+    try:
+        stats = json.loads(Path(stats_path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {f"heap_{k}_mb": v >> 20 for k, v in (stats or {}).items()}
+
+
+async def main(requests: int, every: int, trim_every_s: float) -> dict:
     from PIL import Image
 
     from engine import LLM
     from engine.media import synthetic
     from engine.processing.preprocess import MediaItem
     from engine.server.engine_client import EngineClient
-    from engine.server.engine_proc import serve_engine
 
     llm = LLM(mm_processor_cache_gb=0)
     prompts = [llm.prepare("<|vision_start|><|image_pad|><|vision_end|>Describe.", [MediaItem(
@@ -46,8 +76,10 @@ async def main(requests: int, every: int) -> dict:
     address = os.path.join(tempfile.mkdtemp(prefix="aphrodite-"), "engine.sock")
     key = secrets.token_bytes(16)
     ready, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=serve_engine, args=(address, key, None, None, 8, "cpu", "auto",
-                                                  child, 1), daemon=True)
+    stats_path = os.path.join(os.path.dirname(address), "heap.json")
+    proc = ctx.Process(target=_serve_with_heap_stats, args=(
+        stats_path, trim_every_s, address, key, None, None, 8, "cpu", "auto", child, 1),
+        daemon=True)
     proc.start()
     child.close()
     ready.recv()
@@ -68,20 +100,23 @@ async def main(requests: int, every: int) -> dict:
         done += 4
         if done % every < 4:
             series.append({"requests": done, "rss_mb": rss_mb(proc.pid),
-                           "t_s": round(time.monotonic() - start, 1)})
+                           **heap_mb(stats_path), "t_s": round(time.monotonic() - start, 1)})
             print(series[-1], flush=True)
     client.close()
     proc.kill()
-    return {"kind": "engine-memory", "requests": requests, "series": series}
+    return {"kind": "engine-memory", "requests": requests, "trim_every_s": trim_every_s,
+            "series": series}
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--every", type=int, default=1000)
+    parser.add_argument("--trim-every-s", type=float, default=0,
+                        help="call malloc_trim in the engine this often (0: never)")
     parser.add_argument("--out-dir", type=Path, default=Path("results"))
     args = parser.parse_args()
-    doc = asyncio.run(main(args.requests, args.every))
+    doc = asyncio.run(main(args.requests, args.every, args.trim_every_s))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     path = args.out_dir / f"engine-memory-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(doc, indent=1))
