@@ -28,18 +28,42 @@ def rss_mb(pid: int) -> int:
     return 0
 
 
-def _serve_with_heap_stats(stats_path: str, trim_every_s: float, *args) -> None:
+def _serve_with_heap_stats(stats_path: str, trim_every_s: float, trace_after_s: float,
+                           *args) -> None:
     """The engine process, plus a thread that writes glibc's heap numbers to ``stats_path``
-    every 0.5 s (and calls malloc_trim every ``trim_every_s`` seconds when > 0)."""
+    every 0.5 s (and calls malloc_trim every ``trim_every_s`` seconds when > 0). With
+    ``trace_after_s`` > 0, Python allocations are traced: a snapshot at that time, and the
+    biggest growth since then written to ``stats_path``.trace every 10 s."""
     import threading
+    import tracemalloc
+
+    if trace_after_s > 0:
+        tracemalloc.start(6)
+    first: list = []
+
+    def trace() -> None:
+        if not first:
+            first.append(tracemalloc.take_snapshot())
+            return
+        diff = tracemalloc.take_snapshot().compare_to(first[0], "traceback")
+        lines = []
+        for stat in diff[:8]:
+            lines.append(f"{stat.size_diff / 1024:+.0f} KiB, {stat.count_diff:+d} blocks")
+            lines.extend("    " + line for line in stat.traceback.format())
+        Path(stats_path + ".trace").write_text("\n".join(lines))
 
     from engine.memory import heap_stats, trim
     from engine.server.engine_proc import serve_engine
 
     def report() -> None:
-        last_trim = time.monotonic()
+        last_trim = started = last_trace = time.monotonic()
         while True:
             time.sleep(0.5)
+            now = time.monotonic()
+            if trace_after_s > 0 and now - started > trace_after_s and (
+                    not first or now - last_trace > 10):
+                trace()
+                last_trace = now
             if trim_every_s > 0 and time.monotonic() - last_trim > trim_every_s:
                 trim()
                 last_trim = time.monotonic()
@@ -59,7 +83,7 @@ def heap_mb(stats_path: str) -> dict[str, int]:
     return {f"heap_{k}_mb": v >> 20 for k, v in (stats or {}).items()}
 
 
-async def main(requests: int, every: int, trim_every_s: float) -> dict:
+async def main(requests: int, every: int, trim_every_s: float, trace_after_s: float) -> dict:
     from PIL import Image
 
     from engine import LLM
@@ -78,8 +102,8 @@ async def main(requests: int, every: int, trim_every_s: float) -> dict:
     ready, child = ctx.Pipe(duplex=False)
     stats_path = os.path.join(os.path.dirname(address), "heap.json")
     proc = ctx.Process(target=_serve_with_heap_stats, args=(
-        stats_path, trim_every_s, address, key, None, None, 8, "cpu", "auto", child, 1),
-        daemon=True)
+        stats_path, trim_every_s, trace_after_s, address, key, None, None, 8, "cpu", "auto",
+        child, 1), daemon=True)
     proc.start()
     child.close()
     ready.recv()
@@ -103,6 +127,9 @@ async def main(requests: int, every: int, trim_every_s: float) -> dict:
                            **heap_mb(stats_path), "t_s": round(time.monotonic() - start, 1)})
             print(series[-1], flush=True)
     client.close()
+    if trace_after_s > 0:
+        await asyncio.sleep(11)
+        print(Path(stats_path + ".trace").read_text())
     proc.kill()
     return {"kind": "engine-memory", "requests": requests, "trim_every_s": trim_every_s,
             "series": series}
@@ -114,9 +141,12 @@ if __name__ == "__main__":
     parser.add_argument("--every", type=int, default=1000)
     parser.add_argument("--trim-every-s", type=float, default=0,
                         help="call malloc_trim in the engine this often (0: never)")
+    parser.add_argument("--trace-after-s", type=float, default=0,
+                        help="trace Python allocations in the engine; compare to this time")
     parser.add_argument("--out-dir", type=Path, default=Path("results"))
     args = parser.parse_args()
-    doc = asyncio.run(main(args.requests, args.every, args.trim_every_s))
+    doc = asyncio.run(main(args.requests, args.every, args.trim_every_s,
+                          args.trace_after_s))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     path = args.out_dir / f"engine-memory-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(doc, indent=1))

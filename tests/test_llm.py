@@ -15,6 +15,7 @@ from engine import SamplingParams
 from engine.errors import ConfigError, InvalidRequestError
 from engine.executor.request import EngineRequest
 from engine.media import synthetic
+from engine.processing.preprocess import MediaItem
 from tests.engine_fixtures import llm
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
@@ -173,3 +174,33 @@ def test_cuda_execution_matches_cpu_greedy():
     on_gpu = gpu.generate(prompt, GREEDY)[0].outputs[0].token_ids
     on_cpu = llm("qwen2_vl").generate(prompt, GREEDY)[0].outputs[0].token_ids
     assert on_gpu == on_cpu
+
+
+def test_a_finished_request_and_its_prompt_are_freed_without_the_garbage_collector():
+    """Nothing the engine builds per batch (sampler, stopping rule, streamer, rows) may hold a
+    request in a reference cycle: a cycle keeps the request and its media tensors alive until
+    the cyclic collector runs, and under steady traffic the engine's heap rose in steps."""
+    import gc
+    import weakref
+
+    model = llm("qwen2_5_vl")
+    params = SamplingParams(max_tokens=4, temperature=0.9, top_p=0.8, top_k=20, seed=3, n=2)
+    gc.collect()
+    gc.disable()
+    try:
+        prepared = [model.prepare("<|vision_start|><|image_pad|><|vision_end|>What is it?",
+                                  [MediaItem("image", decoded=img(k))], None, False)[1]
+                    for k in range(3)]
+        prompts = [weakref.ref(p) for p in prepared]  # (the media tensors stay in the cache)
+        reqs = [model.engine.submit(EngineRequest(p, params)) for p in prepared]
+        for r in reqs:
+            assert r.done.wait(60) and r.error is None
+            assert all(len(o.token_ids) > 0 for o in r.outputs)
+        refs = [weakref.ref(r) for r in reqs] + prompts
+        del reqs, r, prepared
+        deadline = time.monotonic() + 10  # the engine thread returns from the batch
+        while any(ref() is not None for ref in refs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [ref() for ref in refs] == [None] * 6
+    finally:
+        gc.enable()

@@ -10,6 +10,7 @@ time it, so prefill, encoder, first token and decode are reported separately.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,8 +94,7 @@ class TransformersRunner:
     def run(self, requests: list[EngineRequest]) -> None:
         """Generate for every request (each expanded to ``n`` rows); fills their outputs."""
         import torch
-        from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
-        from transformers.generation.streamers import BaseStreamer
+        from transformers import LogitsProcessorList
 
         rows: list[_Row] = []
         for req in requests:
@@ -104,60 +104,18 @@ class TransformersRunner:
                 if req.params.seed is not None:
                     gen = torch.Generator(device="cpu").manual_seed(req.params.seed + i)
                 rows.append(_Row(req, i, gen))
-        runner = self
         started = time.perf_counter()
         self._encoder_s = 0.0
-        state = {"prompt_seen": False}
-
-        class Sampler(LogitsProcessor):
-            def __call__(self, input_ids, scores):
-                for i, row in enumerate(rows):
-                    p = row.request.params
-                    if row.done or p.temperature == 0:
-                        continue
-                    logits = scores[i].float() / p.temperature
-                    if p.top_k and p.top_k > 0:
-                        kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
-                        logits = logits.masked_fill(logits < kth, float("-inf"))
-                    probs = torch.softmax(logits, dim=-1)
-                    if p.top_p < 1.0:
-                        sorted_p, order = torch.sort(probs, descending=True)
-                        keep = torch.cumsum(sorted_p, 0) - sorted_p < p.top_p
-                        mask = torch.zeros_like(probs, dtype=torch.bool)
-                        mask[order[keep]] = True
-                        probs = torch.where(mask, probs, torch.zeros_like(probs))
-                        probs = probs / probs.sum()
-                    token = torch.multinomial(probs, 1, generator=row.generator).item()
-                    forced = torch.full_like(scores[i], float("-inf"))
-                    forced[token] = 0.0
-                    scores[i] = forced
-                return scores
-
-        class Stop(StoppingCriteria):
-            def __call__(self, input_ids, scores, **kwargs):
-                return torch.tensor([row.done or row.request.cancelled.is_set() for row in rows],
-                                    dtype=torch.bool, device=input_ids.device)
-
-        class Streamer(BaseStreamer):
-            def put(self, value):
-                if not state["prompt_seen"]:
-                    state["prompt_seen"] = True
-                    return
-                now = time.perf_counter()
-                for i, token in enumerate(value.reshape(-1).tolist()):
-                    runner._step(rows[i], int(token), now)
-
-            def end(self):
-                return None
-
+        sampler, stop, streamer = _hooks()
         inputs = self._inputs(rows)
         max_new = max(r.request.params.max_tokens for r in rows)
         try:
             with torch.inference_mode():
                 self.model.generate(
                     **inputs, max_new_tokens=max_new, do_sample=False,
-                    logits_processor=LogitsProcessorList([Sampler()]),
-                    stopping_criteria=[Stop()], streamer=Streamer(), pad_token_id=self.pad_id,
+                    logits_processor=LogitsProcessorList([sampler(rows)]),
+                    stopping_criteria=[stop(rows)], streamer=streamer(self, rows),
+                    pad_token_id=self.pad_id,
                     eos_token_id=None, use_cache=True)
         finally:
             finished = time.perf_counter()
@@ -219,3 +177,69 @@ class TransformersRunner:
             if row.request.on_event:
                 row.request.on_event(TokenEvent(row.request.request_id, row.index, None, "",
                                                 reason))
+
+
+@functools.cache
+def _hooks() -> tuple[type, type, type]:
+    """The per-row sampler, stopping criterion and streamer handed to ``generate``.
+
+    Built once per process (transformers is imported lazily) and given each batch's rows as
+    instance state: classes defined inside ``run`` were new objects on every batch, held in
+    reference cycles with the batch's rows, requests and media tensors, so all of it waited
+    for the cyclic garbage collector and the engine's heap rose in a saw-tooth.
+    """
+    import torch
+    from transformers import LogitsProcessor, StoppingCriteria
+    from transformers.generation.streamers import BaseStreamer
+
+    class Sampler(LogitsProcessor):
+        def __init__(self, rows: list[_Row]) -> None:
+            self.rows = rows
+
+        def __call__(self, input_ids, scores):
+            for i, row in enumerate(self.rows):
+                p = row.request.params
+                if row.done or p.temperature == 0:
+                    continue
+                logits = scores[i].float() / p.temperature
+                if p.top_k and p.top_k > 0:
+                    kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                probs = torch.softmax(logits, dim=-1)
+                if p.top_p < 1.0:
+                    sorted_p, order = torch.sort(probs, descending=True)
+                    keep = torch.cumsum(sorted_p, 0) - sorted_p < p.top_p
+                    mask = torch.zeros_like(probs, dtype=torch.bool)
+                    mask[order[keep]] = True
+                    probs = torch.where(mask, probs, torch.zeros_like(probs))
+                    probs = probs / probs.sum()
+                token = torch.multinomial(probs, 1, generator=row.generator).item()
+                forced = torch.full_like(scores[i], float("-inf"))
+                forced[token] = 0.0
+                scores[i] = forced
+            return scores
+
+    class Stop(StoppingCriteria):
+        def __init__(self, rows: list[_Row]) -> None:
+            self.rows = rows
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.tensor([row.done or row.request.cancelled.is_set() for row in self.rows],
+                                dtype=torch.bool, device=input_ids.device)
+
+    class Streamer(BaseStreamer):
+        def __init__(self, runner: TransformersRunner, rows: list[_Row]) -> None:
+            self.runner, self.rows, self.prompt_seen = runner, rows, False
+
+        def put(self, value):
+            if not self.prompt_seen:  # generate hands over the prompt first
+                self.prompt_seen = True
+                return
+            now = time.perf_counter()
+            for i, token in enumerate(value.reshape(-1).tolist()):
+                self.runner._step(self.rows[i], int(token), now)
+
+        def end(self):
+            return None
+
+    return Sampler, Stop, Streamer

@@ -74,31 +74,37 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
             outputs = [(o.index, o.text, o.token_ids, o.finish_reason) for o in req.outputs]
             send(("done", rid, outputs, req.timings, error))
 
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                for req in live.values():
-                    req.cancel()
-                return
+        def submit(rid: str, input_ids: list[int], mm: dict, sampling: dict) -> None:
+            tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                       for k, v in mm.items()}
+            prompt = ProcessedPrompt(input_ids, tensors, [], {}, {})
+
+            def on_event(event) -> None:
+                send(("event", rid, event.index, event.token_id, event.text_delta,
+                      event.finish_reason))
+
+            req = EngineRequest(prompt, SamplingParams(**sampling), on_event=on_event,
+                                on_done=lambda req: finish(rid, req))
+            live[rid] = req
+            engine.submit(req)
+
+        def dispatch(message: tuple) -> None:
             if message[0] == "submit":
-                _, rid, input_ids, mm, sampling = message
-                tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
-                           for k, v in mm.items()}
-                prompt = ProcessedPrompt(input_ids, tensors, [], {}, {})
-
-                def on_event(event, rid=rid) -> None:
-                    send(("event", rid, event.index, event.token_id, event.text_delta,
-                          event.finish_reason))
-
-                req = EngineRequest(prompt, SamplingParams(**sampling), on_event=on_event,
-                                    on_done=lambda req, rid=rid: finish(rid, req))
-                live[rid] = req
-                engine.submit(req)
+                submit(*message[1:])
             elif message[0] == "cancel":
                 req = live.get(message[1])
                 if req is not None:
                     req.cancel()
+
+        # One call per message: nothing of the last request stays bound to this loop while
+        # it waits for the next message.
+        while True:
+            try:
+                dispatch(conn.recv())
+            except (EOFError, OSError):
+                for req in live.values():
+                    req.cancel()
+                return
 
     threads = []
     for _ in range(api_servers):
