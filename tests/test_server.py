@@ -207,7 +207,9 @@ def test_models_health_version_metrics_and_text_completions(server, client):
         metrics = resp.read().decode()
     for name in ("aphrodite_requests_total", "aphrodite_stage_seconds",
                  "aphrodite_processor_cache_total", "aphrodite_media_bytes_fetched_total",
-                 "aphrodite_video_decode_seconds", "aphrodite_gpu_decode_budget_bytes_in_use"):
+                 "aphrodite_video_decode_seconds", "aphrodite_gpu_decode_budget_bytes_in_use",
+                 'python_gc_objects_collected_total{generation="2"}',
+                 "aphrodite_heap_in_use_bytes", "aphrodite_heap_free_bytes"):
         assert name in metrics
     assert 'status="401"' in metrics or 'status="200"' in metrics
 

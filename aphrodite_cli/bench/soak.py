@@ -40,15 +40,21 @@ def post(base: str, body: bytes) -> tuple[int, str | None]:
         return 0, None
 
 
-def decode_worker_restarts(base: str) -> int | None:
-    """The server's decode-worker restarts, from /metrics (None when not isolated)."""
+def metric(base: str, name: str) -> float | None:
+    """One unlabelled value from the server's /metrics (None when absent or unreachable)."""
     root = base.removesuffix("/v1")
     try:
         text = urllib.request.urlopen(f"{root}/metrics", timeout=30).read().decode()
     except OSError:
         return None
-    match = re.search(r"^aphrodite_decode_worker_restarts (\S+)$", text, re.M)
-    return int(float(match.group(1))) if match else None
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else None
+
+
+def decode_worker_restarts(base: str) -> int | None:
+    """The server's decode-worker restarts, from /metrics (None when not isolated)."""
+    value = metric(base, "aphrodite_decode_worker_restarts")
+    return None if value is None else int(value)
 
 
 def _shm_segments() -> set[str]:
@@ -115,10 +121,15 @@ def sample_processes(roles: dict[str, int]) -> dict[str, Any]:
     return {"rss_bytes": sum(by_role.values()), "open_fds": fds, "rss_by_role": by_role}
 
 
-def slope_mb_per_min(samples: list[dict[str, Any]], key: str | None = None) -> float | None:
-    """Least-squares RSS slope over the samples (MB/min); ``key``: one role."""
-    points = [(s["t_s"], (s["rss_by_role"].get(key, 0) if key else s["rss_bytes"]) / 2**20)
-              for s in samples]
+def slope_mb_per_min(samples: list[dict[str, Any]], key: str | None = None, *,
+                     field: str | None = None) -> float | None:
+    """Least-squares RSS slope over the samples (MB/min); ``key``: one role; ``field``: another
+    byte count of the samples instead of RSS (samples without it are skipped)."""
+    if field:
+        points = [(s["t_s"], s[field] / 2**20) for s in samples if s.get(field) is not None]
+    else:
+        points = [(s["t_s"], (s["rss_by_role"].get(key, 0) if key else s["rss_bytes"]) / 2**20)
+                  for s in samples]
     if len(points) < 3:
         return None
     n = len(points)
@@ -165,13 +176,18 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
 
     with ThreadPoolExecutor(concurrency) as pool:
         futures = [pool.submit(client, i) for i in range(concurrency)]
+        def sample() -> dict[str, Any]:
+            # the API server's glibc heap in live blocks: a leak raises it, a new allocator
+            # high-water mark (freed frame memory kept on purpose) raises only RSS
+            return {"t_s": round(time.monotonic() - start, 2), **sample_processes(roles),
+                    "api_heap_in_use_bytes": metric(base_url, "aphrodite_heap_in_use_bytes")}
+
         while not all(f.done() for f in futures):
-            samples.append({"t_s": round(time.monotonic() - start, 2),
-                            **sample_processes(roles)})
+            samples.append(sample())
             time.sleep(2.0)
         for f in futures:
             f.result()
-    samples.append({"t_s": round(time.monotonic() - start, 2), **sample_processes(roles)})
+        samples.append(sample())
     restarts = decode_worker_restarts(base_url)
     temp_after = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
     leftovers = sorted(n for n in temp_after - temp_before if "aphrodite" in n)
@@ -205,6 +221,8 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
         "rss_slope_second_half_mb_per_min": slope_mb_per_min(second_half),
         "rss_slope_second_half_by_role_mb_per_min": {
             role: slope_mb_per_min(second_half, role) for role in last["rss_by_role"]},
+        "api_heap_in_use_slope_second_half_mb_per_min": slope_mb_per_min(
+            second_half, field="api_heap_in_use_bytes"),
         "fd_growth_after_warmup": last["open_fds"] - first["open_fds"],
         "temp_leftovers": leftovers,
     }

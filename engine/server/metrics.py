@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    generate_latest,
+)
+
+from engine.memory import heap_stats
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -10,6 +19,17 @@ _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # python_gc_objects_collected_total: objects freed only by the cyclic collector, i.e.
+        # held in reference cycles; a count that grows with requests is a leak smell.
+        GCCollector(registry=self.registry)
+        # glibc's heap: bytes in live blocks vs free but kept (this process's allocator keeps
+        # freed frame memory on purpose, see engine.memory): a leak raises the first; a new
+        # high-water mark only the second and RSS.
+        Gauge("aphrodite_heap_in_use_bytes", "glibc heap bytes in live blocks (incl. mmapped)",
+              registry=self.registry).set_function(
+            lambda: sum((heap_stats() or {}).get(k, 0) for k in ("in_use", "mmapped")))
+        Gauge("aphrodite_heap_free_bytes", "glibc heap bytes freed but kept by the allocator",
+              registry=self.registry).set_function(lambda: (heap_stats() or {}).get("free", 0))
         self.requests = Counter("aphrodite_requests_total", "HTTP requests by route and status",
                                 ["route", "status"], registry=self.registry)
         self.stage = Histogram("aphrodite_stage_seconds", "Per-request time in each stage",
