@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import socket
 import urllib.request
 
@@ -209,8 +210,13 @@ def test_models_health_version_metrics_and_text_completions(server, client):
                  "aphrodite_processor_cache_total", "aphrodite_media_bytes_fetched_total",
                  "aphrodite_video_decode_seconds", "aphrodite_gpu_decode_budget_bytes_in_use",
                  'python_gc_objects_collected_total{generation="2"}',
-                 "aphrodite_heap_in_use_bytes", "aphrodite_heap_free_bytes"):
+                 "aphrodite_heap_in_use_bytes", "aphrodite_heap_free_bytes",
+                 "process_resident_memory_bytes"):
         assert name in metrics
+    # The engine process's numbers come over its socket at scrape time.
+    engine = dict(re.findall(r"^aphrodite_engine_(\w+) (\S+)$", metrics, re.M))
+    assert float(engine["rss_bytes"]) > float(engine["heap_in_use_bytes"]) > 10 << 20
+    assert float(engine["gc_objects_collected"]) >= 0 and "requests_in_flight" in engine
     assert 'status="401"' in metrics or 'status="200"' in metrics
 
 

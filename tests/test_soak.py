@@ -33,8 +33,9 @@ def test_short_soak(tmp_path):
     assert all(roles[r] > 0 for r in ("engine", "api0", "api0-decode-workers"))
     # The supervisor validated the model in a throwaway process: no torch/transformers in it.
     assert roles["supervisor"] < 250 << 20 < roles["engine"]
-    # The API server's heap in live blocks is sampled from /metrics (tells a leak from a new
-    # allocator high-water mark): present in every sample and the size of a real process.
-    heaps = [s["api_heap_in_use_bytes"] for s in doc["process_samples"]]
-    assert all(h is not None and 10 << 20 < h < roles["api0"] for h in heaps)
-    assert doc["api_heap_in_use_slope_second_half_mb_per_min"] is not None
+    # The API server's and the engine's heap in live blocks are sampled from /metrics (they
+    # tell a leak from a new allocator high-water mark): in every sample, within each RSS.
+    for role, rss_role in (("api", "api0"), ("engine", "engine")):
+        heaps = [s[f"{role}_heap_in_use_bytes"] for s in doc["process_samples"]]
+        assert all(h is not None and 10 << 20 < h < roles[rss_role] for h in heaps), role
+        assert doc["heap_in_use_slope_second_half_mb_per_min"][role] is not None

@@ -444,9 +444,8 @@ def soak(
               f"{doc['rss_growth_after_warmup']:+.1%}, fd growth {doc['fd_growth_after_warmup']:+d}"
               f", temp leftovers {len(doc['temp_leftovers'])}", markup=False)
     out.print(f"RSS slope over the second half: {doc['rss_slope_second_half_mb_per_min']} MB/min "
-              f"(by process: {doc['rss_slope_second_half_by_role_mb_per_min']}); the API "
-              f"server's heap in use: {doc['api_heap_in_use_slope_second_half_mb_per_min']} "
-              "MB/min", markup=False)
+              f"(by process: {doc['rss_slope_second_half_by_role_mb_per_min']}); heap in use: "
+              f"{doc['heap_in_use_slope_second_half_mb_per_min']} MB/min", markup=False)
     out.print(f"result: {path}", markup=False)
     failed = (doc["valid_5xx"] or doc["hostile_mismatches"] or doc["temp_leftovers"]
               or doc["rss_growth_after_warmup"] > max_rss_growth)

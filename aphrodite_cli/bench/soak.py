@@ -40,20 +40,21 @@ def post(base: str, body: bytes) -> tuple[int, str | None]:
         return 0, None
 
 
-def metric(base: str, name: str) -> float | None:
-    """One unlabelled value from the server's /metrics (None when absent or unreachable)."""
+def metrics(base: str, *names: str) -> dict[str, float | None]:
+    """Unlabelled values from one scrape of the server's /metrics (None: absent or
+    unreachable)."""
     root = base.removesuffix("/v1")
     try:
         text = urllib.request.urlopen(f"{root}/metrics", timeout=30).read().decode()
     except OSError:
-        return None
-    match = re.search(rf"^{name} (\S+)$", text, re.M)
-    return float(match.group(1)) if match else None
+        text = ""
+    found = {name: re.search(rf"^{name} (\S+)$", text, re.M) for name in names}
+    return {name: float(m.group(1)) if m else None for name, m in found.items()}
 
 
 def decode_worker_restarts(base: str) -> int | None:
     """The server's decode-worker restarts, from /metrics (None when not isolated)."""
-    value = metric(base, "aphrodite_decode_worker_restarts")
+    value = metrics(base, "aphrodite_decode_worker_restarts")["aphrodite_decode_worker_restarts"]
     return None if value is None else int(value)
 
 
@@ -177,10 +178,13 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
     with ThreadPoolExecutor(concurrency) as pool:
         futures = [pool.submit(client, i) for i in range(concurrency)]
         def sample() -> dict[str, Any]:
-            # the API server's glibc heap in live blocks: a leak raises it, a new allocator
-            # high-water mark (freed frame memory kept on purpose) raises only RSS
+            # glibc heap in live blocks of the API server and the engine: a leak raises it, a
+            # new allocator high-water mark (freed memory kept on purpose) raises only RSS
+            heap = metrics(base_url, "aphrodite_heap_in_use_bytes",
+                           "aphrodite_engine_heap_in_use_bytes")
             return {"t_s": round(time.monotonic() - start, 2), **sample_processes(roles),
-                    "api_heap_in_use_bytes": metric(base_url, "aphrodite_heap_in_use_bytes")}
+                    "api_heap_in_use_bytes": heap["aphrodite_heap_in_use_bytes"],
+                    "engine_heap_in_use_bytes": heap["aphrodite_engine_heap_in_use_bytes"]}
 
         while not all(f.done() for f in futures):
             samples.append(sample())
@@ -221,8 +225,9 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
         "rss_slope_second_half_mb_per_min": slope_mb_per_min(second_half),
         "rss_slope_second_half_by_role_mb_per_min": {
             role: slope_mb_per_min(second_half, role) for role in last["rss_by_role"]},
-        "api_heap_in_use_slope_second_half_mb_per_min": slope_mb_per_min(
-            second_half, field="api_heap_in_use_bytes"),
+        "heap_in_use_slope_second_half_mb_per_min": {
+            role: slope_mb_per_min(second_half, field=f"{role}_heap_in_use_bytes")
+            for role in ("api", "engine")},
         "fd_growth_after_warmup": last["open_fds"] - first["open_fds"],
         "temp_leftovers": leftovers,
     }

@@ -398,6 +398,7 @@ async def version(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state: State = request.app[STATE]
+    state.metrics.set_engine(await state.engine.stats())
     return web.Response(body=state.metrics.render(), content_type="text/plain")
 
 

@@ -95,6 +95,24 @@ class EngineClient:
                 with contextlib.suppress(OSError):
                     self._send(("cancel", rid))
 
+    async def stats(self, timeout_s: float = 2.0) -> dict[str, float] | None:
+        """The engine process's memory numbers (see ``engine_proc.process_stats``); None when
+        it is gone or does not answer in time (it answers between two messages, not between
+        two forward passes, so a busy engine still answers at once)."""
+        if not self.alive:
+            return None
+        rid = f"{self._prefix}stats-{next(self._ids)}"
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = (asyncio.get_running_loop(), queue)
+        try:
+            await asyncio.to_thread(self._send, ("stats", rid))
+            message = await asyncio.wait_for(queue.get(), timeout_s)
+            return message[2] if message[0] == "stats" else None
+        except (TimeoutError, OSError):
+            return None
+        finally:
+            self._queues.pop(rid, None)
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._conn.close()

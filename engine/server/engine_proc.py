@@ -3,8 +3,10 @@ it over local connections (one per API server).
 
 Protocol (pickled tuples over ``multiprocessing.connection``):
   API -> engine: ("submit", rid, input_ids, mm_tensors, sampling_kwargs) | ("cancel", rid)
+                 ("stats", rid)
   engine -> API: ("event", rid, index, token_id, text_delta, finish_reason)
                  ("done", rid, outputs, timings, error_body_or_None)
+                 ("stats", rid, {name: number})
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import signal
 import threading
 from multiprocessing.connection import Connection, Listener
+from pathlib import Path
 from typing import Any
 
 from engine.errors import AphroditeError
@@ -29,6 +32,25 @@ def reserve_decode_memory(device: str, reserved: int) -> None:
     index = torch.device(device).index or 0
     total = torch.cuda.get_device_properties(index).total_memory
     torch.cuda.set_per_process_memory_fraction(max(1 - reserved / total, 0.05), index)
+
+
+def process_stats(live_requests: int) -> dict[str, float]:
+    """The engine process's memory as /metrics reports it: RSS, glibc heap in live blocks
+    and free-but-kept, objects freed by the cyclic collector, requests in flight here."""
+    import gc
+
+    from engine.memory import heap_stats
+
+    heap = heap_stats() or {}
+    rss = 0
+    with contextlib.suppress(OSError, ValueError):
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        rss = pages * os.sysconf("SC_PAGE_SIZE")
+    return {"rss_bytes": rss,
+            "heap_in_use_bytes": heap.get("in_use", 0) + heap.get("mmapped", 0),
+            "heap_free_bytes": heap.get("free", 0),
+            "gc_objects_collected": sum(g["collected"] for g in gc.get_stats()),
+            "requests_in_flight": live_requests}
 
 
 def serve_engine(address: str, authkey: bytes, model: str | None, chat_template: str | None,
@@ -95,6 +117,8 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
                 req = live.get(message[1])
                 if req is not None:
                     req.cancel()
+            elif message[0] == "stats":
+                send(("stats", message[1], process_stats(len(live))))
 
         # One call per message: nothing of the last request stays bound to this loop while
         # it waits for the next message.

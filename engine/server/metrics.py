@@ -8,6 +8,7 @@ from prometheus_client import (
     Gauge,
     GCCollector,
     Histogram,
+    ProcessCollector,
     generate_latest,
 )
 
@@ -30,6 +31,15 @@ class Metrics:
             lambda: sum((heap_stats() or {}).get(k, 0) for k in ("in_use", "mmapped")))
         Gauge("aphrodite_heap_free_bytes", "glibc heap bytes freed but kept by the allocator",
               registry=self.registry).set_function(lambda: (heap_stats() or {}).get("free", 0))
+        # process_resident_memory_bytes, process_open_fds, ... of this API server
+        ProcessCollector(registry=self.registry)
+        self.engine = {name: Gauge(f"aphrodite_engine_{name}", help_, registry=self.registry)
+                       for name, help_ in (
+            ("rss_bytes", "Resident memory of the engine process"),
+            ("heap_in_use_bytes", "glibc heap bytes in live blocks in the engine process"),
+            ("heap_free_bytes", "glibc heap bytes freed but kept in the engine process"),
+            ("gc_objects_collected", "Objects the engine's cyclic garbage collector freed"),
+            ("requests_in_flight", "Requests in the engine from this API server"))}
         self.requests = Counter("aphrodite_requests_total", "HTTP requests by route and status",
                                 ["route", "status"], registry=self.registry)
         self.stage = Histogram("aphrodite_stage_seconds", "Per-request time in each stage",
@@ -52,6 +62,11 @@ class Metrics:
         self.decode_restarts = Gauge("aphrodite_decode_worker_restarts",
                                      "Decode workers killed (crash, timeout) and replaced",
                                      registry=self.registry)
+
+    def set_engine(self, stats: dict[str, float] | None) -> None:
+        """The engine process's numbers, fetched over its socket at scrape time."""
+        for name, value in (stats or {}).items():
+            self.engine[name].set(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
