@@ -407,10 +407,17 @@ def soak(
     max_rss_growth: Annotated[float, typer.Option(help="Allowed RSS growth after warm-up.")
                               ] = 0.25,
     decode_isolation: Annotated[str, typer.Option(help="thread or process.")] = "process",
+    bucket_config: Annotated[str | None, typer.Option(
+        help='Valid media as in bench serve: "height,width,frames": probability; default '
+             '{"64,96,1": 0.5, "240,320,1": 0.25, "240,320,30": 0.25}.')] = None,
+    valid_pool: Annotated[int, typer.Option(
+        min=1, help="Distinct valid requests, rendered before the run and drawn at random "
+                    "(a share hit the processor cache).")] = 128,
     seed: Annotated[int, typer.Option()] = 0,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
 ) -> None:
     """Valid and hostile requests against the server for a set time; checks nothing leaks."""
+    from aphrodite_cli.bench.datasets import parse_buckets
     from aphrodite_cli.bench.hostile import SERVER_ARGS, SERVER_ENV, HostileHost
     from aphrodite_cli.bench.results import write_result
     from aphrodite_cli.bench.serve_run import EmbeddedServer
@@ -429,7 +436,9 @@ def soak(
         doc = run_soak(server.base_url, "tiny-qwen2_5_vl", server_roles("".join(server.lines)),
                        duration_s=duration, hostile_share=hostile_share,
                        concurrency=concurrency, seed=seed, media_base=host.base,
-                       warmup_s=min(warmup, duration / 2))
+                       warmup_s=min(warmup, duration / 2),
+                       buckets=parse_buckets(bucket_config) if bucket_config else None,
+                       valid_pool=valid_pool)
     finally:
         server.stop()
         host.close()

@@ -1,6 +1,7 @@
 """`aphrodite bench soak`: valid and hostile requests against the server for a set time.
 
-Reports: 5xx answers to valid requests (must be zero), every hostile request's status and
+Valid requests are drawn like `bench serve`'s random-mm dataset (images and videos, cold and
+cached). Reports: 5xx answers to valid requests (must be zero), every hostile request's status and
 error code against those it must get (the catalogue is in ``hostile.py``), RSS and open file
 descriptors of every server process over time (flat after warm-up), temp files and shared
 memory segments left behind, decode-worker restarts.
@@ -8,8 +9,6 @@ memory segments left behind, decode-worker restarts.
 
 from __future__ import annotations
 
-import base64
-import itertools
 import json
 import random
 import re
@@ -142,28 +141,48 @@ def slope_mb_per_min(samples: list[dict[str, Any]], key: str | None = None, *,
     return round(60 * sum((t - mean_t) * (v - mean_v) for t, v in points) / var, 3)
 
 
+SOAK_BUCKETS = {(64, 96, 1): 0.5, (240, 320, 1): 0.25, (240, 320, 30): 0.25}
+
+
+def valid_requests(model: str, buckets: dict[tuple[int, int, int], float], count: int,
+                   seed: int) -> list[tuple[str, bytes]]:
+    """``count`` distinct valid chat requests drawn like `bench serve --dataset random-mm`
+    (its dataset and media generator; one item each, images and videos by ``buckets``),
+    rendered once. Non-streaming, so a failure shows in the status. Named valid-image /
+    valid-video."""
+    from aphrodite_cli.bench.datasets import random_mm, render_media
+    from aphrodite_cli.bench.serve_bench import media_url
+
+    pool = []
+    for req in random_mm(count, items=1, buckets=buckets, prompt_len=6, output_len=4,
+                         seed=seed, nonce=seed + 1):
+        spec = req.media[0]
+        part = "image_url" if spec.kind == "image" else "video_url"
+        body = {"model": model, "max_tokens": req.output_len, "messages": [
+            {"role": "user", "content": [
+                {"type": part, part: {"url": media_url(spec, render_media(spec), None)}},
+                {"type": "text", "text": req.prompt}]}]}
+        pool.append((f"valid-{spec.kind}", json.dumps(body).encode()))
+    return pool
+
+
 def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: float,
              hostile_share: float, concurrency: int, seed: int, media_base: str,
-             warmup_s: float) -> dict[str, Any]:
-    """``concurrency`` clients send requests back to back for ``duration_s``; a share of them
-    hostile (each checked against its status and rule); server processes sampled every 2 s."""
+             warmup_s: float, buckets: dict[tuple[int, int, int], float] | None = None,
+             valid_pool: int = 128) -> dict[str, Any]:
+    """``concurrency`` clients send requests back to back for ``duration_s``, drawn from a
+    pool of valid requests (``valid_requests``) and, a ``hostile_share`` of them, from the
+    hostile catalogue (each checked against its status and rule); server processes sampled
+    every 2 s."""
     from aphrodite_cli.bench.hostile import hostile_catalogue
-    from engine.media import synthetic
 
     catalogue = hostile_catalogue(model, media_base)
+    valid = valid_requests(model, buckets or SOAK_BUCKETS, valid_pool, seed)
     temp_before = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
     shm_before = _shm_segments()
     results: list[tuple[str, int, str | None, int, str | None]] = []
     samples: list[dict[str, Any]] = []
     start = time.monotonic()
-    counter = itertools.count()
-
-    def valid_body() -> bytes:
-        jpeg = synthetic.make_image(96, 64, fmt="JPEG", seed=seed * 100_000 + next(counter))
-        return json.dumps({"model": model, "max_tokens": 4, "messages": [{"role": "user",
-            "content": [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,"
-                         + base64.b64encode(jpeg).decode()}}, {"type": "text",
-                                                              "text": "Describe."}]}]}).encode()
 
     def client(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
@@ -172,7 +191,8 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
                 case = rng.choice(catalogue)
                 name, body, status, code = case.name, case.body, case.status, case.code
             else:
-                name, body, status, code = "valid", valid_body(), 200, None
+                name, body = rng.choice(valid)
+                status, code = 200, None
             results.append((name, status, code, *post(base_url, body)))
 
     with ThreadPoolExecutor(concurrency) as pool:
@@ -206,10 +226,13 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
     after_warmup = [s for s in samples if s["t_s"] >= warmup_s] or samples
     first, last = after_warmup[0], after_warmup[-1]
     second_half = [s for s in samples if s["t_s"] >= duration_s / 2]
-    valid_5xx = sum(1 for r in results if r[0] == "valid" and (r[3] >= 500 or r[3] == 0))
+    valid_5xx = sum(1 for r in results
+                    if r[0].startswith("valid") and (r[3] >= 500 or r[3] == 0))
     return {
         "schema_version": 2, "kind": "soak", "duration_s": duration_s,
         "concurrency": concurrency, "hostile_share": hostile_share, "seed": seed,
+        "valid_pool": len(valid),
+        "buckets": {",".join(map(str, k)): v for k, v in (buckets or SOAK_BUCKETS).items()},
         "catalogue": [{"name": c.name, "status": c.status, "rule": c.code} for c in catalogue],
         "requests": len(results), "by_kind": {k: dict(v) for k, v in by_kind.items()},
         "valid_5xx": valid_5xx, "hostile_mismatches": mismatches[:200],
