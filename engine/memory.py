@@ -19,16 +19,22 @@ _M_MMAP_THRESHOLD = -3
 
 
 @functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+@functools.cache
 def tune_allocator(mmap_threshold: int = 1 << 30, trim_threshold: int = (1 << 31) - 1) -> bool:
     """Apply the thresholds once per process; False where glibc's mallopt is unavailable."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
+    libc = _libc()
     try:
-        libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
+        return bool(libc and libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
             libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
-    except (OSError, AttributeError):
+    except AttributeError:
         return False
 
 
@@ -36,15 +42,6 @@ class _MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
         "fordblks", "keepcost")]
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
 
 
 def heap_stats() -> dict[str, int] | None:
