@@ -18,7 +18,8 @@ BIN = Path(sys.executable).with_name("aphrodite")
 @pytest.mark.timeout(300)
 def test_short_soak(tmp_path):
     done = subprocess.run([str(BIN), "bench", "soak", "--duration", "15", "--warmup", "5",
-                           "--hostile-share", "0.3", "--out-dir", str(tmp_path)],
+                           "--hostile-share", "0.3", "--valid-pool", "24",
+                           "--out-dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=280)
     doc = json.loads(next(tmp_path.glob("soak-*.json")).read_text())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
