@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
+from pathlib import Path
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -46,15 +48,15 @@ class _MallInfo2(ctypes.Structure):
 
 def heap_stats() -> dict[str, int] | None:
     """glibc's view of this process's heap (all arenas), in bytes: ``in_use`` by live blocks,
-    ``free`` inside the heap but not given back to the OS, ``mmapped`` large blocks. None
-    where mallinfo2 is unavailable (glibc < 2.33, musl)."""
+    ``free`` inside the heap but not given back to the OS, ``mmapped`` large blocks, ``live``
+    both kinds of live block. None where mallinfo2 is unavailable (glibc < 2.33, musl)."""
     libc = _libc()
     if libc is None or not hasattr(libc, "mallinfo2"):
         return None
     libc.mallinfo2.restype = _MallInfo2
     info = libc.mallinfo2()
     return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd,
-            "arena": info.arena}
+            "live": info.uordblks + info.hblkhd, "arena": info.arena}
 
 
 def trim() -> bool:
@@ -62,3 +64,12 @@ def trim() -> bool:
     of the main heap). True if memory was released."""
     libc = _libc()
     return bool(libc and hasattr(libc, "malloc_trim") and libc.malloc_trim(0))
+
+
+def rss_bytes(pid: int | str = "self") -> int | None:
+    """Resident memory of a process (this one by default); None when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf(
+            "SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

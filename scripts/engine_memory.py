@@ -20,12 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def rss_mb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) // 1024
-    return 0
+from engine.memory import rss_bytes
 
 
 def _serve_with_heap_stats(stats_path: str, trim_every_s: float, trace_after_s: float,
@@ -123,7 +118,7 @@ async def main(requests: int, every: int, trim_every_s: float, trace_after_s: fl
         await asyncio.gather(*(one() for _ in range(4)))
         done += 4
         if done % every < 4:
-            series.append({"requests": done, "rss_mb": rss_mb(proc.pid),
+            series.append({"requests": done, "rss_mb": (rss_bytes(proc.pid) or 0) >> 20,
                            **heap_mb(stats_path), "t_s": round(time.monotonic() - start, 1)})
             print(series[-1], flush=True)
     client.close()

@@ -4,18 +4,12 @@ leak from an allocator high-water mark with them)."""
 from __future__ import annotations
 
 import ctypes
-import os
-from pathlib import Path
 
 import pytest
 
-from engine.memory import heap_stats, trim
+from engine.memory import heap_stats, rss_bytes, trim
 
 pytestmark = pytest.mark.skipif(heap_stats() is None, reason="needs glibc >= 2.33")
-
-
-def live(stats: dict[str, int]) -> int:
-    return stats["in_use"] + stats["mmapped"]
 
 
 def test_heap_in_use_rises_with_a_live_block_and_falls_when_it_is_freed():
@@ -27,15 +21,11 @@ def test_heap_in_use_rises_with_a_live_block_and_falls_when_it_is_freed():
     assert block
     try:
         during = heap_stats()
-        assert live(during) - live(before) >= 64 << 20
+        assert during["live"] - before["live"] >= 64 << 20
     finally:
         libc.free(block)
     after = heap_stats()
-    assert live(during) - live(after) >= 64 << 20
-
-
-def _rss() -> int:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    assert during["live"] - after["live"] >= 64 << 20
 
 
 def test_freed_memory_kept_by_the_heap_is_counted_free_and_trim_gives_it_back():
@@ -54,8 +44,8 @@ def test_freed_memory_kept_by_the_heap_is_counted_free_and_trim_gives_it_back():
         for block in blocks:
             libc.free(block)
         assert heap_stats()["free"] - free_before >= 30 << 20  # freed, still in the heap
-        resident = _rss()
+        resident = rss_bytes()
         assert trim()
-        assert resident - _rss() >= 16 << 20  # its pages went back to the OS
+        assert resident - rss_bytes() >= 16 << 20  # its pages went back to the OS
     finally:
         libc.free(fence)

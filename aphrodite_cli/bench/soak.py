@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from engine.memory import rss_bytes
+
 
 def post(base: str, body: bytes) -> tuple[int, str | None]:
     """(status, error code) of one chat request; status 0 when the connection failed."""
@@ -63,16 +65,6 @@ def _shm_segments() -> set[str]:
     return {p.name for p in frame_memory.SHM_DIR.glob(f"{frame_memory.PREFIX}*")}
 
 
-def _rss(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -100,18 +92,18 @@ def sample_processes(roles: dict[str, int]) -> dict[str, Any]:
     fds = 0
     seen: set[int] = set()
     for role, pid in roles.items():
-        by_role[role] = _rss(pid) or 0
+        by_role[role] = rss_bytes(pid) or 0
         seen.add(pid)
         if role.startswith("api"):
             workers = _children(pid)
-            by_role[f"{role}-decode-workers"] = sum(_rss(w) or 0 for w in workers)
+            by_role[f"{role}-decode-workers"] = sum(rss_bytes(w) or 0 for w in workers)
             seen.update(workers)
     todo = [roles.get("supervisor", 0)]
     while todo:  # anything else in the tree (e.g. the resource tracker)
         pid = todo.pop()
         if pid and pid not in seen:
             seen.add(pid)
-            by_role["other"] = by_role.get("other", 0) + (_rss(pid) or 0)
+            by_role["other"] = by_role.get("other", 0) + (rss_bytes(pid) or 0)
         todo += _children(pid) if pid else []
     for pid in seen:
         try:

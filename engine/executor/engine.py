@@ -3,14 +3,12 @@ batched into its next forward passes (up to ``max_batch_size`` sequences)."""
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
 
 from engine.errors import AphroditeError, InternalError
-from engine.executor.request import EngineRequest, TokenEvent
+from engine.executor.request import EngineRequest
 from engine.executor.runner import TransformersRunner
 from engine.models.loader import LoadedModel
 
@@ -87,30 +85,3 @@ class Engine:
             batch.append(nxt)
             rows += nxt.params.n
         return batch
-
-    async def stream(self, request: EngineRequest) -> AsyncIterator[TokenEvent]:
-        """Submit and yield token events as they are produced (cancels on consumer exit)."""
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
-        previous = request.on_event
-
-        def on_event(event: TokenEvent) -> None:
-            if previous:
-                previous(event)
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        request.on_event = on_event
-        self.submit(request)
-        waiter = loop.run_in_executor(None, request.done.wait)
-        waiter.add_done_callback(lambda _: loop.call_soon_threadsafe(events.put_nowait, None))
-        try:
-            while True:
-                event = await events.get()
-                if event is None:
-                    break
-                yield event
-            if request.error:
-                raise request.error
-        finally:
-            if not request.done.is_set():
-                request.cancel()

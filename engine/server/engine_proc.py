@@ -16,7 +16,6 @@ import os
 import signal
 import threading
 from multiprocessing.connection import Connection, Listener
-from pathlib import Path
 from typing import Any
 
 from engine.errors import AphroditeError
@@ -39,15 +38,10 @@ def process_stats(live_requests: int) -> dict[str, float]:
     and free-but-kept, objects freed by the cyclic collector, requests in flight here."""
     import gc
 
-    from engine.memory import heap_stats
+    from engine.memory import heap_stats, rss_bytes
 
     heap = heap_stats() or {}
-    rss = 0
-    with contextlib.suppress(OSError, ValueError):
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        rss = pages * os.sysconf("SC_PAGE_SIZE")
-    return {"rss_bytes": rss,
-            "heap_in_use_bytes": heap.get("in_use", 0) + heap.get("mmapped", 0),
+    return {"rss_bytes": rss_bytes() or 0, "heap_in_use_bytes": heap.get("live", 0),
             "heap_free_bytes": heap.get("free", 0),
             "gc_objects_collected": sum(g["collected"] for g in gc.get_stats()),
             "requests_in_flight": live_requests}

@@ -28,7 +28,7 @@ class Metrics:
         # high-water mark only the second and RSS.
         Gauge("aphrodite_heap_in_use_bytes", "glibc heap bytes in live blocks (incl. mmapped)",
               registry=self.registry).set_function(
-            lambda: sum((heap_stats() or {}).get(k, 0) for k in ("in_use", "mmapped")))
+            lambda: (heap_stats() or {}).get("live", 0))
         Gauge("aphrodite_heap_free_bytes", "glibc heap bytes freed but kept by the allocator",
               registry=self.registry).set_function(lambda: (heap_stats() or {}).get("free", 0))
         # process_resident_memory_bytes, process_open_fds, ... of this API server
