@@ -20,15 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.memory import rss_bytes
-
 
 def _serve_with_heap_stats(stats_path: str, trim_every_s: float, trace_after_s: float,
                            *args) -> None:
-    """The engine process, plus a thread that writes glibc's heap numbers to ``stats_path``
-    every 0.5 s (and calls malloc_trim every ``trim_every_s`` seconds when > 0). With
-    ``trace_after_s`` > 0, Python allocations are traced: a snapshot at that time, and the
-    biggest growth since then written to ``stats_path``.trace every 10 s."""
+    """The engine process, plus a thread that calls malloc_trim every ``trim_every_s`` seconds
+    when > 0. With ``trace_after_s`` > 0, Python allocations are traced: a snapshot at that
+    time, and the biggest growth since then written to ``stats_path``.trace every 10 s. (The
+    heap numbers themselves come from the engine's own stats message.)"""
     import threading
     import tracemalloc
 
@@ -47,7 +45,7 @@ def _serve_with_heap_stats(stats_path: str, trim_every_s: float, trace_after_s: 
             lines.extend("    " + line for line in stat.traceback.format())
         Path(stats_path + ".trace").write_text("\n".join(lines))
 
-    from engine.memory import heap_stats, trim
+    from engine.memory import trim
     from engine.server.engine_proc import serve_engine
 
     def report() -> None:
@@ -62,20 +60,9 @@ def _serve_with_heap_stats(stats_path: str, trim_every_s: float, trace_after_s: 
             if trim_every_s > 0 and time.monotonic() - last_trim > trim_every_s:
                 trim()
                 last_trim = time.monotonic()
-            tmp = stats_path + ".tmp"
-            Path(tmp).write_text(json.dumps(heap_stats()))
-            os.replace(tmp, stats_path)
 
     threading.Thread(target=report, daemon=True).start()
     serve_engine(*args)
-
-
-def heap_mb(stats_path: str) -> dict[str, int]:
-    try:
-        stats = json.loads(Path(stats_path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return {f"heap_{k}_mb": v >> 20 for k, v in (stats or {}).items()}
 
 
 async def main(requests: int, every: int, trim_every_s: float, trace_after_s: float) -> dict:
@@ -95,7 +82,7 @@ async def main(requests: int, every: int, trim_every_s: float, trace_after_s: fl
     address = os.path.join(tempfile.mkdtemp(prefix="aphrodite-"), "engine.sock")
     key = secrets.token_bytes(16)
     ready, child = ctx.Pipe(duplex=False)
-    stats_path = os.path.join(os.path.dirname(address), "heap.json")
+    stats_path = os.path.join(os.path.dirname(address), "engine")
     proc = ctx.Process(target=_serve_with_heap_stats, args=(
         stats_path, trim_every_s, trace_after_s, address, key, None, None, 8, "cpu", "auto",
         child, 1), daemon=True)
@@ -118,8 +105,10 @@ async def main(requests: int, every: int, trim_every_s: float, trace_after_s: fl
         await asyncio.gather(*(one() for _ in range(4)))
         done += 4
         if done % every < 4:
-            series.append({"requests": done, "rss_mb": (rss_bytes(proc.pid) or 0) >> 20,
-                           **heap_mb(stats_path), "t_s": round(time.monotonic() - start, 1)})
+            stats = await client.stats() or {}
+            series.append({"requests": done, "t_s": round(time.monotonic() - start, 1),
+                           **{k.replace("_bytes", "_mb"): int(v) >> 20 if k.endswith("_bytes")
+                              else v for k, v in stats.items()}})
             print(series[-1], flush=True)
     client.close()
     if trace_after_s > 0:
