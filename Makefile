@@ -1,5 +1,5 @@
 # `make demo` and `make test` are the README's two commands; both set everything up first.
-.PHONY: setup demo test lint
+.PHONY: setup demo test lint fuzz
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -12,3 +12,8 @@ test: setup
 
 lint: setup
 	@.venv/bin/ruff check aphrodite_cli engine tests
+
+# Property tests with fresh random seeds for FUZZ_SECONDS (default 300); `make test` never
+# draws new examples, so it is green or red for the code, not for the seed.
+fuzz: setup
+	@bash scripts/fuzz.sh

@@ -6,11 +6,22 @@ import os
 import shutil
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from engine.config import MediaLimits, MediaPolicy
 from tests.media_server import MediaServer, build_app
 
 GPU_ENV = "APHRODITE_FAIL_WITHOUT_GPU"
+
+# Property tests: the suite (`make test`, CI) always draws the same examples, so a run is green
+# or red for the code, never for the seed; exploration with fresh seeds is `make fuzz`
+# (scripts/fuzz.sh), and whatever it finds is pinned here as an @example. Select with
+# `--hypothesis-profile fuzz` (pytest) or HYPOTHESIS_PROFILE=fuzz.
+settings.register_profile("suite", derandomize=True, database=None, deadline=None,
+                          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("fuzz", derandomize=False, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 def _has_nvidia_gpu() -> bool:

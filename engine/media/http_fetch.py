@@ -22,7 +22,7 @@ from engine.config import MediaLimits, MediaPolicy, Modality
 from engine.errors import AphroditeError, InternalError, MediaFetchError, MediaTooLargeError
 from engine.media.addresses import Lookup, PolicyResolver
 from engine.media.inflight import Ticket
-from engine.media.policy import check_http_url, display_url
+from engine.media.policy import check_http_url, display_url, parse_http_url
 from engine.version import __version__
 
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -105,12 +105,12 @@ class HttpFetcher:
         session = self._get_session()
         current = url
         for hop in range(self.policy.max_redirects + 1):
-            host = check_http_url(current, self.policy)
-            await self.resolver.check_host(host)
+            current = check_http_url(current, self.policy)
+            await self.resolver.check_host(current.raw_host or "")
             try:
                 async with session.get(current, allow_redirects=False) as resp:
                     if resp.status in _REDIRECTS and "Location" in resp.headers:
-                        current = current.join(URL(resp.headers["Location"]))
+                        current = _redirect_target(current, resp.headers["Location"])
                         continue
                     return await self._read(resp, current, modality, cap, attempt, hop, ticket)
             except AphroditeError:
@@ -164,6 +164,19 @@ class HttpFetcher:
                 ticket.refund(len(body))
             raise
         return HttpResult(bytes(body), resp.content_type or None, str(url), attempt, hops)
+
+
+def _redirect_target(current: URL, location: str) -> URL:
+    """The URL a ``Location`` header points to; one the URL library cannot parse is the media
+    host's fault, a 400 like any other failed fetch (never a 500)."""
+    try:
+        return current.join(parse_http_url(location))
+    except AphroditeError:
+        raise _fetch_error(current, "redirected to a malformed URL",
+                           code="media_malformed_redirect") from None
+    except Exception as exc:
+        raise _fetch_error(current, "redirected to a malformed URL",
+                           code="media_malformed_redirect") from exc
 
 
 def _fetch_error(url: URL, what: str, code: str = "media_fetch_failed") -> MediaFetchError:

@@ -82,8 +82,14 @@ def parse_source(
     )
 
 
-def check_http_url(url: URL, policy: MediaPolicy) -> str:
-    """The normalized host of an http(s) URL, after the host and domain rules (redirects too)."""
+def check_http_url(url: URL, policy: MediaPolicy) -> URL:
+    """``url`` with its host normalized, after the host and domain rules (redirects too).
+
+    The host checked and the host fetched are one string: ``127.0.0.1.``, ``127.0.0.1。``
+    (an ideographic full stop, which IDNA maps to ``.``) and ``MEDIA.example.`` are checked
+    *and* connected to as ``127.0.0.1`` and ``media.example``, so no spelling can make the
+    policy and the URL library (or the resolver) disagree on which host is meant.
+    """
     shown = display_url(str(url))
     if url.scheme not in ("http", "https"):
         raise MediaPolicyError(
@@ -110,7 +116,14 @@ def check_http_url(url: URL, policy: MediaPolicy) -> str:
             hint=f"add {host} to --allowed-media-domains to allow it",
             code="media_domain_not_allowed",
         )
-    return host
+    if url.raw_host == host:
+        return url
+    try:
+        return url.with_host(host)
+    except ValueError as exc:
+        raise InvalidRequestError(
+            f"media URL {shown!r} has an invalid host", code="media_malformed_url"
+        ) from exc
 
 
 def _parse_http(url: str, modality: Modality, policy: MediaPolicy) -> MediaSource:
@@ -119,14 +132,23 @@ def _parse_http(url: str, modality: Modality, policy: MediaPolicy) -> MediaSourc
             f"media URL {display_url(url)!r} contains whitespace, control characters or '\\'",
             code="media_malformed_url",
         )
+    canonical = check_http_url(parse_http_url(url), policy)
+    return MediaSource("http", modality, display_url(url), http_url=canonical,
+                       host=canonical.raw_host)
+
+
+def parse_http_url(url: str) -> URL:
+    """``url`` parsed by the URL library the fetch uses; anything it cannot parse is a 400.
+
+    yarl raises more than ``ValueError`` on some inputs (``http://[]@/x`` is an
+    ``IndexError``), so every exception from the parse is the client's malformed URL.
+    """
     try:
-        parsed = URL(url, encoded=False)
-    except (ValueError, TypeError) as exc:
+        return URL(url, encoded=False)
+    except Exception as exc:
         raise InvalidRequestError(
             f"media URL {display_url(url)!r} is malformed", code="media_malformed_url"
         ) from exc
-    host = check_http_url(parsed, policy)
-    return MediaSource("http", modality, display_url(url), http_url=parsed, host=host)
 
 
 def _parse_data(url: str, modality: Modality, limits: MediaLimits) -> MediaSource:
