@@ -21,7 +21,8 @@ _M_MMAP_THRESHOLD = -3
 
 
 @functools.cache
-def _libc() -> ctypes.CDLL | None:
+def libc() -> ctypes.CDLL | None:
+    """glibc, loaded once per process (None where there is none)."""
     name = ctypes.util.find_library("c")
     try:
         return ctypes.CDLL(name) if name else None
@@ -32,10 +33,10 @@ def _libc() -> ctypes.CDLL | None:
 @functools.cache
 def tune_allocator(mmap_threshold: int = 1 << 30, trim_threshold: int = (1 << 31) - 1) -> bool:
     """Apply the thresholds once per process; False where glibc's mallopt is unavailable."""
-    libc = _libc()
+    lib = libc()
     try:
-        return bool(libc and libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
-            libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+        return bool(lib and lib.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
+            lib.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
     except AttributeError:
         return False
 
@@ -50,11 +51,11 @@ def heap_stats() -> dict[str, int] | None:
     """glibc's view of this process's heap (all arenas), in bytes: ``in_use`` by live blocks,
     ``free`` inside the heap but not given back to the OS, ``mmapped`` large blocks, ``live``
     both kinds of live block. None where mallinfo2 is unavailable (glibc < 2.33, musl)."""
-    libc = _libc()
-    if libc is None or not hasattr(libc, "mallinfo2"):
+    lib = libc()
+    if lib is None or not hasattr(lib, "mallinfo2"):
         return None
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
+    lib.mallinfo2.restype = _MallInfo2
+    info = lib.mallinfo2()
     return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd,
             "live": info.uordblks + info.hblkhd, "arena": info.arena}
 
@@ -62,8 +63,8 @@ def heap_stats() -> dict[str, int] | None:
 def trim() -> bool:
     """Give free heap pages back to the OS (``malloc_trim(0)``: every arena, not only the top
     of the main heap). True if memory was released."""
-    libc = _libc()
-    return bool(libc and hasattr(libc, "malloc_trim") and libc.malloc_trim(0))
+    lib = libc()
+    return bool(lib and hasattr(lib, "malloc_trim") and lib.malloc_trim(0))
 
 
 def rss_bytes(pid: int | str = "self") -> int | None:

@@ -1,14 +1,22 @@
-"""Shared fixtures: a loopback media server with a hit counter, policies, generated media."""
+"""Shared fixtures: a loopback media server with a hit counter, policies, generated media;
+and the suite's own hygiene: every test's servers are stopped with their whole process group,
+and the run fails if it leaves a process or a temp file behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from engine.config import MediaLimits, MediaPolicy
+from tests import server_harness
 from tests.media_server import MediaServer, build_app
 
 GPU_ENV = "APHRODITE_FAIL_WITHOUT_GPU"
@@ -22,6 +30,71 @@ settings.register_profile("suite", derandomize=True, database=None, deadline=Non
 settings.register_profile("fuzz", derandomize=False, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
+
+# Temp files: the run gets a TMPDIR of its own (inherited by every server and CLI it starts),
+# so whatever is left in it at the end was left by this run. pytest's own tmp_path folders
+# (pytest-of-*) live there too and are pytest's to clean.
+_RUN_TMP = Path(tempfile.mkdtemp(prefix="aphrodite-tests-"))
+os.environ["TMPDIR"] = str(_RUN_TMP)
+tempfile.tempdir = str(_RUN_TMP)
+_SHM = Path("/dev/shm")
+# pytest's tmp_path folders, and torch's compile cache (created on import, meant to persist).
+_NOT_OURS_TO_CLEAN = ("pytest-of-", "torchinductor_")
+
+
+def _shm_segments() -> set[str]:
+    return {p.name for p in _SHM.glob("aphrodite-*")} if _SHM.is_dir() else set()
+
+
+def _ours(row: server_harness.ProcessRow, groups: set[int], before: set[int]) -> bool:
+    """A process this run started and that is still alive: in pytest's process group (what
+    it ran, and their orphans, which keep the group) or a test server's, not there when the
+    run began, not pytest itself."""
+    return (row.state != "Z" and row.pid != os.getpid() and row.pid not in before
+            and row.pgid in groups)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def leaves_nothing_behind():
+    """After the whole run: no process this run started is alive (servers, engines, API
+    servers, decode workers, resource trackers, CLIs), and no temp file or shared-memory
+    segment of ours is left. Processes get a grace period to finish a drain they began."""
+    before = {row.pid for row in server_harness.process_table()}
+    shm_before = _shm_segments()
+    yield
+    for server in server_harness.STARTED:
+        server.stop(timeout=30)
+    groups = {os.getpgid(0)} | {s.pgid for s in server_harness.STARTED}
+    deadline = time.monotonic() + 20  # a drained server exits within seconds; 20 s is slack
+    while True:
+        left = [r.pid for r in server_harness.process_table() if _ours(r, groups, before)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    shown = [server_harness.describe(pid) for pid in left]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    temp_left = sorted(p.name for p in _RUN_TMP.iterdir()
+                       if not p.name.startswith(_NOT_OURS_TO_CLEAN))
+    shm_left = sorted(_shm_segments() - shm_before)
+    problems = ([f"processes left running: {shown}"] if shown else []) + (
+        [f"temp files left in {_RUN_TMP}: {temp_left}"] if temp_left else []) + (
+        [f"shared-memory segments left: {shm_left}"] if shm_left else [])
+    if not problems:
+        shutil.rmtree(_RUN_TMP, ignore_errors=True)
+    assert not problems, "; ".join(problems)
+
+
+@pytest.fixture(autouse=True)
+def stops_its_servers():
+    """Servers a test started and did not stop (it failed first) are killed with their
+    whole process group when the test ends, so one failure cannot leak into the next test."""
+    first = len(server_harness.STARTED)
+    yield
+    for server in server_harness.STARTED[first:]:
+        if server.proc.poll() is None or server.group_members():
+            server.stop(timeout=30)
 
 
 def _has_nvidia_gpu() -> bool:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -126,6 +129,8 @@ def test_qwen2_audio_parts_and_private_addresses_and_drain(media):
 
 
 def test_two_api_servers_share_the_port_and_crashes_are_reported():
+    """The ready line comes only once both API servers listen; the kernel spreads new
+    connections over both (SO_REUSEPORT hashes each connection's ports), so both answer."""
     server = ServerProcess("tiny:qwen2_vl", "--api-server-count", "2").wait_ready()
     try:
         def one(i: int) -> str:
@@ -138,13 +143,47 @@ def test_two_api_servers_share_the_port_and_crashes_are_reported():
                 assert resp.status == 200
                 return resp.headers["x-aphrodite-api-server"]
 
+        api_pids = {str(p) for p in re.findall(r"\d+", server.output.split(
+            "API server pids", 1)[1].split(")", 1)[0])}
+        assert len(api_pids) == 2
+        seen: set[str] = set()
         with ThreadPoolExecutor(8) as pool:
-            pids = list(pool.map(one, range(24)))
-        assert len(set(pids)) == 2  # both API server processes answered
+            # Each new connection lands on either server with even odds: 8 rounds of 8 leave
+            # one unseen with probability 2**-63. Stop as soon as both answered.
+            for _ in range(8):
+                seen |= set(pool.map(one, range(8)))
+                if seen == api_pids:
+                    break
+        assert seen == api_pids  # both API server processes answered, and only they
         engine_pid = server.pid_of("engine")
         os.kill(engine_pid, signal.SIGKILL)
         assert wait_exit(server.proc, 60) == 1
         assert "engine process exited unexpectedly" in server.output
+        # The supervisor stopped every other child itself (the resource tracker exits a moment
+        # after the last process holding its pipe: 10 s is slack).
+        assert server.kill_group(grace=10) == []
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def test_children_stop_when_the_supervisor_is_killed_outright():
+    """SIGKILL gives the supervisor no chance to stop its children: the kernel tells them
+    (parent-death signal) and the engine, both API servers, their decode workers and the
+    resource tracker all exit on their own, freeing the port."""
+    server = ServerProcess("tiny:qwen2_vl", "--api-server-count", "2").wait_ready()
+    try:
+        assert len(server.group_members()) >= 4  # supervisor, engine, 2 API servers, ...
+        server.proc.kill()
+        server.proc.wait()
+        deadline = time.monotonic() + 60  # a drain with nothing in flight takes ~1 s
+        while server.group_members() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = server.group_members()
+        assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
+        with socket.socket() as probe:  # nobody listens on the port any more
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is fine
+            probe.bind(("127.0.0.1", server.port))
+            probe.listen()
     finally:
         server.stop(signal.SIGKILL)
 

@@ -51,24 +51,46 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
                  max_num_seqs: int, device: str, dtype: str, ready: Any,
                  api_servers: int, reserved_gpu_bytes: int = 0) -> None:
     """Entry point of the engine process (blocks until every API server disconnected)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
-    import numpy as np
-    import torch
+    from engine.lifetime import exit_with_parent
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # (cleanly: see the finally below)
+    exit_with_parent()  # ... or its death does
     from engine.executor.engine import Engine
-    from engine.executor.request import EngineRequest
-    from engine.executor.sampling import SamplingParams
     from engine.memory import tune_allocator
     from engine.models.loader import load_model
-    from engine.processing.preprocess import ProcessedPrompt
 
     tune_allocator()
     reserve_decode_memory(device, reserved_gpu_bytes)
     loaded = load_model(model, chat_template=chat_template)
     engine = Engine(loaded, device=device, dtype=dtype, max_batch_size=max_num_seqs)
     listener = Listener(address, authkey=authkey)
-    ready.send(os.getpid())
-    ready.close()
+    try:
+        ready.send(os.getpid())
+        ready.close()
+        _serve_connections(listener, engine, api_servers)
+    finally:
+        # The socket file (and the private folder it sits in) is gone however we stop, also
+        # when the supervisor was killed outright and could not remove it.
+        listener.close()
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(address))
+    engine.close()
+
+
+def _exit_on_sigterm(*_: Any) -> None:
+    raise SystemExit(0)
+
+
+def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> None:
+    """Accept one connection per API server, then serve each on its own thread until every
+    API server has disconnected. The listening socket is closed as soon as all are in."""
+    import numpy as np
+    import torch
+
+    from engine.executor.request import EngineRequest
+    from engine.executor.sampling import SamplingParams
+    from engine.processing.preprocess import ProcessedPrompt
 
     def handle(conn: Connection) -> None:
         lock = threading.Lock()
@@ -130,6 +152,6 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
         thread = threading.Thread(target=handle, args=(conn,), daemon=True)
         thread.start()
         threads.append(thread)
+    listener.close()  # nobody else may connect; this also removes the socket file
     for thread in threads:
         thread.join()
-    engine.close()

@@ -12,6 +12,7 @@ import logging
 import multiprocessing
 import os
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -73,25 +74,50 @@ def validate_in_child(config: ServerConfig) -> tuple[str, str]:
 
 
 def api_server_main(config: ServerConfig, model_path: str, name: str, address: str,
-                    authkey: bytes) -> None:
-    """Entry point of one API server process."""
-    from aiohttp import web
+                    authkey: bytes, ready: Any) -> None:
+    """Entry point of one API server process; sets ``ready`` once it accepts connections."""
+    import asyncio
 
+    from engine.lifetime import exit_with_parent
     from engine.memory import tune_allocator
     from engine.models.loader import load_model
     from engine.server.app import create_app
     from engine.server.engine_client import EngineClient
 
+    exit_with_parent()
     tune_allocator()
     loaded = load_model(model_path, chat_template=config.chat_template, served_name=name)
     engine = EngineClient(address, authkey)
-    app = create_app(config, loaded, engine)
-    web.run_app(app, host=config.host, port=config.port, reuse_port=True, print=None,
-                shutdown_timeout=DRAIN_S, access_log=None)
-    engine.close()
+    try:
+        asyncio.run(_serve_app(create_app(config, loaded, engine), config, ready))
+    finally:
+        engine.close()
 
 
-def _wait_healthy(host: str, port: int, procs: list[Any], timeout: float) -> None:
+async def _serve_app(app: Any, config: ServerConfig, ready: Any) -> None:
+    """Serve ``app`` until SIGTERM/SIGINT, then stop accepting and drain (up to DRAIN_S)."""
+    import asyncio
+
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, config.host, config.port, reuse_port=True).start()
+        ready.set()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _wait_ready(host: str, port: int, procs: list[Any], events: list[Any],
+                timeout: float) -> None:
+    """Wait until every API server listens (each sets its event once its socket accepts)
+    and the port answers /health; a child that exits meanwhile is a startup failure."""
     deadline = time.monotonic() + timeout
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/health"
     while time.monotonic() < deadline:
@@ -99,13 +125,17 @@ def _wait_healthy(host: str, port: int, procs: list[Any], timeout: float) -> Non
             if proc.exitcode is not None:
                 raise ConfigError(f"{proc.name} exited during startup (code {proc.exitcode})",
                                   hint="see the messages above; is the port already in use?")
+        if not all(event.wait(0.1) for event in events):
+            continue
         try:
             with urllib.request.urlopen(url, timeout=1) as resp:
                 if resp.status == 200:
                     return
         except OSError:
             time.sleep(0.2)
-    raise ConfigError(f"the server did not become healthy within {timeout:.0f} s")
+    waiting = [p.name for p, e in zip(procs[1:], events, strict=False) if not e.is_set()]
+    raise ConfigError(f"the server did not become ready within {timeout:.0f} s"
+                      + (f" ({', '.join(waiting)} not listening)" if waiting else ""))
 
 
 def run(config: ServerConfig, *, announce=print) -> int:
@@ -139,12 +169,13 @@ def run(config: ServerConfig, *, announce=print) -> int:
             if stopping["flag"]:
                 return 0
         engine_pid = ready.recv()
-        for i in range(config.api_server_count):
+        listening = [ctx.Event() for _ in range(config.api_server_count)]
+        for i, event in enumerate(listening):
             proc = ctx.Process(target=api_server_main, name=f"API server {i}", args=(
-                config, model_path, name, address, authkey))
+                config, model_path, name, address, authkey, event))
             proc.start()
             apis.append(proc)
-        _wait_healthy(config.host, config.port, [engine, *apis], timeout=180)
+        _wait_ready(config.host, config.port, [engine, *apis], listening, timeout=180)
         announce(f"aphrodite serving {name} on http://{config.host}:{config.port} "
                  f"({config.api_server_count} API server(s); supervisor pid {os.getpid()}, "
                  f"engine pid {engine_pid}, API server pids "
@@ -172,7 +203,5 @@ def run(config: ServerConfig, *, announce=print) -> int:
             engine.join(5)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        for leftover in folder.iterdir():
-            leftover.unlink(missing_ok=True)
-        folder.rmdir()
+        shutil.rmtree(folder, ignore_errors=True)  # the engine removes it itself when it can
         sys.stdout.flush()
