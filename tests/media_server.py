@@ -142,3 +142,27 @@ async def start_lying_server(claimed: int, sent: bytes) -> tuple[asyncio.Server,
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1], hits
+
+
+async def start_headers_only_server(claimed: int) -> tuple[asyncio.Server, int, Counter]:
+    """A raw HTTP server that sends headers with ``Content-Length: claimed`` and then no body
+    at all: it waits, without sending a byte, until the client goes away."""
+    hits: Counter = Counter()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            hits["/"] += 1
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\n"
+                + f"Content-Length: {claimed}\r\n\r\n".encode()
+            )
+            await writer.drain()
+            await reader.read()  # returns b"" once the client closes the connection
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], hits

@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import pytest
+from yarl import URL
 
 from engine.config import MediaLimits, MediaPolicy, ModalityLimits
 from engine.errors import (
+    AphroditeError,
     MediaFetchError,
     MediaPolicyError,
     MediaTooLargeError,
     UnsupportedMediaError,
 )
+from engine.media import addresses
 from engine.media.connector import MediaConnector
-from tests.media_server import start_lying_server
+from engine.media.http_fetch import HttpFetcher
+from engine.media.inflight import InflightBytes, Ticket
+from tests.media_server import (
+    MediaServer,
+    build_app,
+    start_headers_only_server,
+    start_lying_server,
+)
+
+#: A fetch deadline far longer than any of these tests needs. Tests whose refusal must come
+#: *before* a body is read use it so that a fetch which waits for the body instead ends in
+#: media_fetch_timeout (a different code) rather than racing the clock.
+GENEROUS_TIMEOUT_S = 20.0
 
 
 def small_image_limits(limits: MediaLimits, max_bytes: int, timeout: float = 5.0) -> MediaLimits:
@@ -116,8 +130,8 @@ async def test_redirect_into_forbidden_host_refused(media_server, loopback_polic
     assert media_server.hits["/redirect-to"] == 1 and media_server.hits["/img.png"] == 0
 
 
-async def test_redirect_to_private_address_refused_on_the_hop(media_server, limits):
-    """No allow-list: the first host is public (fake DNS), the redirect goes to loopback."""
+async def test_redirect_off_the_allow_list_refused_on_the_hop(media_server, limits):
+    """With an allow-list, a redirect to a host that is not on it is refused on the hop."""
     port = media_server.base_url.rsplit(":", 1)[1]
 
     async def fake_dns(host: str) -> list[str]:
@@ -126,9 +140,61 @@ async def test_redirect_to_private_address_refused_on_the_hop(media_server, limi
     policy = MediaPolicy.create(allowed_domains=["start.test"])
     url = f"http://start.test:{port}/redirect-to?to=http://127.0.0.1:{port}/img.png"
     async with MediaConnector(policy, limits, lookup=fake_dns) as c:
-        with pytest.raises(MediaPolicyError):
+        with pytest.raises(MediaPolicyError) as info:
             await c.load_bytes(url, "image")
-    assert media_server.hits["/img.png"] == 0
+    assert info.value.code == "media_domain_not_allowed"
+    assert media_server.hits["/redirect-to"] == 1 and media_server.hits["/img.png"] == 0
+
+
+PUBLIC_STAND_IN = "127.0.0.2"
+
+
+@pytest.fixture
+async def public_media_server(aiohttp_server, monkeypatch) -> MediaServer:
+    """A media server on 127.0.0.2 that the policy judges public.
+
+    Linux routes all of 127/8 to the loopback interface, so the server is reachable; only
+    127.0.0.2 is reclassified, every other address is judged by the real rules. This lets a
+    test run without an allow-list (which would refuse private hops for another reason).
+    """
+    real = addresses.address_class
+    monkeypatch.setattr(addresses, "address_class",
+                        lambda ip: None if str(ip) == PUBLIC_STAND_IN else real(ip))
+    state = MediaServer()
+    server = await aiohttp_server(build_app(state), host=PUBLIC_STAND_IN)
+    state.base_url = f"http://{PUBLIC_STAND_IN}:{server.port}"
+    return state
+
+
+async def test_public_stand_in_is_fetched_without_allow_list(public_media_server, limits):
+    """The control for the test below: the 127.0.0.2 stand-in passes the policy as public."""
+    async with MediaConnector(MediaPolicy.create(), limits) as c:
+        media = await c.load_bytes(f"{public_media_server.base_url}/img.png", "image")
+    assert media.mime == "image/png" and public_media_server.hits["/img.png"] == 1
+
+
+@pytest.mark.parametrize("target_host", ["127.0.0.1", "[::ffff:127.0.0.1]", "[::1]",
+                                         "localhost"])
+async def test_redirect_to_private_address_refused_on_the_hop(
+    public_media_server, media_server, limits, target_host
+):
+    """No allow-list: the first host is public, its redirect points at a loopback server.
+
+    aiohttp connects to an IP-literal host without asking the resolver, so for the literal
+    targets the per-hop check in the fetcher is the only thing between the redirect and the
+    private host. For a name (``localhost``) aiohttp's call to the policy resolver is a second
+    line of defence that refuses with the same code.
+    """
+    png = media_server.files["/img.png"]
+    media_server.files["/secret"] = png  # would be a valid image, were it ever fetched
+    port = media_server.base_url.rsplit(":", 1)[1]
+    url = f"{public_media_server.base_url}/redirect-to?to=http://{target_host}:{port}/secret"
+    async with MediaConnector(MediaPolicy.create(), replace(limits, fetch_retries=0)) as c:
+        with pytest.raises(AphroditeError) as info:
+            await c.load_bytes(url, "image")
+    assert (info.value.code, info.value.status) == ("media_private_address", 400), info.value
+    assert public_media_server.hits["/redirect-to"] == 1  # refused on the hop, not before
+    assert media_server.hits["/secret"] == 0
 
 
 @pytest.mark.parametrize("target", ["file:///etc/passwd", "data:image/png;base64,AAAA",
@@ -151,7 +217,7 @@ async def test_redirects_are_bounded(media_server, limits):
     assert "APHRODITE_MEDIA_MAX_REDIRECTS" in info.value.hint
 
 
-async def test_content_length_over_cap_refused(media_server, loopback_policy, limits):
+async def test_body_over_cap_refused_413_with_hint(media_server, loopback_policy, limits):
     async with MediaConnector(loopback_policy, small_image_limits(limits, 100_000)) as c:
         with pytest.raises(MediaTooLargeError) as info:
             await c.load_bytes(f"{media_server.base_url}/big?size=200000", "image")
@@ -160,11 +226,71 @@ async def test_content_length_over_cap_refused(media_server, loopback_policy, li
     assert ok.size == 90_000
 
 
-async def test_chunked_body_over_cap_refused_while_streaming(media_server, loopback_policy,
+async def test_content_length_over_cap_refused_before_reading(limits):
+    """The headers claim cap+1 bytes and the body never comes: only a check of
+    Content-Length can refuse it. A fetch that waited for the body would instead end, after
+    GENEROUS_TIMEOUT_S, in media_fetch_timeout."""
+    cap = 100_000
+    server, port, hits = await start_headers_only_server(claimed=cap + 1)
+    async with server:
+        policy = MediaPolicy.create(allowed_domains=["127.0.0.1"])
+        fetch_limits = small_image_limits(limits, cap, GENEROUS_TIMEOUT_S)
+        async with MediaConnector(policy, fetch_limits) as c:
+            with pytest.raises(AphroditeError) as info:
+                await c.load_bytes(f"http://127.0.0.1:{port}/x.png", "image")
+    assert (info.value.code, info.value.status) == ("media_too_large", 413), info.value
+    assert hits["/"] == 1
+
+
+BOUNDARY_CAP = 100_003  # not a multiple of the 64 KiB read chunk
+
+
+@pytest.mark.parametrize("route", ["big", "chunked"])  # with and without Content-Length
+@pytest.mark.parametrize("size", [BOUNDARY_CAP, BOUNDARY_CAP + 1])
+async def test_cap_is_exact(media_server, loopback_policy, limits, route, size):
+    """A body of exactly the cap is accepted, one byte more is refused."""
+    fetcher = HttpFetcher(loopback_policy, small_image_limits(limits, BOUNDARY_CAP))
+    url = URL(f"{media_server.base_url}/{route}?size={size}")
+    try:
+        if size <= BOUNDARY_CAP:
+            result = await fetcher.fetch(url, "image")
+            assert len(result.data) == size
+        else:
+            with pytest.raises(AphroditeError) as info:
+                await fetcher.fetch(url, "image")
+            assert info.value.code == "media_too_large", info.value
+    finally:
+        await fetcher.close()
+    assert media_server.hits[f"/{route}"] == 1
+
+
+class PeakTicket(Ticket):
+    """A ticket that remembers the most bytes it ever held."""
+
+    peak = 0
+
+    def charge(self, nbytes: int) -> None:
+        super().charge(nbytes)
+        self.peak = max(self.peak, self.held)
+
+
+async def test_over_cap_chunked_body_refused_while_streaming(media_server, loopback_policy,
                                                              limits):
-    async with MediaConnector(loopback_policy, small_image_limits(limits, 200_000)) as c:
-        with pytest.raises(MediaTooLargeError):
-            await c.load_bytes(f"{media_server.base_url}/chunked?size=50000000", "image")
+    """A chunked body 50x over the cap is refused before it is buffered: the fetch never
+    holds more than the cap plus one 64 KiB read, and gives back what it held."""
+    cap = 200_000
+    budget = InflightBytes(limit_bytes=1 << 40)  # the bound itself is not under test here
+    ticket = PeakTicket(budget)
+    fetcher = HttpFetcher(loopback_policy, small_image_limits(limits, cap, GENEROUS_TIMEOUT_S))
+    try:
+        with pytest.raises(AphroditeError) as info:
+            await fetcher.fetch(URL(f"{media_server.base_url}/chunked?size={50 * cap}"),
+                                "image", ticket=ticket)
+    finally:
+        await fetcher.close()
+    assert info.value.code == "media_too_large", info.value
+    assert 0 < ticket.peak <= cap + 64 * 1024, f"held {ticket.peak} bytes, cap {cap}"
+    assert ticket.held == 0 and budget.in_use == 0
 
 
 async def test_compressed_body_counted_after_decompression(media_server, loopback_policy,
@@ -186,13 +312,13 @@ async def test_lying_content_length_is_a_fetch_error(limits):
 
 
 async def test_slow_server_hits_the_total_deadline(media_server, loopback_policy, limits):
-    start = time.monotonic()
+    """The deadline covers the whole fetch: the timed-out attempt is not retried."""
     async with MediaConnector(loopback_policy, small_image_limits(limits, 10**6, 1.0)) as c:
         with pytest.raises(MediaFetchError) as info:
             await c.load_bytes(f"{media_server.base_url}/slow?every=0.2", "image")
     assert info.value.code == "media_fetch_timeout"
     assert "APHRODITE_IMAGE_FETCH_TIMEOUT" in info.value.hint
-    assert time.monotonic() - start < 4.0
+    assert media_server.hits["/slow"] == 1
 
 
 async def test_5xx_is_retried_within_the_deadline(media_server, loopback_policy, limits):
