@@ -293,11 +293,38 @@ async def test_over_cap_chunked_body_refused_while_streaming(media_server, loopb
     assert ticket.held == 0 and budget.in_use == 0
 
 
+async def test_a_refused_fetch_gives_back_only_its_own_bytes(media_server, loopback_policy,
+                                                             limits):
+    """The ticket is the whole request's: another item's bytes already on it stay charged
+    when this fetch is refused over the cap (it refunds what it charged, not what it read)."""
+    cap = 200_000
+    budget = InflightBytes(limit_bytes=1 << 40)
+    ticket = budget.ticket()
+    ticket.charge(100_000)  # an earlier item of the same request, still held
+    fetcher = HttpFetcher(loopback_policy, small_image_limits(limits, cap, GENEROUS_TIMEOUT_S))
+    try:
+        with pytest.raises(MediaTooLargeError):
+            await fetcher.fetch(URL(f"{media_server.base_url}/chunked?size={50 * cap}"),
+                                "image", ticket=ticket)
+    finally:
+        await fetcher.close()
+    assert ticket.held == 100_000 and budget.in_use == 100_000
+
+
 async def test_compressed_body_counted_after_decompression(media_server, loopback_policy,
                                                            limits):
-    async with MediaConnector(loopback_policy, small_image_limits(limits, 1_000_000)) as c:
+    """A gzip bomb is counted as it decompresses: refused at the cap, never held whole."""
+    cap = 1_000_000
+    budget = InflightBytes(limit_bytes=1 << 40)
+    ticket = PeakTicket(budget)
+    fetcher = HttpFetcher(loopback_policy, small_image_limits(limits, cap))
+    try:
         with pytest.raises(MediaTooLargeError):
-            await c.load_bytes(f"{media_server.base_url}/gzip-bomb?size=64000000", "image")
+            await fetcher.fetch(URL(f"{media_server.base_url}/gzip-bomb?size=64000000"),
+                                "image", ticket=ticket)
+    finally:
+        await fetcher.close()
+    assert ticket.peak <= cap + 64 * 1024, f"held {ticket.peak} bytes, cap {cap}"
 
 
 async def test_lying_content_length_is_a_fetch_error(limits):

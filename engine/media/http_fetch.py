@@ -152,16 +152,18 @@ class HttpFetcher:
         if resp.content_length is not None and resp.content_length > cap:
             raise too_big
         body = bytearray()
+        charged = 0  # what this attempt charged: the ticket also holds the request's other items
         try:
             async for chunk in resp.content.iter_chunked(_CHUNK):
-                body += chunk
-                if len(body) > cap:
+                if len(body) + len(chunk) > cap:
                     raise too_big
                 if ticket is not None:
                     ticket.charge(len(chunk))
+                    charged += len(chunk)
+                body += chunk
         except BaseException:
             if ticket is not None:  # this attempt's bytes are dropped: give them back
-                ticket.refund(len(body))
+                ticket.refund(charged)
             raise
         return HttpResult(bytes(body), resp.content_type or None, str(url), attempt, hops)
 
