@@ -105,20 +105,23 @@ def test_qwen2_audio_parts_and_private_addresses_and_drain(media):
         assert reply.usage.completion_tokens == 3
         # Drain: a long stream in flight when SIGTERM arrives still completes.
         got: dict[str, object] = {}
+        first_token = threading.Event()
 
         def stream() -> None:
             chunks = client.chat.completions.create(
                 model="tiny:qwen2_audio", max_tokens=300, temperature=0, stream=True,
                 extra_body={"ignore_eos": True},
                 messages=[{"role": "user", "content": "Tell me everything."}])
-            got["n"] = sum(1 for c in chunks if c.choices and c.choices[0].delta.content
-                           is not None)
+            n = 0
+            for c in chunks:
+                if c.choices and c.choices[0].delta.content is not None:
+                    n += 1
+                    first_token.set()
+            got["n"] = n
 
         worker = threading.Thread(target=stream)
         worker.start()
-        import time
-
-        time.sleep(1.0)
+        assert first_token.wait(120)  # the stream is surely in flight when SIGTERM arrives
         server.proc.send_signal(signal.SIGTERM)
         worker.join(120)
         assert got.get("n", 0) >= 250  # every token arrived, none was cut off
