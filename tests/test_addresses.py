@@ -74,3 +74,30 @@ async def test_unresolvable_host_is_a_client_error():
     with pytest.raises(MediaFetchError) as info:
         await PolicyResolver(MediaPolicy.create(), dns).check_host("nowhere.invalid")
     assert info.value.status == 400 and info.value.code == "media_host_unresolvable"
+
+
+async def test_the_pin_table_is_bounded():
+    """Requests naming many distinct hosts or address literals cannot grow the resolver's
+    memory without end: literals are never pinned, names are capped and expire."""
+    asked: list[str] = []
+
+    async def dns(host):
+        asked.append(host)
+        return ["93.184.216.34"]
+
+    resolver = PolicyResolver(MediaPolicy.create(), dns, ttl_s=30)
+    resolver.MAX_PINS = 50
+    for i in range(200):
+        await resolver.check_host(f"8.8.{i // 250}.{i % 250}")
+    assert resolver.pinned == 0 and asked == []  # literals: checked, not looked up or kept
+    for i in range(200):
+        await resolver.check_host(f"host{i}.test")
+    assert resolver.pinned == 50
+    await resolver.check_host("host199.test")  # the newest are kept: no second lookup
+    assert asked.count("host199.test") == 1
+    await resolver.check_host("host0.test")  # the oldest went: looked up again
+    assert asked.count("host0.test") == 2
+    expired = PolicyResolver(MediaPolicy.create(), dns, ttl_s=0)
+    for i in range(20):
+        await expired.check_host(f"host{i}.test")
+    assert expired.pinned <= 1  # an expired entry is dropped when the next one comes

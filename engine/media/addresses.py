@@ -9,6 +9,7 @@ one aiohttp connects with), so a second DNS answer cannot swap in a private addr
 from __future__ import annotations
 
 import asyncio
+import collections
 import ipaddress
 import socket
 import time
@@ -67,11 +68,31 @@ class PolicyResolver(AbstractResolver):
     connection and gets the same checked addresses back from the short-lived pin table.
     """
 
+    #: Most pinned host names kept (the oldest go first): a client sending many distinct
+    #: names cannot grow the table without end. Expired entries are dropped as new ones come.
+    MAX_PINS = 4096
+
     def __init__(self, policy: MediaPolicy, lookup: Lookup | None = None, ttl_s: float = 30.0):
         self._policy = policy
         self._lookup = lookup or system_lookup
         self._ttl_s = ttl_s
-        self._pins: dict[str, tuple[float, list[str]]] = {}
+        self._pins: collections.OrderedDict[str, tuple[float, list[str]]] = (
+            collections.OrderedDict())
+
+    @property
+    def pinned(self) -> int:
+        """How many host names are pinned now."""
+        return len(self._pins)
+
+    def _pin(self, key: str, addresses: list[str]) -> None:
+        now = time.monotonic()
+        self._pins[key] = (now, addresses)
+        self._pins.move_to_end(key)
+        while self._pins:
+            oldest, (at, _) = next(iter(self._pins.items()))
+            if len(self._pins) <= self.MAX_PINS and now - at < self._ttl_s:
+                break
+            del self._pins[oldest]
 
     async def check_host(self, host: str) -> list[str]:
         """Addresses for ``host`` that may be connected to; raises if the host is refused."""
@@ -108,7 +129,8 @@ class PolicyResolver(AbstractResolver):
                         hint="list the host in --allowed-media-domains to allow it",
                         code="media_private_address",
                     )
-        self._pins[key] = (time.monotonic(), addresses)
+        if literal is None:  # an address literal needs no pin: it is connected to as written
+            self._pin(key, addresses)
         return addresses
 
     async def resolve(
