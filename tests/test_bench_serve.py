@@ -104,6 +104,34 @@ async def test_measured_medians_match_injected_delays(aiohttp_server):
     assert abs(measured["itl"] - 10) < 3 and abs(measured["tpot"] - 10) < 3
 
 
+# How far above the injected TTFT the *fastest* of the requests below may be measured: one
+# loopback round trip plus a few event-loop turns (client and mock share this test's loop),
+# plus up to 1 ms of the mock's wake-up (asyncio rounds epoll timeouts up to whole ms). That
+# is about 1-3 ms; 20 ms leaves room for a loaded 2-core CI machine, where single requests
+# can be descheduled for longer but the fastest of 20 sequential ones is not. It bounds the
+# client's positive bias: +20 ms or more fails.
+TTFT_SLACK_MS = 20.0
+
+
+async def test_measured_ttft_is_never_below_and_barely_above_the_injected_ttft(aiohttp_server):
+    """The absolute TTFT, not a difference of two runs (a difference cancels a constant
+    bias). The mock starts its clock when the request reaches it, after the client started
+    its own, and sends the first token no earlier than that plus the injected 50 ms: every
+    measured TTFT is at least 50 ms, exactly (a negative bias fails); the fastest is within
+    TTFT_SLACK_MS of it (a positive bias fails). One request at a time, so none waits for
+    another."""
+    injected_ms = 50.0
+    base = await _mock(aiohttp_server, injected_ms, 5)
+    cfg = LoadConfig(base_url=base, max_concurrency=1, seed=3)
+    reqs = random_mm(20, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=2,
+                     seed=3, nonce=1)
+    records, _, _ = await run_phase([build_payload(r, cfg, None, {}) for r in reqs], cfg)
+    assert all(r.ok and r.output_tokens == 2 for r in records)
+    above_ms = sorted(r.ttft * 1e3 - injected_ms for r in records)
+    assert above_ms[0] >= 0, f"measured TTFT {above_ms[0]:+.3f} ms from the injected 50 ms"
+    assert above_ms[0] <= TTFT_SLACK_MS, f"fastest TTFT was {above_ms[0]:.3f} ms over"
+
+
 async def test_generator_keeps_the_requested_rate(aiohttp_server):
     base = await _mock(aiohttp_server, 0, 0)
     cfg = LoadConfig(base_url=base, request_rate=100.0, seed=2)

@@ -59,17 +59,64 @@ async def test_first_come_first_served():
     assert order == ["big", "small"] and budget.in_use == 80
 
 
+async def _until(condition) -> None:
+    """Let other tasks run until ``condition()`` holds (a few loop turns; bounded)."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
 async def test_released_on_error_and_on_cancellation():
+    """What a decode holds comes back when it fails, when its task is cancelled while
+    holding, and when it is cancelled just after being granted (before it resumed)."""
     budget = GpuDecodeBudget(100)
     with pytest.raises(RuntimeError):
         async with budget.reserve(40):
+            assert budget.in_use == 40
             raise RuntimeError("decoder crashed")
     assert budget.in_use == 0
+
+    holding = asyncio.Event()
+
+    async def hold() -> None:
+        async with budget.reserve(60):
+            holding.set()
+            await asyncio.Event().wait()  # until cancelled
+
+    holder = asyncio.create_task(hold())
+    await holding.wait()
+    assert budget.in_use == 60
+    holder.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await holder
+    assert budget.in_use == 0
+
     await budget.acquire(100)
     waiter = asyncio.create_task(budget.acquire(30))
-    await asyncio.sleep(0.01)
-    waiter.cancel()
+    await _until(lambda: budget.waiting == 1)
+    budget.release(100)  # grants the waiter its 30 bytes...
+    assert budget.in_use == 30 and not waiter.done()
+    waiter.cancel()      # ...but it is cancelled before it runs again: it must give them back
     with pytest.raises(asyncio.CancelledError):
         await waiter
-    budget.release(100)
     assert budget.in_use == 0 and budget.waiting == 0
+
+
+async def test_a_cancelled_waiter_leaves_the_queue_at_once():
+    """A cancelled request at the head of the queue stops blocking the ones behind it
+    immediately, not at the next release."""
+    budget = GpuDecodeBudget(100)
+    await budget.acquire(60)
+    big = asyncio.create_task(budget.acquire(70))
+    await _until(lambda: budget.waiting == 1)
+    small = asyncio.create_task(budget.acquire(10))  # fits beside 60, but big is first
+    await _until(lambda: budget.waiting == 2)
+    big.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await big
+    # No release happens: only leaving the queue can let small in. The generous timeout only
+    # bounds how long a broken build takes to fail (a passing run takes one loop turn).
+    await asyncio.wait_for(small, 10)
+    assert budget.in_use == 70 and budget.waiting == 0

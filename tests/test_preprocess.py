@@ -14,6 +14,7 @@ from engine.media import synthetic
 from engine.processing.cache import ProcessorCache
 from engine.processing.kwargs import merge_processor_kwargs
 from engine.processing.limits import check_item_counts, effective_limits
+from engine.processing.media_items import InProcessDecoders, item_for
 from engine.processing.preprocess import MediaItem, Preprocessor
 from engine.processing.prompt import insert_placeholders, render_chat
 from tests.engine_fixtures import FAMILIES, loaded
@@ -109,6 +110,84 @@ def test_different_kwargs_never_share_an_entry():
     again = pre.process(prompt, [item()], {"max_pixels": 28 * 28 * 16})
     assert small.item_hits == [False] and large.item_hits == [False] and again.item_hits == [True]
     assert len(small.input_ids) < len(large.input_ids)
+
+
+class RecordingDecoders(InProcessDecoders):
+    """The in-process decoders, recording which backend each video decode used."""
+
+    def __init__(self) -> None:
+        self.video_backends: list[str] = []
+
+    def decode_video(self, data, spec, limits):
+        self.video_backends.append(spec.backend)
+        return InProcessDecoders.decode_video(data, spec, limits)
+
+
+def video_through_cache(pre: Preprocessor, clip: bytes, request: dict | None,
+                        decoders: RecordingDecoders | None = None):
+    """One video request as the server builds it: the request's media_io_kwargs.video merged
+    over the server's spec, the item made by the production ``item_for``, then the cache."""
+    from engine.config import MediaLimits
+    from engine.media.video.options import parse_video_io_kwargs, server_video_spec
+
+    spec = parse_video_io_kwargs(request, server_video_spec({"video": {"backend": "pyav"}}))
+    item = item_for("video", clip, MediaLimits.from_env(), spec, 16_000, decoders)
+    return pre.process(pre.loaded.spec.placeholders["video"] + "Hi", [item])
+
+
+# A 2 s clip at 8 fps (16 frames): each pair below differs in one sampling option, and the two
+# settings pick different numbers of frames (see engine/media/video/sampling.py).
+SAMPLING_PAIRS = {
+    "num_frames": ({"num_frames": 4}, {"num_frames": 8}),                   # 4 vs 8 frames
+    "fps": ({"num_frames": 8, "fps": 1}, {"num_frames": 8, "fps": 2}),      # 2 vs 4 frames
+    "max_duration": ({"fps": 2, "max_duration": 1}, {"fps": 2, "max_duration": 2}),  # 2 vs 4
+}
+
+
+@pytest.mark.parametrize("option", SAMPLING_PAIRS)
+def test_video_sampling_options_never_share_an_entry(option):
+    """The same video bytes with a different num_frames / fps / max_duration are a cache miss
+    and give the other frame count's tokens and pixel values; the first setting again is a
+    hit (so video items are cached, and the key is stable)."""
+    lm = loaded("qwen2_5_vl")
+    pre = Preprocessor(lm, ProcessorCache(1 << 30))
+    clip = synthetic.make_video(width=96, height=64, fps=8, seconds=2)
+    first_kwargs, second_kwargs = SAMPLING_PAIRS[option]
+    first = video_through_cache(pre, clip, first_kwargs)
+    second = video_through_cache(pre, clip, second_kwargs)
+    again = video_through_cache(pre, clip, first_kwargs)
+    assert (first.item_hits, second.item_hits, again.item_hits) == ([False], [False], [True])
+    # Twice the frames: twice the temporal patches, so more video tokens and pixel rows.
+    assert len(second.input_ids) > len(first.input_ids)
+    assert second.mm["pixel_values_videos"].shape[0] == \
+        2 * first.mm["pixel_values_videos"].shape[0]
+    assert again.input_ids == first.input_ids
+    assert torch.equal(again.mm["pixel_values_videos"], first.mm["pixel_values_videos"])
+
+
+@pytest.mark.parametrize("first_kwargs, second_kwargs", [
+    ({"backend": "pyav"}, {"backend": "opencv"}),
+    ({"backend": "pyav", "threads": 1}, {"backend": "pyav", "threads": 2}),
+], ids=["backend", "backend_options"])
+def test_video_backends_and_their_options_never_share_an_entry(first_kwargs, second_kwargs):
+    """Every backend is meant to return the same frames for the same clip and request
+    (engine/media/video/__init__.py; tests/test_video_exact.py checks it), and pyav's thread
+    count does not change frames either, so the processed outputs cannot tell the two entries
+    apart. What this checks instead: the second setting is a cache miss whose decode really
+    ran (with its own backend), rather than being served what another backend or option
+    decoded; a backend that differs on some clip (a bug, or torchcodec's approximate seeking)
+    must never have its frames served for another. The first setting again is a hit that
+    decodes nothing."""
+    lm = loaded("qwen2_5_vl")
+    pre = Preprocessor(lm, ProcessorCache(1 << 30))
+    clip = synthetic.make_video(width=96, height=64, fps=8, seconds=2)
+    decoders = RecordingDecoders()
+    first = video_through_cache(pre, clip, {**first_kwargs, "num_frames": 4}, decoders)
+    second = video_through_cache(pre, clip, {**second_kwargs, "num_frames": 4}, decoders)
+    again = video_through_cache(pre, clip, {**first_kwargs, "num_frames": 4}, decoders)
+    assert (first.item_hits, second.item_hits, again.item_hits) == ([False], [False], [True])
+    assert decoders.video_backends == [first_kwargs["backend"], second_kwargs["backend"]]
+    assert pre.cache.stats.entries == 2
 
 
 def test_byte_bound_evicts_least_recently_used():
