@@ -77,8 +77,8 @@ def test_arrival_schedules():
     assert bursty.mean() == pytest.approx(1 / 50, rel=0.05) and bursty.std() > 1.5 / 50
 
 
-async def _mock(aiohttp_server, ttft_ms: float, itl_ms: float):
-    server = await aiohttp_server(create_app(ttft_ms, itl_ms, None))
+async def _mock(aiohttp_server, ttft_ms: float, itl_ms: float, headers_ms: float = 0.0):
+    server = await aiohttp_server(create_app(ttft_ms, itl_ms, None, headers_ms))
     return f"http://127.0.0.1:{server.port}/v1"
 
 
@@ -119,9 +119,10 @@ async def test_measured_ttft_is_never_below_and_barely_above_the_injected_ttft(a
     its own, and sends the first token no earlier than that plus the injected 50 ms: every
     measured TTFT is at least 50 ms, exactly (a negative bias fails); the fastest is within
     TTFT_SLACK_MS of it (a positive bias fails). One request at a time, so none waits for
-    another."""
+    another. The mock sends its headers 30 ms in, so a client timing from the headers
+    instead of from its request measures ~20 ms and fails too."""
     injected_ms = 50.0
-    base = await _mock(aiohttp_server, injected_ms, 5)
+    base = await _mock(aiohttp_server, injected_ms, 5, headers_ms=30)
     cfg = LoadConfig(base_url=base, max_concurrency=1, seed=3)
     reqs = random_mm(20, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=2,
                      seed=3, nonce=1)

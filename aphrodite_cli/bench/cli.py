@@ -323,6 +323,9 @@ def mock_server(
     itl_ms: Annotated[float, typer.Option(min=0)] = 0.0,
     output_tokens: Annotated[int | None, typer.Option(
         min=1, help="Tokens per answer (default: the request's max_tokens).")] = None,
+    headers_ms: Annotated[float, typer.Option(
+        min=0, help="When a stream's response headers are sent (at most --ttft-ms); a "
+        "client that times TTFT from the headers is caught when this is above 0.")] = 0.0,
 ) -> None:
     """A mock OpenAI-compatible endpoint streaming tokens with a set TTFT and ITL."""
     from aiohttp import web
@@ -331,7 +334,8 @@ def mock_server(
 
     out.print(f"mock server on http://{host}:{port}/v1 (ttft {ttft_ms} ms, itl {itl_ms} ms)",
               markup=False)
-    web.run_app(create_app(ttft_ms, itl_ms, output_tokens), host=host, port=port, print=None,
+    web.run_app(create_app(ttft_ms, itl_ms, output_tokens, headers_ms), host=host, port=port,
+                print=None,
                 access_log=None)
 
 

@@ -18,7 +18,13 @@ async def _sleep_until(due: float) -> None:
         await asyncio.sleep(delay)
 
 
-def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None) -> web.Application:
+def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
+               headers_ms: float = 0.0) -> web.Application:
+    """``headers_ms``: when a stream's response headers go out (capped at the TTFT); a real
+    server may send them at once or only with the first token, and a client must time the
+    first token from its request either way, never from the headers."""
+    headers_ms = min(headers_ms, ttft_ms)
+
     async def chat(request: web.Request) -> web.StreamResponse:
         start = time.perf_counter()  # delays count from the request's arrival
         body = await request.json()
@@ -35,6 +41,7 @@ def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None) -> web.
                 {"index": 0, "finish_reason": "length", **choice}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await _sleep_until(start + headers_ms / 1000)
         await response.prepare(request)
         for i in range(n):
             # Sleep to an absolute schedule so delays do not accumulate error.
