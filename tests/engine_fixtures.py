@@ -22,3 +22,13 @@ def llm(arch: str):
 
     template = str(template_path("llava")) if arch == "llava" else None
     return LLM(f"tiny:{arch}", chat_template=template)
+
+
+def hf_prompt_ids(arch: str, messages: list[dict], images: list | None = None) -> list[int]:
+    """The prompt token ids of one call of the model's own Hugging Face processor on the
+    whole chat (its own template; media parts written ``{"type": "image"}``): an oracle for
+    what a server must send the model, computed without the engine's preprocessing."""
+    processor = loaded(arch).processor
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    out = processor(text=[text], images=images or None, return_tensors="np")
+    return [int(i) for i in out["input_ids"][0]]

@@ -155,14 +155,37 @@ def test_concurrent_requests_share_forward_passes():
     assert solo.outputs[0].token_ids == reqs[0].outputs[0].token_ids  # batching changes nothing
 
 
+PREPROCESS_STAGES = ("hash_s", "cache_lookup_s", "media_decode_s", "processor_s")
+
+
+def timed_generate(model, prompt) -> tuple[dict, float]:
+    start = time.perf_counter()
+    out = model.generate(prompt, GREEDY)[0]
+    return out.metrics, time.perf_counter() - start
+
+
 def test_stage_timings_are_reported():
-    out = llm("qwen2_5_vl").generate({"prompt": "x", "multi_modal_data": {"image": img(9)}},
-                                     GREEDY)[0]
-    for key in ("hash_s", "cache_lookup_s", "media_decode_s", "processor_s", "encoder_s",
-                "prefill_s", "first_token_s", "decode_s", "queue_s"):
-        assert key in out.metrics and out.metrics[key] >= 0
-    assert out.metrics["encoder_s"] > 0
-    time.sleep(0)
+    model = llm("qwen2_5_vl")
+    image = {"prompt": "x", "multi_modal_data": {"image": img(9)}}
+    first, wall = timed_generate(model, image)
+    again, _ = timed_generate(model, image)
+    text, _ = timed_generate(model, {"prompt": "x"})
+    assert first["item_cache_hits"] == [False] and again["item_cache_hits"] == [True]
+    # The stages that did work on the first (cache-miss) request took time.
+    for key in ("processor_s", "queue_s", "encoder_s", "prefill_s", "first_token_s",
+                "decode_s"):
+        assert first[key] > 0, key
+    # Time to first token is the wait in the queue, the vision encoder and the prefill
+    # (each rounded to the microsecond), and the stages are disjoint parts of the call.
+    assert first["first_token_s"] == pytest.approx(
+        first["queue_s"] + first["encoder_s"] + first["prefill_s"], abs=5e-6)
+    assert sum(first[k] for k in PREPROCESS_STAGES) + first["first_token_s"] + \
+        first["decode_s"] <= wall
+    # Stages that did not run report zero: no decode on a cache hit, no vision encoder (and
+    # no media stage at all) for a text-only prompt.
+    assert again["media_decode_s"] == 0 and again["encoder_s"] > 0
+    assert text["encoder_s"] == 0 and text["item_cache_hits"] == []
+    assert text["hash_s"] == text["cache_lookup_s"] == text["media_decode_s"] == 0
 
 
 @pytest.mark.needs_gpu
