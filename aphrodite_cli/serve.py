@@ -57,6 +57,12 @@ def serve(
         min=1, max=64, help="API server processes sharing the port, e.g. 2.")] = 1,
     max_request_body_mb: Annotated[float, typer.Option(
         min=0.001, help="Largest request body in MB, e.g. 64.")] = 64.0,
+    request_body_timeout_s: Annotated[float, typer.Option(
+        min=0.1, help="Seconds a client has to send its whole request body (else 408), "
+                      "e.g. 30.")] = 30.0,
+    metrics_without_auth: Annotated[bool, typer.Option(
+        help="With --api-key, still serve /metrics without the key (for a scraper).")
+    ] = False,
     max_num_seqs: Annotated[int, typer.Option(
         min=1, help="Sequences batched into one forward pass, e.g. 8.")] = 8,
     max_model_len: Annotated[int, typer.Option(
@@ -102,6 +108,8 @@ def serve(
         media_io_kwargs=parse_json_flag("--media-io-kwargs", media_io_kwargs),
         mm_processor_cache_gb=mm_processor_cache_gb, mm_ipc_gpu_memory_gb=mm_ipc_gpu_memory_gb,
         api_server_count=api_server_count, max_request_body_mb=max_request_body_mb,
+        request_body_timeout_s=request_body_timeout_s,
+        metrics_without_auth=metrics_without_auth,
         max_num_seqs=max_num_seqs, max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,

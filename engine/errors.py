@@ -10,9 +10,11 @@ changes the outcome. Catch at the level you need::
     │   ├── InvalidRequestError  400    malformed input
     │   ├── AuthenticationError  401    missing or wrong API key
     │   ├── ModelNotFoundError   404    a model name this server does not serve
+    │   ├── RequestTimeoutError  408    the request body did not arrive in time
     │   ├── MediaPolicyError     400    a media URL the operator's policy forbids
     │   ├── MediaFetchError      400    the media could not be fetched (status, timeout, refused)
     │   ├── RequestTooLargeError 413    the request body is over the limit
+    │   ├── UnsupportedContentTypeError 415  a POST body that is not JSON
     │   ├── MediaTooLargeError   413    bytes, pixels or duration over a cap
     │   ├── UnsupportedMediaError 415   the bytes are not the kind of media the part says
     │   └── MediaDecodeError     422    the bytes are that kind of media but cannot be decoded
@@ -100,6 +102,20 @@ class ModelNotFoundError(ClientError):
     status = 404
     type = "not_found_error"
     default_code = "model_not_found"
+
+
+class RequestTimeoutError(ClientError):
+    """The request body did not arrive within ``--request-body-timeout-s``."""
+
+    status = 408
+    default_code = "request_body_timeout"
+
+
+class UnsupportedContentTypeError(ClientError):
+    """A POST whose ``Content-Type`` is not JSON (a browser's cross-site form or text)."""
+
+    status = 415
+    default_code = "unsupported_content_type"
 
 
 class RequestTooLargeError(ClientError):

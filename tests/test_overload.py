@@ -83,16 +83,25 @@ def test_in_flight_bytes_and_decode_queue_bounds():
         second = send("second", [image(f"{host.base}/small.png")])
         while host.hits["/small.png"] == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
-        status, headers, body = post(server.base, "hello")
+        status, headers, body = post(server.base, [image(f"{host.base}/small.png")])
         assert status == 503 and headers["Retry-After"] == "1"
         assert body["error"]["code"] == "decode_queue_full"
         assert "--max-decode-queue" in body["error"]["message"]
+        assert host.hits["/small.png"] == 1  # refused before its fetch
+        # A text-only request needs no decode-queue slot: served while the queue is full.
+        status, _, body = post(server.base, "hello")
+        assert status == 200, body
 
         holder.join(120)
         second.join(120)
         assert results["holder"][0] == 200 and results["second"][0] == 200
         assert in_flight_bytes(server.base) == 0
         assert post(server.base, [image(inline)])[0] == 200  # served normally afterwards
+        assert in_flight_bytes(server.base) == 0
+        # Bodies count too (charged from Content-Length before they are read): 0.35 MB of
+        # text alone passes the 0.3 MB bound.
+        status, _, body = post(server.base, "x" * 350_000)
+        assert status == 503 and body["error"]["code"] == "media_bytes_in_flight", body
         assert in_flight_bytes(server.base) == 0
     finally:
         assert server.stop() == 0

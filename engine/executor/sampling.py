@@ -9,6 +9,9 @@ from engine.errors import InvalidRequestError
 
 MAX_TOKENS_CAP = 4096
 MAX_N = 16
+#: torch's 64-bit generator seed range (as vLLM's); row i of ``n`` samples with seed + i,
+#: which torch still takes (it accepts up to 2**64 - 1).
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _bad(name: str, value: object, rule: str) -> InvalidRequestError:
@@ -45,8 +48,8 @@ class SamplingParams:
         if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
             raise _bad("n", self.n, f"must be an integer from 1 to {MAX_N}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(
-                self.seed, int)):
-            raise _bad("seed", self.seed, "must be an integer")
+                self.seed, int) or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise _bad("seed", self.seed, f"must be an integer from {SEED_MIN} to {SEED_MAX}")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stop) > 8 or not all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop):
             raise _bad("stop", self.stop, "must be up to 8 non-empty strings")

@@ -90,7 +90,7 @@ class MediaConnector:
             redirects, attempts = result.redirects, result.attempts
         elif source.kind == "data" and source.data_payload is not None:
             data, declared = decode_base64_payload(source.data_payload), source.data_mime
-            if ticket is not None:
+            if ticket is not None and not ticket.covers_inline_media:
                 ticket.charge(len(data))
         elif source.kind == "file" and source.local_parts is not None:
             root = self.policy.allowed_local_path

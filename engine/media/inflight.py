@@ -28,6 +28,9 @@ class Ticket:
     def __init__(self, budget: InflightBytes) -> None:
         self.budget = budget
         self.held = 0
+        #: True once the request body was charged: a data URL's bytes came in that body (its
+        #: base64 is 4/3 of them), so decoding it charges nothing more.
+        self.covers_inline_media = False
 
     def charge(self, nbytes: int) -> None:
         budget = self.budget

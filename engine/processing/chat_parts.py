@@ -40,7 +40,8 @@ def parse_messages(messages: Any) -> ParsedChat:
         raise _bad("messages must be a non-empty list")
     parsed = ParsedChat([])
     for n, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+        role = message.get("role") if isinstance(message, dict) else None
+        if not isinstance(role, str) or role not in _ROLES:
             raise _bad(f"messages[{n}] needs a role ({', '.join(sorted(_ROLES))})")
         role = "system" if message["role"] == "developer" else message["role"]
         content = message.get("content")
@@ -53,6 +54,7 @@ def parse_messages(messages: Any) -> ParsedChat:
         for k, part in enumerate(content):
             where = f"messages[{n}].content[{k}]"
             kind = part.get("type") if isinstance(part, dict) else None
+            kind = kind if isinstance(kind, str) else None  # a list or object is no type
             if kind == "text":
                 if not isinstance(part.get("text"), str):
                     raise _bad(f"{where} is a text part without a text string")

@@ -1,8 +1,10 @@
 """The aiohttp application of one API server process.
 
 Work inside one request, in this order (nothing is fetched before step 6):
-  1 body size (413)  2 JSON (400)  3 auth (401)  4 model (404)  5 parts, item limits, options
-  6 media URL policy (400)  7 fetch (bounded)  8 decode + HF processor (cache)  9 engine.
+  1 auth from the headers (401), admission (503), the body under a deadline and size cap
+    (408/413, JSON only: 415), its JSON shape (400): see :mod:`engine.server.front_door`
+  2 model (404)  3 fields (400)  4 parts, item limits, options  6 media URL policy (400)
+  7 fetch (bounded)  8 decode + HF processor (cache)  9 engine.
 Every error is the OpenAI shape; a bad item in a streaming request fails before the first SSE
 byte. Each response carries the server-side stage timings and cache hits: the header
 ``x-aphrodite-timings`` (JSON) and the body field ``aphrodite`` (for streams, in the last chunk).
@@ -25,14 +27,13 @@ from aiohttp import web
 from engine.config import MediaLimits, MediaPolicy
 from engine.errors import (
     AphroditeError,
-    AuthenticationError,
     InvalidRequestError,
     ModelNotFoundError,
     OverloadedError,
     RequestTooLargeError,
 )
 from engine.media.connector import MediaConnector
-from engine.media.inflight import InflightBytes
+from engine.media.inflight import InflightBytes, Ticket
 from engine.media.pool import decode_executor
 from engine.media.video import load_video_async
 from engine.media.video.budget import GpuDecodeBudget
@@ -48,6 +49,7 @@ from engine.processing.preprocess import Preprocessor
 from engine.processing.prompt import render_chat
 from engine.server.config import ServerConfig
 from engine.server.engine_client import Completion, EngineClient
+from engine.server.front_door import auth_middleware, parse_body, read_body
 from engine.server.metrics import Metrics
 from engine.server.protocol import parse_generation_fields
 from engine.version import __version__
@@ -105,6 +107,8 @@ def error_response(err: AphroditeError) -> web.Response:
     headers = {}
     if err.status in (429, 503):
         headers["Retry-After"] = str(getattr(err, "retry_after_s", 1))
+    if err.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
     return web.json_response(err.to_openai(), status=err.status, headers=headers)
 
 
@@ -121,6 +125,11 @@ async def errors_middleware(request: web.Request, handler):
         response = error_response(RequestTooLargeError(
             f"the request body is over {state.config.max_request_body_mb:g} MB",
             hint="send media by URL instead of inline, or raise --max-request-body-mb"))
+    except ConnectionError:
+        # The client went away mid-request: nothing to answer, not a server error. Counted
+        # as 499 (nginx's "client closed request"); aiohttp drops the connection quietly.
+        state.metrics.requests.labels(route, "499").inc()
+        raise
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -138,26 +147,10 @@ async def errors_middleware(request: web.Request, handler):
     return response
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
+async def read_json(request: web.Request, ticket: Ticket) -> dict[str, Any]:
+    """The admitted request's body, read and shape-checked (front_door), then its model."""
     state: State = request.app[STATE]
-    body = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequestError(f"the request body is not valid JSON: {exc.msg} at "
-                                  f"position {exc.pos}", code="invalid_json") from None
-    except UnicodeDecodeError:
-        raise InvalidRequestError("the request body is not UTF-8 JSON",
-                                  code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise InvalidRequestError("the request body must be a JSON object", code="invalid_json")
-    key = state.config.api_key
-    if key:
-        header = request.headers.get("Authorization", "")
-        if header != f"Bearer {key}":
-            raise AuthenticationError("missing or wrong API key",
-                            hint="send the header 'Authorization: Bearer <key>' with the key "
-                                 "given to --api-key / APHRODITE_API_KEY")
+    data = parse_body(await read_body(request, state.config.request_body_timeout_s, ticket))
     model = data.get("model")
     if model is not None and model != state.name:
         raise ModelNotFoundError(f"model {model!r} is not served here; this server serves "
@@ -169,8 +162,9 @@ def _timing_header(timings: dict[str, Any]) -> str:
     return json.dumps(timings, separators=(",", ":"), default=str)
 
 
-async def prepare_chat(state: State, data: dict[str, Any]):
-    """Steps 5-8: everything before the engine; raises before any response byte."""
+async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket):
+    """Steps 4-8: everything before the engine; raises before any response byte. Fetched
+    media is charged to ``ticket`` (the request's share of the bytes in flight)."""
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap)
     parsed = parse_messages(data.get("messages"))
     counts = Counter(parsed.counts())
@@ -180,7 +174,8 @@ async def prepare_chat(state: State, data: dict[str, Any]):
                                     fields.mm_processor_kwargs)
     text = render_chat(state.loaded, parsed.messages)
     items, fetch_s = [], 0.0
-    with preprocess_slot(state), state.inflight.ticket() as ticket:
+    # Only requests with media take a decode-queue slot: text never waits behind video.
+    with preprocess_slot(state) if parsed.media else contextlib.nullcontext():
         if parsed.media:
             await state.connector.check_all([(url, m) for m, url in parsed.media])  # policy
             async with state.fetch_slots:
@@ -234,7 +229,10 @@ async def decode_gpu_videos(state: State, items: list, video) -> None:
 
 def admitted(handler):
     """At most --max-pending-requests generation requests in flight per API server; past
-    that, a 503 with Retry-After at once instead of a queue that grows without bound."""
+    that, a 503 with Retry-After at once instead of a queue that grows without bound. Runs
+    after the API key check (a middleware), so only keyed clients are counted. The request's
+    bytes in flight (body, then fetched media) are charged to one ticket, given back at the
+    end."""
     async def wrapper(request: web.Request) -> web.StreamResponse:
         state: State = request.app[STATE]
         if state.pending >= state.config.max_pending_requests:
@@ -244,7 +242,8 @@ def admitted(handler):
                      "(--api-server-count) or raise --max-pending-requests")
         state.pending += 1
         try:
-            return await handler(request)
+            with state.inflight.ticket() as ticket:
+                return await handler(request, ticket)
         finally:
             state.pending -= 1
 
@@ -252,18 +251,18 @@ def admitted(handler):
 
 
 @admitted
-async def chat_completions(request: web.Request) -> web.StreamResponse:
+async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
     state: State = request.app[STATE]
-    data = await read_json(request)
+    data = await read_json(request, ticket)
     start = time.perf_counter()
-    fields, processed = await prepare_chat(state, data)
+    fields, processed = await prepare_chat(state, data, ticket)
     return await respond(request, state, fields, processed, start, chat=True)
 
 
 @admitted
-async def completions(request: web.Request) -> web.StreamResponse:
+async def completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
     state: State = request.app[STATE]
-    data = await read_json(request)
+    data = await read_json(request, ticket)
     start = time.perf_counter()
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap)
     prompt = data.get("prompt")
@@ -405,7 +404,8 @@ async def metrics(request: web.Request) -> web.Response:
 def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
                ) -> web.Application:
     """The app factory: state lives in an AppKey, cleanup in cleanup_ctx."""
-    app = web.Application(middlewares=[errors_middleware],
+    app = web.Application(middlewares=[errors_middleware, auth_middleware(
+                              config.api_key, config.metrics_without_auth)],
                           client_max_size=int(config.max_request_body_mb * 1024 * 1024))
 
     async def lifecycle(app: web.Application):

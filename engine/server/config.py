@@ -23,6 +23,8 @@ class ServerConfig:
     mm_ipc_gpu_memory_gb: float = 0.0
     api_server_count: int = 1
     max_request_body_mb: float = 64.0
+    request_body_timeout_s: float = 30.0
+    metrics_without_auth: bool = False
     max_num_seqs: int = 8
     max_model_len: int = 8192
     max_tokens_cap: int = 4096

@@ -42,6 +42,7 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
     if config.decode_isolation not in ("thread", "process"):
         raise ConfigError(f"--decode-isolation {config.decode_isolation!r} must be thread or "
                           "process")
+    check_device(config.device, config.dtype)
     loaded = load_model(config.model, chat_template=config.chat_template,
                         served_name=config.served_model_name)
     if not loaded.chat_template:
@@ -56,6 +57,29 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
     effective_limits(loaded.spec, config.limit_mm_per_prompt)
     merge_processor_kwargs(loaded.processor, config.mm_processor_kwargs, None)
     return loaded, loaded.name
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def check_device(device: str, dtype: str) -> None:
+    """``--device`` cpu, cuda or cuda:N that exists here; ``--dtype`` one torch can load."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype!r} is not supported", hint=f"use one of "
+                          f"{', '.join(DTYPES)}", code="invalid_dtype")
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+        raise ConfigError(f"--device {device!r} is not supported",
+                          hint="use cpu, cuda or cuda:N", code="invalid_device")
+    if kind == "cuda":
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(index or 0) >= count:
+            raise ConfigError(f"--device {device}: this machine has "
+                              f"{count or 'no'} CUDA device{'s' if count != 1 else ''}",
+                              hint="use --device cpu, or run on a machine with an NVIDIA GPU",
+                              code="invalid_device")
 
 
 def _validated_model(config: ServerConfig) -> tuple[str, str]:

@@ -1,0 +1,159 @@
+"""The request path before any work is done for a client (DESIGN.md, step 1).
+
+In this order, and nothing is held before it is earned:
+
+1. The API key, from the headers alone (401 with ``WWW-Authenticate: Bearer``). A client
+   without the key takes no pending slot, sends no body that is read, costs nothing else.
+   Open without a key: ``/health``; ``/metrics`` only with ``--metrics-without-auth``.
+2. Admission: a pending slot (``--max-pending-requests``; 503 + Retry-After when full).
+3. The body: ``Content-Type`` must be JSON (415; a browser's cross-site form or text/plain
+   cannot reach the API), its length is charged to the media bytes in flight
+   (``--max-inflight-media-mb``: a body is media too when it carries data URLs), and it must
+   arrive within ``--request-body-timeout-s`` (408): a client that sends headers and then
+   drips or withholds the body loses its slot instead of keeping it.
+4. Its JSON shape, before any field is looked at: an object, nested at most
+   :data:`MAX_DEPTH` deep, integers within 64 bits, finite numbers, text that is valid
+   Unicode (no lone surrogates). Fields are validated after this by the protocol module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from typing import Any
+
+from aiohttp import web
+
+from engine.errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    RequestTimeoutError,
+    UnsupportedContentTypeError,
+)
+from engine.media.inflight import Ticket
+
+MAX_DEPTH = 64
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+
+
+def key_matches(header: str | None, key: str) -> bool:
+    """``Authorization: Bearer KEY`` (the scheme in any case), compared in constant time."""
+    scheme, _, token = (header or "").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
+                                                              key.encode())
+
+
+def auth_middleware(api_key: str | None, metrics_without_auth: bool):
+    """Refuse requests without the key before any handler (and so any slot) runs."""
+    open_paths = {"/health"} | ({"/metrics"} if metrics_without_auth else set())
+
+    @web.middleware
+    async def check_key(request: web.Request, handler):
+        if api_key and request.path not in open_paths and not key_matches(
+                request.headers.get("Authorization"), api_key):
+            raise AuthenticationError(
+                "missing or wrong API key",
+                hint="send the header 'Authorization: Bearer <key>' with the key given to "
+                     "--api-key / APHRODITE_API_KEY")
+        return await handler(request)
+
+    return check_key
+
+
+def _is_json(content_type: str) -> bool:
+    return content_type == "application/json" or (
+        content_type.startswith("application/") and content_type.endswith("+json"))
+
+
+async def read_body(request: web.Request, timeout_s: float, ticket: Ticket) -> bytes:
+    """The raw body: JSON content type, charged to ``ticket`` before it is read (from
+    ``Content-Length``; a chunked body once read, which the body-size cap bounds), and read
+    within ``timeout_s``."""
+    if "Content-Type" in request.headers and not _is_json(request.content_type):
+        raise UnsupportedContentTypeError(
+            f"the request body has Content-Type {request.content_type!r}; the API takes JSON",
+            hint="send the header 'Content-Type: application/json'")
+    declared = request.content_length
+    if declared:
+        ticket.charge(declared)
+    try:
+        async with asyncio.timeout(timeout_s):
+            body = await request.read()  # raises HTTPRequestEntityTooLarge past the cap
+    except TimeoutError:
+        raise RequestTimeoutError(
+            f"the request body did not arrive within {timeout_s:g} s",
+            hint="send the whole body at once, or raise --request-body-timeout-s") from None
+    if not declared:
+        ticket.charge(len(body))
+    ticket.covers_inline_media = True
+    return body
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    """The JSON object in ``body``, shape-checked (see the module docstring)."""
+    try:
+        data = json.loads(body, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"the request body is not valid JSON: {exc.msg} at "
+                                  f"position {exc.pos}", code="invalid_json") from None
+    except UnicodeDecodeError:
+        raise InvalidRequestError("the request body is not UTF-8 JSON",
+                                  code="invalid_json") from None
+    except RecursionError:
+        raise _too_deep() from None
+    except ValueError as exc:  # an integer of thousands of digits (Python's own limit)
+        raise InvalidRequestError(f"the request body holds a number out of range ({exc})",
+                                  code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise InvalidRequestError("the request body must be a JSON object", code="invalid_json")
+    check_shape(data)
+    return data
+
+
+def _refuse_constant(name: str) -> Any:
+    raise InvalidRequestError(f"{name} is not a JSON number", code="invalid_json")
+
+
+def _too_deep() -> InvalidRequestError:
+    return InvalidRequestError(f"the request body is nested more than {MAX_DEPTH} levels deep",
+                               code="invalid_json")
+
+
+def check_shape(data: Any) -> None:
+    """Depth, integer range, finite floats and valid Unicode, without recursion."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            _check_text(value)
+        elif isinstance(value, bool) or value is None:
+            continue
+        elif isinstance(value, int):
+            if not _INT_MIN <= value <= _INT_MAX:
+                raise InvalidRequestError("the request body holds an integer outside 64 bits",
+                                          code="invalid_json")
+        elif isinstance(value, float):
+            if value != value or value in (float("inf"), float("-inf")):
+                raise InvalidRequestError("the request body holds a number out of range",
+                                          code="invalid_json")
+        elif isinstance(value, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise _too_deep()
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    _check_text(key)
+                    stack.append((item, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in value)
+
+
+def _check_text(text: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequestError("the request body holds text that is not valid Unicode (a "
+                                  "lone surrogate escape such as \\ud800)",
+                                  code="invalid_json") from None
