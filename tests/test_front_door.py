@@ -281,3 +281,19 @@ def test_urllib_against_a_wrong_key_gets_401_with_the_challenge(server):
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(req, timeout=30)
     assert info.value.code == 401 and info.value.headers["WWW-Authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--device", "tpu"], "--device 'tpu' is not supported"),
+    (["--device", "cuda"], "CUDA device"),
+    (["--dtype", "float8"], "--dtype 'float8' is not supported")])
+def test_a_device_or_dtype_that_cannot_work_is_one_line_at_start(flags, words):
+    import subprocess
+
+    from tests.server_harness import BIN, free_port
+
+    done = subprocess.run([str(BIN), "serve", *flags, "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr and "Traceback" not in done.stderr + done.stdout
+    assert len(done.stderr.strip().splitlines()) <= 2, done.stderr
