@@ -6,6 +6,7 @@ changes the outcome. Catch at the level you need::
 
     AphroditeError                      any error raised on purpose by this project
     ├── ConfigError                     bad flag, env var or startup setting (CLI exit 2)
+    ├── StartupError                    the server cannot start here (a port in use; exit 1)
     ├── ClientError (4xx)               the request is at fault
     │   ├── InvalidRequestError  400    malformed input
     │   ├── AuthenticationError  401    missing or wrong API key
@@ -74,6 +75,12 @@ class ConfigError(AphroditeError):
     status = 400
     type = "configuration_error"
     default_code = "invalid_configuration"
+
+
+class StartupError(AphroditeError):
+    """The server cannot start for a reason outside its settings: the port is taken."""
+
+    default_code = "startup_failed"
 
 
 class ClientError(AphroditeError):

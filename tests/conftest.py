@@ -51,7 +51,18 @@ def _ours(row: server_harness.ProcessRow, groups: set[int], before: set[int]) ->
     it ran, and their orphans, which keep the group) or a test server's, not there when the
     run began, not pytest itself."""
     return (row.state != "Z" and row.pid != os.getpid() and row.pid not in before
-            and row.pgid in groups)
+            and row.pgid in groups and not _own_resource_tracker(row))
+
+
+def _own_resource_tracker(row: server_harness.ProcessRow) -> bool:
+    """pytest's own multiprocessing resource tracker (started by tests that use decode
+    pools in-process): it reads a pipe pytest holds open, so it ends when pytest ends."""
+    if row.ppid != os.getpid():
+        return False
+    try:
+        return b"multiprocessing.resource_tracker" in Path(f"/proc/{row.pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,5 +1,10 @@
 """``aphrodite serve``: validate everything, start one engine process and N API server
-processes on the same port (SO_REUSEPORT), supervise them.
+processes on one listening socket, supervise them.
+
+The supervisor binds the port itself, first (a port in use is a one-line error and exit 1
+before anything loads), and hands that one socket to every API server process, as gunicorn,
+uvicorn and vLLM do: no other process can join the port, as SO_REUSEPORT would let a second
+server on the same port silently take half the traffic.
 
 SIGTERM/SIGINT drains: API servers stop accepting, finish in-flight requests (up to
 ``DRAIN_S``), then the engine stops. A child that dies on its own is reported by name and exit
@@ -8,12 +13,14 @@ code, and the others are stopped: nothing is left hanging, the exit status is 1.
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import os
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -21,7 +28,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, StartupError
 from engine.server.config import ServerConfig
 
 logger = logging.getLogger("aphrodite.server")
@@ -97,9 +104,31 @@ def validate_in_child(config: ServerConfig) -> tuple[str, str]:
         return pool.submit(_validated_model, config).result()
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The server's one listening socket (no SO_REUSEPORT: a busy port is an error)."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host {host!r} is not an address of this machine ({exc.strerror})",
+                          hint="use an address such as 127.0.0.1, 0.0.0.0 or ::") from None
+    family = infos[0][0]
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise StartupError(f"port {port} on {host} is already in use",
+                               hint="stop the process that holds it, or choose another --port",
+                               code="port_in_use") from None
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}",
+                           hint="choose another --host/--port (ports below 1024 need root)",
+                           code="port_unavailable") from None
+
+
 def api_server_main(config: ServerConfig, model_path: str, name: str, address: str,
-                    authkey: bytes, ready: Any) -> None:
-    """Entry point of one API server process; sets ``ready`` once it accepts connections."""
+                    authkey: bytes, ready: Any, sock: socket.socket) -> None:
+    """Entry point of one API server process: serves on the supervisor's listening socket
+    and sets ``ready`` once it accepts connections."""
     import asyncio
 
     from engine.lifetime import exit_with_parent
@@ -113,12 +142,12 @@ def api_server_main(config: ServerConfig, model_path: str, name: str, address: s
     loaded = load_model(model_path, chat_template=config.chat_template, served_name=name)
     engine = EngineClient(address, authkey)
     try:
-        asyncio.run(_serve_app(create_app(config, loaded, engine), config, ready))
+        asyncio.run(_serve_app(create_app(config, loaded, engine), sock, ready))
     finally:
         engine.close()
 
 
-async def _serve_app(app: Any, config: ServerConfig, ready: Any) -> None:
+async def _serve_app(app: Any, sock: socket.socket, ready: Any) -> None:
     """Serve ``app`` until SIGTERM/SIGINT, then stop accepting and drain (up to DRAIN_S)."""
     import asyncio
 
@@ -127,7 +156,7 @@ async def _serve_app(app: Any, config: ServerConfig, ready: Any) -> None:
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
     await runner.setup()
     try:
-        await web.TCPSite(runner, config.host, config.port, reuse_port=True).start()
+        await web.SockSite(runner, sock).start()
         ready.set()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -148,7 +177,7 @@ def _wait_ready(host: str, port: int, procs: list[Any], events: list[Any],
         for proc in procs:
             if proc.exitcode is not None:
                 raise ConfigError(f"{proc.name} exited during startup (code {proc.exitcode})",
-                                  hint="see the messages above; is the port already in use?")
+                                  hint="see the messages above")
         if not all(event.wait(0.1) for event in events):
             continue
         try:
@@ -163,7 +192,15 @@ def _wait_ready(host: str, port: int, procs: list[Any], events: list[Any],
 
 
 def run(config: ServerConfig, *, announce=print) -> int:
-    """Start, supervise and stop the server processes; returns the exit status."""
+    """Bind, start, supervise and stop the server processes; returns the exit status."""
+    sock = bind_listener(config.host, config.port)
+    try:
+        return _run(config, sock, announce)
+    finally:
+        sock.close()
+
+
+def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     model_path, name = validate_in_child(config)
     ctx = multiprocessing.get_context("spawn")
     folder = Path(tempfile.mkdtemp(prefix="aphrodite-"))
@@ -196,7 +233,7 @@ def run(config: ServerConfig, *, announce=print) -> int:
         listening = [ctx.Event() for _ in range(config.api_server_count)]
         for i, event in enumerate(listening):
             proc = ctx.Process(target=api_server_main, name=f"API server {i}", args=(
-                config, model_path, name, address, authkey, event))
+                config, model_path, name, address, authkey, event, sock))
             proc.start()
             apis.append(proc)
         _wait_ready(config.host, config.port, [engine, *apis], listening, timeout=180)
