@@ -189,6 +189,12 @@ BAD_BODIES = {
     "URL authority []@": json.dumps({"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://[]@/x.png"}}]}]}).encode(),
     "not UTF-8": b'{"messages": "\xff\xfe"}',
+    "kwarg of the wrong type": chat(mm_processor_kwargs={"max_pixels": "many"}),
+    "patch size changed per request": chat(mm_processor_kwargs={"patch_size": 8}),
+    "pixel bomb by kwargs (float)": chat(mm_processor_kwargs={"min_pixels": 1e8}),
+    "pixel bomb by kwargs (int)": chat(mm_processor_kwargs={"min_pixels": 100_000_000}),
+    "min over max": chat(mm_processor_kwargs={"min_pixels": 6000, "max_pixels": 5000}),
+    "fps bomb": chat(mm_processor_kwargs={"fps": 1e6}),
 }
 
 
@@ -196,8 +202,25 @@ BAD_BODIES = {
 def test_bad_input_is_a_400_never_a_500(server, name):
     status, _, doc = call(server, "/v1/chat/completions", BAD_BODIES[name], keyed())
     assert status == 400, (name, doc)
+    if "kwarg" in name or "pixel" in name or "fps" in name or "patch" in name:
+        assert doc["error"]["code"] == "invalid_mm_processor_kwargs", doc
     assert doc["error"]["type"] == "invalid_request_error"
     assert "Traceback" not in doc["error"]["message"]
+
+
+def test_a_request_may_lower_the_pixel_budget(server):
+    """Fewer pixels than the server's own maximum is the kwargs' legitimate use."""
+    png = __import__("engine.media.synthetic", fromlist=["x"]).make_image(200, 150, fmt="PNG")
+    url = "data:image/png;base64," + __import__("base64").b64encode(png).decode()
+    tokens = {}
+    for max_pixels in (None, 28 * 28 * 4):
+        extra = {"mm_processor_kwargs": {"max_pixels": max_pixels}} if max_pixels else {}
+        body = json.dumps({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}]}], "max_tokens": 1, **extra})
+        status, _, doc = call(server, "/v1/chat/completions", body.encode(), keyed())
+        assert status == 200, doc
+        tokens[max_pixels] = doc["usage"]["prompt_tokens"]
+    assert tokens[28 * 28 * 4] < tokens[None]
 
 
 json_value = st.recursive(

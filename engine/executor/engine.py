@@ -3,6 +3,7 @@ batched into its next forward passes (up to ``max_batch_size`` sequences)."""
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -11,6 +12,8 @@ from engine.errors import AphroditeError, InternalError
 from engine.executor.request import EngineRequest
 from engine.executor.runner import TransformersRunner
 from engine.models.loader import LoadedModel
+
+logger = logging.getLogger("aphrodite.engine")
 
 
 class Engine:
@@ -53,16 +56,33 @@ class Engine:
         try:
             self.batches += 1
             self.runner.run(live)
-        except AphroditeError as err:
-            for r in live:
-                r.error = err
-        except Exception as exc:  # a bug: reported per request, the engine keeps going
-            for r in live:
-                r.error = InternalError(f"generation failed: {type(exc).__name__}")
+        except Exception as exc:
+            self._isolate(live, exc)
         finally:
             for r in live:
                 r.finish()
         return True
+
+    def _isolate(self, batch: list[EngineRequest], exc: Exception) -> None:
+        """A batch failed: find whose request it was. Each request that has not been sent a
+        token yet runs again on its own, so one bad request fails only itself and its
+        batch-mates still get their answers; a request that already streamed tokens cannot
+        be replayed and fails with the error."""
+        if len(batch) == 1:
+            batch[0].error = _as_error(exc, batch[0])
+            return
+        logger.warning("a batch of %d requests failed (%s); running each alone", len(batch),
+                       type(exc).__name__)
+        for r in batch:
+            if any(o.token_ids for o in r.outputs):
+                r.error = _as_error(exc, r)
+                continue
+            try:
+                self.batches += 1
+                self.runner.run([r])
+            except Exception as solo:
+                r.error = _as_error(solo, r)
+
 
     def _next_batch(self) -> list[EngineRequest] | None:
         first = self._queue.get()
@@ -85,3 +105,12 @@ class Engine:
             batch.append(nxt)
             rows += nxt.params.n
         return batch
+
+
+def _as_error(exc: Exception, request: EngineRequest) -> AphroditeError:
+    """What the client is told: our own errors as they are; anything else is a bug (500),
+    logged here with its traceback (the client sees only its type)."""
+    if isinstance(exc, AphroditeError):
+        return exc
+    logger.error("generation failed for %s", request.request_id, exc_info=exc)
+    return InternalError(f"generation failed: {type(exc).__name__}")

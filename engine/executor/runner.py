@@ -109,31 +109,31 @@ class TransformersRunner:
         sampler, stop, streamer = _hooks()
         inputs = self._inputs(rows)
         max_new = max(r.request.params.max_tokens for r in rows)
-        try:
-            with torch.inference_mode():
-                self.model.generate(
-                    **inputs, max_new_tokens=max_new, do_sample=False,
-                    logits_processor=LogitsProcessorList([sampler(rows)]),
-                    stopping_criteria=[stop(rows)], streamer=streamer(self, rows),
-                    pad_token_id=self.pad_id,
-                    eos_token_id=None, use_cache=True)
-        finally:
-            finished = time.perf_counter()
-            for row in rows:
-                if not row.done:
-                    self._finish(row, "abort" if row.request.cancelled.is_set() else "length")
-            first = min((r.first_token_at for r in rows if r.first_token_at), default=finished)
-            for req in requests:
-                firsts = [r.first_token_at for r in rows if r.request is req and r.first_token_at]
-                req.timings.update({
-                    "queue_s": round(started - req.submitted, 6),
-                    "encoder_s": round(self._encoder_s, 6),
-                    "prefill_s": round(max(first - started - self._encoder_s, 0.0), 6),
-                    "first_token_s": round((min(firsts) if firsts else finished) - req.submitted,
-                                           6),
-                    "decode_s": round(finished - (min(firsts) if firsts else finished), 6),
-                    "batch_size": len(rows),
-                })
+        # On an exception no row is finished: the engine decides per request whether it can
+        # be run again (nothing sent yet) or has failed (see Engine._isolate).
+        with torch.inference_mode():
+            self.model.generate(
+                **inputs, max_new_tokens=max_new, do_sample=False,
+                logits_processor=LogitsProcessorList([sampler(rows)]),
+                stopping_criteria=[stop(rows)], streamer=streamer(self, rows),
+                pad_token_id=self.pad_id,
+                eos_token_id=None, use_cache=True)
+        finished = time.perf_counter()
+        for row in rows:
+            if not row.done:
+                self._finish(row, "abort" if row.request.cancelled.is_set() else "length")
+        first = min((r.first_token_at for r in rows if r.first_token_at), default=finished)
+        for req in requests:
+            firsts = [r.first_token_at for r in rows if r.request is req and r.first_token_at]
+            req.timings.update({
+                "queue_s": round(started - req.submitted, 6),
+                "encoder_s": round(self._encoder_s, 6),
+                "prefill_s": round(max(first - started - self._encoder_s, 0.0), 6),
+                "first_token_s": round((min(firsts) if firsts else finished) - req.submitted,
+                                       6),
+                "decode_s": round(finished - (min(firsts) if firsts else finished), 6),
+                "batch_size": len(rows),
+            })
 
     def _step(self, row: _Row, token: int, now: float) -> None:
         if row.done:

@@ -42,7 +42,7 @@ from engine.media.video.registry import get_backend
 from engine.models.loader import LoadedModel
 from engine.processing.cache import ProcessorCache
 from engine.processing.chat_parts import parse_messages
-from engine.processing.kwargs import merge_processor_kwargs
+from engine.processing.kwargs import check_request_kwargs, merge_processor_kwargs
 from engine.processing.limits import check_item_counts, effective_limits
 from engine.processing.media_items import fetch_items
 from engine.processing.preprocess import Preprocessor
@@ -170,6 +170,8 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket):
     counts = Counter(parsed.counts())
     check_item_counts(counts, state.limits, state.loaded.spec, state.config.limit_mm_per_prompt)
     video = parse_video_io_kwargs((fields.media_io_kwargs or {}).get("video"), state.video)
+    check_request_kwargs(state.loaded.processor, state.server_mm_kwargs,
+                         fields.mm_processor_kwargs)
     kwargs = merge_processor_kwargs(state.loaded.processor, state.server_mm_kwargs,
                                     fields.mm_processor_kwargs)
     text = render_chat(state.loaded, parsed.messages)
@@ -369,6 +371,18 @@ async def respond(request: web.Request, state: State, fields, processed, start: 
     except (ConnectionResetError, asyncio.CancelledError):
         await generation.aclose()  # cancels the request in the engine
         raise
+    except Exception as exc:
+        # The headers are out: an error travels as one SSE event in the OpenAI error shape
+        # (as OpenAI and vLLM send it), never as a second HTTP response inside the body.
+        err = exc if isinstance(exc, AphroditeError) else None
+        if err is None:
+            logger.exception("stream %s failed", rid)
+        body = err.to_openai() if err is not None else {"error": {
+            "message": "internal server error", "type": "internal_error", "param": None,
+            "code": "internal_error"}}
+        await send(body)
+        await response.write(b"data: [DONE]\n\n")
+        state.metrics.stream_errors.labels(str(err.status if err else 500)).inc()
     return response
 
 

@@ -42,6 +42,9 @@ class Metrics:
             ("requests_in_flight", "Requests in the engine from this API server"))}
         self.requests = Counter("aphrodite_requests_total", "HTTP requests by route and status",
                                 ["route", "status"], registry=self.registry)
+        self.stream_errors = Counter("aphrodite_stream_errors_total",
+                                     "Streams ended by an error event after their headers, by "
+                                     "the error's status", ["status"], registry=self.registry)
         self.stage = Histogram("aphrodite_stage_seconds", "Per-request time in each stage",
                                ["stage"], buckets=_BUCKETS, registry=self.registry)
         self.cache = Counter("aphrodite_processor_cache_total", "Processor cache lookups",
