@@ -308,3 +308,32 @@ def test_a_port_in_use_is_one_line_and_exit_1():
         done = subprocess.run([str(BIN), "serve", "--port", str(port)], capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 1 and f"port {port}" in done.stderr
+
+
+def test_a_stream_cut_by_an_engine_failure_ends_with_an_error_event():
+    """After the headers, a failure is one SSE event in the OpenAI error shape and
+    `data: [DONE]`: never a second HTTP response written into the chunked body."""
+    import http.client
+
+    server = ServerProcess("tiny:qwen2_vl").wait_ready()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps({
+            "messages": [{"role": "user", "content": "Tell me everything."}], "stream": True,
+            "max_tokens": 4000, "ignore_eos": True}),
+            headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        first = resp.readline()
+        assert first.startswith(b"data: {")  # tokens are flowing
+        os.kill(server.pid_of("engine"), signal.SIGKILL)
+        rest = resp.read()  # the chunked body, to its end
+        events = [line[6:] for line in rest.split(b"\n") if line.startswith(b"data: ")]
+        assert events[-1] == b"[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "engine_unavailable", error
+        assert set(error) == {"message", "type", "param", "code"}
+        assert b"HTTP/1.1" not in rest
+        conn.close()
+    finally:
+        server.stop(signal.SIGKILL)

@@ -152,6 +152,9 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
         thread = threading.Thread(target=handle, args=(conn,), daemon=True)
         thread.start()
         threads.append(thread)
-    listener.close()  # nobody else may connect; this also removes the socket file
+    folder = os.path.dirname(listener.address)
+    listener.close()  # nobody else may connect; this also removes the socket file ...
+    with contextlib.suppress(OSError):  # ... and its private folder: nothing stays on disk
+        os.rmdir(folder)
     for thread in threads:
         thread.join()
