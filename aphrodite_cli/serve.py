@@ -81,6 +81,10 @@ def serve(
         min=0.1, help="Wall-clock limit of one isolated decode in seconds, e.g. 60.")] = 60.0,
     decode_memory_gb: Annotated[float, typer.Option(
         min=0.25, help="Address-space limit of one decode worker in GB, e.g. 8.")] = 8.0,
+    max_concurrent_fetches: Annotated[int, typer.Option(
+        min=1, help="http(s) media fetches in flight per API server (a request with http media "
+                    "holds one while it fetches; data URLs and local files none), e.g. 16.")
+    ] = 16,
     max_decode_queue: Annotated[int, typer.Option(
         min=1, help="Requests fetching/decoding/preprocessing per API server before 503 + "
                     "Retry-After, e.g. 64.")] = 64,
@@ -114,6 +118,7 @@ def serve(
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,
         decode_memory_gb=decode_memory_gb, max_decode_queue=max_decode_queue,
+        max_concurrent_fetches=max_concurrent_fetches,
         max_inflight_media_mb=max_inflight_media_mb, device=device,
         dtype=dtype)
     code = run(config, announce=lambda msg: out.print(msg, markup=False))

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from engine.media import synthetic
 from tests.server_harness import MediaFiles, ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
@@ -103,6 +104,44 @@ def test_in_flight_bytes_and_decode_queue_bounds():
         status, _, body = post(server.base, "x" * 350_000)
         assert status == 503 and body["error"]["code"] == "media_bytes_in_flight", body
         assert in_flight_bytes(server.base) == 0
+    finally:
+        assert server.stop() == 0
+        host.shutdown()
+
+
+def test_fetch_slots_go_to_remote_media_only_and_waiting_counts_against_the_deadline():
+    """With one fetch slot held by a slow video host: a data-URL image needs no slot and is
+    answered; an http image waits at most its fetch timeout (1 s here) for the slot and then
+    gets a 503 naming the flag, instead of waiting without end."""
+    clip = synthetic.make_video(width=64, height=48, seconds=0.5)
+    host = MediaFiles({"/slow.mp4": (clip, "video/mp4"), "/cat.png": (noise_png(32, 4),
+                                                                       "image/png")},
+                      stalls={"/slow.mp4": 8.0})
+    server = ServerProcess("--allowed-media-domains", "127.0.0.1",
+                           "--max-concurrent-fetches", "1",
+                           env={"APHRODITE_IMAGE_FETCH_TIMEOUT": "1",
+                                "APHRODITE_VIDEO_FETCH_TIMEOUT": "60"}).wait_ready()
+    results: dict[str, tuple[int, dict, dict]] = {}
+    try:
+        holder = threading.Thread(target=lambda: results.__setitem__("holder", post(
+            server.base, [{"type": "video_url", "video_url": {"url": f"{host.base}/slow.mp4"}}
+                          ])))
+        holder.start()
+        deadline = time.monotonic() + 30
+        while host.hits["/slow.mp4"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host.hits["/slow.mp4"] == 1  # the slot is held while the video drips
+        inline = "data:image/png;base64," + base64.b64encode(noise_png(32, 5)).decode()
+        status, _, body = post(server.base, [image(inline)])
+        assert status == 200, body
+        status, headers, body = post(server.base, [image(f"{host.base}/cat.png")])
+        assert status == 503 and headers["Retry-After"] == "1", body
+        assert body["error"]["code"] == "fetch_slots_busy"
+        assert "--max-concurrent-fetches" in body["error"]["message"]
+        assert host.hits["/cat.png"] == 0
+        holder.join(120)
+        assert results["holder"][0] == 200, results["holder"]
+        assert post(server.base, [image(f"{host.base}/cat.png")])[0] == 200
     finally:
         assert server.stop() == 0
         host.shutdown()

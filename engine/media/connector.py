@@ -78,14 +78,16 @@ class MediaConnector:
         """Check a whole request's items; the first refusal raises before anything is fetched."""
         return list(await asyncio.gather(*(self.check(url, m) for url, m in items)))
 
-    async def fetch(self, source: MediaSource, ticket: Ticket | None = None) -> FetchedMedia:
+    async def fetch(self, source: MediaSource, ticket: Ticket | None = None,
+                    started: float | None = None) -> FetchedMedia:
         """The bytes of a checked source, sniffed against its modality; charged to ``ticket``
-        (the server's in-flight media bound) when given."""
+        (the server's in-flight media bound) when given; an http fetch's deadline counts from
+        ``started`` (see :meth:`HttpFetcher.fetch`)."""
         start = time.perf_counter()
         cap = self.limits.for_modality(source.modality).max_bytes
         redirects, attempts = 0, 1
         if source.kind == "http" and source.http_url is not None:
-            result = await self._http.fetch(source.http_url, source.modality, ticket)
+            result = await self._http.fetch(source.http_url, source.modality, ticket, started)
             data, declared = result.data, result.content_type
             redirects, attempts = result.redirects, result.attempts
         elif source.kind == "data" and source.data_payload is not None:

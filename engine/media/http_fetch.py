@@ -73,16 +73,20 @@ class HttpFetcher:
             await self._session.close()
             self._session = None
 
-    async def fetch(self, url: URL, modality: Modality, ticket: Ticket | None = None
-                    ) -> HttpResult:
+    async def fetch(self, url: URL, modality: Modality, ticket: Ticket | None = None,
+                    started: float | None = None) -> HttpResult:
         """The body at ``url``; raises a :class:`~engine.errors.ClientError` subclass. Bytes
-        are charged to ``ticket`` (the in-flight bound) as they arrive."""
+        are charged to ``ticket`` (the in-flight bound) as they arrive. The modality's fetch
+        timeout counts from ``started`` (the event loop's clock; default now), so time the
+        request spent waiting for a fetch slot is part of it."""
         caps = self.limits.for_modality(modality)
+        loop = asyncio.get_running_loop()
+        deadline = (started if started is not None else loop.time()) + caps.fetch_timeout_s
         env_name = f"APHRODITE_{modality.upper()}_FETCH_TIMEOUT"
         attempts = 0
         last: MediaFetchError | None = None
         try:
-            async with asyncio.timeout(caps.fetch_timeout_s):
+            async with asyncio.timeout_at(deadline):
                 for attempt in range(self.limits.fetch_retries + 1):
                     attempts = attempt + 1
                     try:

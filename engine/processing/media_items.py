@@ -11,6 +11,7 @@ from engine.media.audio import decode_audio
 from engine.media.connector import MediaConnector
 from engine.media.image import decode_image
 from engine.media.inflight import Ticket
+from engine.media.policy import MediaSource
 from engine.media.video import load_video
 from engine.media.video.options import VideoLoadSpec
 from engine.processing.preprocess import MediaItem
@@ -58,11 +59,14 @@ def item_for(modality: str, data: bytes, limits: MediaLimits, video: VideoLoadSp
 
 async def fetch_items(connector: MediaConnector, media: list[tuple[str, str]],
                       video: VideoLoadSpec, sampling_rate: int, decoders: Any = None,
-                      ticket: Ticket | None = None) -> tuple[list[MediaItem], float]:
-    """Check every reference first (a refusal fetches nothing), then fetch concurrently."""
+                      ticket: Ticket | None = None, sources: list[MediaSource] | None = None,
+                      started: float | None = None) -> tuple[list[MediaItem], float]:
+    """Check every reference first (a refusal fetches nothing; ``sources`` when the caller
+    checked them already), then fetch concurrently; http deadlines count from ``started``."""
     start = time.perf_counter()
-    sources = await connector.check_all([(url, modality) for modality, url in media])
-    tasks = [asyncio.ensure_future(connector.fetch(s, ticket)) for s in sources]
+    if sources is None:
+        sources = await connector.check_all([(url, modality) for modality, url in media])
+    tasks = [asyncio.ensure_future(connector.fetch(s, ticket, started)) for s in sources]
     try:
         fetched = await asyncio.gather(*tasks)
     except BaseException:  # one failed: stop the others before their bytes are charged

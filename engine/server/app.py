@@ -179,10 +179,12 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket):
     # Only requests with media take a decode-queue slot: text never waits behind video.
     with preprocess_slot(state) if parsed.media else contextlib.nullcontext():
         if parsed.media:
-            await state.connector.check_all([(url, m) for m, url in parsed.media])  # policy
-            async with state.fetch_slots:
+            sources = await state.connector.check_all([(url, m) for m, url in parsed.media])
+            started = asyncio.get_running_loop().time()  # fetch deadlines include queueing
+            async with fetch_slot(state, sources, started):
                 items, fetch_s = await fetch_items(state.connector, parsed.media, video,
-                                                   state.sampling_rate, state.decoders, ticket)
+                                                   state.sampling_rate, state.decoders, ticket,
+                                                   sources, started)
             for item in items:
                 state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
             if state.gpu_budget is not None and get_backend(video.backend).gpu:
@@ -197,6 +199,30 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket):
         state.metrics.video_decode.labels(video.backend).observe(
             processed.timings["media_decode_s"])
     return fields, processed
+
+
+@contextlib.asynccontextmanager
+async def fetch_slot(state: State, sources: list, started: float):
+    """One of --max-concurrent-fetches, for a request with http(s) media only (data URLs and
+    local files are read at once). Waiting counts against the fetch deadline: a request that
+    gets no slot before its shortest media fetch timeout is a 503, not a wait without end."""
+    remote = [s for s in sources if s.kind == "http"]
+    if not remote:
+        yield
+        return
+    timeout = min(state.media_limits.for_modality(s.modality).fetch_timeout_s for s in remote)
+    try:
+        async with asyncio.timeout_at(started + timeout):
+            await state.fetch_slots.acquire()
+    except TimeoutError:
+        raise OverloadedError(
+            f"no media fetch slot came free within {timeout:g} s",
+            hint="retry after the Retry-After seconds, or raise --max-concurrent-fetches",
+            code="fetch_slots_busy") from None
+    try:
+        yield
+    finally:
+        state.fetch_slots.release()
 
 
 @contextlib.contextmanager
