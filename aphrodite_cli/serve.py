@@ -63,6 +63,11 @@ def serve(
     metrics_without_auth: Annotated[bool, typer.Option(
         help="With --api-key, still serve /metrics without the key (for a scraper).")
     ] = False,
+    expose_request_timings: Annotated[bool, typer.Option(
+        help="Send each request's server-side stage timings and cache hits to its client "
+             "(header x-aphrodite-timings, body field 'aphrodite'; bench serve reads them). "
+             "Off by default: a cache hit tells a client that someone sent the same media.")
+    ] = False,
     max_num_seqs: Annotated[int, typer.Option(
         min=1, help="Sequences batched into one forward pass, e.g. 8.")] = 8,
     max_model_len: Annotated[int, typer.Option(
@@ -114,6 +119,7 @@ def serve(
         api_server_count=api_server_count, max_request_body_mb=max_request_body_mb,
         request_body_timeout_s=request_body_timeout_s,
         metrics_without_auth=metrics_without_auth,
+        expose_request_timings=expose_request_timings,
         max_num_seqs=max_num_seqs, max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,

@@ -320,3 +320,18 @@ def test_a_device_or_dtype_that_cannot_work_is_one_line_at_start(flags, words):
     assert done.returncode == 2, done.stderr
     assert words in done.stderr and "Traceback" not in done.stderr + done.stdout
     assert len(done.stderr.strip().splitlines()) <= 2, done.stderr
+
+
+def test_timings_and_cache_hits_stay_private_by_default(server):
+    """Without --expose-request-timings a client learns nothing of the server's cache (a hit
+    would tell it that someone else sent the same image): no header, no body field."""
+    status, headers, doc = call(server, "/v1/chat/completions", chat(), keyed())
+    assert status == 200 and "aphrodite" not in doc
+    assert "x-aphrodite-timings" not in {k.lower() for k in headers}
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                       "stream": True}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    conn.request("POST", "/v1/chat/completions", body=body, headers=keyed())
+    raw = conn.getresponse().read()
+    conn.close()
+    assert b'"aphrodite"' not in raw and raw.rstrip().endswith(b"data: [DONE]")

@@ -29,7 +29,7 @@ def examples() -> tuple[list[str], str]:
 def test_readme_examples_run():
     commands, python = examples()
     assert len(commands) == 3
-    server = ServerProcess().wait_ready()
+    server = ServerProcess("--expose-request-timings").wait_ready()
     try:
         port = f"localhost:{server.port}"
         outputs = []

@@ -50,7 +50,7 @@ def server(local_dir):
         "--allowed-media-domains", "127.0.0.1", "--allowed-local-media-path", str(local_dir),
         "--api-key", KEY, "--limit-mm-per-prompt", '{"image": 2, "video": 1}',
         "--media-io-kwargs", '{"video": {"backend": "pyav", "num_frames": 4}}',
-        "--max-request-body-mb", "2").wait_ready()
+        "--max-request-body-mb", "2", "--expose-request-timings").wait_ready()
     yield proc
     assert proc.stop() == 0
 

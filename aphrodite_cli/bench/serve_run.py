@@ -41,7 +41,7 @@ class EmbeddedServer:
             self.port = s.getsockname()[1]
         exe = Path(sys.executable).with_name("aphrodite")
         args = [str(exe), "serve", *([model] if model else []), "--port", str(self.port),
-                "--allowed-media-domains", "127.0.0.1", *extra]
+                "--allowed-media-domains", "127.0.0.1", "--expose-request-timings", *extra]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env={**os.environ, **(env or {})})
         self.lines: list[str] = []

@@ -6,8 +6,10 @@ Work inside one request, in this order (nothing is fetched before step 6):
   2 model (404)  3 fields (400)  4 parts, item limits, options  6 media URL policy (400)
   7 fetch (bounded)  8 decode + HF processor (cache)  9 engine.
 Every error is the OpenAI shape; a bad item in a streaming request fails before the first SSE
-byte. Each response carries the server-side stage timings and cache hits: the header
-``x-aphrodite-timings`` (JSON) and the body field ``aphrodite`` (for streams, in the last chunk).
+byte. With ``--expose-request-timings`` each response carries the server-side stage timings and
+cache hits: the header ``x-aphrodite-timings`` (JSON) and the body field ``aphrodite`` (for
+streams, in the last chunk). Off by default: a cache hit tells a client that someone else sent
+the same media.
 """
 
 from __future__ import annotations
@@ -346,8 +348,10 @@ async def respond(request: web.Request, state: State, fields, processed, start: 
         body = {"id": rid, "object": obj, "created": created, "model": state.name,
                 "choices": choices, "usage": {"prompt_tokens": usage_prompt,
                                               "completion_tokens": total,
-                                              "total_tokens": usage_prompt + total},
-                "aphrodite": ext}
+                                              "total_tokens": usage_prompt + total}}
+        if not state.config.expose_request_timings:
+            return web.json_response(body)
+        body["aphrodite"] = ext
         return web.json_response(body, headers={"x-aphrodite-timings":
                                                 _timing_header(ext["timings"])})
 
@@ -380,13 +384,16 @@ async def respond(request: web.Request, state: State, fields, processed, start: 
         async for message in generation:
             if isinstance(message, Completion):
                 ext = extension(message)
-                tail = {"id": rid, "object": chunk_obj, "created": created, "model": state.name,
-                        "choices": [], "aphrodite": ext}
+                tail: dict[str, Any] = {"id": rid, "object": chunk_obj, "created": created,
+                                        "model": state.name, "choices": []}
+                if state.config.expose_request_timings:
+                    tail["aphrodite"] = ext
                 if fields.include_usage:
                     tail["usage"] = {"prompt_tokens": usage_prompt,
                                      "completion_tokens": completion_tokens,
                                      "total_tokens": usage_prompt + completion_tokens}
-                await send(tail)
+                if "aphrodite" in tail or "usage" in tail:
+                    await send(tail)
                 continue
             _, _, index, token_id, delta, reason = message
             if token_id is not None:

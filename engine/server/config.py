@@ -25,6 +25,7 @@ class ServerConfig:
     max_request_body_mb: float = 64.0
     request_body_timeout_s: float = 30.0
     metrics_without_auth: bool = False
+    expose_request_timings: bool = False
     max_num_seqs: int = 8
     max_model_len: int = 8192
     max_tokens_cap: int = 4096
