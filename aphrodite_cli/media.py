@@ -53,13 +53,34 @@ def probe(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Check, fetch and decode one media reference with the same policy flags as `serve`."""
-    from engine.config import MediaLimits, MediaPolicy
-    from engine.media.probe import probe_source
+    from engine.errors import AphroditeError, ConfigError
 
     if source == "-":
         import sys
 
         source = sys.stdin.read().strip()
+    try:
+        _probe(source, modality, allowed_media_domains, allowed_local_media_path,
+               sampling_rate, media_io_kwargs, as_json)
+    except AphroditeError as err:
+        if not as_json:
+            raise
+        # --json prints JSON for every input: a refusal before probing (an unknown modality,
+        # a bad flag) has the report's shape too.
+        from engine.media.policy import display_url
+
+        print_json({"source": display_url(source), "modality": None if modality == "auto"
+                    else modality, "ok": False, "error": {
+                        "status": err.status, "code": err.code, "type": err.type,
+                        "message": err.message, "hint": err.hint}})
+        raise typer.Exit(2 if isinstance(err, ConfigError) else 1) from None
+
+
+def _probe(source: str, modality: str, allowed_media_domains, allowed_local_media_path,
+           sampling_rate: int, media_io_kwargs, as_json: bool) -> None:
+    from engine.config import MediaLimits, MediaPolicy
+    from engine.media.probe import probe_source
+
     policy = MediaPolicy.create(
         allowed_domains=split_hosts(allowed_media_domains),
         allowed_local_path=allowed_local_media_path,

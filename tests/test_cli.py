@@ -211,3 +211,16 @@ def test_bench_mm_processor_on_a_jsonl_dataset(tmp_path):
     doc = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
     assert doc["dataset"]["name"] == "jsonl"
     assert doc["phases"]["cold"]["hit_rate"] == 0.0 and doc["phases"]["warm"]["hit_rate"] == 1.0
+
+
+@pytest.mark.parametrize("source", ["", "file:///etc/passwd", "zz://a", "http://[]@/x.png",
+                                    "data:,", "http://127.0.0.1./x.png", "\u3002",
+                                    "data:image/png;base64,!!!", "-x"])
+def test_media_probe_json_prints_json_for_every_input(source):
+    """Scripts parse `media probe --json`: a refusal before any probing (no modality can be
+    guessed, a malformed URL) still prints the report's shape, never a bare error line."""
+    done = subprocess.run([str(BIN), "media", "probe", "--json", "--", source],
+                          capture_output=True, text=True, timeout=60)
+    doc = json.loads(done.stdout)
+    assert doc["ok"] is False and done.returncode in (1, 2)
+    assert set(doc["error"]) >= {"status", "code", "message", "hint"}
