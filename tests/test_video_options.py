@@ -115,3 +115,21 @@ def test_sampling_request_validation():
                 {"num_frames": True}, {"fps": float("nan")}):
         with pytest.raises(InvalidRequestError):
             SamplingRequest(**bad)
+
+
+def test_a_request_may_ask_for_fewer_frames_never_more_than_the_servers_maximum():
+    """Frames are the memory a video request causes (decoded RGB, then the processor's
+    tensors): per request, num_frames is capped at the server's own (or the default 32),
+    refused before anything is fetched or decoded."""
+    from engine.media.video.options import parse_video_io_kwargs, server_video_spec
+
+    server = server_video_spec({"video": {"backend": "pyav", "num_frames": 48}})
+    assert parse_video_io_kwargs({"num_frames": 8}, server).sampling.num_frames == 8
+    assert parse_video_io_kwargs({"num_frames": 48}, server).sampling.num_frames == 48
+    with pytest.raises(InvalidRequestError) as info:
+        parse_video_io_kwargs({"num_frames": 49}, server)
+    assert info.value.code == "invalid_video_sampling" and "--media-io-kwargs" in info.value.hint
+    small = server_video_spec({"video": {"num_frames": 4}})
+    assert parse_video_io_kwargs({"num_frames": 32}, small).sampling.num_frames == 32
+    with pytest.raises(InvalidRequestError):
+        parse_video_io_kwargs({"num_frames": 1024}, small)

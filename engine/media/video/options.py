@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 from engine import envs
 from engine.envs import VIDEO_BACKENDS
 from engine.errors import ConfigError, InvalidRequestError
-from engine.media.video.sampling import SamplingRequest
+from engine.media.video.sampling import DEFAULT_NUM_FRAMES, SamplingRequest
 
 logger = logging.getLogger(__name__)
 
@@ -212,6 +212,17 @@ def parse_video_io_kwargs(
                 logger.warning("ignoring per-request video option %s=%r: %s fixes it when the "
                                "server starts", key, request_kwargs[key], backend)
             request_kwargs = {k: v for k, v in request_kwargs.items() if k != key}
+    asked = request_kwargs.get("num_frames")
+    ceiling = max(server.sampling.num_frames, DEFAULT_NUM_FRAMES)
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked > ceiling:
+        # Frames are the memory a request can cause (decoded RGB, then the processor's
+        # float tensors): a request may ask for fewer than the server's own, never more.
+        raise InvalidRequestError(
+            f"media_io_kwargs.video num_frames={asked} is over this server's per-request "
+            f"maximum of {ceiling}",
+            hint="ask for fewer frames; the operator raises the maximum with --media-io-kwargs "
+                 '\'{"video": {"num_frames": N}}\'', code="invalid_video_sampling",
+            param="media_io_kwargs")
     merged.update(request_kwargs)
     merged["backend"] = backend
     return build_spec(merged, server.backend, error=InvalidRequestError)
