@@ -32,7 +32,7 @@ def test_every_hostile_request_is_refused_by_its_rule(attacked):
     server, host = attacked
     catalogue = hostile_catalogue("tiny-qwen2_5_vl", host.base)
     assert len(catalogue) >= 35 and len({c.name for c in catalogue}) == len(catalogue)
-    outcomes = {c.name: post(f"{server.base}/v1", c.body) for c in catalogue}
+    outcomes = {c.name: post(f"{server.base}/v1", c.body, c.content_type) for c in catalogue}
     wrong = {c.name: (outcomes[c.name], c.status, c.code) for c in catalogue
              if outcomes[c.name][0] != c.status
              or (c.code is not None and outcomes[c.name][1] != c.code)}
@@ -44,7 +44,8 @@ def test_hostile_traffic_all_at_once_leaves_the_server_healthy(attacked):
     server, host = attacked
     catalogue = hostile_catalogue("tiny-qwen2_5_vl", host.base) * 2
     with ThreadPoolExecutor(8) as pool:
-        outcomes = list(pool.map(lambda c: post(f"{server.base}/v1", c.body), catalogue))
+        outcomes = list(pool.map(lambda c: post(f"{server.base}/v1", c.body, c.content_type),
+                                 catalogue))
     assert [s for s, _ in outcomes] == [c.status for c in catalogue]
     health = json.loads(urllib.request.urlopen(f"{server.base}/health", timeout=30).read())
     assert health == {"status": "ok"}

@@ -24,10 +24,11 @@ from typing import Any
 from engine.memory import rss_bytes
 
 
-def post(base: str, body: bytes) -> tuple[int, str | None]:
+def post(base: str, body: bytes, content_type: str = "application/json"
+         ) -> tuple[int, str | None]:
     """(status, error code) of one chat request; status 0 when the connection failed."""
     req = urllib.request.Request(f"{base}/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             resp.read()
@@ -182,10 +183,11 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
             if rng.random() < hostile_share:
                 case = rng.choice(catalogue)
                 name, body, status, code = case.name, case.body, case.status, case.code
+                ctype = case.content_type
             else:
                 name, body = rng.choice(valid)
-                status, code = 200, None
-            results.append((name, status, code, *post(base_url, body)))
+                status, code, ctype = 200, None, "application/json"
+            results.append((name, status, code, *post(base_url, body, ctype)))
 
     with ThreadPoolExecutor(concurrency) as pool:
         futures = [pool.submit(client, i) for i in range(concurrency)]
