@@ -43,7 +43,18 @@ _NOT_OURS_TO_CLEAN = ("pytest-of-", "torchinductor_")
 
 
 def _shm_segments() -> set[str]:
-    return {p.name for p in _SHM.glob("aphrodite-*")} if _SHM.is_dir() else set()
+    """Segments whose owner (a server process, named first) is gone: what a live server of
+    another run on this machine holds is not ours, and ours all exited by the time this runs."""
+    from engine.media import frame_memory
+
+    if not _SHM.is_dir():
+        return set()
+    left = set()
+    for path in _SHM.glob("aphrodite-*"):
+        owner = frame_memory.owner_pid(path.name)
+        if owner is None or not Path(f"/proc/{owner}").exists():
+            left.add(path.name)
+    return left
 
 
 def _ours(row: server_harness.ProcessRow, groups: set[int], before: set[int]) -> bool:

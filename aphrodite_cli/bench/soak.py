@@ -60,10 +60,13 @@ def decode_worker_restarts(base: str) -> int | None:
     return None if value is None else int(value)
 
 
-def _shm_segments() -> set[str]:
+def _shm_segments(owners: set[int]) -> set[str]:
+    """The server's shared-memory segments: named by its API server pids (another server
+    on the same machine has segments of its own that are none of this soak's business)."""
     from engine.media import frame_memory
 
-    return {p.name for p in frame_memory.SHM_DIR.glob(f"{frame_memory.PREFIX}*")}
+    return {p.name for p in frame_memory.SHM_DIR.glob(f"{frame_memory.PREFIX}*")
+            if frame_memory.owner_pid(p.name) in owners}
 
 
 def _children(pid: int) -> list[int]:
@@ -172,7 +175,8 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
     catalogue = hostile_catalogue(model, media_base)
     valid = valid_requests(model, buckets or SOAK_BUCKETS, valid_pool, seed)
     temp_before = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
-    shm_before = _shm_segments()
+    api_pids = {pid for role, pid in roles.items() if role.startswith("api")}
+    shm_before = _shm_segments(api_pids)
     results: list[tuple[str, int, str | None, int, str | None]] = []
     samples: list[dict[str, Any]] = []
     start = time.monotonic()
@@ -209,7 +213,7 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
     restarts = decode_worker_restarts(base_url)
     temp_after = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
     leftovers = sorted(n for n in temp_after - temp_before if "aphrodite" in n)
-    leftovers += sorted(f"/dev/shm/{n}" for n in _shm_segments() - shm_before)
+    leftovers += sorted(f"/dev/shm/{n}" for n in _shm_segments(api_pids) - shm_before)
     by_kind: dict[str, Counter] = {}
     mismatches = []
     for name, expected, rule, status, code in results:

@@ -122,12 +122,18 @@ def remove_segments(tag_prefix: str) -> int:
     return removed
 
 
+def owner_pid(name: str) -> int | None:
+    """The server process a segment belongs to (its name's first pid), or None."""
+    owner = name[len(PREFIX):].split("-", 1)[0] if name.startswith(PREFIX) else ""
+    return int(owner) if owner.isdigit() else None
+
+
 def remove_orphans() -> int:
     """Remove segments left by server processes that no longer exist."""
     removed = 0
     for path in SHM_DIR.glob(f"{PREFIX}*"):
-        owner = path.name[len(PREFIX):].split("-", 1)[0]
-        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+        owner = owner_pid(path.name)
+        if owner is not None and not Path(f"/proc/{owner}").exists():
             path.unlink(missing_ok=True)
             removed += 1
     return removed
