@@ -224,3 +224,19 @@ def test_media_probe_json_prints_json_for_every_input(source):
     doc = json.loads(done.stdout)
     assert doc["ok"] is False and done.returncode in (1, 2)
     assert set(doc["error"]) >= {"status", "code", "message", "hint"}
+
+
+def test_a_bad_flag_is_reported_before_the_port_is_bound():
+    """A flag error is exit 2 naming the flag even when the port is taken (the port is bound
+    only once the flags are known good)."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = str(holder.getsockname()[1])
+        result = run("serve", "--port", port, "--media-io-kwargs",
+                     '{"video": {"backend": "vlc"}}')
+        assert result.returncode == 2 and "valid backends: opencv" in result.stderr
+        result = run("serve", "--port", port)
+        assert result.returncode == 1 and "already in use" in result.stderr

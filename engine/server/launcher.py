@@ -191,8 +191,26 @@ def _wait_ready(host: str, port: int, procs: list[Any], events: list[Any],
                       + (f" ({', '.join(waiting)} not listening)" if waiting else ""))
 
 
+def check_flags(config: ServerConfig) -> None:
+    """The checks that need no model (and no torch): a bad flag is reported as such (exit 2)
+    before the port is bound, whatever holds the port."""
+    from engine.config import MediaPolicy
+    from engine.media.video.options import server_video_spec
+
+    if config.api_server_count < 1:
+        raise ConfigError("--api-server-count must be at least 1")
+    if config.decode_isolation not in ("thread", "process"):
+        raise ConfigError(f"--decode-isolation {config.decode_isolation!r} must be thread or "
+                          "process")
+    MediaPolicy.create(allowed_domains=list(config.allowed_media_domains),
+                       allowed_local_path=config.allowed_local_media_path)
+    server_video_spec(config.media_io_kwargs)
+
+
 def run(config: ServerConfig, *, announce=print) -> int:
-    """Bind, start, supervise and stop the server processes; returns the exit status."""
+    """Check the flags, bind, start, supervise and stop the server processes; returns the
+    exit status."""
+    check_flags(config)
     sock = bind_listener(config.host, config.port)
     try:
         return _run(config, sock, announce)
