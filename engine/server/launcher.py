@@ -36,19 +36,15 @@ DRAIN_S = 30.0
 
 
 def validate(config: ServerConfig) -> tuple[Any, str]:
-    """Every startup check, in the supervisor, before any child starts."""
-    from engine.config import MediaPolicy
+    """Every startup check, before any child starts (the flag checks again: this also
+    runs on its own, in a throwaway process)."""
     from engine.media.video.gpu import check_gpu_backend_startup
     from engine.media.video.options import server_video_spec
     from engine.models.loader import load_model
     from engine.processing.kwargs import merge_processor_kwargs
     from engine.processing.limits import effective_limits
 
-    if config.api_server_count < 1:
-        raise ConfigError("--api-server-count must be at least 1")
-    if config.decode_isolation not in ("thread", "process"):
-        raise ConfigError(f"--decode-isolation {config.decode_isolation!r} must be thread or "
-                          "process")
+    check_flags(config)
     check_device(config.device, config.dtype)
     loaded = load_model(config.model, chat_template=config.chat_template,
                         served_name=config.served_model_name)
@@ -57,8 +53,6 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
             f"the model {loaded.name} has no chat template, so /v1/chat/completions cannot "
             "format messages", hint="pass --chat-template FILE (for LLaVA-1.5: "
             "engine/models/templates/llava.jinja)", code="chat_template_missing")
-    MediaPolicy.create(allowed_domains=list(config.allowed_media_domains),
-                       allowed_local_path=config.allowed_local_media_path)
     spec = server_video_spec(config.media_io_kwargs)
     check_gpu_backend_startup(spec, config.mm_ipc_gpu_memory_gb)
     effective_limits(loaded.spec, config.limit_mm_per_prompt)
