@@ -57,6 +57,28 @@ def _shm_segments() -> set[str]:
     return left
 
 
+def _orphan_semaphores() -> set[str]:
+    """multiprocessing's named semaphores (``sem.mp-*``) that no live process has mapped: a
+    pool or queue whose process and resource tracker were both killed leaves them behind.
+    (glibc maps a semaphore under a temporary name it then links, so maps are matched by
+    inode, not by name.)"""
+    if not _SHM.is_dir():
+        return set()
+    inodes = {}
+    for path in _SHM.glob("sem.mp-*"):
+        with contextlib.suppress(OSError):
+            inodes[path.stat().st_ino] = path.name
+    if not inodes:
+        return set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{entry}/maps").read_text().splitlines():
+                    if "/dev/shm/" in line:
+                        inodes.pop(int(line.split()[4]), None)
+    return set(inodes.values())
+
+
 def _ours(row: server_harness.ProcessRow, groups: set[int], before: set[int]) -> bool:
     """A process this run started and that is still alive: in pytest's process group (what
     it ran, and their orphans, which keep the group) or a test server's, not there when the
@@ -79,10 +101,12 @@ def _own_resource_tracker(row: server_harness.ProcessRow) -> bool:
 @pytest.fixture(scope="session", autouse=True)
 def leaves_nothing_behind():
     """After the whole run: no process this run started is alive (servers, engines, API
-    servers, decode workers, resource trackers, CLIs), and no temp file or shared-memory
-    segment of ours is left. Processes get a grace period to finish a drain they began."""
+    servers, decode workers, resource trackers, CLIs), and no temp file, shared-memory
+    segment or named semaphore of ours is left. Processes get a grace period to finish a
+    drain they began."""
     before = {row.pid for row in server_harness.process_table()}
     shm_before = _shm_segments()
+    sem_before = _orphan_semaphores()
     yield
     for server in server_harness.STARTED:
         server.stop(timeout=30)
@@ -99,7 +123,7 @@ def leaves_nothing_behind():
             os.kill(pid, signal.SIGKILL)
     temp_left = sorted(p.name for p in _RUN_TMP.iterdir()
                        if not p.name.startswith(_NOT_OURS_TO_CLEAN))
-    shm_left = sorted(_shm_segments() - shm_before)
+    shm_left = sorted(_shm_segments() - shm_before) + sorted(_orphan_semaphores() - sem_before)
     problems = ([f"processes left running: {shown}"] if shown else []) + (
         [f"temp files left in {_RUN_TMP}: {temp_left}"] if temp_left else []) + (
         [f"shared-memory segments left: {shm_left}"] if shm_left else [])

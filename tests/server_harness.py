@@ -80,7 +80,10 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait()
-        self.kill_group()
+        # What outlives the supervisor gets a moment to end on its own: a multiprocessing
+        # resource tracker unlinks its processes' named semaphores once they are gone, and
+        # killing it first would leave them in /dev/shm.
+        self.kill_group(grace=10)
         return code
 
     def group_members(self) -> list[int]:
