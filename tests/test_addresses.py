@@ -67,13 +67,40 @@ async def test_resolver_gives_aiohttp_the_checked_addresses():
     assert [r["host"] for r in results] == ["93.184.216.34"] and results[0]["port"] == 443
 
 
-async def test_unresolvable_host_is_a_client_error():
+async def test_an_unlisted_name_gets_one_message_whether_or_not_it_resolves():
+    """Telling "does not resolve" from "resolves to a private address" would let any client
+    map the internal names of the server's network: both get the same code, status and
+    message (only the host differs). A listed host is the operator's, and is told apart."""
     async def dns(host):
+        if host == "intranet.test":
+            return ["10.1.2.3"]
         raise OSError("Name or service not known")
 
+    resolver = PolicyResolver(MediaPolicy.create(), dns)
+    refusals = []
+    for host in ("intranet.test", "nowhere.test"):
+        with pytest.raises(MediaPolicyError) as info:
+            await resolver.check_host(host)
+        err = info.value
+        refusals.append((err.status, err.code, str(err).replace(host, "HOST"), err.hint))
+    assert refusals[0] == refusals[1]
+    assert refusals[0][:2] == (400, "media_private_address")
+    assert "--allowed-media-domains" in refusals[0][3]
+
+    listed = PolicyResolver(MediaPolicy.create(allowed_domains=["nowhere.test"]), dns)
     with pytest.raises(MediaFetchError) as info:
-        await PolicyResolver(MediaPolicy.create(), dns).check_host("nowhere.invalid")
+        await listed.check_host("nowhere.test")
     assert info.value.status == 400 and info.value.code == "media_host_unresolvable"
+
+
+@pytest.mark.parametrize(("address", "verdict"), [
+    ("64:ff9b::7f00:1", "loopback"), ("64:ff9b::a00:1", "private"),
+    ("64:ff9b::a9fe:a9fe", "link-local (cloud metadata)"), ("64:ff9b::808:808", None)])
+def test_nat64_addresses_are_judged_by_the_ipv4_address_inside(address, verdict):
+    """A NAT64 gateway (RFC 6052, 64:ff9b::/96) connects to the embedded IPv4 address. On an
+    IPv6-only network with DNS64 every IPv4-only media host resolves to such an address, so
+    refusing the whole prefix (Python calls it reserved) would refuse every such host."""
+    assert address_class(ipaddress.IPv6Address(address)) == verdict
 
 
 async def test_the_pin_table_is_bounded():

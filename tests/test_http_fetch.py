@@ -99,7 +99,8 @@ async def test_mixed_public_and_private_answers_refused(media_server, limits):
     async with MediaConnector(MediaPolicy.create(), limits, lookup=fake_dns) as c:
         with pytest.raises(MediaPolicyError) as info:
             await c.check("http://cdn.test/img.png", "image")
-    assert "private" in info.value.message
+    assert info.value.code == "media_private_address"
+    assert "does not resolve to a public address" in info.value.message
 
 
 async def test_connection_goes_to_the_checked_address(media_server, limits):

@@ -90,9 +90,11 @@ HOSTS = [
     ("[::ffff:169.254.169.254]", []), ("100.64.0.1", []), ("100.127.255.254", []),
     ("224.0.0.1", []), ("240.0.0.1", []), ("[fe80::1]", []), ("[fc00::1]", []),
     ("[ff02::1]", []), ("[2002:7f00:1::]", []), ("198.18.0.1", []),
+    ("[64:ff9b::7f00:1]", []), ("[64:ff9b::a9fe:a9fe]", []), ("nowhere.invalid", []),
     # public
     ("8.8.8.8", []), ("1.1.1.1", []), ("[2606:4700:4700::1111]", []),
     ("[::ffff:8.8.8.8]", []), ("100.128.0.1", []), ("11.0.0.1", []),
+    ("[64:ff9b::808:808]", []),
     # the operator's allow-list: a listed host is fetched whatever it resolves to; any other
     # host is refused for not being listed, before its address is looked at
     ("localhost", ["localhost"]), ("LOCALHOST", ["localhost."]), ("127.1", ["127.1"]),
@@ -109,6 +111,8 @@ def forbidden(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
             return forbidden(ip.ipv4_mapped)
         if ip in ipaddress.ip_network("2002::/16"):
             return forbidden(ipaddress.IPv4Address((int(ip) >> 80) & 0xFFFFFFFF))
+        if ip in ipaddress.ip_network("64:ff9b::/96"):  # NAT64 (RFC 6052)
+            return forbidden(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
     return (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast
             or ip.is_reserved or ip.is_unspecified or not ip.is_global)
 
@@ -125,7 +129,8 @@ def oracle_verdict(url: str, allowed: list[str]) -> str:
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except socket.gaierror:
-        return "media_host_unresolvable"
+        # Unlisted: the same answer as a private address (no oracle for internal names).
+        return "media_private_address"
     addresses = {ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}
     return "media_private_address" if any(forbidden(a) for a in addresses) else "ok"
 

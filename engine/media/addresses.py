@@ -23,6 +23,7 @@ from engine.errors import MediaFetchError, MediaPolicyError
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 #: A function that turns a host name into addresses (tests swap in their own DNS).
 Lookup = Callable[[str], Awaitable[list[str]]]
@@ -31,10 +32,14 @@ Lookup = Callable[[str], Awaitable[list[str]]]
 def address_class(ip: IPAddress) -> str | None:
     """The name of the forbidden class ``ip`` falls in, or ``None`` for a public address.
 
-    IPv4-mapped and IPv4-compatible IPv6 spellings are judged by the IPv4 address inside.
+    IPv6 spellings that carry an IPv4 address are judged by the IPv4 address inside:
+    IPv4-mapped (``::ffff:a.b.c.d``), IPv4-compatible (``::a.b.c.d``), 6to4 (``2002:AABB:CCDD::``)
+    and NAT64 (``64:ff9b::a.b.c.d``, RFC 6052: a NAT64 gateway connects to the IPv4 address).
     """
     if isinstance(ip, ipaddress.IPv6Address):
         inner = ip.ipv4_mapped or ip.sixtofour
+        if inner is None and ip in _NAT64:
+            inner = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
         if inner is None and int(ip) >> 32 == 0 and int(ip) > 1:
             inner = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)  # ::a.b.c.d (deprecated form)
         if inner is not None:
@@ -104,31 +109,34 @@ class PolicyResolver(AbstractResolver):
             literal = ipaddress.ip_address(key)
         except ValueError:
             literal = None
+        listed = key in self._policy.allowed_domains
         if literal is not None:
             addresses = [str(literal)]
         else:
             try:
                 addresses = await self._lookup(key)
-            except (OSError, UnicodeError) as exc:
-                raise MediaFetchError(
-                    f"media host {key!r} could not be resolved",
-                    hint="check the URL's host name",
-                    code="media_host_unresolvable",
-                ) from exc
-            if not addresses:
-                raise MediaFetchError(
-                    f"media host {key!r} has no addresses", code="media_host_unresolvable"
-                )
-        if key not in self._policy.allowed_domains:
-            for text in addresses:
-                kind = address_class(ipaddress.ip_address(text.split("%")[0]))
-                if kind is not None:
-                    what = "is" if literal is not None else "resolves to"
-                    raise MediaPolicyError(
-                        f"media host {key!r} {what} a {kind} address, which is refused",
-                        hint="list the host in --allowed-media-domains to allow it",
-                        code="media_private_address",
-                    )
+            except (OSError, UnicodeError):
+                addresses = []
+            if not addresses and listed:
+                raise MediaFetchError(f"media host {key!r} could not be resolved",
+                                      hint="check the URL's host name",
+                                      code="media_host_unresolvable")
+        if not listed:
+            kinds = [address_class(ipaddress.ip_address(text.split("%")[0]))
+                     for text in addresses]
+            if literal is not None and kinds[0] is not None:
+                raise MediaPolicyError(
+                    f"media host {key!r} is a {kinds[0]} address, which is refused",
+                    hint="list the host in --allowed-media-domains to allow it",
+                    code="media_private_address")
+            if literal is None and (not addresses or any(kinds)):
+                # One message whether the name does not resolve or resolves to a non-public
+                # address: telling them apart would let any client map internal names.
+                raise MediaPolicyError(
+                    f"media host {key!r} does not resolve to a public address, which is "
+                    "refused", code="media_private_address",
+                    hint="check the host name; an internal host must be listed in "
+                         "--allowed-media-domains")
         if literal is None:  # an address literal needs no pin: it is connected to as written
             self._pin(key, addresses)
         return addresses

@@ -6,8 +6,9 @@ Rules, each with the ``code`` its refusal carries:
 - ``media_bare_path``: a path is not a URL; use ``file://`` with ``--allowed-local-media-path``.
 - ``media_malformed_url``: no host, credentials, bad characters in the host.
 - ``media_domain_not_allowed``: ``--allowed-media-domains`` is set and the host is not on it.
-- ``media_private_address``: the host is (or resolves to) a non-public address; checked when
-  the host is resolved (see :mod:`engine.media.addresses`).
+- ``media_private_address``: the host is (or resolves to) a non-public address, or, for a
+  name that is not listed, does not resolve at all (one answer for both, so no client can
+  map internal names); checked when the host is resolved (see :mod:`engine.media.addresses`).
 - ``media_data_url_not_base64`` / ``media_data_url_malformed``: data URLs must be base64.
 - ``media_local_path_disabled`` / ``media_local_host`` / ``media_local_path_outside``: the
   ``file://`` rules.
