@@ -90,6 +90,10 @@ def serve(
         min=1, help="http(s) media fetches in flight per API server (a request with http media "
                     "holds one while it fetches; data URLs and local files none), e.g. 16.")
     ] = 16,
+    max_fetches_per_client: Annotated[int, typer.Option(
+        min=0, help="Of those, most held at once by one client (its peer address), so one "
+                    "client's slow media hosts cannot hold them all; 0: no per-client share "
+                    "(behind a reverse proxy every client has its address), e.g. 8.")] = 8,
     max_decode_queue: Annotated[int, typer.Option(
         min=1, help="Requests fetching/decoding/preprocessing per API server before 503 + "
                     "Retry-After, e.g. 64.")] = 64,
@@ -125,6 +129,7 @@ def serve(
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,
         decode_memory_gb=decode_memory_gb, max_decode_queue=max_decode_queue,
         max_concurrent_fetches=max_concurrent_fetches,
+        max_fetches_per_client=max_fetches_per_client,
         max_inflight_media_mb=max_inflight_media_mb, device=device,
         dtype=dtype)
     code = run(config, announce=lambda msg: out.print(msg, markup=False))

@@ -17,7 +17,7 @@ changes the outcome. Catch at the level you need::
     │   ├── RequestTooLargeError 413    the request body is over the limit
     │   ├── UnsupportedContentTypeError 415  a POST body that is not JSON
     │   ├── MediaTooLargeError   413    bytes, pixels or duration over a cap
-    │   ├── UnsupportedMediaError 415   the bytes are not the kind of media the part says
+    │   ├── UnsupportedMediaError 400   the bytes are not the kind of media the part says
     │   └── MediaDecodeError     422    the bytes are that kind of media but cannot be decoded
     ├── ServiceUnavailableError (503)   the engine process is not there, or the server is full
     │   └── OverloadedError      503    more requests in flight than --max-pending-requests
@@ -152,9 +152,15 @@ class MediaTooLargeError(ClientError):
 
 
 class UnsupportedMediaError(ClientError):
-    """The bytes are not the kind of media the content part claims."""
+    """The bytes are not the kind of media the content part claims.
 
-    status = 415
+    400, not 415: HTTP's 415 is about the request's own ``Content-Type`` (the front door uses
+    it for that), and OpenAI clients raise ``BadRequestError`` only for 400 (415 would surface
+    as a bare ``APIStatusError``); vLLM answers media it cannot load with 400 as well. The
+    ``code`` still tells this apart from other 400s. Media of the right kind that will not
+    decode stays 422 (``UnprocessableEntityError`` in the openai package)."""
+
+    status = 400
     default_code = "unsupported_media_type"
 
 

@@ -37,9 +37,10 @@ def test_duration_cap():
     assert info.value.status == 413 and "APHRODITE_MAX_AUDIO_SECONDS" in info.value.hint
 
 
-def test_garbage_is_415():
-    with pytest.raises(UnsupportedMediaError):
+def test_garbage_is_a_400_unsupported_media_type():
+    with pytest.raises(UnsupportedMediaError) as info:
         decode_audio(b"\x00\x01" * 1000, max_seconds=60)
+    assert (info.value.status, info.value.code) == (400, "unsupported_media_type")
 
 
 def test_video_without_audio_is_422():

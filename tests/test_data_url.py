@@ -47,11 +47,11 @@ async def test_declared_mime_does_not_override_content(limits):
     assert media.mime == "image/jpeg" and media.declared_mime == "image/png"
 
 
-async def test_audio_in_an_image_part_is_415(limits):
+async def test_audio_in_an_image_part_is_unsupported_media(limits):
     wav = synthetic.make_audio(seconds=0.1)
     with pytest.raises(UnsupportedMediaError) as info:
         await load(data_url("image/png", wav), "image", limits)
-    assert info.value.status == 415
+    assert (info.value.status, info.value.code) == (400, "unsupported_media_type")
 
 
 async def test_audio_data_url_for_audio(limits):

@@ -25,7 +25,7 @@ from engine.errors import (
 
 @pytest.mark.parametrize("cls,status", [
     (InvalidRequestError, 400), (MediaPolicyError, 400), (MediaFetchError, 400),
-    (MediaTooLargeError, 413), (UnsupportedMediaError, 415), (MediaDecodeError, 422),
+    (MediaTooLargeError, 413), (UnsupportedMediaError, 400), (MediaDecodeError, 422),
     (InternalError, 500), (AuthenticationError, 401), (ModelNotFoundError, 404),
     (RequestTooLargeError, 413), (ServiceUnavailableError, 503),
 ])

@@ -404,11 +404,11 @@ async def test_proxy_environment_is_ignored(media_server, aiohttp_server, loopba
     assert media.mime == "image/png" and proxied == []
 
 
-async def test_html_sent_as_image_is_415(media_server, loopback_policy, limits):
+async def test_html_sent_as_image_is_unsupported_media(media_server, loopback_policy, limits):
     async with MediaConnector(loopback_policy, limits) as c:
         with pytest.raises(UnsupportedMediaError) as info:
             await c.load_bytes(f"{media_server.base_url}/page.html", "image")
-    assert info.value.status == 415
+    assert (info.value.status, info.value.code) == (400, "unsupported_media_type")
 
 
 async def test_declared_type_is_only_a_hint(media_server, loopback_policy, limits):

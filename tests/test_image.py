@@ -106,9 +106,10 @@ def test_corrupt_pixel_data_is_422(limits):
         decode_image(bytes(png), limits)
 
 
-def test_not_an_image_is_415(limits):
-    with pytest.raises(UnsupportedMediaError):
+def test_not_an_image_is_unsupported_media(limits):
+    with pytest.raises(UnsupportedMediaError) as info:
         decode_image(b"definitely not an image" * 10, limits)
+    assert info.value.status == 400
 
 
 def test_zero_height_image_is_refused(limits):

@@ -5,6 +5,7 @@ the bytes back when requests end, and serves normally afterwards."""
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import json
 import re
@@ -12,6 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -142,6 +144,60 @@ def test_fetch_slots_go_to_remote_media_only_and_waiting_counts_against_the_dead
         holder.join(120)
         assert results["holder"][0] == 200, results["holder"]
         assert post(server.base, [image(f"{host.base}/cat.png")])[0] == 200
+    finally:
+        assert server.stop() == 0
+        host.shutdown()
+
+
+def post_from(source: str, base: str, parts: list[dict]) -> tuple[int, dict]:
+    """``post`` from another loopback address (all of 127/8 is this machine): a different
+    client to the server, which tells clients apart by peer address."""
+    port = int(base.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120,
+                                      source_address=(source, 0))
+    try:
+        conn.request("POST", "/v1/chat/completions", headers={
+            "Content-Type": "application/json"}, body=json.dumps(
+            {"max_tokens": 2, "messages": [{"role": "user", "content": parts}]}))
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_one_client_with_slow_media_hosts_holds_only_its_share_of_the_fetch_slots():
+    """A client (127.0.0.2) sends three requests whose video hosts drip for 10 s: two hold its
+    share (--max-fetches-per-client 2) and the third waits for it. Its image request then
+    gets a 503 naming that flag once its 1 s fetch deadline passes, while another client's
+    image gets one of the pool's free slots at once. Without the share the three videos and
+    the image would all have had slots of the pool of four."""
+    clip = synthetic.make_video(width=64, height=48, seconds=0.5)
+    host = MediaFiles({"/slow.mp4": (clip, "video/mp4"), "/cat.png": (noise_png(32, 4),
+                                                                       "image/png")},
+                      stalls={"/slow.mp4": 10.0})
+    server = ServerProcess("--allowed-media-domains", "127.0.0.1",
+                           "--max-concurrent-fetches", "4", "--max-fetches-per-client", "2",
+                           env={"APHRODITE_IMAGE_FETCH_TIMEOUT": "1",
+                                "APHRODITE_VIDEO_FETCH_TIMEOUT": "60"}).wait_ready()
+    slow = [{"type": "video_url", "video_url": {"url": f"{host.base}/slow.mp4"}}]
+    cat = [image(f"{host.base}/cat.png")]
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            videos = [pool.submit(post_from, "127.0.0.2", server.base, slow) for _ in range(3)]
+            deadline = time.monotonic() + 60
+            while host.hits["/slow.mp4"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # a third fetch, were it allowed, would have started by now
+            assert host.hits["/slow.mp4"] == 2  # the client's share, not the pool's four
+            status, body = post_from("127.0.0.2", server.base, cat)
+            assert status == 503 and body["error"]["code"] == "fetch_slots_busy", body
+            assert "--max-fetches-per-client" in body["error"]["message"]
+            status, _, body = post(server.base, cat)  # another client: served at once
+            assert status == 200, body
+            assert host.hits["/cat.png"] == 1
+            # The waiting video gets the share when a drip ends (10 s), inside its deadline.
+            assert [f.result()[0] for f in videos] == [200, 200, 200]
+        assert host.hits["/slow.mp4"] == 3
     finally:
         assert server.stop() == 0
         host.shutdown()

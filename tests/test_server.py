@@ -224,6 +224,25 @@ def test_policy_refusals_fetch_nothing(client, media, local_dir, case):
     assert media.total == before  # not one byte was fetched for the refused request
 
 
+@pytest.mark.parametrize(("payload", "error", "code"), [
+    (b"<html>not a picture</html>", openai.BadRequestError, "unsupported_media_type"),
+    (None, openai.UnprocessableEntityError, "media_decode_failed")])
+def test_media_errors_raise_the_openai_clients_own_exceptions(client, payload, error, code):
+    """Media that is not what its part says is a 400 (the openai package's BadRequestError;
+    415 would be a bare APIStatusError); a JPEG cut short is a 422 (UnprocessableEntityError)
+    so a client can tell a wrong request from a broken file."""
+    if payload is None:
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 64), (200, 30, 30)).save(buf, format="JPEG")
+        payload, mime = buf.getvalue()[:300], "image/jpeg"
+    else:
+        mime = "image/png"
+    url = f"data:{mime};base64," + base64.b64encode(payload).decode()
+    with pytest.raises(error) as info:
+        chat(client, [image_part(url)])
+    assert info.value.body["code"] == code
+
+
 def test_errors_have_the_openai_shape_and_status(server):
     def post(body: bytes, headers: dict) -> tuple[int, dict]:
         req = urllib.request.Request(f"{server.base}/v1/chat/completions", data=body,

@@ -48,12 +48,12 @@ def faststart_clip(folder):
 
 
 BAD = {
-    "garbage": (lambda: bytes(range(256)) * 40, 415),
+    "garbage": (lambda: bytes(range(256)) * 40, 400),
     "truncated-index-at-end": (lambda: synthetic.make_video(width=64, height=48,
-                                                            seconds=1)[:4000], 415),
+                                                            seconds=1)[:4000], 400),
     "corrupt-header": (moov_zeroed, 422),
     "audio-only": (lambda: synthetic.make_audio(seconds=0.3), 422),
-    "zero-frames": (mkv_without_frames, (415, 422)),
+    "zero-frames": (mkv_without_frames, (400, 422)),
 }
 
 

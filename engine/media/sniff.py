@@ -36,7 +36,8 @@ def sniff_mime(data: bytes) -> str | None:
 
 
 def check_kind(data: bytes, modality: Modality) -> str | None:
-    """Sniff ``data`` and refuse content of another kind than ``modality`` (HTTP 415).
+    """Sniff ``data`` and refuse content of another kind than ``modality`` (HTTP 400,
+    ``unsupported_media_type``).
 
     Returns the sniffed type; unknown content passes (``None``: the decoder decides). A
     declared type (header, data URL) is never consulted: the bytes decide.

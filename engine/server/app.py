@@ -51,6 +51,7 @@ from engine.processing.preprocess import Preprocessor
 from engine.processing.prompt import render_chat
 from engine.server.config import ServerConfig
 from engine.server.engine_client import Completion, EngineClient
+from engine.server.fetch_slots import FetchSlots
 from engine.server.front_door import auth_middleware, parse_body, read_body
 from engine.server.metrics import Metrics
 from engine.server.protocol import parse_generation_fields
@@ -80,7 +81,8 @@ class State:
         self.server_mm_kwargs = merge_processor_kwargs(loaded.processor,
                                                        config.mm_processor_kwargs, None)
         self.connector = MediaConnector(self.policy, self.media_limits)
-        self.fetch_slots = asyncio.Semaphore(config.max_concurrent_fetches)
+        self.fetch_slots = FetchSlots(config.max_concurrent_fetches,
+                                      config.max_fetches_per_client)
         self.metrics = Metrics()
         self.pending = 0
         self.decoders = None
@@ -164,9 +166,10 @@ def _timing_header(timings: dict[str, Any]) -> str:
     return json.dumps(timings, separators=(",", ":"), default=str)
 
 
-async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket):
+async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, client: str = ""):
     """Steps 4-8: everything before the engine; raises before any response byte. Fetched
-    media is charged to ``ticket`` (the request's share of the bytes in flight)."""
+    media is charged to ``ticket`` (the request's share of the bytes in flight); ``client``
+    (the peer address) bounds its share of the fetch slots."""
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap)
     parsed = parse_messages(data.get("messages"))
     counts = Counter(parsed.counts())
@@ -183,7 +186,7 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket):
         if parsed.media:
             sources = await state.connector.check_all([(url, m) for m, url in parsed.media])
             started = asyncio.get_running_loop().time()  # fetch deadlines include queueing
-            async with fetch_slot(state, sources, started):
+            async with fetch_slot(state, sources, started, client):
                 items, fetch_s = await fetch_items(state.connector, parsed.media, video,
                                                    state.sampling_rate, state.decoders, ticket,
                                                    sources, started)
@@ -204,27 +207,18 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket):
 
 
 @contextlib.asynccontextmanager
-async def fetch_slot(state: State, sources: list, started: float):
-    """One of --max-concurrent-fetches, for a request with http(s) media only (data URLs and
-    local files are read at once). Waiting counts against the fetch deadline: a request that
-    gets no slot before its shortest media fetch timeout is a 503, not a wait without end."""
+async def fetch_slot(state: State, sources: list, started: float, client: str):
+    """One of --max-concurrent-fetches (at most --max-fetches-per-client per client), for a
+    request with http(s) media only (data URLs and local files are read at once). Waiting
+    counts against the fetch deadline: a request that gets no slot before its shortest media
+    fetch timeout is a 503, not a wait without end."""
     remote = [s for s in sources if s.kind == "http"]
     if not remote:
         yield
         return
     timeout = min(state.media_limits.for_modality(s.modality).fetch_timeout_s for s in remote)
-    try:
-        async with asyncio.timeout_at(started + timeout):
-            await state.fetch_slots.acquire()
-    except TimeoutError:
-        raise OverloadedError(
-            f"no media fetch slot came free within {timeout:g} s",
-            hint="retry after the Retry-After seconds, or raise --max-concurrent-fetches",
-            code="fetch_slots_busy") from None
-    try:
+    async with state.fetch_slots.hold(client, started + timeout, timeout):
         yield
-    finally:
-        state.fetch_slots.release()
 
 
 @contextlib.contextmanager
@@ -285,7 +279,7 @@ async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamRe
     state: State = request.app[STATE]
     data = await read_json(request, ticket)
     start = time.perf_counter()
-    fields, processed = await prepare_chat(state, data, ticket)
+    fields, processed = await prepare_chat(state, data, ticket, request.remote or "")
     return await respond(request, state, fields, processed, start, chat=True)
 
 

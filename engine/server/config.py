@@ -30,6 +30,7 @@ class ServerConfig:
     max_model_len: int = 8192
     max_tokens_cap: int = 4096
     max_concurrent_fetches: int = 16
+    max_fetches_per_client: int = 8  # 0: no per-client share
     max_pending_requests: int = 256
     decode_isolation: str = "process"  # decode worker processes; or "thread" (in-process)
     decode_workers: int = 2
