@@ -17,12 +17,31 @@ BIN = Path(sys.executable).with_name("aphrodite")
 
 @pytest.mark.timeout(300)
 def test_short_soak(tmp_path):
+    """Also: the attacks that need their own client (slow bodies, a slow-drip flood) run from
+    127.0.0.2 alongside, each answer checked against its rule; and the p99 gate against a
+    quiet baseline fails the run (exit 1) when valid latency grew past --max-p99-ratio: the
+    baseline here claims a 1 ms p99 that no run on this model meets, so exit 1 must come from
+    that gate alone."""
+    quiet = tmp_path / "quiet.json"
+    quiet.write_text(json.dumps({"valid_latency_s": {"p99": 0.001}}))
+    out = tmp_path / "out"
     done = subprocess.run([str(BIN), "bench", "soak", "--duration", "15", "--warmup", "5",
                            "--hostile-share", "0.3", "--valid-pool", "24",
-                           "--out-dir", str(tmp_path)],
+                           "--slow-bodies", "4", "--drip-flood", "2",
+                           "--request-body-timeout-s", "3", "--baseline", str(quiet),
+                           "--out-dir", str(out)],
                           capture_output=True, text=True, timeout=280)
-    doc = json.loads(next(tmp_path.glob("soak-*.json")).read_text())
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    doc = json.loads(next(out.glob("soak-*.json")).read_text())
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    ratio = doc["baseline"]["p99_ratio"]
+    assert ratio == round(doc["valid_latency_s"]["p99"] / 0.001, 3) and ratio > 3
+    assert "x the baseline's" in done.stdout
+    assert doc["valid_latency_s"]["count"] == sum(
+        sum(doc["by_kind"][k].values()) for k in ("valid-image", "valid-video"))
+    # every slow body got its 408, every dripped fetch its timeout or the client's share
+    assert doc["attackers"] == {"slow_bodies": 4, "drip_flood": 2, "source": "127.0.0.2"}
+    assert set(doc["by_kind"]["slow-body"]) == {"408"}
+    assert set(doc["by_kind"]["slow-drip-flood"]) <= {"400", "503"}
     assert doc["valid_5xx"] == 0 and doc["hostile_mismatches"] == []
     assert doc["hostile_mismatch_count"] == 0 and doc["decode_worker_restarts"] == 0
     # valid traffic as bench serve draws it: images and videos, all answered 200

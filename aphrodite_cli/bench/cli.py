@@ -393,12 +393,15 @@ def report(
 
 @app.command(
     "soak",
-    epilog="""Example (the README's 10-minute run):
+    epilog="""Examples (the README's 10-minute runs: a quiet baseline, then under attack):
 
-  aphrodite bench soak --embedded --duration 600 --hostile-share 0.25 --concurrency 4
+  aphrodite bench soak --duration 120 --hostile-share 0 --slow-bodies 0 --drip-flood 0
+  aphrodite bench soak --duration 600 --hostile-share 0.25 --concurrency 4 \\
+      --baseline results/soak-QUIET.json
 
-Exit status 1 when a valid request got a 5xx, a hostile request got another status than its
-rule's, memory grew more than --max-rss-growth after warm-up, or temp files were left.""",
+Exit status 1 when a valid request got a 5xx, a hostile request or an attack got another
+status than its rule's, memory grew more than --max-rss-growth after warm-up, temp files were
+left, or valid requests' p99 latency was over --max-p99-ratio times the baseline's.""",
 )
 def soak(
     embedded: Annotated[bool, typer.Option(help="Start this project's server for the run.")
@@ -417,10 +420,29 @@ def soak(
     valid_pool: Annotated[int, typer.Option(
         min=1, help="Distinct valid requests, rendered before the run and drawn at random "
                     "(a share hit the processor cache).")] = 128,
+    slow_bodies: Annotated[int, typer.Option(
+        min=0, help="Connections that send a request's headers and then drip its body, "
+                    "reopened as the server closes them (each must get 408).")] = 8,
+    drip_flood: Annotated[int, typer.Option(
+        min=0, help="Clients sending back to back requests whose media host drips (each "
+                    "must get 400 media_fetch_timeout or 503 fetch_slots_busy).")] = 4,
+    attacker_address: Annotated[str, typer.Option(
+        help="Local address the attacks connect from (another client to the server; any "
+             "127.x.y.z is this machine on Linux); empty: the default.")] = "127.0.0.2",
+    request_body_timeout_s: Annotated[float, typer.Option(
+        min=0.5, help="The server's --request-body-timeout-s for the run (how long a slow "
+                      "body holds its connection).")] = 5.0,
+    baseline: Annotated[Path | None, typer.Option(
+        help="A quiet run's soak result: valid requests' p99 latency is compared with its.")
+    ] = None,
+    max_p99_ratio: Annotated[float, typer.Option(
+        min=1, help="With --baseline: most valid p99 latency may grow, e.g. 3.")] = 3.0,
     seed: Annotated[int, typer.Option()] = 0,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
 ) -> None:
-    """Valid and hostile requests against the server for a set time; checks nothing leaks."""
+    """Valid, hostile and attacking traffic against the server for a set time; checks that
+    valid requests are served, every attack is refused by its rule and nothing leaks."""
+    from aphrodite_cli.bench.attackers import Attackers
     from aphrodite_cli.bench.datasets import parse_buckets
     from aphrodite_cli.bench.hostile import SERVER_ARGS, SERVER_ENV, HostileHost
     from aphrodite_cli.bench.results import write_result
@@ -431,21 +453,38 @@ def soak(
     if not embedded:
         raise ConfigError("bench soak runs against its embedded server (it watches the "
                           "server's processes)", hint="leave --embedded on")
+    quiet_p99 = None
+    if baseline is not None:
+        try:
+            quiet_p99 = json.loads(baseline.read_text())["valid_latency_s"]["p99"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"--baseline {baseline} is not a soak result with valid "
+                              "latencies", hint="pass a results/soak-*.json of schema 3 "
+                              "or later") from exc
     host = HostileHost()
     server = EmbeddedServer(None, ["--decode-isolation", decode_isolation, *SERVER_ARGS,
                                    # a small cache: it fills during warm-up, so growth after
                                    # warm-up is a leak, not the cache doing its job
-                                   "--mm-processor-cache-gb", "0.02"], env=SERVER_ENV)
+                                   "--mm-processor-cache-gb", "0.02",
+                                   "--request-body-timeout-s", f"{request_body_timeout_s:g}"],
+                            env=SERVER_ENV)
     try:
         doc = run_soak(server.base_url, "tiny-qwen2_5_vl", server_roles("".join(server.lines)),
                        duration_s=duration, hostile_share=hostile_share,
                        concurrency=concurrency, seed=seed, media_base=host.base,
                        warmup_s=min(warmup, duration / 2),
                        buckets=parse_buckets(bucket_config) if bucket_config else None,
-                       valid_pool=valid_pool)
+                       valid_pool=valid_pool, attackers=Attackers(
+                           server.base_url, "tiny-qwen2_5_vl", slow_bodies=slow_bodies,
+                           drip_flood=drip_flood, drip_url=f"{host.base}/drip",
+                           source=attacker_address or None))
     finally:
         server.stop()
         host.close()
+    latency = doc["valid_latency_s"]
+    doc["baseline"] = None if quiet_p99 is None else {
+        "path": str(baseline), "p99_s": quiet_p99,
+        "p99_ratio": round(latency["p99"] / quiet_p99, 3) if latency.get("p99") else None}
     path = write_result(doc, "soak", out_dir)
     for kind, statuses in sorted(doc["by_kind"].items()):
         out.print(f"  {kind:<22} {dict(statuses)}", markup=False)
@@ -459,7 +498,13 @@ def soak(
     out.print(f"RSS slope over the second half: {doc['rss_slope_second_half_mb_per_min']} MB/min "
               f"(by process: {doc['rss_slope_second_half_by_role_mb_per_min']}); heap in use: "
               f"{doc['heap_in_use_slope_second_half_mb_per_min']} MB/min", markup=False)
+    if latency.get("count"):
+        out.print(f"valid latency: p50 {latency['median']:.3f} s, p99 {latency['p99']:.3f} s"
+                  + (f" ({doc['baseline']['p99_ratio']}x the baseline's {quiet_p99:.3f} s)"
+                     if doc["baseline"] else ""), markup=False)
     out.print(f"result: {path}", markup=False)
+    ratio = (doc["baseline"] or {}).get("p99_ratio")
     failed = (doc["valid_5xx"] or doc["hostile_mismatches"] or doc["temp_leftovers"]
-              or doc["rss_growth_after_warmup"] > max_rss_growth)
+              or doc["rss_growth_after_warmup"] > max_rss_growth
+              or (ratio is not None and ratio > max_p99_ratio))
     raise typer.Exit(1 if failed else 0)

@@ -19,9 +19,13 @@ import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from aphrodite_cli.bench.stats import summary
 from engine.memory import rss_bytes
+
+if TYPE_CHECKING:
+    from aphrodite_cli.bench.attackers import Attackers
 
 
 def post(base: str, body: bytes, content_type: str = "application/json"
@@ -165,11 +169,13 @@ def valid_requests(model: str, buckets: dict[tuple[int, int, int], float], count
 def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: float,
              hostile_share: float, concurrency: int, seed: int, media_base: str,
              warmup_s: float, buckets: dict[tuple[int, int, int], float] | None = None,
-             valid_pool: int = 128) -> dict[str, Any]:
+             valid_pool: int = 128, attackers: Attackers | None = None) -> dict[str, Any]:
     """``concurrency`` clients send requests back to back for ``duration_s``, drawn from a
     pool of valid requests (``valid_requests``) and, a ``hostile_share`` of them, from the
-    hostile catalogue (each checked against its status and rule); server processes sampled
-    every 2 s."""
+    hostile catalogue (each checked against its status and rule), while ``attackers`` run
+    alongside from their own address (each answer checked against its rule); server
+    processes sampled every 2 s; valid requests' latency reported."""
+    from aphrodite_cli.bench.attackers import EXPECTED
     from aphrodite_cli.bench.hostile import hostile_catalogue
 
     catalogue = hostile_catalogue(model, media_base)
@@ -177,7 +183,8 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
     temp_before = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
     api_pids = {pid for role, pid in roles.items() if role.startswith("api")}
     shm_before = _shm_segments(api_pids)
-    results: list[tuple[str, int, str | None, int, str | None]] = []
+    # (kind, expected status, rule, status, code, seconds)
+    results: list[tuple[str, int, str | None, int, str | None, float]] = []
     samples: list[dict[str, Any]] = []
     start = time.monotonic()
 
@@ -191,8 +198,12 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
             else:
                 name, body = rng.choice(valid)
                 status, code, ctype = 200, None, "application/json"
-            results.append((name, status, code, *post(base_url, body, ctype)))
+            sent = time.monotonic()
+            answer = post(base_url, body, ctype)
+            results.append((name, status, code, *answer, time.monotonic() - sent))
 
+    if attackers is not None:
+        attackers.start()
     with ThreadPoolExecutor(concurrency) as pool:
         futures = [pool.submit(client, i) for i in range(concurrency)]
         def sample() -> dict[str, Any]:
@@ -210,24 +221,32 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
         for f in futures:
             f.result()
         samples.append(sample())
+    if attackers is not None:
+        attackers.stop()
     restarts = decode_worker_restarts(base_url)
     temp_after = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
     leftovers = sorted(n for n in temp_after - temp_before if "aphrodite" in n)
     leftovers += sorted(f"/dev/shm/{n}" for n in _shm_segments(api_pids) - shm_before)
     by_kind: dict[str, Counter] = {}
     mismatches = []
-    for name, expected, rule, status, code in results:
+    for name, expected, rule, status, code, _ in results:
         by_kind.setdefault(name, Counter())[str(status)] += 1
         if status != expected or (rule is not None and code != rule):
             mismatches.append({"request": name, "expected": expected, "rule": rule,
                                "got": status, "code": code})
+    for name, status, code, _ in (attackers.results if attackers is not None else []):
+        by_kind.setdefault(name, Counter())[str(status)] += 1
+        if (status, code) not in EXPECTED[name]:
+            mismatches.append({"request": name, "expected": sorted(EXPECTED[name]),
+                               "got": status, "code": code})
+    valid_s = [r[5] for r in results if r[0].startswith("valid")]
     after_warmup = [s for s in samples if s["t_s"] >= warmup_s] or samples
     first, last = after_warmup[0], after_warmup[-1]
     second_half = [s for s in samples if s["t_s"] >= duration_s / 2]
     valid_5xx = sum(1 for r in results
                     if r[0].startswith("valid") and (r[3] >= 500 or r[3] == 0))
     return {
-        "schema_version": 2, "kind": "soak", "duration_s": duration_s,
+        "schema_version": 3, "kind": "soak", "duration_s": duration_s,
         "concurrency": concurrency, "hostile_share": hostile_share, "seed": seed,
         "valid_pool": len(valid),
         "buckets": {",".join(map(str, k)): v for k, v in (buckets or SOAK_BUCKETS).items()},
@@ -235,6 +254,11 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
         "requests": len(results), "by_kind": {k: dict(v) for k, v in by_kind.items()},
         "valid_5xx": valid_5xx, "hostile_mismatches": mismatches[:200],
         "hostile_mismatch_count": len(mismatches),
+        "attackers": None if attackers is None else {
+            "slow_bodies": attackers.slow_bodies, "drip_flood": attackers.drip_flood,
+            "source": attackers.local_addr[0] if attackers.local_addr else None},
+        # latency of valid requests (seconds, non-streaming: the whole answer)
+        "valid_latency_s": summary(valid_s),
         "decode_worker_restarts": restarts,
         "process_samples": samples,
         "rss_growth_after_warmup": (last["rss_bytes"] - first["rss_bytes"]) / max(
