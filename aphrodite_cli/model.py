@@ -46,12 +46,54 @@ def make_tiny(
     """Build a tiny random-weight instance of a family (real config and processor classes)."""
     import time
 
-    from engine.models.loader import offline
     from engine.models.registry import get_arch
 
     spec = get_arch(arch)
-    offline()
     start = time.perf_counter()
     spec.build_tiny(out_dir, seed)
     out.print(f"built tiny {spec.name} in {time.perf_counter() - start:.1f} s -> {out_dir}",
               markup=False)
+
+
+@app.command(
+    "download",
+    epilog="""Examples:
+
+  aphrodite model download Qwen/Qwen2.5-VL-3B-Instruct
+
+  aphrodite model download Qwen/Qwen2.5-VL-3B-Instruct --no-weights   # processor files only
+
+  HF_ENDPOINT=https://hf-mirror.example aphrodite model download org/name --revision v1""",
+)
+def download(
+    repo_id: Annotated[str, typer.Argument(help="A Hugging Face Hub id, e.g. org/name.")],
+    revision: Annotated[str | None, typer.Option(
+        help="Branch, tag or commit, e.g. main.")] = None,
+    download_dir: Annotated[str | None, typer.Option(
+        help="Folder to download into instead of the Hugging Face cache.")] = None,
+    weights: Annotated[bool, typer.Option(
+        help="Also fetch the weights (safetensors; .bin only for a repo without any); "
+             "--no-weights fetches configs, tokenizer, processor and chat template only, "
+             "enough for bench mm-processor.")] = True,
+) -> None:
+    """Download a model into the Hugging Face cache (as serve does on first use) and print
+    its folder and family."""
+    import json
+
+    from engine.errors import ConfigError
+    from engine.models import hub
+    from engine.models.registry import arch_for_config
+
+    if not hub.is_hub_id(repo_id):
+        raise ConfigError(f"{repo_id!r} is not a Hugging Face Hub id",
+                          hint="pass it as org/name", code="model_not_found")
+    folder = hub.download(repo_id, revision=revision, download_dir=download_dir,
+                          weights=weights)
+    config_file = folder / "config.json"
+    family = "?"
+    if config_file.is_file():
+        try:
+            family = arch_for_config(json.loads(config_file.read_text()), repo_id).name
+        except ConfigError as err:
+            family = f"not supported here ({err.message})"
+    out.print(f"{repo_id} -> {folder} (family: {family})", markup=False)

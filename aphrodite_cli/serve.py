@@ -22,6 +22,8 @@ EPILOG = """Examples:
 
   aphrodite serve /models/llava-1.5-7b-hf --chat-template engine/models/templates/llava.jinja
 
+  aphrodite serve Qwen/Qwen2.5-VL-3B-Instruct        # downloaded into the HF cache
+
   aphrodite serve /models/Qwen2.5-VL-7B-Instruct
   --media-io-kwargs '{"video": {"backend": "torchcodec"}}'
   --limit-mm-per-prompt '{"image": 4, "video": 1}' --allowed-media-domains cdn.example.com
@@ -30,9 +32,13 @@ EPILOG = """Examples:
 
 
 def serve(
-    model: Annotated[str | None, typer.Argument(help="Model folder, cached hub id or "
-                                                "tiny:ARCH; default: the tiny Qwen2.5-VL.")
-                     ] = None,
+    model: Annotated[str | None, typer.Argument(
+        help="Model folder, Hugging Face Hub id (downloaded into the Hugging Face cache when "
+             "missing) or tiny:ARCH; default: the tiny Qwen2.5-VL.")] = None,
+    revision: Annotated[str | None, typer.Option(
+        help="Branch, tag or commit of a hub model, e.g. main.")] = None,
+    download_dir: Annotated[str | None, typer.Option(
+        help="Folder to download hub models into instead of the Hugging Face cache.")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on, e.g. 0.0.0.0.")
                     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port, e.g. 8000.")] = 2242,
@@ -110,7 +116,8 @@ def serve(
 
     limits = parse_json_flag("--limit-mm-per-prompt", limit_mm_per_prompt)
     config = ServerConfig(
-        model=model, host=host, port=port, served_model_name=served_model_name,
+        model=model, revision=revision, download_dir=download_dir, host=host, port=port,
+        served_model_name=served_model_name,
         chat_template=str(chat_template) if chat_template else None,
         api_key=api_key or envs.APHRODITE_API_KEY or None,
         allowed_media_domains=tuple(split_hosts(allowed_media_domains)),

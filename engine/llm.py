@@ -88,8 +88,10 @@ class LLM:
                  media_io_kwargs: dict[str, Any] | None = None,
                  allowed_local_media_path: str | None = None,
                  allowed_media_domains: list[str] | None = None,
-                 device: str = "cpu", dtype: str = "auto", max_batch_size: int = 8) -> None:
-        self.loaded = load_model(model, chat_template=chat_template)
+                 device: str = "cpu", dtype: str = "auto", max_batch_size: int = 8,
+                 revision: str | None = None, download_dir: str | None = None) -> None:
+        self.loaded = load_model(model, chat_template=chat_template, revision=revision,
+                                 download_dir=download_dir)
         self.limits = effective_limits(self.loaded.spec, limit_mm_per_prompt)
         self._requested_limits = limit_mm_per_prompt
         self.mm_processor_kwargs = merge_processor_kwargs(self.loaded.processor,

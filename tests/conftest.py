@@ -21,6 +21,12 @@ from tests.media_server import MediaServer, build_app
 
 GPU_ENV = "APHRODITE_FAIL_WITHOUT_GPU"
 
+# The suite never reaches for the internet: Hugging Face libraries use only their cache, here
+# and in every server and CLI the tests start (the product never sets this; the fake-Hub tests
+# turn it off for their own clients, which talk to a loopback Hub).
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+
 # Property tests: the suite (`make test`, CI) always draws the same examples, so a run is green
 # or red for the code, never for the seed; exploration with fresh seeds is `make fuzz`
 # (scripts/fuzz.sh), and whatever it finds is pinned here as an @example. Select with

@@ -1,11 +1,11 @@
-"""Finding and loading a model: a local folder, the Hugging Face cache, or the embedded tiny
-default. Nothing is downloaded: a hub id that is not already cached fails at once."""
+"""Finding and loading a model: a local folder, a Hugging Face Hub id (downloaded into the
+Hugging Face cache when missing, see :mod:`engine.models.hub`), or the embedded tiny
+default."""
 
 from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -14,17 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError
+from engine.models import hub
 from engine.models.registry import DEFAULT_ARCH, ArchSpec, arch_for_config, get_arch
 from engine.paths import cache_root
 
 TINY_VERSION = 1  # bump when the tiny builders change, so caches rebuild
-
-
-def offline() -> None:
-    """Never let transformers or huggingface_hub try the network (nothing is reachable)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
 def tiny_model_dir(arch: str = DEFAULT_ARCH, seed: int = 0) -> Path:
@@ -47,10 +41,12 @@ def tiny_model_dir(arch: str = DEFAULT_ARCH, seed: int = 0) -> Path:
     return target
 
 
-def resolve_model_path(model: str | None) -> Path:
+def resolve_model_path(model: str | None, *, revision: str | None = None,
+                       download_dir: str | None = None, weights: bool = True) -> Path:
     """A folder holding ``config.json`` for ``model`` (None: the default tiny Qwen2.5-VL;
-    ``tiny:ARCH``: that family's tiny model; a folder; or a hub id already in the cache)."""
-    offline()
+    ``tiny:ARCH``: that family's tiny model; a folder; or a Hugging Face Hub id, downloaded
+    at ``revision`` into the cache or ``download_dir`` when missing; ``weights=False``: no
+    weight files)."""
     if not model:
         return tiny_model_dir()
     if model.startswith("tiny:"):
@@ -62,21 +58,15 @@ def resolve_model_path(model: str | None) -> Path:
                               hint="point at a folder saved with save_pretrained",
                               code="model_not_found")
         return path.resolve()
-    if model.count("/") == 1 and not model.startswith((".", "/")):
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
-
-        try:
-            return Path(snapshot_download(model, local_files_only=True))
-        except (LocalEntryNotFoundError, OSError, ValueError):
-            raise ConfigError(
-                f"model {model!r} is not a local folder and is not in the Hugging Face cache, "
-                "and no model hub can be reached from here",
-                hint="download it on a connected machine (huggingface-cli download) and copy the "
-                     "cache or the folder here, then pass its path",
-                code="model_not_found") from None
-    raise ConfigError(f"model {model!r} was not found", hint="pass a model folder, a cached "
-                      "hub id like org/name, or tiny:ARCH", code="model_not_found")
+    if hub.is_hub_id(model):
+        folder = hub.download(model, revision=revision, download_dir=download_dir,
+                              weights=weights)
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"model {model!r} has no config.json on the Hub, so it is not a "
+                              "transformers model", code="model_not_found")
+        return folder
+    raise ConfigError(f"model {model!r} was not found", hint="pass a model folder, a Hugging "
+                      "Face Hub id like org/name, or tiny:ARCH", code="model_not_found")
 
 
 @dataclass
@@ -110,9 +100,11 @@ class LoadedModel:
 
 
 def load_model(model: str | None = None, *, chat_template: str | None = None,
-               served_name: str | None = None) -> LoadedModel:
-    """Resolve, identify the family and load the processor (weights load on first use)."""
-    path = resolve_model_path(model)
+               served_name: str | None = None, revision: str | None = None,
+               download_dir: str | None = None) -> LoadedModel:
+    """Resolve (downloading a hub id when missing), identify the family and load the
+    processor (weights load on first use)."""
+    path = resolve_model_path(model, revision=revision, download_dir=download_dir)
     config = json.loads((path / "config.json").read_text())
     spec = arch_for_config(config, str(path))
     import transformers

@@ -9,6 +9,8 @@ from typing import Any
 @dataclass(frozen=True)
 class ServerConfig:
     model: str | None = None
+    revision: str | None = None  # of a Hugging Face Hub model
+    download_dir: str | None = None  # where hub models go (default: the Hugging Face cache)
     host: str = "127.0.0.1"
     port: int = 2242
     served_model_name: str | None = None

@@ -47,7 +47,8 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
     check_flags(config)
     check_device(config.device, config.dtype)
     loaded = load_model(config.model, chat_template=config.chat_template,
-                        served_name=config.served_model_name)
+                        served_name=config.served_model_name, revision=config.revision,
+                        download_dir=config.download_dir)
     if not loaded.chat_template:
         raise ConfigError(
             f"the model {loaded.name} has no chat template, so /v1/chat/completions cannot "
