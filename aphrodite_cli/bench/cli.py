@@ -101,7 +101,9 @@ def _print_table(doc: dict) -> None:
   aphrodite bench mm-processor --model /models/qwen2.5-vl-7b --num-prompts 50""",
 )
 def mm_processor(
-    model: Annotated[str | None, typer.Option(help="Model folder, cached hub id or tiny:ARCH; "
+    model: Annotated[str | None, typer.Option(help="Model folder, hub id or tiny:ARCH (with "
+                                                "--no-encoder a hub model's weights are not "
+                                                "downloaded); "
                                               "default: the embedded tiny Qwen2.5-VL.")] = None,
     num_prompts: Annotated[int, typer.Option(min=1)] = 30,
     bucket_config: Annotated[str | None, typer.Option(

@@ -92,7 +92,7 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
     from engine.processing.preprocess import Preprocessor
     from engine.processing.prompt import render_chat
 
-    loaded = load_model(model)
+    loaded = load_model(model, weights=encoder)  # a hub model: no weights without the encoder
     buckets = buckets or parse_buckets('{"720,1280,1": 1}')
     cache = ProcessorCache.from_gb(4)
     pre = Preprocessor(loaded, cache)

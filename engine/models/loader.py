@@ -101,10 +101,11 @@ class LoadedModel:
 
 def load_model(model: str | None = None, *, chat_template: str | None = None,
                served_name: str | None = None, revision: str | None = None,
-               download_dir: str | None = None) -> LoadedModel:
-    """Resolve (downloading a hub id when missing), identify the family and load the
-    processor (weights load on first use)."""
-    path = resolve_model_path(model, revision=revision, download_dir=download_dir)
+               download_dir: str | None = None, weights: bool = True) -> LoadedModel:
+    """Resolve (downloading a hub id when missing; ``weights=False``: without its weight
+    files), identify the family and load the processor (weights load on first use)."""
+    path = resolve_model_path(model, revision=revision, download_dir=download_dir,
+                              weights=weights)
     config = json.loads((path / "config.json").read_text())
     spec = arch_for_config(config, str(path))
     import transformers
