@@ -15,6 +15,7 @@ from aphrodite_cli.options import (
     split_hosts,
 )
 from aphrodite_cli.output import out, print_json
+from engine.media.video.backend_info import NAMES as VIDEO_BACKEND_NAMES
 
 app = typer.Typer(help="Inspect media exactly as `aphrodite serve` would fetch and decode it.",
                   no_args_is_help=True)
@@ -185,9 +186,8 @@ def decode(
     source: Annotated[str, typer.Argument(help="http(s), data: or file:// URL of a video; "
                                           "'-' reads it from stdin.")],
     out_dir: Annotated[str, typer.Option("--out", help="Folder for the PNGs and decode.json.")],
-    backend: Annotated[str, typer.Option(help="opencv, pyav, torchcodec, pynvvideocodec or "
-                                         "deepstream (default: APHRODITE_VIDEO_LOADER_BACKEND)"
-                                         )] = "",
+    backend: Annotated[str, typer.Option(help=f"{', '.join(VIDEO_BACKEND_NAMES)} (default: "
+                                         "APHRODITE_VIDEO_LOADER_BACKEND)")] = "",
     num_frames: Annotated[int | None, typer.Option(min=1, help="Frames to sample (32).")
                           ] = None,
     fps: Annotated[float | None, typer.Option(min=0.001, help="Frames per second to sample.")

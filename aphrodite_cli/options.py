@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from engine.media.video.backend_info import NAMES as VIDEO_BACKEND_NAMES
+
 AllowedMediaDomains = Annotated[
     list[str] | None,
     typer.Option(
@@ -38,8 +40,8 @@ MediaIoKwargs = Annotated[
     typer.Option(
         "--media-io-kwargs",
         help='JSON of media loading options, e.g. \'{"video": {"backend": "torchcodec", '
-        '"num_frames": 16}}\'. Video backends: opencv (default), pyav, torchcodec, '
-        "pynvvideocodec, deepstream.",
+        f'"num_frames": 16}}}}\'. Video backends: {", ".join(VIDEO_BACKEND_NAMES)} '
+        "(default: opencv).",
         metavar="JSON",
     ),
 ]

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import ConfigError
+from engine.media.video.backend_info import NAMES as video_backend_names
 
 PREFIX = "APHRODITE_"
-VIDEO_BACKENDS = ("opencv", "pyav", "torchcodec", "pynvvideocodec", "deepstream")
+VIDEO_BACKENDS = video_backend_names
 
 
 @dataclass(frozen=True)

@@ -133,3 +133,27 @@ def test_a_request_may_ask_for_fewer_frames_never_more_than_the_servers_maximum(
     assert parse_video_io_kwargs({"num_frames": 32}, small).sampling.num_frames == 32
     with pytest.raises(InvalidRequestError):
         parse_video_io_kwargs({"num_frames": 1024}, small)
+
+
+def test_every_backend_fact_comes_from_its_one_record():
+    """backend_info.BACKENDS is the one table: the env var's choices, the options classes, the
+    registry's modules, the GPU gate and the start-only options all follow it."""
+    from engine import envs
+    from engine.media.video.backend_info import BACKENDS, GPU_NAMES
+    from engine.media.video.registry import get_backend
+
+    assert tuple(BACKENDS) == envs.VIDEO_BACKENDS
+    for name, info in BACKENDS.items():
+        assert info.options_cls.backend == name
+        assert set(info.startup_only) <= set(info.options_cls.names())
+        if not info.gpu:  # importable everywhere: the registry's module is the record's
+            backend = get_backend(name)
+            assert backend.name == name and type(backend).__module__ == info.module
+            assert not backend.gpu
+    assert {"pynvvideocodec", "deepstream"} == GPU_NAMES
+    assert get_backend("deepstream").gpu  # GStreamer's software path is installed here
+    server = server_video_spec(None)
+    for name in GPU_NAMES:  # a GPU backend only when the server started with it
+        with pytest.raises(InvalidRequestError) as info:
+            parse_video_io_kwargs({"backend": name}, server)
+        assert info.value.code == "video_backend_not_enabled"

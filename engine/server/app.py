@@ -38,9 +38,9 @@ from engine.media.connector import MediaConnector
 from engine.media.inflight import InflightBytes, Ticket
 from engine.media.pool import decode_executor
 from engine.media.video import load_video_async
+from engine.media.video.backend_info import BACKENDS
 from engine.media.video.budget import GpuDecodeBudget
 from engine.media.video.options import parse_video_io_kwargs, server_video_spec
-from engine.media.video.registry import get_backend
 from engine.models.loader import LoadedModel
 from engine.processing.cache import ProcessorCache
 from engine.processing.chat_parts import parse_messages
@@ -192,7 +192,7 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
                                                    sources, started)
             for item in items:
                 state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
-            if state.gpu_budget is not None and get_backend(video.backend).gpu:
+            if state.gpu_budget is not None and BACKENDS[video.backend].gpu:
                 await decode_gpu_videos(state, items, video)
         loop = asyncio.get_running_loop()
         processed = await loop.run_in_executor(decode_executor(), state.preprocessor.process,

@@ -3,19 +3,26 @@
 ``load_video(data, spec, limits)`` scans the container once (true frame count, fps, rotation),
 picks the frame indices with the shared sampler, and asks the chosen backend for exactly those
 frames. Every backend returns the same frames for the same clip and request.
+
+The names below are imported on first use, so importing a light submodule (such as
+``backend_info``, which ``engine.envs`` reads) does not import the decoders.
 """
 
-from engine.media.video.loader import VideoFrames, VideoMetadata, load_video, load_video_async
-from engine.media.video.options import VideoLoadSpec, parse_video_io_kwargs
-from engine.media.video.sampling import SamplingRequest, sample_indices
+from __future__ import annotations
 
-__all__ = [
-    "SamplingRequest",
-    "VideoFrames",
-    "VideoLoadSpec",
-    "VideoMetadata",
-    "load_video",
-    "load_video_async",
-    "parse_video_io_kwargs",
-    "sample_indices",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "VideoFrames": "loader", "VideoMetadata": "loader", "load_video": "loader",
+    "load_video_async": "loader", "VideoLoadSpec": "options",
+    "parse_video_io_kwargs": "options", "SamplingRequest": "sampling",
+    "sample_indices": "sampling",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from engine.errors import ConfigError
+from engine.media.video.backend_info import BACKENDS
 from engine.media.video.options import VideoLoadSpec
 
 
@@ -23,7 +24,7 @@ def mps_running(pipe_dir: str | None = None) -> bool:
 def check_gpu_backend_startup(spec: VideoLoadSpec, mm_ipc_gpu_memory_gb: float,
                               *, mps_pipe_dir: str | None = None) -> None:
     """Refuse to start a GPU video backend without its prerequisites (says how to fix)."""
-    if spec.backend != "pynvvideocodec":
+    if not BACKENDS[spec.backend].needs_mps:
         return
     if not mm_ipc_gpu_memory_gb or mm_ipc_gpu_memory_gb <= 0:
         raise ConfigError(

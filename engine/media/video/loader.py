@@ -11,6 +11,7 @@ import numpy as np
 from engine.config import MediaLimits
 from engine.errors import MediaDecodeError, MediaTooLargeError
 from engine.media.pool import decode_executor
+from engine.media.video.backend_info import BACKENDS
 from engine.media.video.options import VideoLoadSpec
 from engine.media.video.registry import get_backend
 from engine.media.video.sampling import sample_indices
@@ -104,7 +105,7 @@ async def load_video_async(data: bytes, spec: VideoLoadSpec, limits: MediaLimits
     start = time.perf_counter()
     scan, indices = await loop.run_in_executor(pool, plan, data, spec, limits)
     scan_s = time.perf_counter() - start
-    if budget is not None and get_backend(spec.backend).gpu:
+    if budget is not None and BACKENDS[spec.backend].gpu:
         async with budget.reserve(decoded_bytes(scan, indices)):
             return await loop.run_in_executor(pool, decode_planned, data, spec, scan, indices,
                                               scan_s)

@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from engine import envs
-from engine.envs import VIDEO_BACKENDS
 from engine.errors import ConfigError, InvalidRequestError
+from engine.media.video.backend_info import BACKENDS, CPU_NAMES, GPU_NAMES, NAMES
 from engine.media.video.sampling import DEFAULT_NUM_FRAMES, SamplingRequest
 
 logger = logging.getLogger(__name__)
 
-GPU_BACKENDS = frozenset({"pynvvideocodec", "deepstream"})
 SAMPLING_KEYS = ("num_frames", "fps", "max_duration")
 
 
@@ -126,8 +125,8 @@ OPTION_CLASSES: dict[str, type[BackendOptions]] = {
     cls.backend: cls for cls in (OpenCVOptions, PyAVOptions, TorchCodecOptions,
                                  PyNvVideoCodecOptions, DeepStreamOptions)
 }
-# Options fixed when the server starts: a per-request value is ignored with a warning.
-STARTUP_ONLY = {"pynvvideocodec": ("hw_decoders", "gpu_id"), "deepstream": ("pool_size",)}
+if set(OPTION_CLASSES) != set(NAMES):  # pragma: no cover - a registration mistake
+    raise RuntimeError("every backend in backend_info.BACKENDS needs its options class here")
 
 
 @dataclass(frozen=True)
@@ -153,7 +152,7 @@ def build_spec(kwargs: dict[str, Any], default_backend: str, *, error: type) -> 
     backend = kwargs.get("backend", default_backend)
     if backend not in OPTION_CLASSES:
         raise error(
-            f"unknown video backend {backend!r}; valid backends: {', '.join(VIDEO_BACKENDS)}",
+            f"unknown video backend {backend!r}; valid backends: {', '.join(NAMES)}",
             hint=f"set \"backend\" in {hint} to one of them", code="unknown_video_backend")
     cls = OPTION_CLASSES[backend]
     values: dict[str, Any] = {}
@@ -198,15 +197,16 @@ def parse_video_io_kwargs(
         raise InvalidRequestError("media_io_kwargs.video must be a JSON object",
                                   param="media_io_kwargs")
     backend = request_kwargs.get("backend", server.backend)
-    if backend in GPU_BACKENDS and backend != server.backend:
+    if backend in GPU_NAMES and backend != server.backend:
         raise InvalidRequestError(
             f"video backend {backend!r} can only be used when the server was started with it",
             hint=f"start the server with --media-io-kwargs '{{\"video\": {{\"backend\": "
-                 f"\"{backend}\"}}}}' or pick a CPU backend (opencv, pyav, torchcodec)",
+                 f"\"{backend}\"}}}}' or pick a CPU backend ({', '.join(CPU_NAMES)})",
             code="video_backend_not_enabled", param="media_io_kwargs")
     merged = {k: v for k, v in server.raw.items()
               if k in SAMPLING_KEYS or (backend == server.backend and k != "backend")}
-    for key in STARTUP_ONLY.get(backend, ()):
+    # Options fixed when the server starts: a per-request value is ignored with a warning.
+    for key in BACKENDS[backend].startup_only if backend in BACKENDS else ():
         if key in request_kwargs:
             if request_kwargs[key] != getattr(server.options, key, None):
                 logger.warning("ignoring per-request video option %s=%r: %s fixes it when the "

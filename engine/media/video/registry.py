@@ -1,25 +1,14 @@
-"""Registry of video backends: name -> module, imported only when that backend is chosen."""
+"""Registry of video backends: name -> module (from :data:`BACKENDS`), imported only when
+that backend is chosen."""
 
 from __future__ import annotations
 
 import importlib
 import threading
 
-from engine.envs import VIDEO_BACKENDS
 from engine.errors import ConfigError
+from engine.media.video.backend_info import BACKENDS, NAMES
 from engine.media.video.backends.base import VideoBackend
-
-_MODULES = {
-    "opencv": ("engine.media.video.backends.opencv", "opencv-python-headless"),
-    "pyav": ("engine.media.video.backends.pyav", "av"),
-    "torchcodec": ("engine.media.video.backends.torchcodec", "torchcodec"),
-    "pynvvideocodec": ("engine.media.video.backends.pynvvideocodec",
-                       "PyNvVideoCodec (pip install 'aphrodite-toolkit[nvidia]')"),
-    "deepstream": ("engine.media.video.backends.deepstream",
-                   "GStreamer's Python bindings (python3-gi, python3-gst-1.0)"),
-}
-if set(_MODULES) != set(VIDEO_BACKENDS):  # pragma: no cover - a registration mistake
-    raise RuntimeError("video backend registry and VIDEO_BACKENDS disagree")
 
 _loaded: dict[str, VideoBackend] = {}
 _lock = threading.Lock()
@@ -27,19 +16,21 @@ _lock = threading.Lock()
 
 def get_backend(name: str) -> VideoBackend:
     """The backend called ``name``, importing its module on first use."""
-    if name not in _MODULES:
+    if name not in BACKENDS:
         raise ConfigError(f"unknown video backend {name!r}; valid backends: "
-                          f"{', '.join(VIDEO_BACKENDS)}", code="unknown_video_backend")
+                          f"{', '.join(NAMES)}", code="unknown_video_backend")
     with _lock:
         if name not in _loaded:
-            module_name, package = _MODULES[name]
+            info = BACKENDS[name]
             try:
-                module = importlib.import_module(module_name)
+                module = importlib.import_module(info.module)
             except ImportError as exc:
                 raise ConfigError(
                     f"the {name} video backend cannot be imported: {exc}",
-                    hint=f"install {package} to use it, or pick another backend",
+                    hint=f"install {info.install_hint} to use it, or pick another backend",
                     code="video_backend_unavailable",
                 ) from None
+            if module.BACKEND.name != name:  # pragma: no cover - a registration mistake
+                raise RuntimeError(f"{info.module} registers {module.BACKEND.name}, not {name}")
             _loaded[name] = module.BACKEND
         return _loaded[name]

@@ -8,6 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from engine.media import frame_memory
+from engine.media.video.backend_info import BACKENDS
 from engine.media.video.options import BackendOptions
 from engine.media.video.scan import ContainerScan
 
@@ -21,7 +22,11 @@ class VideoBackend(ABC):
     """
 
     name: ClassVar[str]
-    gpu: ClassVar[bool] = False
+
+    @property
+    def gpu(self) -> bool:
+        """Decodes on the GPU (from the backend's record in ``backend_info``)."""
+        return BACKENDS[self.name].gpu
 
     @abstractmethod
     def decode(self, data: bytes, scan: ContainerScan, indices: list[int],

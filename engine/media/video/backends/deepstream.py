@@ -198,7 +198,6 @@ def run_pipeline(data: bytes, scan: ContainerScan, indices: list[int], decoder: 
 
 class DeepStreamBackend(VideoBackend):
     name: ClassVar[str] = "deepstream"
-    gpu: ClassVar[bool] = True
 
     def decode(self, data: bytes, scan: ContainerScan, indices: list[int],
                options: DeepStreamOptions) -> np.ndarray:  # type: ignore[override]

@@ -70,7 +70,6 @@ def _rotation(data: bytes) -> float:
 
 class PyNvVideoCodecBackend(VideoBackend):
     name: ClassVar[str] = "pynvvideocodec"
-    gpu: ClassVar[bool] = True
 
     def decode(self, data: bytes, scan: ContainerScan, indices: list[int],
                options: PyNvVideoCodecOptions) -> np.ndarray:  # type: ignore[override]
