@@ -7,6 +7,7 @@ changes the outcome. Catch at the level you need::
     AphroditeError                      any error raised on purpose by this project
     ├── ConfigError                     bad flag, env var or startup setting (CLI exit 2)
     ├── StartupError                    the server cannot start here (a port in use; exit 1)
+    ├── BenchmarkFailed                 a benchmark's verdict: too many requests failed (exit 1)
     ├── ClientError (4xx)               the request is at fault
     │   ├── InvalidRequestError  400    malformed input
     │   ├── AuthenticationError  401    missing or wrong API key
@@ -81,6 +82,13 @@ class StartupError(AphroditeError):
     """The server cannot start for a reason outside its settings: the port is taken."""
 
     default_code = "startup_failed"
+
+
+class BenchmarkFailed(AphroditeError):
+    """A benchmark run that must not pass: requests failed past ``--max-failure-rate``, or the
+    target refused the first requests alike (a wrong URL, model or key)."""
+
+    default_code = "benchmark_failed"
 
 
 class ClientError(AphroditeError):

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ from aphrodite_cli.bench.serve_bench import (
 )
 from aphrodite_cli.bench.stats import percentile
 from engine.errors import ConfigError
+from tests.server_harness import free_port, wait_exit
 
 
 def test_percentiles_interpolate_linearly():
@@ -128,6 +131,9 @@ async def test_measured_ttft_is_never_below_and_barely_above_the_injected_ttft(a
                      seed=3, nonce=1)
     records, _, _ = await run_phase([build_payload(r, cfg, None, {}) for r in reqs], cfg)
     assert all(r.ok and r.output_tokens == 2 for r in records)
+    # The mock's role chunk (empty content, sent with the headers) is no token: one ITL gap
+    # per pair of tokens, and the token count is the server's usage.
+    assert all(len(r.itl) == 1 and r.usage_reported for r in records)
     above_ms = sorted(r.ttft * 1e3 - injected_ms for r in records)
     assert above_ms[0] >= 0, f"measured TTFT {above_ms[0]:+.3f} ms from the injected 50 ms"
     assert above_ms[0] <= TTFT_SLACK_MS, f"fastest TTFT was {above_ms[0]:.3f} ms over"
@@ -214,3 +220,83 @@ def test_gate_accepts_the_committed_baseline_against_itself():
         "serve-tiny-embedded.json"
     verdicts = compare([baseline], [baseline])
     assert verdicts and not any(v.regressed for v in verdicts)
+
+
+@pytest.mark.parametrize(("given", "root"), [
+    ("http://h:8000", "http://h:8000"), ("http://h:8000/", "http://h:8000"),
+    ("http://h:8000/v1", "http://h:8000"), ("http://h:8000/v1/", "http://h:8000"),
+    ("http://h/proxy/v1", "http://h/proxy"),
+    ("http://h:8000/v1/chat/completions", "http://h:8000")])
+def test_base_url_as_vllm_or_as_openai_clients_take_it(given, root):
+    from aphrodite_cli.bench.serve_bench import server_root
+
+    assert server_root(given) == root
+
+
+@pytest.fixture
+def mock_process():
+    """`aphrodite bench mock-server` in its own process, serving acme/vlm and answering 400
+    to any other model, as the OpenAI API and guidellm's mock do."""
+    port = free_port()
+    exe = Path(sys.executable).with_name("aphrodite")
+    proc = subprocess.Popen([str(exe), "bench", "mock-server", "--port", str(port),
+                             "--model", "acme/vlm", "--require-model", "--ttft-ms", "5",
+                             "--itl-ms", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    proc.stdout.readline()  # "mock server on ...": printed once it is about to listen
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    yield port
+    proc.terminate()
+    assert wait_exit(proc, 30) is not None
+
+
+def _bench(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, list[Path]]:
+    exe = Path(sys.executable).with_name("aphrodite")
+    done = subprocess.run([str(exe), "bench", "serve", "--num-prompts", "12", "--num-warmups",
+                           "0", "--mode", "cold", "--items-per-request", "0", "--output-len",
+                           "3", "--out-dir", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=120)
+    return done, sorted(tmp_path.glob("serve-*.json"))
+
+
+def test_without_model_the_first_of_v1_models_is_used_and_a_root_url_works(mock_process,
+                                                                         tmp_path):
+    """vLLM's conventions: --base-url is the server's root; no --model asks GET /v1/models
+    (the mock refuses requests without its model, so a run without it would fail)."""
+    done, results = _bench(tmp_path, "--base-url", f"http://127.0.0.1:{mock_process}")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "model: acme/vlm (the first of GET" in done.stdout
+    doc = json.loads(results[0].read_text())
+    assert doc["config"]["model"] == "acme/vlm"
+    assert doc["model_source"] == "first of GET /v1/models"
+    assert doc["phases"]["cold"]["completed"] == 12
+    assert doc["phases"]["cold"]["output_tokens_from"] == "usage"
+    done, _ = _bench(tmp_path, "--host", "127.0.0.1", "--port", str(mock_process))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_a_target_that_refuses_every_request_stops_the_run_with_exit_1(mock_process, tmp_path):
+    """The same 4xx for the first answers (here a model the target does not serve) ends the
+    run at once with the target's own words and the flags to check; with the early stop off,
+    the run ends, lists the failures with an example body, and still exits 1."""
+    base = f"http://127.0.0.1:{mock_process}/v1"
+    done, results = _bench(tmp_path, "--base-url", base, "--model", "acme/other")
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    said = done.stdout + done.stderr
+    assert "the first 5 requests" in said and "HTTP 400" in said and "does not exist" in said
+    assert "--model" in said and "--base-url" in said and results == []
+    done, results = _bench(tmp_path, "--base-url", base, "--model", "acme/other",
+                           "--abort-after-failures", "0")
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    doc = json.loads(results[0].read_text())
+    cold = doc["phases"]["cold"]
+    assert cold["failed"] == 12 and cold["failures_by_type"] == {"http_400:model_not_found": 12}
+    assert "does not exist" in cold["failure_examples"]["http_400:model_not_found"]
+    assert "12 x http_400:model_not_found" in done.stdout
+    assert "12 of 12 requests failed" in done.stdout + done.stderr
+    assert "--max-failure-rate" in done.stdout + done.stderr

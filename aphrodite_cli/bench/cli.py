@@ -190,7 +190,7 @@ def batching(
 
   aphrodite bench serve --embedded --num-prompts 50 --mode both
 
-  aphrodite bench serve --base-url http://gpu-box:8000/v1 --model Qwen/Qwen2.5-VL-7B-Instruct
+  aphrodite bench serve --base-url http://gpu-box:8000 --model Qwen/Qwen2.5-VL-7B-Instruct
   --request-rate 4 --burstiness 0.5 --max-concurrency 16 --media-delivery http
   --bucket-config '{"720,1280,1": 0.7, "360,640,32": 0.3}' --goodput ttft:500,tpot:50
 
@@ -198,12 +198,20 @@ def batching(
   --dataset-path requests.jsonl --media-dir ./media --csv""",
 )
 def serve_cmd(
-    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL, e.g. "
-                                                 "http://localhost:2242/v1.")] = None,
+    base_url: Annotated[str | None, typer.Option(
+        help="The target: its root as vLLM takes it (http://localhost:8000) or an OpenAI "
+             "base URL ending in /v1; requests go to --endpoint under the root.")] = None,
+    host: Annotated[str | None, typer.Option(help="Target host, with --port, instead of "
+                                             "--base-url (vLLM's flags).")] = None,
+    port: Annotated[int | None, typer.Option(help="Target port (with --host, default "
+                                             "127.0.0.1).")] = None,
+    endpoint: Annotated[str, typer.Option(help="Path posted to under the root.")
+                        ] = "/v1/chat/completions",
     embedded: Annotated[bool, typer.Option(help="Start this project's server (tiny default "
                                            "model) for the run.")] = False,
-    model: Annotated[str | None, typer.Option(help="Model name to send (and to serve with "
-                                              "--embedded).")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="Model name to send (and to serve with --embedded); default: the first of the "
+             "target's GET /v1/models.")] = None,
     api_key: Annotated[str | None, typer.Option(help="Bearer key for the target.")] = None,
     dataset: Annotated[str, typer.Option(help="random-mm or jsonl.")] = "random-mm",
     dataset_path: Annotated[Path | None, typer.Option(help="JSONL file for --dataset jsonl.")
@@ -235,6 +243,12 @@ def serve_cmd(
                        ] = None,
     csv: Annotated[bool, typer.Option("--csv", help="Also write per-request rows as CSV.")
                    ] = False,
+    max_failure_rate: Annotated[float, typer.Option(
+        min=0, max=1, help="Exit 1 when more than this share of a phase's requests failed.")
+    ] = 0.0,
+    abort_after_failures: Annotated[int, typer.Option(
+        min=0, help="Stop at once (exit 1) when the first this-many answers are all the same "
+                    "4xx, as a wrong URL, model or key gives; 0: never.")] = 5,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
 ) -> None:
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
@@ -248,8 +262,11 @@ def serve_cmd(
     from aphrodite_cli.bench.serve_run import run
     from engine.errors import ConfigError
 
+    if base_url is None and (host or port):
+        base_url = f"http://{host or '127.0.0.1'}:{port or 8000}"
     if embedded == bool(base_url):
-        raise ConfigError("pass exactly one of --base-url URL or --embedded")
+        raise ConfigError("pass exactly one of --base-url URL (or --host/--port) or --embedded",
+                          code="invalid_flag")
     if mode not in ("cold", "warm", "both") or media_delivery not in ("data-url", "http") or \
             dataset not in ("random-mm", "jsonl"):
         raise ConfigError("--mode is cold/warm/both, --media-delivery data-url/http, "
@@ -263,7 +280,8 @@ def serve_cmd(
                           "ttft:200,tpot:50") from None
     if set(slos) - {"ttft", "tpot", "e2e"}:
         raise ConfigError("--goodput metrics are ttft, tpot and e2e")
-    cfg = LoadConfig(base_url=base_url or "", model=model if not embedded else None,
+    cfg = LoadConfig(base_url=base_url or "", endpoint="/" + endpoint.lstrip("/"),
+                     abort_after=abort_after_failures, model=model if not embedded else None,
                      api_key=api_key, request_rate=rate, burstiness=burstiness,
                      max_concurrency=max_concurrency, seed=seed, media_delivery=media_delivery,
                      image_format=image_format.upper(), image_quality=image_quality,
@@ -274,9 +292,22 @@ def serve_cmd(
             "items_per_request": items_per_request, "buckets": parse_buckets(bucket_config),
             "prompt_len": prompt_len, "output_len": output_len, "seed": seed,
             "embedded": embedded, "model": model}
-    with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=out) as progress:
-        doc = run(cfg, opts, progress)
+    from aphrodite_cli.bench.serve_bench import TargetRefused
+    from engine.errors import BenchmarkFailed
+
+    try:
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=out) as progress:
+            doc = run(cfg, opts, progress,
+                      announce=lambda msg: out.print(msg, markup=False))
+    except TargetRefused as refused:
+        first = refused.records[0]
+        raise BenchmarkFailed(
+            f"the first {len(refused.records)} requests to {refused.url} all got HTTP "
+            f"{first.status} ({first.error}); the run was stopped. The target said: "
+            f"{(first.error_body or '').strip()[:300]}",
+            hint="check --base-url/--endpoint, --model and --api-key "
+                 "(--abort-after-failures 0 runs on regardless)") from None
     rows = doc.pop("_rows")
     path = write_result(doc, "serve", out_dir)
     if csv:
@@ -286,12 +317,26 @@ def serve_cmd(
             path.with_suffix(".csv"), index=False)
     _print_serve_table(doc)
     out.print(f"result: {path}", markup=False)
+    too_many = []
+    for mode, phase in doc["phases"].items():
+        total = phase["completed"] + phase["failed"]
+        for kind, count in phase["failures_by_type"].items():
+            example = (phase["failure_examples"].get(kind) or "").strip()[:300]
+            out.print(f"  {mode}: {count} x {kind}" + (f": {example}" if example else ""),
+                      markup=False)
+        if total and phase["failed"] / total > max_failure_rate:
+            too_many.append(f"{mode} phase: {phase['failed']} of {total} requests failed")
     failed = [f"{m}: {p['cache_check']}" for m, p in doc["phases"].items()
               if p.get("cache_check") not in (None, "ok")]
     if failed:
         raise ConfigError("; ".join(failed), hint="the cache state the phase needs was not "
                           "reached (was the target restarted, or its cache disabled?)",
                           code="cache_state_mismatch")
+    if too_many:
+        raise BenchmarkFailed("; ".join(too_many) + f" (more than --max-failure-rate "
+                              f"{max_failure_rate:g}); result: {path}",
+                              hint="the failures by type are listed above; --max-failure-rate "
+                                   "sets how many a run may have", code="requests_failed")
 
 
 def _print_serve_table(doc: dict) -> None:
@@ -328,6 +373,11 @@ def mock_server(
     headers_ms: Annotated[float, typer.Option(
         min=0, help="When a stream's response headers are sent (at most --ttft-ms); a "
         "client that times TTFT from the headers is caught when this is above 0.")] = 0.0,
+    model: Annotated[str, typer.Option(help="The model it serves (GET /v1/models).")
+                     ] = "mock",
+    require_model: Annotated[bool, typer.Option(
+        help="Answer 400, as the OpenAI API does, to a request without --model's name.")
+    ] = False,
 ) -> None:
     """A mock OpenAI-compatible endpoint streaming tokens with a set TTFT and ITL."""
     from aiohttp import web
@@ -336,9 +386,9 @@ def mock_server(
 
     out.print(f"mock server on http://{host}:{port}/v1 (ttft {ttft_ms} ms, itl {itl_ms} ms)",
               markup=False)
-    web.run_app(create_app(ttft_ms, itl_ms, output_tokens, headers_ms), host=host, port=port,
-                print=None,
-                access_log=None)
+    web.run_app(create_app(ttft_ms, itl_ms, output_tokens, headers_ms, model=model,
+                           require_model=require_model),
+                host=host, port=port, print=None, access_log=None)
 
 
 @app.command(

@@ -39,6 +39,9 @@ class RequestRecord:
     index: int
     ok: bool = False
     error: str | None = None
+    status: int | None = None  # HTTP status of the answer; None: no answer
+    error_body: str | None = None  # the start of a failed answer's body, as sent
+    usage_reported: bool = False  # output_tokens from the server's usage, not chunks
     sent_at: float = 0.0
     ttft: float | None = None
     itl: list[float] = field(default_factory=list)
@@ -92,6 +95,14 @@ def compute(records: list[RequestRecord], duration_s: float,
     return {
         "completed": len(done), "failed": len(records) - len(done),
         "failures_by_type": dict(Counter(r.error or "unknown" for r in records if not r.ok)),
+        # one answer body per failure type, as the target sent it (what to fix, at a glance)
+        "failure_examples": {r.error or "unknown": r.error_body for r in reversed(records)
+                             if not r.ok and r.error_body},
+        # the server's usage when every completed request reported it, else stream chunks
+        # counted one token each (an estimate: a chunk may hold several tokens)
+        "output_tokens_from": ("usage" if done and all(r.usage_reported for r in done) else
+                               "stream chunks" if not any(r.usage_reported for r in done)
+                               else "usage where reported, else stream chunks"),
         "duration_s": duration_s,
         "request_throughput": len(done) / duration_s if duration_s else 0.0,
         "output_throughput": out_tokens / duration_s if duration_s else 0.0,

@@ -19,15 +19,24 @@ async def _sleep_until(due: float) -> None:
 
 
 def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
-               headers_ms: float = 0.0) -> web.Application:
+               headers_ms: float = 0.0, *, model: str = "mock",
+               require_model: bool = False) -> web.Application:
     """``headers_ms``: when a stream's response headers go out (capped at the TTFT); a real
     server may send them at once or only with the first token, and a client must time the
-    first token from its request either way, never from the headers."""
+    first token from its request either way, never from the headers. With the headers goes
+    the role chunk (``{"role": "assistant", "content": ""}``) that vLLM and others send first:
+    it holds no token. ``require_model``: a request without ``model`` (or with another) gets
+    the OpenAI API's 400, as guidellm's mock and real servers answer."""
     headers_ms = min(headers_ms, ttft_ms)
 
     async def chat(request: web.Request) -> web.StreamResponse:
         start = time.perf_counter()  # delays count from the request's arrival
         body = await request.json()
+        if require_model and body.get("model") != model:
+            return web.json_response({"error": {
+                "message": f"The model `{body.get('model')}` does not exist; this server "
+                           f"serves `{model}`.", "type": "invalid_request_error",
+                "param": "model", "code": "model_not_found"}}, status=400)
         n = int(output_tokens or body.get("max_tokens") or body.get("max_completion_tokens")
                 or 16)
         chat_api = request.path.endswith("chat/completions")
@@ -43,6 +52,11 @@ def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await _sleep_until(start + headers_ms / 1000)
         await response.prepare(request)
+        if chat_api:
+            role = {"id": rid, "object": "chat.completion.chunk", "choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": ""},
+                 "finish_reason": None}]}
+            await response.write(b"data: " + json.dumps(role).encode() + b"\n\n")
         for i in range(n):
             # Sleep to an absolute schedule so delays do not accumulate error.
             await _sleep_until(start + (ttft_ms + itl_ms * i) / 1000)
@@ -59,7 +73,7 @@ def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
         return response
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "mock", "object": "model"}]})
+        return web.json_response({"object": "list", "data": [{"id": model, "object": "model"}]})
 
     app = web.Application(client_max_size=1 << 30)
     app.router.add_post("/v1/chat/completions", chat)

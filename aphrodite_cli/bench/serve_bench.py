@@ -23,9 +23,51 @@ from aphrodite_cli.bench.metrics import FORMULAS, RequestRecord, compute
 SCHEMA_VERSION = 1
 
 
+#: Where a chat benchmark posts, relative to the server's root (vLLM's --endpoint default).
+CHAT_ENDPOINT = "/v1/chat/completions"
+
+
+def server_root(base_url: str) -> str:
+    """The server's root from ``--base-url``: vLLM's convention (``http://host:port``) and
+    the OpenAI clients' (``http://host:port/v1``) both work, as does a full endpoint URL."""
+    root = base_url.rstrip("/")
+    for suffix in ("/chat/completions", "/completions", "/v1"):
+        root = root.removesuffix(suffix)
+    return root
+
+
+def first_model(root: str, api_key: str | None, timeout_s: float = 30.0) -> str:
+    """The first model id of ``GET {root}/v1/models``, as vLLM's client picks one when no
+    ``--model`` is given."""
+    import urllib.error
+    import urllib.request
+
+    from engine.errors import ConfigError
+
+    url = f"{root}/v1/models"
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"}
+                                 if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            models = [m["id"] for m in json.loads(resp.read())["data"]]
+    except urllib.error.HTTPError as err:
+        raise ConfigError(f"GET {url} answered {err.code}, so no model could be picked",
+                          hint="pass --model NAME (and --api-key if the target needs one)",
+                          code="model_unknown") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"GET {url} gave no model list ({type(exc).__name__})",
+                          hint="check --base-url (or --host/--port), or pass --model NAME",
+                          code="model_unknown") from None
+    if not models:
+        raise ConfigError(f"GET {url} lists no model", hint="pass --model NAME",
+                          code="model_unknown")
+    return models[0]
+
+
 @dataclass
 class LoadConfig:
-    base_url: str
+    base_url: str  # the server's root (see server_root)
+    endpoint: str = CHAT_ENDPOINT
     model: str | None = None
     api_key: str | None = None
     request_rate: float = math.inf
@@ -40,6 +82,9 @@ class LoadConfig:
     video_gop: int = 30
     timeout_s: float = 300.0
     goodput: dict[str, float] = field(default_factory=dict)
+    # Stop the phase when the first this-many answers are all the same 4xx (a wrong URL,
+    # model or key fails every request alike); 0: never.
+    abort_after: int = 5
 
 
 class MediaHost:
@@ -116,12 +161,15 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
     last = record.sent_at
     try:
         async with session.post(url, data=body, headers=headers) as resp:
+            record.status = resp.status
             if resp.status != 200:
+                text = (await resp.content.read(2048)).decode("utf-8", "replace")
                 try:
-                    code = (await resp.json()).get("error", {}).get("code")
-                except (aiohttp.ContentTypeError, json.JSONDecodeError, AttributeError):
+                    code = json.loads(text).get("error", {}).get("code")
+                except (json.JSONDecodeError, AttributeError):
                     code = None
                 record.error = f"http_{resp.status}" + (f":{code}" if code else "")
+                record.error_body = text[:500]
                 return
             async for line in resp.content:
                 if not line.startswith(b"data: "):
@@ -134,7 +182,9 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
                 if choices:
                     choice = choices[0]
                     delta = choice.get("delta") or {}
-                    if delta.get("content") is not None or choice.get("text") is not None:
+                    # A chunk with no text (the role chunk many servers send first, an empty
+                    # delta) is not a token: it starts no TTFT and adds no ITL sample.
+                    if delta.get("content") or choice.get("text"):
                         now = time.perf_counter()
                         if record.ttft is None:
                             record.ttft = now - record.sent_at
@@ -143,9 +193,10 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
                         last = now
                         record.output_tokens += 1
                 usage = chunk.get("usage")
-                if usage:
-                    record.output_tokens = usage.get("completion_tokens", record.output_tokens)
+                if usage and "completion_tokens" in usage:
+                    record.output_tokens = usage["completion_tokens"]
                     record.prompt_tokens = usage.get("prompt_tokens", 0)
+                    record.usage_reported = True
                 if chunk.get("aphrodite"):
                     record.server = chunk["aphrodite"]
         record.e2e = time.perf_counter() - record.sent_at
@@ -154,6 +205,19 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
             record.error = "no_tokens"
     except (TimeoutError, aiohttp.ClientError) as exc:
         record.error = type(exc).__name__
+
+
+class TargetRefused(Exception):
+    """The first answers of a phase were all the same client error: the run stops."""
+
+    def __init__(self, records: list[RequestRecord], url: str) -> None:
+        super().__init__(url)
+        self.records, self.url = records, url
+
+
+def _refused_alike(records: list[RequestRecord]) -> bool:
+    statuses = {r.status for r in records}
+    return len(statuses) == 1 and all(r.status and 400 <= r.status < 500 for r in records)
 
 
 def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
@@ -173,7 +237,7 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
                     ) -> tuple[list[RequestRecord], float, float]:
     """Send every payload on the arrival schedule; returns records, duration and the
     achieved send rate."""
-    url = cfg.base_url.rstrip("/") + "/chat/completions"
+    url = server_root(cfg.base_url) + cfg.endpoint
     headers = {"Content-Type": "application/json"}
     if cfg.api_key:
         headers["Authorization"] = f"Bearer {cfg.api_key}"
@@ -187,14 +251,22 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
     times = arrival_times(len(payloads), cfg.request_rate, cfg.burstiness, cfg.seed)
     sent: list[float] = []
 
+    finished: list[RequestRecord] = []
+    refused = asyncio.Event()
+
     async def run_one(i: int) -> None:
         if slots:
             async with slots:
+                if refused.is_set():
+                    return
                 sent.append(time.perf_counter())
                 await one_request(session, url, headers, payloads[i][0], records[i])
         else:
             sent.append(time.perf_counter())
             await one_request(session, url, headers, payloads[i][0], records[i])
+        finished.append(records[i])
+        if cfg.abort_after and len(finished) == cfg.abort_after and _refused_alike(finished):
+            refused.set()
         if on_done:
             on_done()
 
@@ -205,8 +277,18 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
             delay = start + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if refused.is_set():
+                break
             tasks.append(asyncio.create_task(run_one(i)))
-        await asyncio.gather(*tasks)
+        waiting = asyncio.ensure_future(asyncio.gather(*tasks))
+        watcher = asyncio.ensure_future(refused.wait())
+        await asyncio.wait([waiting, watcher], return_when=asyncio.FIRST_COMPLETED)
+        watcher.cancel()
+        if refused.is_set():
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            raise TargetRefused(finished[: cfg.abort_after], url)
+        await waiting
     finally:
         if own:
             await session.close()

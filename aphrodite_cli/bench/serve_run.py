@@ -22,9 +22,11 @@ from aphrodite_cli.bench.serve_bench import (
     MediaHost,
     build_payload,
     document,
+    first_model,
     nonce,
     phase_result,
     run_phase,
+    server_root,
 )
 from engine.errors import ConfigError
 
@@ -141,7 +143,9 @@ async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dic
     doc = document(cfg, phases, {"dataset": opts["dataset"], "num_prompts": opts["num_prompts"],
                                  "num_warmups": opts["num_warmups"], "mode": opts["mode"],
                                  "media": media, "embedded": opts.get("embedded", False),
+                                 "model_source": opts.get("model_source", "--model"),
                                  "target": {"base_url": cfg.base_url,
+                                            "endpoint": cfg.endpoint,
                                             "embedded_server": "aphrodite serve (tiny "
                                             "Qwen2.5-VL, video backend opencv, processor cache "
                                             "4 GB)" if opts.get("embedded") else None},
@@ -150,12 +154,22 @@ async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dic
     return doc
 
 
-def run(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dict[str, Any]:
+def run(cfg: LoadConfig, opts: dict[str, Any], progress: Any,
+        announce: Any = None) -> dict[str, Any]:
+    """Start the embedded server if asked, settle the target's root URL and the model (the
+    first of ``GET /v1/models`` when none was given), then run the phases."""
     server = None
     if opts.get("embedded"):
         server = EmbeddedServer(opts.get("model"), opts.get("server_args", []))
         cfg.base_url = server.base_url
     try:
+        cfg.base_url = server_root(cfg.base_url)
+        if not cfg.model:
+            cfg.model = first_model(cfg.base_url, cfg.api_key)
+            opts["model_source"] = "first of GET /v1/models"
+            if announce:
+                announce(f"model: {cfg.model} (the first of GET {cfg.base_url}/v1/models; "
+                         "--model picks another)")
         return asyncio.run(run_serve(cfg, opts, progress))
     finally:
         if server:
