@@ -378,6 +378,9 @@ def mock_server(
     require_model: Annotated[bool, typer.Option(
         help="Answer 400, as the OpenAI API does, to a request without --model's name.")
     ] = False,
+    max_concurrency: Annotated[int | None, typer.Option(
+        min=1, help="Serve at most this many requests at once (the others wait): a known "
+                    "capacity of N / (ttft + itl x (tokens - 1)) requests/s.")] = None,
 ) -> None:
     """A mock OpenAI-compatible endpoint streaming tokens with a set TTFT and ITL."""
     from aiohttp import web
@@ -387,8 +390,147 @@ def mock_server(
     out.print(f"mock server on http://{host}:{port}/v1 (ttft {ttft_ms} ms, itl {itl_ms} ms)",
               markup=False)
     web.run_app(create_app(ttft_ms, itl_ms, output_tokens, headers_ms, model=model,
-                           require_model=require_model),
+                           require_model=require_model, max_concurrency=max_concurrency),
                 host=host, port=port, print=None, access_log=None)
+
+
+@app.command(
+    "sweep",
+    epilog="""Examples:
+
+  aphrodite bench sweep --embedded --mode both --slo ttft:p99:300 --slo e2el:p90:2000
+
+  aphrodite bench sweep --base-url http://gpu-box:8000 --rates 1,2,4,8 --items-per-request 1
+
+  aphrodite bench sweep --base-url http://gpu-box:8000 --profile sweep --num-points 6
+
+Each point is a bench serve measurement; the result holds every point, the curve and, with
+--slo, the capacity per phase (the highest rate meeting every SLO).""",
+)
+def sweep_cmd(
+    base_url: Annotated[str | None, typer.Option(
+        help="The target's root (http://host:8000) or a base URL ending in /v1.")] = None,
+    host: Annotated[str | None, typer.Option(help="Target host, with --port.")] = None,
+    port: Annotated[int | None, typer.Option(help="Target port.")] = None,
+    endpoint: Annotated[str, typer.Option(help="Path posted to under the root.")
+                        ] = "/v1/chat/completions",
+    embedded: Annotated[bool, typer.Option(help="Start this project's server for the run.")
+                        ] = False,
+    model: Annotated[str | None, typer.Option(
+        help="Model name to send; default: the first of GET /v1/models.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="Bearer key for the target.")] = None,
+    mode: Annotated[str, typer.Option(help="cold, warm or both.")] = "cold",
+    rates: Annotated[str | None, typer.Option(help="Request rates to measure, e.g. 1,2,4,8.")
+                     ] = None,
+    concurrencies: Annotated[str | None, typer.Option(
+        help="Concurrencies to measure (closed loop), e.g. 1,4,16.")] = None,
+    profile: Annotated[str | None, typer.Option(
+        help="sweep: one at a time, all at once, then --num-points rates between.")] = None,
+    num_points: Annotated[int, typer.Option(min=1)] = 5,
+    slo: Annotated[list[str] | None, typer.Option(
+        help="metric:percentile:ms, repeatable, e.g. ttft:p99:300 (metrics ttft, tpot, itl, "
+             "e2e or e2el): search the highest rate meeting them all.")] = None,
+    rate_precision: Annotated[float, typer.Option(
+        min=0.001, max=1, help="Stop the search when its bracket is this narrow.")] = 0.05,
+    duration_s: Annotated[float, typer.Option(min=0.1, help="Seconds of one rate point.")
+                          ] = 10.0,
+    min_requests: Annotated[int, typer.Option(min=2, help="Requests per point at least.")
+                            ] = 20,
+    num_warmups: Annotated[int, typer.Option(min=0, help="Unmeasured requests per point.")
+                           ] = 2,
+    burstiness: Annotated[float, typer.Option(min=0.01, help="Gamma shape; 1 = Poisson.")
+                          ] = 1.0,
+    num_prompts: Annotated[int, typer.Option(
+        min=1, help="Requests in the warm phase's pool (sent once before its points).")] = 50,
+    items_per_request: Annotated[int, typer.Option(min=0)] = 1,
+    bucket_config: Annotated[str | None, typer.Option(
+        metavar="JSON", help='"height,width,frames": probability; frames > 1 is a video.')
+    ] = None,
+    prompt_len: Annotated[int, typer.Option(min=1)] = 32,
+    output_len: Annotated[int, typer.Option(min=1)] = 16,
+    media_delivery: Annotated[str, typer.Option(help="data-url or http.")] = "data-url",
+    seed: Annotated[int, typer.Option()] = 0,
+    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
+) -> None:
+    """Latency against load, and the capacity at an SLO, cold media and warm cache."""
+    from aphrodite_cli.bench import sweep as sw
+    from aphrodite_cli.bench.datasets import parse_buckets, random_mm
+    from aphrodite_cli.bench.results import write_result
+    from aphrodite_cli.bench.serve_bench import LoadConfig, first_model, server_root
+    from aphrodite_cli.bench.serve_run import EmbeddedServer
+    from engine.errors import ConfigError
+
+    if base_url is None and (host or port):
+        base_url = f"http://{host or '127.0.0.1'}:{port or 8000}"
+    if embedded == bool(base_url):
+        raise ConfigError("pass exactly one of --base-url URL (or --host/--port) or --embedded",
+                          code="invalid_flag")
+    if mode not in ("cold", "warm", "both") or media_delivery not in ("data-url", "http") or \
+            profile not in (None, "sweep"):
+        raise ConfigError("--mode is cold/warm/both, --media-delivery data-url/http, "
+                          "--profile sweep", code="invalid_flag")
+    try:
+        rate_list = [float(r) for r in (rates or "").split(",") if r.strip()]
+        conc_list = [int(c) for c in (concurrencies or "").split(",") if c.strip()]
+    except ValueError:
+        raise ConfigError("--rates and --concurrencies are comma-separated numbers",
+                          code="invalid_flag") from None
+    slos = [sw.Slo.parse(s) for s in slo or []]
+    if sum(map(bool, (rate_list or conc_list, profile, slos))) > 1:
+        raise ConfigError("pick one of --rates/--concurrencies, --profile sweep or --slo",
+                          code="invalid_flag")
+    buckets = parse_buckets(bucket_config)
+    settings = sw.SweepSettings(duration_s=duration_s, min_requests=min_requests,
+                                num_warmups=num_warmups, num_points=num_points,
+                                rate_precision=rate_precision)
+
+    def make(n: int, run_nonce: int) -> list:
+        return random_mm(n, items=items_per_request, buckets=buckets, prompt_len=prompt_len,
+                         output_len=output_len, seed=seed, nonce=run_nonce)
+
+    def on_point(phase: str, point: dict) -> None:
+        what = (f"rate {point['offered_rate']:.3g}/s" if point["offered_rate"] else
+                f"concurrency {point['concurrency']}" if point["concurrency"] else
+                "all at once")
+        served = point["served_rate"]
+        e2e = point["result"]["e2e_ms"].get("p90")
+        verdict = "" if not slos else (" meets the SLOs" if point["met"] else " misses")
+        out.print(f"  {phase} {point['kind']:<12} {what:<18} served "
+                  f"{served or 0:.3g}/s, e2e p90 {e2e or 0:.1f} ms{verdict}", markup=False)
+
+    server = EmbeddedServer(model, []) if embedded else None
+    try:
+        root = server_root(server.base_url if server else base_url or "")
+        name = model or first_model(root, api_key)
+        cfg = LoadConfig(base_url=root, endpoint="/" + endpoint.lstrip("/"), model=name,
+                         api_key=api_key, burstiness=burstiness, seed=seed,
+                         media_delivery=media_delivery)
+        modes = ("cold", "warm") if mode == "both" else (mode,)
+        doc = sw.run(cfg, make, modes=modes, settings=settings, slos=slos, rates=rate_list,
+                     concurrencies=conc_list, pool_size=num_prompts, seed=seed,
+                     media_delivery=media_delivery, on_point=on_point)
+    finally:
+        if server:
+            server.stop()
+    doc = {"schema_version": sw.SCHEMA_VERSION, "kind": "sweep",
+           "target": {"base_url": root, "endpoint": cfg.endpoint, "model": name,
+                      "embedded": embedded},
+           "slos": [s.label for s in slos], "keep_up_share": sw.KEEP_UP,
+           "settings": settings.__dict__, "burstiness": burstiness,
+           "dataset": {"items_per_request": items_per_request, "prompt_len": prompt_len,
+                       "output_len": output_len, "buckets": {",".join(map(str, k)): v
+                                                             for k, v in buckets.items()}},
+           "noise": "an SLO is met only when the upper end of its percentile's 95% bootstrap "
+                    "interval is within the limit: the capacity is conservative", **doc}
+    path = write_result(doc, "sweep", out_dir)
+    for phase, result in doc["phases"].items():
+        cap = result["capacity"]
+        if cap is not None:
+            rate = f"{cap['rate']:.3g} requests/s" if cap["rate"] else "none"
+            out.print(f"{phase} capacity: {rate} (limited by {cap['limited_by']}: "
+                      f"{cap['why']}); {len(result['points'])} points in "
+                      f"{result['seconds']:.0f} s", markup=False)
+    out.print(f"result: {path}", markup=False)
 
 
 @app.command(
@@ -399,6 +541,9 @@ def mock_server(
 
   aphrodite bench gate --baseline base1.json --baseline base2.json --candidate new1.json
   --candidate new2.json --threshold ttft_ms:10%,e2e_ms:5%
+
+Sweeps (bench sweep with --slo) are compared on capacity: a drop of more than the threshold
+(--threshold capacity:10%) is a regression.
 
 Exit status: 1 when a metric regressed beyond its threshold with 95% confidence, else 0.""",
 )
@@ -413,6 +558,18 @@ def gate(
     """Decide whether a candidate run regressed against a baseline, with noise in mind."""
     from aphrodite_cli.bench import gate as g
 
+    if all(g.is_sweep(p) for p in [*baseline, *candidate]):
+        limits = g.parse_thresholds(threshold)
+        capacity = g.compare_capacity(baseline, candidate,
+                                      limits.get("capacity", g.DEFAULT_THRESHOLD))
+        table = g.capacity_markdown(capacity)
+        out.print(table, markup=False)
+        if markdown_out:
+            markdown_out.write_text(table + "\n")
+        regressed = [v for v in capacity if v["regressed"]]
+        out.print(f"\n{'REGRESSION' if regressed else 'PASS'}: capacity dropped in "
+                  f"{len(regressed)} of {len(capacity)} phases", markup=False)
+        raise typer.Exit(1 if regressed else 0)
     verdicts = g.compare(baseline, candidate, g.parse_thresholds(threshold))
     table = g.markdown(verdicts)
     out.print(table, markup=False)

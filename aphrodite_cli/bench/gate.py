@@ -116,3 +116,58 @@ def parse_thresholds(text: str | None) -> dict[str, float]:
 
 def verdicts_json(verdicts: list[Verdict]) -> list[dict[str, Any]]:
     return [{**v.__dict__, "regressed": v.regressed, "improved": v.improved} for v in verdicts]
+
+
+def _capacities(paths: list[Path]) -> dict[str, list[float]]:
+    """phase -> capacities (requests/s) of the sweep result files."""
+    out: dict[str, list[float]] = {}
+    for path in paths:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read result file {path}: {exc}") from None
+        if doc.get("kind") != "sweep":
+            raise ConfigError(f"{path} is a {doc.get('kind')!r} result, not a sweep",
+                              hint="compare sweeps with sweeps")
+        for phase, result in (doc.get("phases") or {}).items():
+            rate = (result.get("capacity") or {}).get("rate")
+            if rate is not None:
+                out.setdefault(phase, []).append(float(rate))
+    return out
+
+
+def is_sweep(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text()).get("kind") == "sweep"
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def compare_capacity(baseline: list[Path], candidate: list[Path],
+                     threshold: float = DEFAULT_THRESHOLD) -> list[dict[str, Any]]:
+    """Per phase: the candidate's capacity (median over its files) against the baseline's;
+    a regression is a drop of more than ``threshold``."""
+    base, cand = _capacities(baseline), _capacities(candidate)
+    verdicts = []
+    for phase in sorted(set(base) & set(cand)):
+        b, c = float(np.median(base[phase])), float(np.median(cand[phase]))
+        ratio = c / b if b else float("inf")
+        verdicts.append({"phase": phase, "metric": "capacity_rps", "baseline": b,
+                         "candidate": c, "ratio": ratio, "threshold": threshold,
+                         "regressed": ratio < 1 - threshold,
+                         "improved": ratio > 1 + threshold})
+    if not verdicts:
+        raise ConfigError("no phase has a capacity in both baseline and candidate sweeps",
+                          hint="run bench sweep with --slo on both sides")
+    return verdicts
+
+
+def capacity_markdown(verdicts: list[dict[str, Any]]) -> str:
+    rows = ["| phase | capacity baseline (req/s) | candidate | ratio | verdict |",
+            "|---|---|---|---|---|"]
+    for v in verdicts:
+        verdict = ("**regression**" if v["regressed"] else "improvement" if v["improved"]
+                   else "no significant change")
+        rows.append(f"| {v['phase']} | {v['baseline']:.3g} | {v['candidate']:.3g} | "
+                    f"{v['ratio']:.3f} | {verdict} (threshold {v['threshold']:.0%}) |")
+    return "\n".join(rows)

@@ -20,17 +20,28 @@ async def _sleep_until(due: float) -> None:
 
 def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
                headers_ms: float = 0.0, *, model: str = "mock",
-               require_model: bool = False) -> web.Application:
+               require_model: bool = False, max_concurrency: int | None = None
+               ) -> web.Application:
     """``headers_ms``: when a stream's response headers go out (capped at the TTFT); a real
     server may send them at once or only with the first token, and a client must time the
     first token from its request either way, never from the headers. With the headers goes
     the role chunk (``{"role": "assistant", "content": ""}``) that vLLM and others send first:
     it holds no token. ``require_model``: a request without ``model`` (or with another) gets
-    the OpenAI API's 400, as guidellm's mock and real servers answer."""
+    the OpenAI API's 400, as guidellm's mock and real servers answer. ``max_concurrency``:
+    at most that many requests are served at once, the others wait for a slot and their
+    delays count from when they get it, so the capacity is known: ``max_concurrency`` / (TTFT
+    + ITL x (tokens - 1)) requests per second."""
     headers_ms = min(headers_ms, ttft_ms)
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
     async def chat(request: web.Request) -> web.StreamResponse:
-        start = time.perf_counter()  # delays count from the request's arrival
+        if slots is None:
+            return await answer(request)
+        async with slots:
+            return await answer(request)
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        start = time.perf_counter()  # delays count from the request's arrival (or its slot)
         body = await request.json()
         if require_model and body.get("model") != model:
             return web.json_response({"error": {

@@ -109,6 +109,48 @@ def plots(docs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[str, bytes]]:
                 out.append((f"{name}: preprocessing cold vs warm", _png(fig)))
             else:
                 plt.close(fig)
+    sweeps = [(path, doc) for path, doc in docs if doc.get("kind") == "sweep"]
+    if sweeps:
+        out += _sweep_plots(sweeps, plt)
+    return out
+
+
+def _sweep_plots(sweeps: list[tuple[Path, dict[str, Any]]], plt) -> list[tuple[str, bytes]]:
+    """Latency (p50/p90/p99 of TTFT, TPOT, E2E) against the served rate, every sweep and
+    phase overlaid (A vs B), with the SLO limits as lines and each capacity marked."""
+    out = []
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    for ax, metric in zip(axes, ("ttft_ms", "tpot_ms", "e2e_ms"), strict=True):
+        if not any(p["result"][metric].get("p50") is not None for _, doc in sweeps
+                   for r in doc["phases"].values() for p in r["points"]):
+            ax.set_visible(False)  # the target reported nothing for it (e.g. 1-token answers)
+            continue
+        for path, doc in sweeps:
+            for phase, result in doc["phases"].items():
+                points = sorted((p for p in result["points"] if p.get("served_rate")),
+                                key=lambda p: p["served_rate"])
+                for pct, style in (("p50", ":"), ("p90", "--"), ("p99", "-")):
+                    xs = [p["served_rate"] for p in points
+                          if p["result"][metric].get(pct) is not None]
+                    ys = [p["result"][metric][pct] for p in points
+                          if p["result"][metric].get(pct) is not None]
+                    if xs:
+                        ax.plot(xs, ys, style, marker="o", markersize=3,
+                                label=f"{path.stem} {phase} {pct}")
+                cap = (result.get("capacity") or {}).get("rate")
+                if cap:
+                    ax.axvline(cap, color="green", alpha=0.5)
+            for slo in doc.get("slos", []):
+                name, _, rest = slo.partition(" ")
+                if f"{name}_ms" == metric:
+                    ax.axhline(float(rest.split("<=")[1].split()[0]), color="red",
+                               linestyle="--", alpha=0.6)
+        ax.set_xlabel("served requests/s")
+        ax.set_ylabel(f"{metric[:-3].upper()} (ms)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=6)
+    fig.suptitle("Latency against load (red: SLO limits; green: capacity)")
+    out.append(("sweep: latency against served rate", _png(fig)))
     return out
 
 
@@ -148,6 +190,16 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
                       "|---|---|---|---|",
                       f"| {doc['concurrency']} | {doc['concurrent_s']['median']:.2f} | "
                       f"{doc['sequential_s']['median']:.2f} | {doc['speedup_median']:.1f}x |"]
+        elif kind == "sweep":
+            lines += [f"SLOs: {', '.join(doc.get('slos') or []) or 'none'}", "",
+                      "| phase | capacity req/s | limited by | points | seconds |",
+                      "|---|---|---|---|---|"]
+            for phase, r in doc["phases"].items():
+                cap = r.get("capacity") or {}
+                rate = cap.get("rate")
+                lines.append(f"| {phase} | {'-' if rate is None else f'{rate:.3g}'} | "
+                             f"{cap.get('limited_by', '-')} | {len(r['points'])} | "
+                             f"{r['seconds']:.0f} |")
         elif kind == "mm-processor":
             lines += ["| phase | median ms | p99 ms | hit rate |", "|---|---|---|---|"]
             for phase, r in doc["phases"].items():

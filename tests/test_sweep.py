@@ -1,0 +1,143 @@
+"""bench sweep against a server of known capacity: the mock serving at most K requests at
+once, each taking D, takes K / D requests per second and no more. The capacity search must
+land within 15% of it and never above; the sweep profile's curve must rise to it."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aphrodite_cli.bench.datasets import parse_buckets, random_mm
+from aphrodite_cli.bench.mock_server import create_app
+from aphrodite_cli.bench.serve_bench import LoadConfig
+from aphrodite_cli.bench.sweep import Payloads, Slo, Sweep, SweepSettings, percentile_interval
+from engine.errors import ConfigError
+
+K, D_MS = 4, 100.0
+CAPACITY = K / (D_MS / 1000)  # 40 requests/s
+
+
+def make(n: int, run_nonce: int) -> list:
+    return random_mm(n, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=1,
+                     seed=0, nonce=run_nonce)
+
+
+async def known_capacity_sweep(aiohttp_server, slos: list[Slo], **settings) -> Sweep:
+    server = await aiohttp_server(create_app(D_MS, 0, 1, max_concurrency=K))
+    # near-regular arrivals (gamma shape 20): below capacity nothing queues, above it the
+    # backlog grows for the whole point
+    cfg = LoadConfig(base_url=f"http://127.0.0.1:{server.port}", model="mock", burstiness=20)
+    return Sweep(cfg, Payloads(make, cfg, None, "cold", 0, 0),
+                 SweepSettings(duration_s=3, min_requests=20, num_warmups=1, **settings), slos)
+
+
+@pytest.mark.timeout(240)
+async def test_the_slo_search_finds_the_known_capacity_and_never_more(aiohttp_server):
+    sweep = await known_capacity_sweep(aiohttp_server, [Slo.parse("e2e:p90:150")])
+    capacity = await sweep.capacity()
+    assert capacity["rate"] is not None, capacity
+    assert 0.85 * CAPACITY <= capacity["rate"] <= CAPACITY, (capacity, sweep.points)
+    # every point above the capacity that was measured failed, every one at or below it met
+    # the SLO or was a bound (synchronous / saturation)
+    rates = [(p["offered_rate"], p["met"]) for p in sweep.points if p["kind"] == "rate"]
+    assert all(not met for rate, met in rates if rate > capacity["rate"] * 1.0001), rates
+    assert any(met and rate == capacity["rate"] for rate, met in rates)
+    assert capacity["bracket"][1] <= capacity["bracket"][0] * 1.06  # --rate-precision 5%
+
+
+@pytest.mark.timeout(240)
+async def test_the_sweep_profile_rises_to_the_capacity(aiohttp_server):
+    sweep = await known_capacity_sweep(aiohttp_server, [], num_points=3)
+    await sweep.profile()
+    kinds = [p["kind"] for p in sweep.points]
+    assert kinds == ["synchronous", "saturation", "rate", "rate", "rate"]
+    sync, saturation = sweep.points[0], sweep.points[1]
+    assert sync["served_rate"] == pytest.approx(1000 / D_MS, rel=0.15)  # one at a time: 1/D
+    assert saturation["served_rate"] == pytest.approx(CAPACITY, rel=0.15)
+    rates = [p["offered_rate"] for p in sweep.points[2:]]
+    assert rates == sorted(rates) and sync["served_rate"] < rates[0] < rates[-1] < \
+        saturation["served_rate"]
+    for point in sweep.points[2:]:  # below capacity the server keeps up with the offer
+        assert point["kept_up"] and point["result"]["failed"] == 0
+
+
+def test_slo_syntax():
+    assert Slo.parse("ttft:p99:300") == Slo("ttft", 99.0, 300.0)
+    assert Slo.parse("e2el:90:2000") == Slo("e2e", 90.0, 2000.0)  # vLLM's metric name
+    for bad in ("ttft:p99", "latency:p99:3", "ttft:p0:3", "ttft:p99:-1", "ttft:p99:x"):
+        with pytest.raises(ConfigError):
+            Slo.parse(bad)
+
+
+def test_the_percentile_interval_holds_the_percentile():
+    values = [float(v) for v in range(1, 201)]
+    interval = percentile_interval(values, 90)
+    assert interval["low"] <= interval["value"] <= interval["high"]
+    assert interval["value"] == pytest.approx(180.1)
+    assert percentile_interval([], 90)["high"] is None
+
+
+@pytest.mark.timeout(240)
+def test_the_command_writes_every_point_and_the_capacity(tmp_path):
+    """`aphrodite bench sweep` against the mock in its own process."""
+    from tests.server_harness import free_port, wait_exit
+
+    port = free_port()
+    exe = Path(sys.executable).with_name("aphrodite")
+    mock = subprocess.Popen([str(exe), "bench", "mock-server", "--port", str(port),
+                             "--ttft-ms", str(D_MS), "--output-tokens", "1",
+                             "--max-concurrency", str(K)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        mock.stdout.readline()
+        done = subprocess.run([str(exe), "bench", "sweep", "--base-url",
+                               f"http://127.0.0.1:{port}", "--items-per-request", "0",
+                               "--output-len", "1", "--slo", "e2el:p90:150", "--duration-s", "2",
+                               "--burstiness", "20", "--num-warmups", "1", "--rate-precision",
+                               "0.1", "--out-dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=220)
+    finally:
+        mock.terminate()
+        wait_exit(mock, 30)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    doc = json.loads(next(tmp_path.glob("sweep-*.json")).read_text())
+    assert doc["kind"] == "sweep" and doc["slos"] == ["e2e p90 <= 150 ms"]
+    cold = doc["phases"]["cold"]
+    assert 0.85 * CAPACITY <= cold["capacity"]["rate"] <= CAPACITY, cold["capacity"]
+    assert "cold capacity:" in done.stdout and "model" not in done.stderr
+    point = cold["points"][0]
+    assert point["kind"] == "synchronous" and point["result"]["completed"] >= 20
+    assert all(math.isfinite(p["result"]["e2e_ms"]["p90"]) for p in cold["points"])
+    # the report draws the curve and lists the capacity
+    from aphrodite_cli.bench.report import write_report
+
+    html_path, md_path = write_report([next(tmp_path.glob("sweep-*.json"))], tmp_path / "r")
+    assert 'alt="sweep: latency against served rate"' in html_path.read_text()
+    assert f"| cold | {cold['capacity']['rate']:.3g} |" in md_path.read_text()
+
+
+def test_the_gate_compares_sweeps_on_capacity(tmp_path):
+    exe = Path(sys.executable).with_name("aphrodite")
+
+    def sweep_file(name: str, rate: float) -> Path:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"kind": "sweep", "phases": {
+            "cold": {"capacity": {"rate": rate}, "points": []}}}))
+        return path
+
+    base = sweep_file("base", 40.0)
+    for rate, code in ((39.0, 0), (30.0, 1)):  # -2.5%: within 5%; -25%: a regression
+        done = subprocess.run([str(exe), "bench", "gate", "--baseline", str(base),
+                               "--candidate", str(sweep_file(f"c{rate}", rate))],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == code, done.stdout + done.stderr
+        assert "capacity" in done.stdout
+    done = subprocess.run([str(exe), "bench", "gate", "--baseline", str(base), "--candidate",
+                           str(sweep_file("c30b", 30.0)), "--threshold", "capacity:30%"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
