@@ -10,8 +10,12 @@ from rich.console import Console
 
 from engine.errors import AphroditeError
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Piped into a file or a CI log, rich would lay tables out for 80 columns and cut numbers and
+# names with "…": there, lines are as wide as their content needs.
+out = Console(highlight=False, soft_wrap=True,
+              width=None if sys.stdout.isatty() else 1000)
+err = Console(stderr=True, highlight=False, soft_wrap=True,
+              width=None if sys.stderr.isatty() else 1000)
 
 
 def print_json(data: Any) -> None:

@@ -300,3 +300,72 @@ def test_a_target_that_refuses_every_request_stops_the_run_with_exit_1(mock_proc
     assert "12 x http_400:model_not_found" in done.stdout
     assert "12 of 12 requests failed" in done.stdout + done.stderr
     assert "--max-failure-rate" in done.stdout + done.stderr
+
+
+def test_a_vllm_bench_serve_command_line_runs_as_written(mock_process, tmp_path):
+    """vLLM's flags as its scripts write them: --host/--port, --dataset-name random,
+    --goodput with space-separated SLOs and e2el, --percentile-metrics and
+    --metric-percentiles (vLLM's flat result fields), --save-result, --result-dir,
+    --result-filename, --temperature, --ignore-eos."""
+    exe = Path(sys.executable).with_name("aphrodite")
+    done = subprocess.run(
+        [str(exe), "bench", "serve", "--host", "127.0.0.1", "--port", str(mock_process),
+         "--model", "acme/vlm", "--dataset-name", "random", "--num-prompts", "8",
+         "--num-warmups", "0", "--mode", "cold", "--output-len", "4",
+         "--goodput", "ttft:500", "tpot:50", "e2el:1000",
+         "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,90,99",
+         "--save-result", "--result-dir", str(tmp_path), "--result-filename", "run.json",
+         "--temperature", "0", "--ignore-eos"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    doc = json.loads((tmp_path / "run.json").read_text())
+    cold = doc["phases"]["cold"]
+    assert cold["slos_ms"] == {"ttft": 500.0, "tpot": 50.0, "e2e": 1000.0}
+    assert cold["goodput"] is not None and cold["completed"] == 8
+    for field in ("mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p90_ttft_ms",
+                  "p99_e2el_ms", "p50_e2el_ms"):
+        assert isinstance(cold[field], float), field
+    assert cold["p90_ttft_ms"] >= cold["p50_ttft_ms"] >= 5.0  # the mock's 5 ms TTFT
+    # piped (as into a CI log): the table is as wide as it needs, nothing cut with "…", and
+    # no progress bar mixed into the results
+    assert "TTFT p50/p90/p99 ms" in done.stdout and "…" not in done.stdout
+    assert "cold phase" not in done.stdout + done.stderr
+    done = subprocess.run([str(exe), "bench", "serve", "--embedded", "stray"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "unexpected argument(s): stray" in done.stdout + done.stderr
+
+
+def test_tokens_are_counted_with_a_tokenizer_when_the_target_reports_no_usage(tmp_path):
+    """A target without usage: chunks are counted one token each and the result says so;
+    with --tokenizer the answers' text is tokenized instead."""
+    from engine.models.loader import resolve_model_path
+
+    port = free_port()
+    exe = Path(sys.executable).with_name("aphrodite")
+    mock = subprocess.Popen([str(exe), "bench", "mock-server", "--port", str(port),
+                             "--no-usage"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        mock.stdout.readline()
+        folder = str(resolve_model_path("tiny:qwen2_vl"))
+        runs = {}
+        for label, extra in (("chunks", []), ("tokenizer", ["--tokenizer", folder])):
+            out = tmp_path / label
+            done = subprocess.run(
+                [str(exe), "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
+                 "--model", "mock", "--items-per-request", "0", "--num-prompts", "4",
+                 "--num-warmups", "0", "--mode", "cold", "--output-len", "6",
+                 "--out-dir", str(out), *extra], capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+            runs[label] = json.loads(next(out.glob("serve-*.json")).read_text())["phases"]["cold"]
+    finally:
+        mock.terminate()
+        wait_exit(mock, 30)
+    assert runs["chunks"]["output_tokens_from"] == "stream chunks"
+    assert runs["chunks"]["total_output_tokens"] == 4 * 6  # six " tok" chunks per answer
+    from transformers import AutoTokenizer
+
+    per_answer = len(AutoTokenizer.from_pretrained(folder)(" tok" * 6,
+                                                           add_special_tokens=False)["input_ids"])
+    assert runs["tokenizer"]["output_tokens_from"] == "tokenizer"
+    assert runs["tokenizer"]["total_output_tokens"] == 4 * per_answer

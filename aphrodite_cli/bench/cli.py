@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from aphrodite_cli.output import out
+from aphrodite_cli.output import err, out
 
 app = typer.Typer(help="Benchmarks that write result files.", no_args_is_help=True)
 
@@ -195,9 +196,15 @@ def batching(
   --bucket-config '{"720,1280,1": 0.7, "360,640,32": 0.3}' --goodput ttft:500,tpot:50
 
   aphrodite bench serve --base-url http://localhost:2242/v1 --dataset jsonl
-  --dataset-path requests.jsonl --media-dir ./media --csv""",
+  --dataset-path requests.jsonl --media-dir ./media --csv
+
+vLLM's flags work as given (--dataset-name, --result-dir, --result-filename, --save-result,
+--percentile-metrics, --metric-percentiles, --goodput ttft:500 tpot:50, --tokenizer,
+--ignore-eos, --temperature, --host/--port, --endpoint); see the README's table.""",
+    context_settings={"allow_extra_args": True},
 )
 def serve_cmd(
+    ctx: typer.Context,
     base_url: Annotated[str | None, typer.Option(
         help="The target: its root as vLLM takes it (http://localhost:8000) or an OpenAI "
              "base URL ending in /v1; requests go to --endpoint under the root.")] = None,
@@ -213,7 +220,10 @@ def serve_cmd(
         help="Model name to send (and to serve with --embedded); default: the first of the "
              "target's GET /v1/models.")] = None,
     api_key: Annotated[str | None, typer.Option(help="Bearer key for the target.")] = None,
-    dataset: Annotated[str, typer.Option(help="random-mm or jsonl.")] = "random-mm",
+    dataset: Annotated[str, typer.Option(
+        "--dataset", "--dataset-name",
+        help="random-mm, jsonl, or vLLM's random (text only: random-mm with no media).")
+    ] = "random-mm",
     dataset_path: Annotated[Path | None, typer.Option(help="JSONL file for --dataset jsonl.")
                             ] = None,
     media_dir: Annotated[Path | None, typer.Option(help="Folder for media paths in JSONL.")
@@ -239,8 +249,23 @@ def serve_cmd(
     video_codec: Annotated[str, typer.Option()] = "libx264",
     video_fps: Annotated[int, typer.Option(min=1)] = 30,
     video_gop: Annotated[int, typer.Option(min=1)] = 30,
-    goodput: Annotated[str | None, typer.Option(help="SLOs in ms, e.g. ttft:200,tpot:50.")
-                       ] = None,
+    goodput: Annotated[str | None, typer.Option(
+        help="SLOs in ms: ttft:200,tpot:50 or vLLM's ttft:200 tpot:50 (e2el = e2e).")] = None,
+    percentile_metrics: Annotated[str, typer.Option(
+        help="Metrics whose percentiles are printed and stored as vLLM's p{N}_{metric}_ms "
+             "fields: ttft, tpot, itl, e2el.")] = "ttft,tpot,itl,e2el",
+    metric_percentiles: Annotated[str, typer.Option(
+        help="Those percentiles, e.g. 50,90,99.")] = "50,99",
+    tokenizer: Annotated[str | None, typer.Option(
+        help="Count output tokens with this tokenizer (folder or hub id) when the target "
+             "reports no usage, instead of counting stream chunks.")] = None,
+    ignore_eos: Annotated[bool, typer.Option(
+        help="Ask for every answer's full --output-len (ignore_eos).")] = True,
+    temperature: Annotated[float, typer.Option(min=0)] = 0.0,
+    save_result: Annotated[bool, typer.Option(
+        help="Accepted for vLLM's scripts: the result is always saved.")] = True,
+    result_filename: Annotated[str | None, typer.Option(
+        help="File name of the result in --out-dir (default serve-<time>.json).")] = None,
     csv: Annotated[bool, typer.Option("--csv", help="Also write per-request rows as CSV.")
                    ] = False,
     max_failure_rate: Annotated[float, typer.Option(
@@ -249,13 +274,14 @@ def serve_cmd(
     abort_after_failures: Annotated[int, typer.Option(
         min=0, help="Stop at once (exit 1) when the first this-many answers are all the same "
                     "4xx, as a wrong URL, model or key gives; 0: never.")] = 5,
-    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
+    out_dir: Annotated[Path, typer.Option("--out-dir", "--result-dir")] = Path("results"),
 ) -> None:
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
     import math
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from aphrodite_cli.bench import vllm_compat
     from aphrodite_cli.bench.datasets import parse_buckets
     from aphrodite_cli.bench.results import write_result
     from aphrodite_cli.bench.serve_bench import LoadConfig
@@ -267,37 +293,50 @@ def serve_cmd(
     if embedded == bool(base_url):
         raise ConfigError("pass exactly one of --base-url URL (or --host/--port) or --embedded",
                           code="invalid_flag")
+    if dataset == "random":  # vLLM's text-only random dataset
+        dataset, items_per_request = "random-mm", 0
     if mode not in ("cold", "warm", "both") or media_delivery not in ("data-url", "http") or \
             dataset not in ("random-mm", "jsonl"):
         raise ConfigError("--mode is cold/warm/both, --media-delivery data-url/http, "
-                          "--dataset random-mm/jsonl")
+                          "--dataset random-mm/jsonl/random", code="invalid_flag")
+    extra = list(ctx.args)
+    goodput_parts = [goodput] if goodput else []
+    if extra and goodput and all(re.fullmatch(r"[A-Za-z0-9]+:[0-9.]+", a) for a in extra):
+        goodput_parts += extra  # vLLM's --goodput ttft:500 tpot:50
+    elif extra:
+        raise ConfigError(f"unexpected argument(s): {' '.join(extra)}",
+                          hint="every value needs its flag (see --help)", code="invalid_flag")
     try:
         rate = math.inf if request_rate.lower() == "inf" else float(request_rate)
-        slos = {k: float(v) for k, v in (p.split(":") for p in goodput.split(","))} \
-            if goodput else {}
     except ValueError:
-        raise ConfigError("--request-rate is a number or inf; --goodput looks like "
-                          "ttft:200,tpot:50") from None
-    if set(slos) - {"ttft", "tpot", "e2e"}:
-        raise ConfigError("--goodput metrics are ttft, tpot and e2e")
+        raise ConfigError(f"--request-rate {request_rate!r} is a number or inf",
+                          code="invalid_flag") from None
+    slos = vllm_compat.parse_goodput(goodput_parts)
+    pct_metrics = vllm_compat.parse_list("--percentile-metrics", percentile_metrics,
+                                         set(vllm_compat.METRICS))
+    pcts = vllm_compat.parse_percentiles(metric_percentiles)
     cfg = LoadConfig(base_url=base_url or "", endpoint="/" + endpoint.lstrip("/"),
                      abort_after=abort_after_failures, model=model if not embedded else None,
                      api_key=api_key, request_rate=rate, burstiness=burstiness,
                      max_concurrency=max_concurrency, seed=seed, media_delivery=media_delivery,
                      image_format=image_format.upper(), image_quality=image_quality,
                      video_codec=video_codec, video_fps=video_fps, video_gop=video_gop,
-                     goodput=slos)
+                     goodput=slos, temperature=temperature, ignore_eos=ignore_eos)
     opts = {"dataset": dataset, "dataset_path": dataset_path, "media_dir": media_dir,
             "num_prompts": num_prompts, "num_warmups": num_warmups, "mode": mode,
             "items_per_request": items_per_request, "buckets": parse_buckets(bucket_config),
             "prompt_len": prompt_len, "output_len": output_len, "seed": seed,
-            "embedded": embedded, "model": model}
+            "embedded": embedded, "model": model, "percentile_metrics": pct_metrics,
+            "metric_percentiles": pcts,
+            "tokenizer": vllm_compat.load_tokenizer(tokenizer) if tokenizer else None}
     from aphrodite_cli.bench.serve_bench import TargetRefused
     from engine.errors import BenchmarkFailed
 
     try:
+        # progress on stderr, and only on a terminal: logs and pipes get the results alone
         with Progress("[progress.description]{task.description}", BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(), console=out) as progress:
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                      disable=not err.is_terminal) as progress:
             doc = run(cfg, opts, progress,
                       announce=lambda msg: out.print(msg, markup=False))
     except TargetRefused as refused:
@@ -309,7 +348,9 @@ def serve_cmd(
             hint="check --base-url/--endpoint, --model and --api-key "
                  "(--abort-after-failures 0 runs on regardless)") from None
     rows = doc.pop("_rows")
-    path = write_result(doc, "serve", out_dir)
+    doc["percentile_metrics"], doc["metric_percentiles"] = pct_metrics, pcts
+    doc["tokenizer"] = tokenizer
+    path = write_result(doc, "serve", out_dir, filename=result_filename)
     if csv:
         import pandas as pd
 
@@ -342,17 +383,19 @@ def serve_cmd(
 def _print_serve_table(doc: dict) -> None:
     from rich.table import Table
 
+    metrics = doc.get("percentile_metrics") or ["ttft", "tpot", "itl", "e2el"]
+    pcts = doc.get("metric_percentiles") or [50.0, 99.0]
     table = Table(title=f"bench serve: {doc['num_prompts']} prompts per phase")
-    for col in ("phase", "ok/failed", "req/s", "out tok/s", "TTFT p50/p99 ms",
-                "TPOT p50 ms", "ITL p50 ms", "E2E p50/p99 ms", "cache hit"):
+    for col in ("phase", "ok/failed", "req/s", "out tok/s",
+                *(f"{m.upper()} {'/'.join(f'p{p:g}' for p in pcts)} ms" for m in metrics),
+                "cache hit"):
         table.add_column(col)
     for mode, p in doc["phases"].items():
         hit = p["server_cache"]["hit_rate"]
+        cells = ["/".join("-" if p.get(f"p{q:g}_{m}_ms") is None else
+                          f"{p[f'p{q:g}_{m}_ms']:.1f}" for q in pcts) for m in metrics]
         table.add_row(mode, f"{p['completed']}/{p['failed']}", f"{p['request_throughput']:.2f}",
-                      f"{p['output_throughput']:.1f}",
-                      f"{p['ttft_ms'].get('median', 0):.1f}/{p['ttft_ms'].get('p99', 0):.1f}",
-                      f"{p['tpot_ms'].get('median', 0):.2f}", f"{p['itl_ms'].get('median', 0):.2f}",
-                      f"{p['e2e_ms'].get('median', 0):.1f}/{p['e2e_ms'].get('p99', 0):.1f}",
+                      f"{p['output_throughput']:.1f}", *cells,
                       "-" if hit is None else f"{hit:.0%}")
     out.print(table)
 
@@ -381,6 +424,9 @@ def mock_server(
     max_concurrency: Annotated[int | None, typer.Option(
         min=1, help="Serve at most this many requests at once (the others wait): a known "
                     "capacity of N / (ttft + itl x (tokens - 1)) requests/s.")] = None,
+    usage: Annotated[bool, typer.Option(
+        help="Send a usage chunk at the end of a stream (--no-usage: like servers that "
+             "report none).")] = True,
 ) -> None:
     """A mock OpenAI-compatible endpoint streaming tokens with a set TTFT and ITL."""
     from aiohttp import web
@@ -390,7 +436,8 @@ def mock_server(
     out.print(f"mock server on http://{host}:{port}/v1 (ttft {ttft_ms} ms, itl {itl_ms} ms)",
               markup=False)
     web.run_app(create_app(ttft_ms, itl_ms, output_tokens, headers_ms, model=model,
-                           require_model=require_model, max_concurrency=max_concurrency),
+                           require_model=require_model, max_concurrency=max_concurrency,
+                           usage=usage),
                 host=host, port=port, print=None, access_log=None)
 
 

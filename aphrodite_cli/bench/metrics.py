@@ -41,7 +41,10 @@ class RequestRecord:
     error: str | None = None
     status: int | None = None  # HTTP status of the answer; None: no answer
     error_body: str | None = None  # the start of a failed answer's body, as sent
-    usage_reported: bool = False  # output_tokens from the server's usage, not chunks
+    # where output_tokens came from: the server's "usage", the client's "tokenizer"
+    # (--tokenizer), or "stream chunks" counted one token each (an estimate)
+    token_source: str = "stream chunks"
+    text: list[str] = field(default_factory=list)  # the streamed pieces (for --tokenizer)
     sent_at: float = 0.0
     ttft: float | None = None
     itl: list[float] = field(default_factory=list)
@@ -51,6 +54,10 @@ class RequestRecord:
     request_bytes: int = 0
     encode_s: float = 0.0
     server: dict[str, Any] | None = None
+
+    @property
+    def usage_reported(self) -> bool:
+        return self.token_source == "usage"
 
     @property
     def tpot(self) -> float | None:
@@ -98,11 +105,9 @@ def compute(records: list[RequestRecord], duration_s: float,
         # one answer body per failure type, as the target sent it (what to fix, at a glance)
         "failure_examples": {r.error or "unknown": r.error_body for r in reversed(records)
                              if not r.ok and r.error_body},
-        # the server's usage when every completed request reported it, else stream chunks
-        # counted one token each (an estimate: a chunk may hold several tokens)
-        "output_tokens_from": ("usage" if done and all(r.usage_reported for r in done) else
-                               "stream chunks" if not any(r.usage_reported for r in done)
-                               else "usage where reported, else stream chunks"),
+        # the server's usage, the client's tokenizer, or stream chunks counted one token
+        # each (an estimate: a chunk may hold several tokens); several when they differ
+        "output_tokens_from": " + ".join(sorted({r.token_source for r in done})) or None,
         "duration_s": duration_s,
         "request_throughput": len(done) / duration_s if duration_s else 0.0,
         "output_throughput": out_tokens / duration_s if duration_s else 0.0,

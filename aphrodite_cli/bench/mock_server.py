@@ -20,8 +20,8 @@ async def _sleep_until(due: float) -> None:
 
 def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
                headers_ms: float = 0.0, *, model: str = "mock",
-               require_model: bool = False, max_concurrency: int | None = None
-               ) -> web.Application:
+               require_model: bool = False, max_concurrency: int | None = None,
+               usage: bool = True) -> web.Application:
     """``headers_ms``: when a stream's response headers go out (capped at the TTFT); a real
     server may send them at once or only with the first token, and a client must time the
     first token from its request either way, never from the headers. With the headers goes
@@ -77,9 +77,12 @@ def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
             await response.write(b"data: " + json.dumps(
                 {"id": rid, "object": "chat.completion.chunk", "choices": [choice]}).encode()
                 + b"\n\n")
-        usage = {"id": rid, "object": "chat.completion.chunk", "choices": [],
-                 "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}
-        await response.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+        if usage and (body.get("stream_options") or {}).get("include_usage"):
+            # only when asked for, as the OpenAI API does
+            tally = {"id": rid, "object": "chat.completion.chunk", "choices": [],
+                     "usage": {"prompt_tokens": 1, "completion_tokens": n,
+                               "total_tokens": n + 1}}
+            await response.write(b"data: " + json.dumps(tally).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         return response
 

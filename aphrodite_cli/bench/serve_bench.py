@@ -82,6 +82,8 @@ class LoadConfig:
     video_gop: int = 30
     timeout_s: float = 300.0
     goodput: dict[str, float] = field(default_factory=dict)
+    temperature: float = 0.0
+    ignore_eos: bool = True  # every answer as long as asked, so runs compare
     # Stop the phase when the first this-many answers are all the same 4xx (a wrong URL,
     # model or key fails every request alike); 0: never.
     abort_after: int = 5
@@ -147,7 +149,7 @@ def build_payload(req: BenchRequest, cfg: LoadConfig, host: MediaHost | None,
         messages = [{"role": "user", "content": parts}]
     body: dict[str, Any] = {"messages": messages, "max_tokens": req.output_len,
                             "stream": True, "stream_options": {"include_usage": True},
-                            "temperature": 0, "ignore_eos": True}
+                            "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos}
     if cfg.model:
         body["model"] = cfg.model
     encoded = json.dumps(body).encode()
@@ -184,7 +186,9 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
                     delta = choice.get("delta") or {}
                     # A chunk with no text (the role chunk many servers send first, an empty
                     # delta) is not a token: it starts no TTFT and adds no ITL sample.
-                    if delta.get("content") or choice.get("text"):
+                    piece = delta.get("content") or choice.get("text")
+                    if piece:
+                        record.text.append(piece)
                         now = time.perf_counter()
                         if record.ttft is None:
                             record.ttft = now - record.sent_at
@@ -196,7 +200,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
                 if usage and "completion_tokens" in usage:
                     record.output_tokens = usage["completion_tokens"]
                     record.prompt_tokens = usage.get("prompt_tokens", 0)
-                    record.usage_reported = True
+                    record.token_source = "usage"
                 if chunk.get("aphrodite"):
                     record.server = chunk["aphrodite"]
         record.e2e = time.perf_counter() - record.sent_at

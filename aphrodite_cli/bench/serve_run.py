@@ -28,6 +28,7 @@ from aphrodite_cli.bench.serve_bench import (
     run_phase,
     server_root,
 )
+from aphrodite_cli.bench.vllm_compat import count_tokens, flat_fields
 from engine.errors import ConfigError
 
 
@@ -104,6 +105,8 @@ async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dic
             task = progress.add_task(f"{mode} phase", total=len(payloads))
             records, duration, send_rate = await run_phase(
                 payloads, cfg, on_done=lambda t=task: progress.advance(t))
+            if opts.get("tokenizer") is not None:
+                count_tokens(opts["tokenizer"], records)
             result = phase_result(records, duration, send_rate, cfg)
             hit_rate = result["server_cache"]["hit_rate"]
             result["cache_check"] = None
@@ -113,6 +116,7 @@ async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dic
                     f"FAILED: {mode} phase measured a server cache hit rate of {hit_rate:.0%}")
             result["samples"] = {
                 "ttft_ms": [r.ttft * 1e3 for r in records if r.ok and r.ttft is not None],
+                "itl_ms": [gap * 1e3 for r in records if r.ok for gap in r.itl],
                 "tpot_ms": [r.tpot * 1e3 for r in records if r.tpot is not None],
                 "e2e_ms": [r.e2e * 1e3 for r in records if r.ok and r.e2e is not None],
                 "pixels": [sum(m.width * m.height * m.frames for m in req.media)
@@ -122,6 +126,9 @@ async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dic
                               for k in ("fetch_s", "media_decode_s", "processor_s",
                                         "queue_s", "encoder_s", "prefill_s", "decode_s")},
             }
+            result.update(flat_fields(result, opts.get("percentile_metrics") or
+                                      ["ttft", "tpot", "itl", "e2el"],
+                                      opts.get("metric_percentiles") or [99.0]))
             phases[mode] = result
             rows[mode] = [{"phase": mode, "index": r.index, "ok": r.ok, "error": r.error,
                            "ttft_ms": r.ttft * 1e3 if r.ttft is not None else None,
