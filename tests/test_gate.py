@@ -68,3 +68,32 @@ def test_speedup_is_not_a_regression_and_thresholds_apply(tmp_path):
     assert any(v.regressed for v in compare([base], [slightly]))
     with pytest.raises(ConfigError):
         parse_thresholds("ttft_ms:fast")
+
+
+def test_a_result_of_another_kind_or_schema_is_refused_by_name(tmp_path):
+    """One loader for the gate, the report and the soak: a file it cannot read right is a
+    clear error naming the file and what it holds, never a silent misreading."""
+    from aphrodite_cli.bench.results import SCHEMA_VERSIONS, load_result
+
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"schema_version": 0, "kind": "serve", "phases": {}}))
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"schema_version": SCHEMA_VERSIONS["sweep"], "kind": "sweep",
+                                 "phases": {}}))
+    foreign = tmp_path / "vllm.json"
+    foreign.write_text(json.dumps({"completed": 10, "mean_ttft_ms": 12.0}))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    cases = [(old, ("serve",), "result_old_schema", "schema version 0"),
+             (sweep, ("serve", "mm-processor"), "result_wrong_kind", "'sweep'"),
+             (foreign, None, "result_wrong_kind", "not an aphrodite result"),
+             (broken, None, "result_unreadable", "not JSON")]
+    for path, kinds, code, words in cases:
+        with pytest.raises(ConfigError) as info:
+            load_result(path, kinds)
+        assert info.value.code == code and words in info.value.message
+        assert str(path) in info.value.message
+    exe = Path(sys.executable).with_name("aphrodite")
+    done = subprocess.run([str(exe), "bench", "gate", "--baseline", str(old), "--candidate",
+                           str(old)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "schema version 0" in done.stdout + done.stderr

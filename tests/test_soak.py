@@ -23,7 +23,8 @@ def test_short_soak(tmp_path):
     baseline here claims a 1 ms p99 that no run on this model meets, so exit 1 must come from
     that gate alone."""
     quiet = tmp_path / "quiet.json"
-    quiet.write_text(json.dumps({"valid_latency_s": {"p99": 0.001}}))
+    quiet.write_text(json.dumps({"schema_version": 3, "kind": "soak",
+                                 "valid_latency_s": {"p99": 0.001}}))
     out = tmp_path / "out"
     done = subprocess.run([str(BIN), "bench", "soak", "--duration", "15", "--warmup", "5",
                            "--hostile-share", "0.3", "--valid-pool", "24",

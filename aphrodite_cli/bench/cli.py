@@ -559,7 +559,7 @@ def sweep_cmd(
     finally:
         if server:
             server.stop()
-    doc = {"schema_version": sw.SCHEMA_VERSION, "kind": "sweep",
+    doc = {"kind": "sweep",
            "target": {"base_url": root, "endpoint": cfg.endpoint, "model": name,
                       "embedded": embedded},
            "slos": [s.label for s in slos], "keep_up_share": sw.KEEP_UP,
@@ -711,12 +711,13 @@ def soak(
                           "server's processes)", hint="leave --embedded on")
     quiet_p99 = None
     if baseline is not None:
-        try:
-            quiet_p99 = json.loads(baseline.read_text())["valid_latency_s"]["p99"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"--baseline {baseline} is not a soak result with valid "
-                              "latencies", hint="pass a results/soak-*.json of schema 3 "
-                              "or later") from exc
+        from aphrodite_cli.bench.results import load_result
+
+        quiet_p99 = (load_result(baseline, ("soak",)).get("valid_latency_s") or {}).get("p99")
+        if not quiet_p99:
+            raise ConfigError(f"--baseline {baseline} has no valid requests' latency",
+                              hint="pass a soak result whose run had valid traffic",
+                              code="result_wrong_kind")
     host = HostileHost()
     server = EmbeddedServer(None, ["--decode-isolation", decode_isolation, *SERVER_ARGS,
                                    # a small cache: it fills during warm-up, so growth after

@@ -7,7 +7,6 @@ from typing import Any
 
 from aphrodite_cli.bench.stats import summary
 
-SCHEMA_VERSION = 1
 STAGES = ("fetch_s", "hash_s", "cache_lookup_s", "media_decode_s", "processor_s", "encoder_s")
 
 
@@ -181,7 +180,7 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
 
     phases = asyncio.run(run())
     doc: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION, "kind": "mm-processor", "model": loaded.name,
+        "kind": "mm-processor", "model": loaded.name,
         "architecture": loaded.spec.name, "num_prompts": num_prompts, "mode": mode,
         "dataset": {"name": "jsonl" if jsonl is not None else "random-mm",
                     "path": str(jsonl) if jsonl is not None else None,
@@ -232,7 +231,7 @@ def run_batching(model: str | None, *, concurrency: int, max_tokens: int, repeat
         one_by_one.append(time.perf_counter() - start)
     llm.close()
     t, s = summary(together), summary(one_by_one)
-    return {"schema_version": SCHEMA_VERSION, "kind": "batching", "model": llm.loaded.name,
+    return {"kind": "batching", "model": llm.loaded.name,
             "concurrency": concurrency, "max_tokens": max_tokens, "repeats": repeats,
             "concurrent_s": t, "sequential_s": s,
             "speedup_median": s["median"] / t["median"]}

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from aphrodite_cli.bench.results import load_result
 from engine.errors import ConfigError
 
 DEFAULT_THRESHOLD = 0.05
@@ -48,10 +49,7 @@ def samples(paths: list[Path]) -> dict[tuple[str, str], list[float]]:
     """(phase, metric) -> pooled samples from result files."""
     pooled: dict[tuple[str, str], list[float]] = {}
     for path in paths:
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read result file {path}: {exc}") from None
+        doc = load_result(path, ("serve", "mm-processor"))
         for phase, result in (doc.get("phases") or {}).items():
             for metric, values in (result.get("samples") or {}).items():
                 if isinstance(values, list) and values and isinstance(values[0], int | float):
@@ -122,13 +120,7 @@ def _capacities(paths: list[Path]) -> dict[str, list[float]]:
     """phase -> capacities (requests/s) of the sweep result files."""
     out: dict[str, list[float]] = {}
     for path in paths:
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read result file {path}: {exc}") from None
-        if doc.get("kind") != "sweep":
-            raise ConfigError(f"{path} is a {doc.get('kind')!r} result, not a sweep",
-                              hint="compare sweeps with sweeps")
+        doc = load_result(path, ("sweep",))
         for phase, result in (doc.get("phases") or {}).items():
             rate = (result.get("capacity") or {}).get("rate")
             if rate is not None:

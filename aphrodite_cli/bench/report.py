@@ -11,20 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError
-
 STAGES = ("fetch_s", "media_decode_s", "processor_s", "queue_s", "encoder_s", "prefill_s",
           "decode_s")
 
 
 def _load(paths: list[Path]) -> list[tuple[Path, dict[str, Any]]]:
-    docs = []
-    for path in paths:
-        try:
-            docs.append((path, json.loads(path.read_text())))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read result file {path}: {exc}") from None
-    return docs
+    from aphrodite_cli.bench.results import load_result
+
+    return [(path, load_result(path)) for path in paths]
 
 
 def _png(fig) -> bytes:

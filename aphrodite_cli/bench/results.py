@@ -1,4 +1,6 @@
-"""Writing result files: one JSON per run, with the environment it ran in."""
+"""Result files: one JSON per run, with the environment it ran in; the one place that knows
+each kind's schema version, and the one loader (gate, report, soak baseline) that refuses a
+file of another kind or version with a clear error instead of reading it wrong."""
 
 from __future__ import annotations
 
@@ -8,8 +10,26 @@ from pathlib import Path
 from typing import Any
 
 from aphrodite_cli.bench import environment
+from engine.errors import ConfigError
 
 DEFAULT_DIR = Path("results")
+
+#: kind -> the schema version this code writes and reads. Bump a kind's version when a field
+#: it has changes meaning or goes away (new fields need no bump).
+SCHEMA_VERSIONS: dict[str, int] = {
+    "serve": 1,  # bench serve
+    "sweep": 1,  # bench sweep
+    "mm-processor": 1,  # bench mm-processor
+    "batching": 1,  # bench batching
+    "video-decode": 1,  # bench video-decode
+    "soak": 3,  # bench soak (3: valid latency, attackers)
+}
+
+
+def stamp(doc: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``doc`` with its kind and that kind's schema version first."""
+    return {"schema_version": SCHEMA_VERSIONS[kind], "kind": kind,
+            **{k: v for k, v in doc.items() if k not in ("schema_version", "kind")}}
 
 
 def write_result(doc: dict[str, Any], kind: str, out_dir: Path | None = None, *,
@@ -18,16 +38,42 @@ def write_result(doc: dict[str, Any], kind: str, out_dir: Path | None = None, *,
     name instead, as vLLM's --result-filename)."""
     folder = out_dir or DEFAULT_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    doc = {**doc, "environment": environment.capture(),
+    doc = {**stamp(doc, kind), "environment": environment.capture(),
            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if filename:
         path = folder / Path(filename).name
-        path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-        return path
-    path = folder / f"{kind}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
-    n = 1
-    while path.exists():
-        n += 1
-        path = folder / f"{kind}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{n}.json"
+    else:
+        path = folder / f"{kind}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+        n = 1
+        while path.exists():
+            n += 1
+            path = folder / f"{kind}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{n}.json"
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return path
+
+
+def load_result(path: Path, kinds: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """A result file of one of ``kinds`` (any known kind when None) at the schema version
+    this code reads; anything else is a ConfigError naming the file and what it holds."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read result file {path}: {exc.strerror or exc}",
+                          code="result_unreadable") from None
+    except ValueError:
+        raise ConfigError(f"{path} is not JSON", hint="pass a file that an aphrodite bench "
+                          "command wrote", code="result_unreadable") from None
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    wanted = kinds or tuple(SCHEMA_VERSIONS)
+    if kind not in wanted:
+        raise ConfigError(f"{path} is {'a ' + repr(kind) if kind else 'not an aphrodite'} "
+                          f"result, not {' or '.join(wanted)}",
+                          hint="pass a file that the matching aphrodite bench command wrote",
+                          code="result_wrong_kind")
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSIONS[kind]:
+        raise ConfigError(f"{path} is a {kind} result of schema version {version}; this "
+                          f"aphrodite reads version {SCHEMA_VERSIONS[kind]}",
+                          hint="re-run the benchmark with this version, or compare it with "
+                               "the aphrodite version that wrote it", code="result_old_schema")
+    return doc

@@ -20,9 +20,6 @@ from aiohttp import web
 from aphrodite_cli.bench.datasets import BenchRequest, MediaSpec, render_media
 from aphrodite_cli.bench.metrics import FORMULAS, RequestRecord, compute
 
-SCHEMA_VERSION = 1
-
-
 #: Where a chat benchmark posts, relative to the server's root (vLLM's --endpoint default).
 CHAT_ENDPOINT = "/v1/chat/completions"
 
@@ -327,7 +324,7 @@ def document(cfg: LoadConfig, phases: dict[str, Any], extra: dict[str, Any]) -> 
         for key in ("achieved_send_rate", "scheduled_rate"):
             if math.isinf(phase.get(key, 0)):
                 phase[key] = None
-    return {"schema_version": SCHEMA_VERSION, "kind": "serve", "config": config,
+    return {"kind": "serve", "config": config,
             "formulas": FORMULAS, "phases": phases, **extra}
 
 

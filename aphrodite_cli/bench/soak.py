@@ -246,7 +246,7 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
     valid_5xx = sum(1 for r in results
                     if r[0].startswith("valid") and (r[3] >= 500 or r[3] == 0))
     return {
-        "schema_version": 3, "kind": "soak", "duration_s": duration_s,
+        "kind": "soak", "duration_s": duration_s,
         "concurrency": concurrency, "hostile_share": hostile_share, "seed": seed,
         "valid_pool": len(valid),
         "buckets": {",".join(map(str, k)): v for k, v in (buckets or SOAK_BUCKETS).items()},

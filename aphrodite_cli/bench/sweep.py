@@ -42,7 +42,6 @@ from aphrodite_cli.bench.serve_bench import (
 )
 from engine.errors import ConfigError
 
-SCHEMA_VERSION = 1
 #: SLO metric names (vLLM's ``e2el`` too) -> the per-request sample list they read.
 SLO_METRICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2e_ms",
                "e2el": "e2e_ms"}

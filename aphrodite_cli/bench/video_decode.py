@@ -29,7 +29,6 @@ from engine.media.video.loader import load_video
 from engine.media.video.options import build_spec
 from engine.paths import cache_root
 
-SCHEMA_VERSION = 1
 SETTLE_S = 0.25  # pause after the ffmpeg subprocess before timing anything else
 STANDARD_CLIP = {"width": 1920, "height": 1080, "fps": 30, "seconds": 10.0, "gop": 250,
                  "bframes": 3, "codec": "libx264"}
@@ -229,7 +228,6 @@ def run(
     ref_median = statistics.median(ffmpeg_times) if ffmpeg_times else None
     meta = reference.metadata
     return {
-        "schema_version": SCHEMA_VERSION,
         "kind": "video-decode",
         "clip": {"path": str(clip), "bytes": len(data), "codec": meta.codec,
                  "width": meta.width, "height": meta.height, "frames": meta.total_frames,
