@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -67,3 +67,12 @@ def parse_json_flag(flag: str, text: str | None) -> dict | None:
         raise ConfigError(f"{flag} must be a JSON object, not {type(value).__name__}",
                           code="invalid_json_flag")
     return value
+
+
+# Choice flags: typed as their choices, so Typer lists them in --help and refuses anything
+# else with the flag's name and the bad value (exit 2).
+Mode = Literal["cold", "warm", "both"]
+MediaDelivery = Literal["data-url", "http"]
+DatasetName = Literal["random-mm", "jsonl", "random"]
+DecodeIsolation = Literal["process", "thread"]
+SweepProfile = Literal["sweep"]

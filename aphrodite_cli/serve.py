@@ -10,6 +10,7 @@ import typer
 from aphrodite_cli.options import (
     AllowedLocalMediaPath,
     AllowedMediaDomains,
+    DecodeIsolation,
     MediaIoKwargs,
     parse_json_flag,
     split_hosts,
@@ -81,7 +82,7 @@ def serve(
     max_pending_requests: Annotated[int, typer.Option(
         min=1, help="Requests in flight per API server before 503 + Retry-After, e.g. 256.")
     ] = 256,
-    decode_isolation: Annotated[str, typer.Option(
+    decode_isolation: Annotated[DecodeIsolation, typer.Option(
         help="process (decode worker processes: a decoder crash, hang or memory blow-up "
              "fails one request, not the server) or thread (in the API server, faster by "
              "one hand-over through shared memory).")] = "process",

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from aphrodite_cli.options import DatasetName, DecodeIsolation, MediaDelivery, Mode, SweepProfile
 from aphrodite_cli.output import err, out
 
 app = typer.Typer(help="Benchmarks that write result files.", no_args_is_help=True)
@@ -111,9 +112,10 @@ def mm_processor(
         metavar="JSON", help='"height,width,frames": probability (default 1280x720 images).')
     ] = '{"720,1280,1": 1}',
     items_per_request: Annotated[int, typer.Option(min=1)] = 1,
-    media_delivery: Annotated[str, typer.Option(help="data-url, or http (a loopback media "
-                                                "server: adds a real download).")] = "data-url",
-    mode: Annotated[str, typer.Option(help="cold, warm or both")] = "both",
+    media_delivery: Annotated[MediaDelivery, typer.Option(
+        help="data-url, or http (a loopback media server: adds a real download).")
+    ] = "data-url",
+    mode: Annotated[Mode, typer.Option(help="cold, warm or both")] = "both",
     encoder: Annotated[bool, typer.Option(help="Also time the vision/audio encoder.")] = True,
     dataset_path: Annotated[Path | None, typer.Option(
         help="A JSONL dataset (as for bench serve) instead of random-mm.")] = None,
@@ -130,10 +132,7 @@ def mm_processor(
     from aphrodite_cli.bench.datasets import parse_buckets
     from aphrodite_cli.bench.engine_bench import STAGES, run_mm_processor
     from aphrodite_cli.bench.results import write_result
-    from engine.errors import ConfigError
 
-    if mode not in ("cold", "warm", "both") or media_delivery not in ("http", "data-url"):
-        raise ConfigError("--mode is cold, warm or both; --media-delivery http or data-url")
     doc = run_mm_processor(
         model, num_prompts=num_prompts, buckets=parse_buckets(bucket_config),
         items=items_per_request, media_delivery=media_delivery, mode=mode, seed=seed,
@@ -220,7 +219,7 @@ def serve_cmd(
         help="Model name to send (and to serve with --embedded); default: the first of the "
              "target's GET /v1/models.")] = None,
     api_key: Annotated[str | None, typer.Option(help="Bearer key for the target.")] = None,
-    dataset: Annotated[str, typer.Option(
+    dataset: Annotated[DatasetName, typer.Option(
         "--dataset", "--dataset-name",
         help="random-mm, jsonl, or vLLM's random (text only: random-mm with no media).")
     ] = "random-mm",
@@ -235,9 +234,9 @@ def serve_cmd(
                           ] = 1.0,
     max_concurrency: Annotated[int | None, typer.Option(min=1)] = None,
     seed: Annotated[int, typer.Option()] = 0,
-    mode: Annotated[str, typer.Option(help="cold, warm or both.")] = "both",
-    media_delivery: Annotated[str, typer.Option(help="data-url or http (a built-in loopback "
-                                                "media server).")] = "data-url",
+    mode: Annotated[Mode, typer.Option(help="cold, warm or both.")] = "both",
+    media_delivery: Annotated[MediaDelivery, typer.Option(
+        help="data-url or http (a built-in loopback media server).")] = "data-url",
     items_per_request: Annotated[int, typer.Option(min=0)] = 1,
     bucket_config: Annotated[str | None, typer.Option(
         metavar="JSON", help='"height,width,frames": probability; frames > 1 is a video.')
@@ -295,10 +294,6 @@ def serve_cmd(
                           code="invalid_flag")
     if dataset == "random":  # vLLM's text-only random dataset
         dataset, items_per_request = "random-mm", 0
-    if mode not in ("cold", "warm", "both") or media_delivery not in ("data-url", "http") or \
-            dataset not in ("random-mm", "jsonl"):
-        raise ConfigError("--mode is cold/warm/both, --media-delivery data-url/http, "
-                          "--dataset random-mm/jsonl/random", code="invalid_flag")
     extra = list(ctx.args)
     goodput_parts = [goodput] if goodput else []
     if extra and goodput and all(re.fullmatch(r"[A-Za-z0-9]+:[0-9.]+", a) for a in extra):
@@ -466,12 +461,12 @@ def sweep_cmd(
     model: Annotated[str | None, typer.Option(
         help="Model name to send; default: the first of GET /v1/models.")] = None,
     api_key: Annotated[str | None, typer.Option(help="Bearer key for the target.")] = None,
-    mode: Annotated[str, typer.Option(help="cold, warm or both.")] = "cold",
+    mode: Annotated[Mode, typer.Option(help="cold, warm or both.")] = "cold",
     rates: Annotated[str | None, typer.Option(help="Request rates to measure, e.g. 1,2,4,8.")
                      ] = None,
     concurrencies: Annotated[str | None, typer.Option(
         help="Concurrencies to measure (closed loop), e.g. 1,4,16.")] = None,
-    profile: Annotated[str | None, typer.Option(
+    profile: Annotated[SweepProfile | None, typer.Option(
         help="sweep: one at a time, all at once, then --num-points rates between.")] = None,
     num_points: Annotated[int, typer.Option(min=1)] = 5,
     slo: Annotated[list[str] | None, typer.Option(
@@ -495,7 +490,8 @@ def sweep_cmd(
     ] = None,
     prompt_len: Annotated[int, typer.Option(min=1)] = 32,
     output_len: Annotated[int, typer.Option(min=1)] = 16,
-    media_delivery: Annotated[str, typer.Option(help="data-url or http.")] = "data-url",
+    media_delivery: Annotated[MediaDelivery, typer.Option(help="data-url or http.")
+                              ] = "data-url",
     seed: Annotated[int, typer.Option()] = 0,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
 ) -> None:
@@ -512,10 +508,6 @@ def sweep_cmd(
     if embedded == bool(base_url):
         raise ConfigError("pass exactly one of --base-url URL (or --host/--port) or --embedded",
                           code="invalid_flag")
-    if mode not in ("cold", "warm", "both") or media_delivery not in ("data-url", "http") or \
-            profile not in (None, "sweep"):
-        raise ConfigError("--mode is cold/warm/both, --media-delivery data-url/http, "
-                          "--profile sweep", code="invalid_flag")
     try:
         rate_list = [float(r) for r in (rates or "").split(",") if r.strip()]
         conc_list = [int(c) for c in (concurrencies or "").split(",") if c.strip()]
@@ -669,7 +661,8 @@ def soak(
                       ] = 10.0,
     max_rss_growth: Annotated[float, typer.Option(help="Allowed RSS growth after warm-up.")
                               ] = 0.25,
-    decode_isolation: Annotated[str, typer.Option(help="thread or process.")] = "process",
+    decode_isolation: Annotated[DecodeIsolation, typer.Option(help="thread or process.")
+                                ] = "process",
     bucket_config: Annotated[str | None, typer.Option(
         help='Valid media as in bench serve: "height,width,frames": probability; default '
              '{"64,96,1": 0.5, "240,320,1": 0.25, "240,320,30": 0.25}.')] = None,
