@@ -330,6 +330,18 @@ def test_a_vllm_bench_serve_command_line_runs_as_written(mock_process, tmp_path)
     # no progress bar mixed into the results
     assert "TTFT p50/p90/p99 ms" in done.stdout and "…" not in done.stdout
     assert "cold phase" not in done.stdout + done.stderr
+    # vLLM's default backend posts text prompts to /v1/completions
+    done = subprocess.run(
+        [str(exe), "bench", "serve", "--base-url", f"http://127.0.0.1:{mock_process}",
+         "--backend", "openai", "--dataset-name", "random", "--random-input-len", "8",
+         "--random-output-len", "4", "--num-prompts", "6", "--num-warmups", "0", "--mode",
+         "cold", "--result-dir", str(tmp_path), "--result-filename", "completions.json"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    doc = json.loads((tmp_path / "completions.json").read_text())
+    assert doc["target"]["endpoint"] == "/v1/completions"
+    assert doc["phases"]["cold"]["completed"] == 6
+    assert doc["phases"]["cold"]["total_output_tokens"] == 6 * 4
     done = subprocess.run([str(exe), "bench", "serve", "--embedded", "stray"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "unexpected argument(s): stray" in done.stdout + done.stderr

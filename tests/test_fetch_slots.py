@@ -78,3 +78,33 @@ async def test_zero_means_no_share_and_the_pool_is_the_only_limit():
     assert "--max-concurrent-fetches" in info.value.hint
     release.set()
     await asyncio.gather(*held)
+
+
+async def test_a_client_waits_for_at_most_its_share_then_is_refused_at_once():
+    """Waiting requests hold places in the decode queue in front of the slots: one client may
+    have its share fetching and as many waiting, no more."""
+    slots, release = FetchSlots(total=8, per_client=2), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    held = [asyncio.create_task(hold_until(slots, "a", release)) for _ in range(4)]
+    await asyncio.sleep(0.05)  # two hold, two wait
+    started = loop.time()
+    with pytest.raises(OverloadedError) as info:
+        async with slots.hold("a", loop.time() + 30, 30):
+            pass
+    assert loop.time() - started < 5  # refused at once, not at its 30 s deadline
+    assert "--max-fetches-per-client" in info.value.hint
+    async with slots.hold("b", loop.time() + 1, 1):  # another client is not affected
+        pass
+    release.set()
+    await asyncio.gather(*held)
+    assert slots.clients == 0
+
+
+@pytest.mark.parametrize(("peer", "key"), [
+    ("10.0.0.1", "10.0.0.1"), ("::ffff:10.0.0.1", "10.0.0.1"),
+    ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"), ("2001:db8:1:2:bbbb::9", "2001:db8:1:2::/64"),
+    ("fe80::1%eth0", "fe80::/64"), (None, ""), ("unix", "unix")])
+def test_an_ipv6_client_is_its_64(peer, key):
+    from engine.server.fetch_slots import client_key
+
+    assert client_key(peer) == key

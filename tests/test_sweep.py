@@ -124,7 +124,7 @@ def test_the_command_writes_every_point_and_the_capacity(tmp_path):
 def test_the_gate_compares_sweeps_on_capacity(tmp_path):
     exe = Path(sys.executable).with_name("aphrodite")
 
-    def sweep_file(name: str, rate: float) -> Path:
+    def sweep_file(name: str, rate: float | None) -> Path:
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({"kind": "sweep", "schema_version": 1, "phases": {
             "cold": {"capacity": {"rate": rate}, "points": []}}}))
@@ -141,3 +141,34 @@ def test_the_gate_compares_sweeps_on_capacity(tmp_path):
                            str(sweep_file("c30b", 30.0)), "--threshold", "capacity:30%"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+    # a candidate whose SLOs held at no rate at all has capacity 0: a regression
+    done = subprocess.run([str(exe), "bench", "gate", "--baseline", str(base), "--candidate",
+                           str(sweep_file("none", None))], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+
+
+def test_a_sweep_against_a_target_that_refuses_every_request_exits_1(tmp_path):
+    """A wrong model (or URL, or key) stops the sweep at its first point instead of
+    searching a capacity of errors and exiting 0."""
+    from tests.server_harness import free_port, wait_exit
+
+    port = free_port()
+    exe = Path(sys.executable).with_name("aphrodite")
+    mock = subprocess.Popen([str(exe), "bench", "mock-server", "--port", str(port), "--model",
+                             "acme/vlm", "--require-model"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        mock.stdout.readline()
+        done = subprocess.run([str(exe), "bench", "sweep", "--base-url",
+                               f"http://127.0.0.1:{port}", "--model", "acme/other",
+                               "--items-per-request", "0", "--slo", "ttft:p99:300",
+                               "--out-dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        mock.terminate()
+        wait_exit(mock, 30)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said
+    assert "HTTP 400" in said and "does not exist" in said and "--model" in said
+    assert list(tmp_path.glob("sweep-*.json")) == []

@@ -27,6 +27,10 @@ class Attackers:
     """``slow_bodies`` connections dripping a body, and ``drip_flood`` clients sending
     requests whose image URL is ``drip_url``, back to back until :meth:`stop`."""
 
+    #: Longest one attack may wait for its answer: the server's body deadline and fetch
+    #: deadlines are far shorter, so a server that has not answered by then hangs.
+    EXCHANGE_LIMIT_S = 120.0
+
     def __init__(self, base_url: str, model: str, *, slow_bodies: int, drip_flood: int,
                  drip_url: str, source: str | None) -> None:
         url = urlsplit(base_url)
@@ -78,9 +82,14 @@ class Attackers:
         while not self._stopping.is_set():
             start = time.monotonic()
             try:
-                status, code = await attack()
+                async with asyncio.timeout(self.EXCHANGE_LIMIT_S):
+                    status, code = await attack()
+            except TimeoutError:  # the server never answered: a hang is a mismatch
+                status, code = 0, "no_answer"
             except OSError:
                 status, code = 0, None
+            except Exception as exc:  # a broken answer is a mismatch, not a silent end
+                status, code = 0, type(exc).__name__
             self.results.append((kind, status, code, time.monotonic() - start))
             if status == 0:
                 await asyncio.sleep(0.5)  # the server is not there: do not spin

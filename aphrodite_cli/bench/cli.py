@@ -211,8 +211,12 @@ def serve_cmd(
                                              "--base-url (vLLM's flags).")] = None,
     port: Annotated[int | None, typer.Option(help="Target port (with --host, default "
                                              "127.0.0.1).")] = None,
-    endpoint: Annotated[str, typer.Option(help="Path posted to under the root.")
-                        ] = "/v1/chat/completions",
+    endpoint: Annotated[str | None, typer.Option(
+        help="Path posted to under the root (default /v1/chat/completions; /v1/completions "
+             "sends text prompts).")] = None,
+    backend: Annotated[str | None, typer.Option(
+        help="vLLM's --backend: openai-chat (/v1/chat/completions) or openai/vllm "
+             "(/v1/completions), when --endpoint is not given.")] = None,
     embedded: Annotated[bool, typer.Option(help="Start this project's server (tiny default "
                                            "model) for the run.")] = False,
     model: Annotated[str | None, typer.Option(
@@ -241,8 +245,12 @@ def serve_cmd(
     bucket_config: Annotated[str | None, typer.Option(
         metavar="JSON", help='"height,width,frames": probability; frames > 1 is a video.')
     ] = None,
-    prompt_len: Annotated[int, typer.Option(min=1, help="Words of text per prompt.")] = 32,
-    output_len: Annotated[int, typer.Option(min=1, help="Tokens per answer.")] = 16,
+    prompt_len: Annotated[int, typer.Option(
+        "--prompt-len", "--random-input-len", min=1,
+        help="Words of text per prompt (vLLM's --random-input-len counts tokens; a word is "
+             "about one token).")] = 32,
+    output_len: Annotated[int, typer.Option(
+        "--output-len", "--random-output-len", min=1, help="Tokens per answer.")] = 16,
     image_format: Annotated[str, typer.Option(help="JPEG, PNG or WEBP.")] = "JPEG",
     image_quality: Annotated[int, typer.Option(min=1, max=100)] = 90,
     video_codec: Annotated[str, typer.Option()] = "libx264",
@@ -294,6 +302,18 @@ def serve_cmd(
                           code="invalid_flag")
     if dataset == "random":  # vLLM's text-only random dataset
         dataset, items_per_request = "random-mm", 0
+    if endpoint is None:
+        backends = {"openai-chat": "/v1/chat/completions", "openai": "/v1/completions",
+                    "vllm": "/v1/completions", None: "/v1/chat/completions"}
+        if backend not in backends:
+            raise ConfigError(f"--backend {backend!r} is not one of openai-chat, openai, vllm",
+                              code="invalid_flag")
+        endpoint = backends[backend]
+    if not endpoint.rstrip("/").endswith("chat/completions") and (
+            items_per_request > 0 or dataset == "jsonl"):
+        raise ConfigError(f"--endpoint {endpoint} takes text prompts only, so it cannot carry "
+                          "media", hint="use /v1/chat/completions, or --items-per-request 0 "
+                          "(--dataset-name random)", code="invalid_flag")
     extra = list(ctx.args)
     goodput_parts = [goodput] if goodput else []
     if extra and goodput and all(re.fullmatch(r"[A-Za-z0-9]+:[0-9.]+", a) for a in extra):
@@ -492,6 +512,9 @@ def sweep_cmd(
     output_len: Annotated[int, typer.Option(min=1)] = 16,
     media_delivery: Annotated[MediaDelivery, typer.Option(help="data-url or http.")
                               ] = "data-url",
+    max_failure_rate: Annotated[float, typer.Option(
+        min=0, max=1, help="Exit 1 when more than this share of a point's requests failed.")
+    ] = 0.0,
     seed: Annotated[int, typer.Option()] = 0,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
 ) -> None:
@@ -499,9 +522,14 @@ def sweep_cmd(
     from aphrodite_cli.bench import sweep as sw
     from aphrodite_cli.bench.datasets import parse_buckets, random_mm
     from aphrodite_cli.bench.results import write_result
-    from aphrodite_cli.bench.serve_bench import LoadConfig, first_model, server_root
+    from aphrodite_cli.bench.serve_bench import (
+        LoadConfig,
+        TargetRefused,
+        first_model,
+        server_root,
+    )
     from aphrodite_cli.bench.serve_run import EmbeddedServer
-    from engine.errors import ConfigError
+    from engine.errors import BenchmarkFailed, ConfigError
 
     if base_url is None and (host or port):
         base_url = f"http://{host or '127.0.0.1'}:{port or 8000}"
@@ -545,9 +573,17 @@ def sweep_cmd(
                          api_key=api_key, burstiness=burstiness, seed=seed,
                          media_delivery=media_delivery)
         modes = ("cold", "warm") if mode == "both" else (mode,)
-        doc = sw.run(cfg, make, modes=modes, settings=settings, slos=slos, rates=rate_list,
-                     concurrencies=conc_list, pool_size=num_prompts, seed=seed,
-                     media_delivery=media_delivery, on_point=on_point)
+        try:
+            doc = sw.run(cfg, make, modes=modes, settings=settings, slos=slos,
+                         rates=rate_list, concurrencies=conc_list, pool_size=num_prompts,
+                         seed=seed, media_delivery=media_delivery, on_point=on_point)
+        except TargetRefused as refused:
+            first = refused.records[0]
+            raise BenchmarkFailed(
+                f"the first {len(refused.records)} requests to {refused.url} all got HTTP "
+                f"{first.status} ({first.error}); the sweep was stopped. The target said: "
+                f"{(first.error_body or '').strip()[:300]}",
+                hint="check --base-url/--endpoint, --model and --api-key") from None
     finally:
         if server:
             server.stop()
@@ -570,6 +606,20 @@ def sweep_cmd(
                       f"{cap['why']}); {len(result['points'])} points in "
                       f"{result['seconds']:.0f} s", markup=False)
     out.print(f"result: {path}", markup=False)
+    too_many = [f"{phase} {p['kind']} point"
+                + (f" at {p['offered_rate']:.3g}/s" if p["offered_rate"] else "")
+                + f": {p['result']['failed']} of {p['requests']} failed "
+                f"({', '.join(p['result']['failures_by_type'])})"
+                for phase, result in doc["phases"].items() for p in result["points"]
+                # all at once may be refused by a server that sheds load, and so may the
+                # search's points above the capacity: those failures are its answer
+                if p["kind"] != "saturation" and (not slos or p["kind"] == "synchronous")
+                and p["result"]["failed"] > max_failure_rate * p["requests"]]
+    if too_many:
+        raise BenchmarkFailed("; ".join(too_many[:5]) + f" (more than --max-failure-rate "
+                              f"{max_failure_rate:g}); result: {path}",
+                              hint="a point with failures measures errors, not the server",
+                              code="requests_failed")
 
 
 @app.command(

@@ -117,14 +117,15 @@ def verdicts_json(verdicts: list[Verdict]) -> list[dict[str, Any]]:
 
 
 def _capacities(paths: list[Path]) -> dict[str, list[float]]:
-    """phase -> capacities (requests/s) of the sweep result files."""
+    """phase -> capacities (requests/s) of the sweep result files; a phase searched without
+    a rate that met the SLOs counts as capacity 0."""
     out: dict[str, list[float]] = {}
     for path in paths:
         doc = load_result(path, ("sweep",))
         for phase, result in (doc.get("phases") or {}).items():
-            rate = (result.get("capacity") or {}).get("rate")
-            if rate is not None:
-                out.setdefault(phase, []).append(float(rate))
+            if result.get("capacity") is None:
+                continue  # measured points only (no --slo): no capacity to compare
+            out.setdefault(phase, []).append(float(result["capacity"].get("rate") or 0.0))
     return out
 
 
@@ -140,6 +141,11 @@ def compare_capacity(baseline: list[Path], candidate: list[Path],
     """Per phase: the candidate's capacity (median over its files) against the baseline's;
     a regression is a drop of more than ``threshold``."""
     base, cand = _capacities(baseline), _capacities(candidate)
+    missing = sorted(set(base) - set(cand))
+    if missing:
+        raise ConfigError(f"the candidate sweeps have no capacity for phase(s) "
+                          f"{', '.join(missing)}, which the baseline has",
+                          hint="run the candidate with the same --mode and --slo")
     verdicts = []
     for phase in sorted(set(base) & set(cand)):
         b, c = float(np.median(base[phase])), float(np.median(cand[phase]))

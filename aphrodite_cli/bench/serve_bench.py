@@ -135,6 +135,13 @@ def build_payload(req: BenchRequest, cfg: LoadConfig, host: MediaHost | None,
                                        fps=cfg.video_fps, gop=cfg.video_gop)
         media_bytes.append(cache[spec])
     start = time.perf_counter()
+    if not cfg.endpoint.endswith("chat/completions"):  # /v1/completions: a text prompt
+        body: dict[str, Any] = {"prompt": req.prompt, "max_tokens": req.output_len,
+                                "stream": True, "stream_options": {"include_usage": True},
+                                "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos}
+        if cfg.model:
+            body["model"] = cfg.model
+        return json.dumps(body).encode(), time.perf_counter() - start
     if req.messages is not None:
         messages = req.messages
     else:
@@ -162,7 +169,10 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
         async with session.post(url, data=body, headers=headers) as resp:
             record.status = resp.status
             if resp.status != 200:
-                text = (await resp.content.read(2048)).decode("utf-8", "replace")
+                body = b""
+                while len(body) < 65536 and (piece := await resp.content.read(65536)):
+                    body += piece  # the whole error body (bounded), however it arrives
+                text = body[:65536].decode("utf-8", "replace")
                 try:
                     code = json.loads(text).get("error", {}).get("code")
                 except (json.JSONDecodeError, AttributeError):
@@ -217,8 +227,11 @@ class TargetRefused(Exception):
 
 
 def _refused_alike(records: list[RequestRecord]) -> bool:
+    """The same client error for all: a wrong URL, model or key. Not 408 or 429 (a slow or
+    rate-limiting target is a result to measure, not a mistake in the command)."""
     statuses = {r.status for r in records}
-    return len(statuses) == 1 and all(r.status and 400 <= r.status < 500 for r in records)
+    return len(statuses) == 1 and all(r.status and 400 <= r.status < 500
+                                      and r.status not in (408, 429) for r in records)
 
 
 def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> list[float]:

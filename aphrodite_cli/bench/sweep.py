@@ -40,7 +40,7 @@ from aphrodite_cli.bench.serve_bench import (
     run_phase,
     scheduled_rate,
 )
-from engine.errors import ConfigError
+from engine.errors import BenchmarkFailed, ConfigError
 
 #: SLO metric names (vLLM's ``e2el`` too) -> the per-request sample list they read.
 SLO_METRICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2e_ms",
@@ -112,7 +112,10 @@ class Payloads:
         self.cursor = 0
 
     def take(self, n: int) -> list[tuple[bytes, float]]:
-        if self.mode == "cold":
+        if self.mode == "cold":  # new media each time: nothing rendered before is sent again
+            self.cache.clear()
+            if self.host:
+                self.host.files.clear()
             return [build_payload(r, self.cfg, self.host, self.cache)
                     for r in self.make(n, nonce())]
         out = [self.pool[(self.cursor + i) % len(self.pool)] for i in range(n)]
@@ -146,8 +149,10 @@ class Sweep:
         if requests is None:
             requests = (max(s.min_requests, math.ceil(rate * s.duration_s))
                         if math.isfinite(rate) else max(s.min_requests, 4 * (concurrency or 1)))
+        # The first point stops at once when the target refuses every request alike (a wrong
+        # URL, model or key); later points measure whatever happens.
         cfg = replace(self.cfg, request_rate=rate, max_concurrency=concurrency,
-                      abort_after=0, goodput={})
+                      abort_after=self.cfg.abort_after if not self.points else 0, goodput={})
         if s.num_warmups:
             await run_phase(self.payloads.take(s.num_warmups),
                             replace(cfg, request_rate=math.inf, max_concurrency=concurrency))
@@ -207,7 +212,9 @@ class Sweep:
         if high["met"]:
             return {"rate": top, "limited_by": "saturation", "point": high["slos"],
                     "why": "the SLOs hold up to the highest rate the server served"}
-        low_rate = sync["served_rate"] or top / 8
+        # below the top (a server can serve one at a time faster than a burst), so the
+        # bracket is never upside down
+        low_rate = min(sync["served_rate"] or top / 8, top / 2)
         low = await self.point(rate=low_rate)
         tries = 2
         while not low["met"] and tries < self.settings.max_search_points:
@@ -247,10 +254,18 @@ async def run_sweep(cfg: LoadConfig, make: Callable[[int, int], list], *, modes:
     start = time.perf_counter()
     try:
         for mode in modes:
+            if host:
+                host.files.clear()  # the last phase's media: nobody asks for them again
             payloads = Payloads(make, cfg, host, mode, pool_size, seed)
             if mode == "warm":  # the pool, once, so every measured request is a cache hit
-                await run_phase(payloads.pool, replace(cfg, request_rate=math.inf,
-                                                       abort_after=0))
+                records, _, _ = await run_phase(payloads.pool, replace(cfg,
+                                                                       request_rate=math.inf))
+                failed = [r for r in records if not r.ok]
+                if failed:
+                    raise BenchmarkFailed(
+                        f"{len(failed)} of the warm phase's {len(records)} pool requests failed "
+                        f"({failed[0].error}), so its points would not all be cache hits",
+                        hint="fix what the failures say, or measure --mode cold")
             sweep = Sweep(cfg, payloads, settings, slos,
                           on_point=lambda p, m=mode: on_point(m, p))
             phase_start = time.perf_counter()

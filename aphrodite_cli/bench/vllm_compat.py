@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
+
 from aphrodite_cli.bench.stats import percentile
 from engine.errors import ConfigError
 
@@ -70,7 +72,8 @@ def flat_fields(phase: dict[str, Any], metrics: list[str], percentiles: list[flo
         summary, samples = phase[METRICS[metric]], phase["samples"].get(METRICS[metric], [])
         out[f"mean_{metric}_ms"] = summary.get("mean")
         out[f"median_{metric}_ms"] = summary.get("median")
-        out[f"std_{metric}_ms"] = summary.get("std")
+        # vLLM's std is numpy's (population, ddof=0); ours elsewhere is the sample std
+        out[f"std_{metric}_ms"] = float(np.std(samples)) if samples else None
         for p in percentiles:
             out[f"p{p:g}_{metric}_ms"] = percentile(samples, p) if samples else None
     return out

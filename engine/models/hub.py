@@ -49,13 +49,13 @@ def _patterns(repo_id: str, revision: str | None, weights: bool) -> list[str]:
     if _offline():
         return NON_WEIGHT_PATTERNS + SAFETENSORS_PATTERNS
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
 
     try:
         info = HfApi().model_info(repo_id, revision=revision)
-    except HfHubHTTPError:
-        raise  # the Hub answered: not found, gated, no such revision...
-    except Exception:  # the Hub cannot be reached: the download finds the cache or says so
+    except Exception:
+        # Unreachable, rate-limited, down, gated, not found: snapshot_download asks again and
+        # falls back to the cache where it can (a cached model still loads when the Hub
+        # answers 429 or 5xx), else raises what the Hub said.
         return NON_WEIGHT_PATTERNS + SAFETENSORS_PATTERNS
     names = [s.rfilename for s in info.siblings or []]
     has_safetensors = any(n.endswith(".safetensors") for n in names)

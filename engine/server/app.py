@@ -51,7 +51,7 @@ from engine.processing.preprocess import Preprocessor
 from engine.processing.prompt import render_chat
 from engine.server.config import ServerConfig
 from engine.server.engine_client import Completion, EngineClient
-from engine.server.fetch_slots import FetchSlots
+from engine.server.fetch_slots import FetchSlots, client_key
 from engine.server.front_door import auth_middleware, parse_body, read_body
 from engine.server.metrics import Metrics
 from engine.server.protocol import parse_generation_fields
@@ -279,7 +279,7 @@ async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamRe
     state: State = request.app[STATE]
     data = await read_json(request, ticket)
     start = time.perf_counter()
-    fields, processed = await prepare_chat(state, data, ticket, request.remote or "")
+    fields, processed = await prepare_chat(state, data, ticket, client_key(request.remote))
     return await respond(request, state, fields, processed, start, chat=True)
 
 

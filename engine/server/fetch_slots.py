@@ -1,11 +1,14 @@
 """The media fetch slots of one API server: ``--max-concurrent-fetches`` in all, at most
 ``--max-fetches-per-client`` of them held by one client.
 
-A client is the peer address of its connection. Without the per-client share, one client
-sending many slow-drip URLs holds every slot until their deadlines and every other client's
-media requests wait or fail; with it, that client waits for its own slots (and gets
-``fetch_slots_busy`` when its deadline passes) while the others go on. Waiting, for the
-client's share or for the pool, counts against the request's fetch deadline.
+A client is the peer address of its connection (an IPv6 peer: its /64, which one host
+usually owns whole). Without the per-client share, one client sending many slow-drip URLs
+holds every slot until their deadlines and every other client's media requests wait or fail;
+with it, that client waits for its own slots (and gets ``fetch_slots_busy`` when its deadline
+passes) while the others go on. At most as many of its requests wait as it may hold: past
+that, a 503 at once, so its waiting requests cannot fill the decode queue in front of the
+slots either. Waiting, for the client's share or for the pool, counts against the request's
+fetch deadline.
 
 Behind a reverse proxy every client has the proxy's address: there, set the share to 0 (no
 per-client share) or raise it.
@@ -14,10 +17,25 @@ per-client share) or raise it.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from engine.errors import OverloadedError
+
+
+def client_key(peer: str | None) -> str:
+    """The client a peer address belongs to: IPv4 as is (an IPv4-mapped IPv6 address as its
+    IPv4), IPv6 by its /64."""
+    try:
+        ip = ipaddress.ip_address((peer or "").split("%")[0])
+    except ValueError:
+        return peer or ""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 class _Share:
@@ -48,6 +66,12 @@ class FetchSlots:
         share = self._shares.get(client)
         if share is None:
             share = self._shares[client] = _Share(self.per_client)
+        if share.users >= 2 * self.per_client:  # its share held and as many waiting
+            raise OverloadedError(
+                f"this client already has {share.users} requests holding or waiting for its "
+                f"{self.per_client} media fetch slots", code="fetch_slots_busy",
+                hint="send fewer requests with remote media at once, or raise "
+                     "--max-fetches-per-client")
         share.users += 1
         return share
 
