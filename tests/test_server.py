@@ -349,3 +349,33 @@ def test_media_probe_refuses_and_accepts_exactly_as_serve(client, media, local_d
     assert outcomes == ["ok", "media_domain_not_allowed", "ok", "media_local_path_outside",
                         "media_data_url_malformed", "media_scheme_not_allowed",
                         "media_fetch_status"]
+
+
+@pytest.mark.parametrize(("param", "value"), [
+    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object"}}}]), ("logit_bias", {"42": 5}),
+    ("logprobs", True), ("presence_penalty", 0.5)])
+def test_openai_parameters_not_implemented_are_refused_by_name(client, param, value):
+    """A client asking for JSON output, tool calls or logprobs must not get plain text as if
+    it had been honoured: a 400 naming the parameter. Their "unused" values pass."""
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny-qwen2_5_vl", max_tokens=2, messages=[
+            {"role": "user", "content": "hi"}], extra_body={param: value})
+    assert info.value.body["param"] == param
+    assert info.value.body["code"] == "unsupported_parameter"
+    reply = client.chat.completions.create(
+        model="tiny-qwen2_5_vl", max_tokens=2, messages=[{"role": "user", "content": "hi"}],
+        extra_body={"response_format": {"type": "text"}, "presence_penalty": 0,
+                    "logprobs": False, "tools": []})
+    assert reply.usage.completion_tokens == 2
+
+
+def test_models_by_id_and_405_says_allow(server, client):
+    assert client.models.retrieve("tiny-qwen2_5_vl").id == "tiny-qwen2_5_vl"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    req = urllib.request.Request(f"{server.base}/v1/chat/completions",
+                                 headers={"Authorization": f"Bearer {KEY}"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req)
+    assert info.value.code == 405 and "POST" in info.value.headers["Allow"]

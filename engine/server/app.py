@@ -140,6 +140,8 @@ async def errors_middleware(request: web.Request, handler):
         response = web.json_response({"error": {"message": exc.reason, "type":
                                                 "invalid_request_error", "param": None,
                                                 "code": str(exc.status)}}, status=exc.status)
+        if "Allow" in exc.headers:  # a 405 says which methods the route takes
+            response.headers["Allow"] = exc.headers["Allow"]
     except Exception:
         logger.exception("unhandled error in %s", route)
         response = web.json_response({"error": {"message": "internal server error", "type":
@@ -425,6 +427,19 @@ async def models(request: web.Request) -> web.Response:
         "modalities": list(state.loaded.spec.modalities)}]})
 
 
+async def model(request: web.Request) -> web.Response:
+    """``GET /v1/models/{id}``: the served model, or 404 for any other id."""
+    state: State = request.app[STATE]
+    if request.match_info["model"] != state.name:
+        raise ModelNotFoundError(f"model {request.match_info['model']!r} is not served here; "
+                                 f"this server serves {state.name!r}",
+                                 hint="GET /v1/models lists it", param="model")
+    return web.json_response({"id": state.name, "object": "model", "created": 0,
+                              "owned_by": "aphrodite",
+                              "max_model_len": state.config.max_model_len,
+                              "modalities": list(state.loaded.spec.modalities)})
+
+
 async def health(request: web.Request) -> web.Response:
     state: State = request.app[STATE]
     if not state.engine.alive:
@@ -460,6 +475,7 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model:.+}", model)
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)

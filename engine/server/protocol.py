@@ -31,8 +31,31 @@ class GenerationFields:
     mm_processor_kwargs: dict[str, Any] | None
 
 
+#: OpenAI parameters this server does not implement, with the value that means "not used":
+#: any other value is a 400 naming the parameter, never silently ignored (a client asking for
+#: JSON output or tool calls must not get free text as if it had been honoured).
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+    "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+    "logit_bias": (None, {}), "logprobs": (None, False), "top_logprobs": (None, 0),
+    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+    "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
+}
+
+
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, unused in UNSUPPORTED.items():
+        value = body.get(name)
+        if not any(value == u and type(value) is type(u) for u in unused) and \
+                not (value is None and None in unused):
+            raise InvalidRequestError(
+                f"{name}={value!r} is not supported by this server", param=name,
+                hint=f"leave {name} out of the request", code="unsupported_parameter")
+
+
 def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int) -> GenerationFields:
     """The sampling and extension fields shared by chat and text completions."""
+    refuse_unsupported(body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     max_tokens = _field({"max_tokens": max_tokens}, "max_tokens", int, 16)
     if max_tokens > max_tokens_cap:
