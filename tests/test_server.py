@@ -379,3 +379,32 @@ def test_models_by_id_and_405_says_allow(server, client):
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(req)
     assert info.value.code == 405 and "POST" in info.value.headers["Allow"]
+
+
+def test_vllm_metric_names_count_what_was_served(server, client):
+    """Dashboards built for vLLM read this server: vLLM's metric names with model_name,
+    counting exactly the tokens the answers' usage reported."""
+    def scrape() -> dict[str, float]:
+        req = urllib.request.Request(f"{server.base}/metrics",
+                                     headers={"Authorization": f"Bearer {KEY}"})
+        text = urllib.request.urlopen(req).read().decode()
+        return {m.group(1): float(m.group(2)) for m in re.finditer(
+            r'^(vllm:[a-z0-9_]+)\{model_name="tiny-qwen2_5_vl"\} (\S+)$', text, re.M)}
+
+    before = scrape()
+    one = client.chat.completions.create(model="tiny-qwen2_5_vl", max_tokens=3, messages=[
+        {"role": "user", "content": "one"}])
+    stream = client.chat.completions.create(
+        model="tiny-qwen2_5_vl", max_tokens=2, stream=True,
+        stream_options={"include_usage": True}, messages=[{"role": "user", "content": "two"}])
+    usage = [c.usage for c in stream if c.usage][-1]
+    after = scrape()
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert delta["vllm:generation_tokens_total"] == one.usage.completion_tokens + \
+        usage.completion_tokens == 5
+    assert delta["vllm:prompt_tokens_total"] == one.usage.prompt_tokens + usage.prompt_tokens
+    for name in ("vllm:e2e_request_latency_seconds_count",
+                 "vllm:time_to_first_token_seconds_count",
+                 "vllm:time_per_output_token_seconds_count"):
+        assert delta[name] == 2, name
+    assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0

@@ -99,6 +99,9 @@ class State:
         decoders = self.decoders
         self.metrics.decode_restarts.set_function(
             lambda: decoders.restarts if decoders is not None else 0)
+        self.metrics.vllm_waiting.labels(self.name).set_function(lambda: self.preprocessing)
+        self.metrics.vllm_running.labels(self.name).set_function(
+            lambda: max(self.pending - self.preprocessing, 0))
         extractor = getattr(loaded.processor, "feature_extractor", None)
         self.sampling_rate = int(getattr(extractor, "sampling_rate", 16_000))
         # This process's share of --mm-ipc-gpu-memory-gb, for GPU video backends.
@@ -320,6 +323,11 @@ async def respond(request: web.Request, state: State, fields, processed, start: 
     def extension(completion: Completion | None) -> dict[str, Any]:
         timings = {**processed.timings, **(completion.timings if completion else {}),
                    "server_total_s": round(time.perf_counter() - start, 6)}
+        if completion is not None:
+            state.metrics.observe_request(
+                state.name, e2e_s=timings["server_total_s"],
+                decode_s=float(timings.get("decode_s", 0.0)), prompt=len(processed.input_ids),
+                generated=sum(len(ids) for _, _, ids, _ in completion.outputs))
         for name in ("fetch_s", "media_decode_s", "processor_s", "encoder_s", "prefill_s",
                      "decode_s"):
             if name in timings:

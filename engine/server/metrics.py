@@ -66,6 +66,42 @@ class Metrics:
                                      "Decode workers killed (crash, timeout) and replaced",
                                      registry=self.registry)
 
+        # vLLM's names, so dashboards built for vLLM read this server too (labelled with
+        # model_name like vLLM's). TTFT and E2E are the server's view: from the request body
+        # read to the first token / the last.
+        latency = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                   5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+        self.vllm_ttft = Histogram("vllm:time_to_first_token_seconds",
+                                   "Time to first token (server side)", ["model_name"],
+                                   buckets=latency, registry=self.registry)
+        self.vllm_e2e = Histogram("vllm:e2e_request_latency_seconds",
+                                  "End-to-end request latency (server side)", ["model_name"],
+                                  buckets=latency, registry=self.registry)
+        self.vllm_tpot = Histogram("vllm:time_per_output_token_seconds",
+                                   "Time per output token after the first", ["model_name"],
+                                   buckets=latency, registry=self.registry)
+        self.vllm_prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed",
+                                          ["model_name"], registry=self.registry)
+        self.vllm_generation_tokens = Counter("vllm:generation_tokens", "Tokens generated",
+                                              ["model_name"], registry=self.registry)
+        self.vllm_running = Gauge("vllm:num_requests_running",
+                                  "Requests of this API server in the engine", ["model_name"],
+                                  registry=self.registry)
+        self.vllm_waiting = Gauge("vllm:num_requests_waiting",
+                                  "Requests of this API server admitted but not yet in the "
+                                  "engine (fetching, decoding, preprocessing)", ["model_name"],
+                                  registry=self.registry)
+
+    def observe_request(self, model: str, *, e2e_s: float, decode_s: float, prompt: int,
+                        generated: int) -> None:
+        """One finished request in vLLM's metrics."""
+        self.vllm_e2e.labels(model).observe(e2e_s)
+        self.vllm_ttft.labels(model).observe(max(e2e_s - decode_s, 0.0))
+        if generated > 1:
+            self.vllm_tpot.labels(model).observe(decode_s / (generated - 1))
+        self.vllm_prompt_tokens.labels(model).inc(prompt)
+        self.vllm_generation_tokens.labels(model).inc(generated)
+
     def set_engine(self, stats: dict[str, float] | None) -> None:
         """The engine process's numbers, fetched over its socket at scrape time."""
         for name, value in (stats or {}).items():
