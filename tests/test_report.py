@@ -67,3 +67,25 @@ def test_report_renders_in_a_headless_browser(tmp_path):
     rendered = re.search(r'data-rendered-plots="(\d+)"', dom)
     assert expected and rendered, dom[:500]
     assert rendered.group(1) == expected.group(1) == "3"
+
+
+def test_an_a_vs_b_report_opens_with_the_gates_verdict(tmp_path):
+    """What gets published when two servers (or two commits) are compared: the verdict per
+    metric with its interval, and both sides' latency CDFs per phase, from 0 to 1."""
+    a = serve_result(tmp_path / "serve-a.json")
+    b = tmp_path / "serve-b.json"
+    doc = json.loads(a.read_text())
+    for phase in doc["phases"].values():  # B: every TTFT 30% longer
+        phase["samples"]["ttft_ms"] = [x * 1.3 for x in phase["samples"]["ttft_ms"]]
+    b.write_text(json.dumps(doc))
+    done = subprocess.run([str(BIN), "bench", "report", "--baseline", str(a), "--candidate",
+                           str(b), "--out-dir", str(tmp_path / "rep")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert md.index("## A vs B") < md.index("## serve-a.json")
+    assert "**Verdict: REGRESSION**" in md
+    assert re.search(r"- cold ttft_ms: B is \+30\.0% \(95% CI .*\): slower", md)
+    assert re.search(r"- cold e2e_ms: B is \+0\.0% .*: no significant change", md)
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert 'alt="A vs B: cold latency"' in html and 'alt="A vs B: warm latency"' in html

@@ -672,19 +672,36 @@ def gate(
 
 @app.command(
     "report",
-    epilog="""Example:
+    epilog="""Examples:
 
-  aphrodite bench report results/serve-*.json results/mm-processor-*.json
-  results/video-decode-*.json --out-dir results/report""",
+  aphrodite bench report results/serve-*.json results/mm-processor-*.json \\
+      results/video-decode-*.json --out-dir results/report
+
+  aphrodite bench report --baseline results/serve-A.json --candidate results/serve-B.json""",
 )
 def report(
-    results: Annotated[list[Path], typer.Argument(help="Result JSON files.")],
+    results: Annotated[list[Path] | None, typer.Argument(help="Result JSON files.")] = None,
+    baseline: Annotated[list[Path] | None, typer.Option(
+        help="A side of an A vs B comparison (serve results; repeat for several runs).")
+    ] = None,
+    candidate: Annotated[list[Path] | None, typer.Option(
+        help="B side: the report opens with the gate's verdict and both sides' CDFs.")
+    ] = None,
     out_dir: Annotated[Path | None, typer.Option("--out-dir")] = None,
 ) -> None:
     """Plots, a self-contained HTML report and a Markdown summary for pull requests."""
     from aphrodite_cli.bench.report import write_report
+    from engine.errors import ConfigError
 
-    html_path, md_path = write_report(results, out_dir)
+    if bool(baseline) != bool(candidate):
+        raise ConfigError("an A vs B report needs both --baseline and --candidate",
+                          code="invalid_flag")
+    files = list(results or []) + [p for p in [*(baseline or []), *(candidate or [])]
+                                   if p not in (results or [])]
+    if not files:
+        raise ConfigError("pass result files, or --baseline and --candidate",
+                          code="invalid_flag")
+    html_path, md_path = write_report(files, out_dir, baseline=baseline, candidate=candidate)
     out.print(f"markdown summary: {md_path}", markup=False)
     out.print(f"report: {html_path}", markup=False)
 

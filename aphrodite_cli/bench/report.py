@@ -21,6 +21,20 @@ def _load(paths: list[Path]) -> list[tuple[Path, dict[str, Any]]]:
     return [(path, load_result(path)) for path in paths]
 
 
+def _cdf(ax, samples: list[float], label: str) -> bool:
+    """An empirical CDF as a step function starting at 0; False when there is nothing."""
+    import numpy as np
+
+    values = np.sort(np.asarray(samples, dtype=float))
+    if not values.size:
+        return False
+    ax.step(np.concatenate([[values[0]], values]),
+            np.concatenate([[0.0], np.arange(1, values.size + 1) / values.size]),
+            where="post", label=label)
+    ax.set_ylim(0, 1.02)
+    return True
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -46,10 +60,7 @@ def plots(docs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[str, bytes]]:
             fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
             for ax, metric in zip(axes, ("ttft_ms", "e2e_ms"), strict=True):
                 for phase, result in phases.items():
-                    values = np.sort(result.get("samples", {}).get(metric, []))
-                    if values.size:
-                        ax.plot(values, np.arange(1, values.size + 1) / values.size,
-                                label=phase)
+                    _cdf(ax, result.get("samples", {}).get(metric, []), phase)
                 ax.set_xlabel(f"{metric[:-3].upper()} (ms)")
                 ax.set_ylabel("fraction of requests")
                 ax.legend()
@@ -148,6 +159,68 @@ def _sweep_plots(sweeps: list[tuple[Path, dict[str, Any]]], plt) -> list[tuple[s
     return out
 
 
+def _serve_header(doc: dict[str, Any]) -> str:
+    """What a published number needs next to it: target, model, dataset, load, phases, date."""
+    config, target = doc.get("config") or {}, doc.get("target") or {}
+    rate = config.get("request_rate", "inf")
+    return (f"Target {target.get('base_url') or config.get('base_url') or '?'}"
+            f"{target.get('endpoint') or ''}, model {config.get('model') or '?'}, dataset "
+            f"{doc.get('dataset', '?')} ({doc.get('num_prompts', '?')} prompts per phase), "
+            f"rate {rate}/s, concurrency {config.get('max_concurrency') or 'unlimited'}, "
+            f"phases {', '.join(doc.get('phases') or {})}, run {doc.get('created_utc', '?')}.")
+
+
+def comparison(baseline: list[Path], candidate: list[Path]
+               ) -> tuple[str, list[tuple[str, bytes]]]:
+    """A vs B: the gate's verdict table and one line per metric, and the latency CDFs of
+    both overlaid per phase."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from aphrodite_cli.bench import gate
+    from aphrodite_cli.bench.results import load_result
+
+    verdicts = gate.compare(baseline, candidate)
+    regressed = [v for v in verdicts if v.regressed]
+    improved = [v for v in verdicts if v.improved]
+    names = lambda paths: ", ".join(p.name for p in paths)  # noqa: E731
+    lines = ["## A vs B", "", f"A (baseline): {names(baseline)}; B (candidate): "
+             f"{names(candidate)}.", "",
+             f"**Verdict: {'REGRESSION' if regressed else 'PASS'}** ({len(regressed)} of "
+             f"{len(verdicts)} metrics slower beyond their threshold with 95% confidence, "
+             f"{len(improved)} faster).", "", gate.markdown(verdicts), ""]
+    for v in verdicts:
+        change = (v.ratio - 1) * 100
+        word = ("slower" if v.regressed else "faster" if v.improved else
+                "no significant change")
+        lines.append(f"- {v.phase} {v.metric}: B is {change:+.1f}% "
+                     f"(95% CI {(v.low - 1) * 100:+.1f}% .. {(v.high - 1) * 100:+.1f}%): {word}")
+    docs = {"A": [load_result(p, ("serve",)) for p in baseline],
+            "B": [load_result(p, ("serve",)) for p in candidate]}
+    phases = sorted({ph for d in docs["A"] + docs["B"] for ph in d.get("phases") or {}})
+    images = []
+    for phase in phases:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+        drawn = False
+        for ax, metric in zip(axes, ("ttft_ms", "e2e_ms"), strict=True):
+            for side, side_docs in docs.items():
+                pooled = [x for d in side_docs for x in ((d.get("phases") or {}).get(phase, {})
+                                                          .get("samples", {}).get(metric, []))]
+                drawn |= _cdf(ax, pooled, side)
+            ax.set_xlabel(f"{metric[:-3].upper()} (ms)")
+            ax.set_ylabel("fraction of requests")
+            ax.legend()
+            ax.grid(alpha=0.3)
+        fig.suptitle(f"A vs B, {phase} phase")
+        if drawn:
+            images.append((f"A vs B: {phase} latency", _png(fig)))
+        else:
+            plt.close(fig)
+    return "\n".join(lines), images
+
+
 def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
     lines = ["# aphrodite benchmark report", ""]
     for path, doc in docs:
@@ -156,6 +229,7 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
         lines.append(f"## {path.name} ({kind}; git {env.get('git_revision')}, "
                      f"{env.get('cpu_count')} CPUs)")
         if kind == "serve":
+            lines += [_serve_header(doc), ""]
             lines += ["| phase | ok | failed | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |"
                       " E2E p50 ms | cache hit rate |", "|---|---|---|---|---|---|---|---|---|"]
             for phase, r in doc["phases"].items():
@@ -208,12 +282,21 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def write_report(paths: list[Path], out_dir: Path | None = None) -> tuple[Path, Path]:
+def write_report(paths: list[Path], out_dir: Path | None = None, *,
+                 baseline: list[Path] | None = None, candidate: list[Path] | None = None
+                 ) -> tuple[Path, Path]:
+    """The report of ``paths``; with ``baseline`` and ``candidate`` (serve results) it opens
+    with their comparison: the gate's verdict and both sides' latency CDFs."""
     docs = _load(paths)
     folder = out_dir or Path("results") / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=True)
     images = plots(docs)
     md = summary_markdown(docs)
+    if baseline and candidate:
+        compare_md, compare_images = comparison(baseline, candidate)
+        md = md.replace("# aphrodite benchmark report\n", "# aphrodite benchmark report\n\n"
+                        + compare_md + "\n", 1)
+        images = compare_images + images
     for n, (_, png) in enumerate(images):
         (folder / f"plot-{n}.png").write_bytes(png)
     md_path = folder / "summary.md"
