@@ -7,9 +7,15 @@ import warnings
 from typing import Annotated
 
 import typer
+import typer.rich_utils
 
 from aphrodite_cli import media, model, serve
 from aphrodite_cli.bench import cli as bench
+
+# Piped into a file or a CI log, help would be laid out for 80 columns and cut flag names
+# with "…": off a terminal (and unless TERMINAL_WIDTH says otherwise) it gets room.
+if typer.rich_utils.MAX_WIDTH is None and not sys.stdout.isatty():
+    typer.rich_utils.MAX_WIDTH = 200
 
 app = typer.Typer(
     name="aphrodite",
@@ -17,7 +23,7 @@ app = typer.Typer(
     "Environment variables (APHRODITE_*) are listed in the README; unknown ones are warned about.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(media.app, name="media")

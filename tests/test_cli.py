@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -240,3 +241,33 @@ def test_a_bad_flag_is_reported_before_the_port_is_bound():
         assert result.returncode == 2 and "valid backends: opencv" in result.stderr
         result = run("serve", "--port", port)
         assert result.returncode == 1 and "already in use" in result.stderr
+
+
+def _commands(group, prefix=()):
+    """Every command path of a click group, depth first."""
+    for name, command in sorted(group.commands.items()):
+        if getattr(command, "commands", None):  # a group (typer vendors its own click)
+            yield from _commands(command, (*prefix, name))
+        else:
+            yield (*prefix, name)
+
+
+def test_every_commands_help_survives_a_pipe():
+    """Piped into a file or a CI log (not a terminal), no flag name or help text is cut with
+    "…", and completion can be installed."""
+    import typer
+
+    from aphrodite_cli.main import app
+
+    paths = list(_commands(typer.main.get_command(app)))
+    assert ("bench", "sweep") in paths and ("model", "download") in paths and len(paths) >= 15
+    exe = Path(sys.executable).with_name("aphrodite")
+    for path in paths:
+        done = subprocess.run([str(exe), *path, "--help"], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "TERMINAL_WIDTH": ""})
+        assert done.returncode == 0, (path, done.stderr[-500:])
+        assert "…" not in done.stdout, (path, [ln for ln in done.stdout.splitlines()
+                                               if "…" in ln][:3])
+    done = subprocess.run([str(exe), "--show-completion", "bash"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "_aphrodite_completion" in done.stdout
