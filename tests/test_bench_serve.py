@@ -315,7 +315,7 @@ def test_a_vllm_bench_serve_command_line_runs_as_written(mock_process, tmp_path)
          "--goodput", "ttft:500", "tpot:50", "e2el:1000",
          "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,90,99",
          "--save-result", "--result-dir", str(tmp_path), "--result-filename", "run.json",
-         "--temperature", "0", "--ignore-eos"],
+         "--temperature", "0", "--ignore-eos", "--jsonl", "--csv"],
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     doc = json.loads((tmp_path / "run.json").read_text())
@@ -326,6 +326,17 @@ def test_a_vllm_bench_serve_command_line_runs_as_written(mock_process, tmp_path)
                   "p99_e2el_ms", "p50_e2el_ms"):
         assert isinstance(cold[field], float), field
     assert cold["p90_ttft_ms"] >= cold["p50_ttft_ms"] >= 5.0  # the mock's 5 ms TTFT
+    # one record per request, in the JSON, the JSONL (pandas reads one row each) and the CSV
+    import pandas as pd
+
+    rows = pd.read_json(tmp_path / "run.jsonl", lines=True)
+    assert list(rows["index"]) == list(range(8)) and set(rows["status"]) == {200}
+    assert all(len(gaps) == 3 for gaps in rows["itl_ms"])  # 4 tokens: 3 gaps, in ms
+    assert (rows["sent_ms"] >= 0).all() and rows["sent_ms"].min() == 0
+    assert doc["requests"]["cold"][3]["ttft_ms"] == rows["ttft_ms"][3]
+    header = (tmp_path / "run.csv").read_text().splitlines()[0].split(",")
+    assert {"index", "sent_ms", "status", "error", "ttft_ms", "itl_ms", "e2e_ms"} <= set(header)
+    assert not any(h.endswith("_s") for h in header)  # one unit: ms
     # piped (as into a CI log): the table is as wide as it needs, nothing cut with "…", and
     # no progress bar mixed into the results
     assert "TTFT p50/p90/p99 ms" in done.stdout and "…" not in done.stdout

@@ -275,6 +275,9 @@ def serve_cmd(
         help="File name of the result in --out-dir (default serve-<time>.json).")] = None,
     csv: Annotated[bool, typer.Option("--csv", help="Also write per-request rows as CSV.")
                    ] = False,
+    jsonl: Annotated[bool, typer.Option(
+        "--jsonl", help="Also write per-request rows as JSON lines (pandas.read_json(path, "
+                        "lines=True) gives one row per request).")] = False,
     max_failure_rate: Annotated[float, typer.Option(
         min=0, max=1, help="Exit 1 when more than this share of a phase's requests failed.")
     ] = 0.0,
@@ -365,12 +368,17 @@ def serve_cmd(
     rows = doc.pop("_rows")
     doc["percentile_metrics"], doc["metric_percentiles"] = pct_metrics, pcts
     doc["tokenizer"] = tokenizer
+    doc["requests"] = rows  # per phase, one record per request (as in the CSV / JSONL)
     path = write_result(doc, "serve", out_dir, filename=result_filename)
+    flat = [r for phase in rows.values() for r in phase]
     if csv:
         import pandas as pd
 
-        pd.DataFrame([r for phase in rows.values() for r in phase]).to_csv(
-            path.with_suffix(".csv"), index=False)
+        frame = pd.DataFrame(flat)
+        frame["itl_ms"] = frame["itl_ms"].map(lambda gaps: " ".join(f"{g:g}" for g in gaps))
+        frame.to_csv(path.with_suffix(".csv"), index=False)
+    if jsonl:
+        path.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in flat))
     _print_serve_table(doc)
     out.print(f"result: {path}", markup=False)
     too_many = []

@@ -80,6 +80,30 @@ def make_dataset(opts: dict[str, Any], *, run_nonce: int) -> list[BenchRequest]:
                      output_len=opts["output_len"], seed=opts["seed"], nonce=run_nonce)
 
 
+def request_rows(phase: str, records: list) -> list[dict[str, Any]]:
+    """One row per request, every time in ms: its index and send time (ms after the
+    phase's first send), status and error, every metric, its ITL gaps, and the server's
+    stage timings (``server_<stage>_ms``) when the target reports them."""
+    first = min((r.sent_at for r in records if r.sent_at), default=0.0)
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1e3, 3)
+
+    rows = []
+    for r in records:
+        timings = (r.server or {}).get("timings") or {}
+        rows.append({
+            "phase": phase, "index": r.index, "sent_ms": ms(r.sent_at - first) if r.sent_at
+            else None, "ok": r.ok, "status": r.status, "error": r.error,
+            "ttft_ms": ms(r.ttft), "tpot_ms": ms(r.tpot), "e2e_ms": ms(r.e2e),
+            "itl_ms": [ms(g) for g in r.itl], "output_tokens": r.output_tokens,
+            "output_tokens_from": r.token_source, "prompt_tokens": r.prompt_tokens,
+            "request_bytes": r.request_bytes, "encode_ms": ms(r.encode_s),
+            **{f"server_{k.removesuffix('_s')}_ms": ms(float(v)) for k, v in timings.items()
+               if k.endswith("_s") and isinstance(v, int | float)}})
+    return rows
+
+
 async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dict[str, Any]:
     host = MediaHost() if cfg.media_delivery == "http" else None
     if host:
@@ -130,15 +154,7 @@ async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dic
                                       ["ttft", "tpot", "itl", "e2el"],
                                       opts.get("metric_percentiles") or [99.0]))
             phases[mode] = result
-            rows[mode] = [{"phase": mode, "index": r.index, "ok": r.ok, "error": r.error,
-                           "ttft_ms": r.ttft * 1e3 if r.ttft is not None else None,
-                           "tpot_ms": r.tpot * 1e3 if r.tpot is not None else None,
-                           "e2e_ms": r.e2e * 1e3 if r.e2e is not None else None,
-                           "output_tokens": r.output_tokens, "prompt_tokens": r.prompt_tokens,
-                           "request_bytes": r.request_bytes, "encode_ms": r.encode_s * 1e3,
-                           **{f"server_{k}": v for k, v in ((r.server or {}).get("timings")
-                                                            or {}).items()}}
-                          for r in records]
+            rows[mode] = request_rows(mode, records)
     finally:
         if host:
             await host.stop()

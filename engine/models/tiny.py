@@ -87,6 +87,38 @@ def build_qwen2_vl(out: Path, seed: int = 0) -> None:
           _qwen_vl_processor("Qwen2VLProcessor", tok), out)
 
 
+def build_qwen3_vl(out: Path, seed: int = 0) -> None:
+    """Qwen3-VL at tiny size: 16-pixel patches (32 per merged token), deepstack features from
+    both vision layers, interleaved M-RoPE (T/H/W sections in the real 24:20:20 spirit), tied
+    embeddings like the 2B/4B checkpoints; its video prompts carry per-patch timestamps."""
+    import transformers as T
+
+    tok = _qwen_vl_tokenizer()
+    ids = _qwen_token_ids(tok)
+    text = dict(_TEXT, head_dim=16, vocab_size=len(tok), eos_token_id=ids["eos_token_id"],
+                bos_token_id=ids["bos_token_id"], pad_token_id=ids["pad_token_id"],
+                rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0,
+                                 "mrope_section": [4, 2, 2], "mrope_interleaved": True})
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                  patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+                  num_position_embeddings=64, deepstack_visual_indexes=[0, 1])
+    tokens = {k: ids[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id",
+                                  "vision_end_token_id")}
+    config = T.Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True,
+                             **tokens)
+    half = dict(image_mean=[0.5] * 3, image_std=[0.5] * 3, patch_size=16)
+    image = T.Qwen2VLImageProcessor(min_pixels=32 * 32 * 4, max_pixels=32 * 32 * 256, **half)
+    # The engine samples frames itself (engine/media/video/sampling.py) and passes their
+    # indices and the clip's fps as video_metadata, so the processor must not resample.
+    video = T.Qwen3VLVideoProcessor(size={"shortest_edge": 32 * 32 * 4,
+                                          "longest_edge": 32 * 32 * 128},
+                                    cap_pixels_per_frame=True, do_sample_frames=False, **half)
+    processor = T.Qwen3VLProcessor(image_processor=image, tokenizer=tok, video_processor=video,
+                                   chat_template=template_text("qwen3_vl"))
+    _seed(seed)
+    _save(T.Qwen3VLForConditionalGeneration(config).eval(), processor, out)
+
+
 def build_llava(out: Path, seed: int = 0) -> None:
     """LLaVA-1.5 at tiny size. Like llava-hf/llava-1.5-7b-hf, no chat template is saved."""
     import transformers as T
