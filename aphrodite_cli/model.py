@@ -7,27 +7,26 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.output import out
+from aphrodite_cli.options import OUTPUT_FORMAT_HELP, OutputFormat
+from aphrodite_cli.output import out, print_table
 
 app = typer.Typer(help="Registered model families and tiny random-weight models.",
                   no_args_is_help=True)
 
 
 @app.command("list")
-def list_models() -> None:
+def list_models(
+    output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
+) -> None:
     """The registered families: modalities, items per prompt, chat template."""
-    from rich.table import Table
-
     from engine.models.registry import REGISTRY
 
-    table = Table()
-    for col in ("family", "HF class", "modalities (max items)", "chat template"):
-        table.add_column(col)
-    for spec in REGISTRY.values():
-        mods = ", ".join(f"{m} ({n})" for m, n in spec.max_items.items())
-        table.add_row(spec.name, spec.model_class, mods,
-                      "ships one" if spec.ships_chat_template else "none: --chat-template")
-    out.print(table)
+    print_table("registered model families",
+                ["family", "HF class", "modalities (max items)", "chat template"],
+                [[spec.name, spec.model_class,
+                  ", ".join(f"{m} ({n})" for m, n in spec.max_items.items()),
+                  "ships one" if spec.ships_chat_template else "none: --chat-template"]
+                 for spec in REGISTRY.values()], output_format)
 
 
 @app.command(

@@ -32,3 +32,27 @@ def print_error(error: AphroditeError) -> None:
 
 def warn(message: str) -> None:
     err.print(f"[yellow]Warning:[/] {message}", markup=True, emoji=False)
+
+
+def print_table(title: str, columns: list[str], rows: list[list[Any]],
+                fmt: str = "table") -> None:
+    """Results as a rich table (``table``), a Markdown pipe table (``markdown``, for pull
+    requests and CI summaries) or JSON objects keyed by column (``json``, for scripts)."""
+    if fmt == "json":
+        print_json([dict(zip(columns, row, strict=True)) for row in rows])
+        return
+    if fmt == "markdown":
+        lines = [f"**{title}**", "", "| " + " | ".join(columns) + " |",
+                 "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join("" if v is None else str(v) for v in row) + " |"
+                  for row in rows]
+        sys.stdout.write("\n".join(lines) + "\n")
+        return
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    out.print(table)

@@ -392,3 +392,18 @@ def test_tokens_are_counted_with_a_tokenizer_when_the_target_reports_no_usage(tm
                                                            add_special_tokens=False)["input_ids"])
     assert runs["tokenizer"]["output_tokens_from"] == "tokenizer"
     assert runs["tokenizer"]["total_output_tokens"] == 4 * per_answer
+
+
+def test_results_print_as_json_or_markdown_for_scripts_and_pull_requests(mock_process,
+                                                                        tmp_path):
+    """--output-format json: stdout is one JSON document and nothing else (the rest goes to
+    stderr); markdown: a pipe table to paste into a pull request."""
+    base = f"http://127.0.0.1:{mock_process}"
+    done, _ = _bench(tmp_path, "--base-url", base, "--output-format", "json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout)
+    assert rows[0]["phase"] == "cold" and rows[0]["ok/failed"] == "12/0"
+    assert "result:" in done.stderr
+    done, _ = _bench(tmp_path, "--base-url", base, "--output-format", "markdown")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| phase | ok/failed |" in done.stdout and "| cold | 12/0 |" in done.stdout

@@ -9,8 +9,16 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.options import DatasetName, DecodeIsolation, MediaDelivery, Mode, SweepProfile
-from aphrodite_cli.output import err, out
+from aphrodite_cli.options import (
+    OUTPUT_FORMAT_HELP,
+    DatasetName,
+    DecodeIsolation,
+    MediaDelivery,
+    Mode,
+    OutputFormat,
+    SweepProfile,
+)
+from aphrodite_cli.output import err, out, print_table
 
 app = typer.Typer(help="Benchmarks that write result files.", no_args_is_help=True)
 
@@ -126,6 +134,7 @@ def mm_processor(
              "opencv,pyav,torchcodec.")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
+    output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
 ) -> None:
     """Preprocessing per stage (fetch, decode, hash, cache lookup, HF processor, encoder),
     cold (media never seen) and warm (processor cache hits), offline."""
@@ -140,27 +149,24 @@ def mm_processor(
                                          if b.strip()] if video_backends else None,
         jsonl=dataset_path, media_dir=media_dir)
     path = write_result(doc, "mm-processor", out_dir)
-    from rich.table import Table
-
-    table = Table(title=f"{doc['model']}: {num_prompts} prompts, median ms per stage")
-    for col in ("phase", "total", "p90", "p99", "hit rate", *(s[:-2] for s in STAGES)):
-        table.add_column(col)
-    for phase, p in doc["phases"].items():
-        table.add_row(phase, f"{p['total_s']['median'] * 1e3:.2f}",
-                      f"{p['total_s']['p90'] * 1e3:.2f}", f"{p['total_s']['p99'] * 1e3:.2f}",
-                      f"{p['hit_rate']:.0%}", *(f"{p['stages'][s]['median'] * 1e3:.2f}"
-                                                for s in STAGES))
-    out.print(table)
+    say = err if output_format == "json" else out
+    print_table(f"{doc['model']}: {num_prompts} prompts, median ms per stage",
+                ["phase", "total", "p90", "p99", "hit rate", *(s[:-2] for s in STAGES)],
+                [[phase, f"{p['total_s']['median'] * 1e3:.2f}",
+                  f"{p['total_s']['p90'] * 1e3:.2f}", f"{p['total_s']['p99'] * 1e3:.2f}",
+                  f"{p['hit_rate']:.0%}", *(f"{p['stages'][s]['median'] * 1e3:.2f}"
+                                            for s in STAGES)]
+                 for phase, p in doc["phases"].items()], output_format)
     if "cold_over_warm_median" in doc:
-        out.print(f"warm is {doc['cold_over_warm_median']:.1f}x faster than cold (median), "
+        say.print(f"warm is {doc['cold_over_warm_median']:.1f}x faster than cold (median), "
                   f"{doc['cold_over_warm_median_after_fetch']:.1f}x after the fetch (hash, "
                   "lookup, decode, processor)", markup=False)
     for row in doc.get("video_backends", []):
         timing = (f"{row['decode_ms']['median']:.1f} ms median" if row["decode_ms"].get("count")
                   else row["error"])
-        out.print(f"  video decode {row['backend']:<11} {row['clip']}, "
+        say.print(f"  video decode {row['backend']:<11} {row['clip']}, "
                   f"{row['frames_sampled']} frames: {timing}", markup=False)
-    out.print(f"result: {path}", markup=False)
+    say.print(f"result: {path}", markup=False)
 
 
 @app.command("batching")
@@ -278,6 +284,7 @@ def serve_cmd(
     jsonl: Annotated[bool, typer.Option(
         "--jsonl", help="Also write per-request rows as JSON lines (pandas.read_json(path, "
                         "lines=True) gives one row per request).")] = False,
+    output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
     max_failure_rate: Annotated[float, typer.Option(
         min=0, max=1, help="Exit 1 when more than this share of a phase's requests failed.")
     ] = 0.0,
@@ -298,6 +305,7 @@ def serve_cmd(
     from aphrodite_cli.bench.serve_run import run
     from engine.errors import ConfigError
 
+    say = err if output_format == "json" else out  # stdout carries only the JSON then
     if base_url is None and (host or port):
         base_url = f"http://{host or '127.0.0.1'}:{port or 8000}"
     if embedded == bool(base_url):
@@ -356,7 +364,7 @@ def serve_cmd(
                       MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                       disable=not err.is_terminal) as progress:
             doc = run(cfg, opts, progress,
-                      announce=lambda msg: out.print(msg, markup=False))
+                      announce=lambda msg: say.print(msg, markup=False))
     except TargetRefused as refused:
         first = refused.records[0]
         raise BenchmarkFailed(
@@ -379,14 +387,14 @@ def serve_cmd(
         frame.to_csv(path.with_suffix(".csv"), index=False)
     if jsonl:
         path.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in flat))
-    _print_serve_table(doc)
-    out.print(f"result: {path}", markup=False)
+    _print_serve_table(doc, output_format)
+    say.print(f"result: {path}", markup=False)
     too_many = []
     for mode, phase in doc["phases"].items():
         total = phase["completed"] + phase["failed"]
         for kind, count in phase["failures_by_type"].items():
             example = (phase["failure_examples"].get(kind) or "").strip()[:300]
-            out.print(f"  {mode}: {count} x {kind}" + (f": {example}" if example else ""),
+            say.print(f"  {mode}: {count} x {kind}" + (f": {example}" if example else ""),
                       markup=False)
         if total and phase["failed"] / total > max_failure_rate:
             too_many.append(f"{mode} phase: {phase['failed']} of {total} requests failed")
@@ -403,24 +411,21 @@ def serve_cmd(
                                    "sets how many a run may have", code="requests_failed")
 
 
-def _print_serve_table(doc: dict) -> None:
-    from rich.table import Table
-
+def _print_serve_table(doc: dict, fmt: str = "table") -> None:
     metrics = doc.get("percentile_metrics") or ["ttft", "tpot", "itl", "e2el"]
     pcts = doc.get("metric_percentiles") or [50.0, 99.0]
-    table = Table(title=f"bench serve: {doc['num_prompts']} prompts per phase")
-    for col in ("phase", "ok/failed", "req/s", "out tok/s",
-                *(f"{m.upper()} {'/'.join(f'p{p:g}' for p in pcts)} ms" for m in metrics),
-                "cache hit"):
-        table.add_column(col)
+    columns = ["phase", "ok/failed", "req/s", "out tok/s",
+               *(f"{m.upper()} {'/'.join(f'p{p:g}' for p in pcts)} ms" for m in metrics),
+               "cache hit"]
+    rows = []
     for mode, p in doc["phases"].items():
         hit = p["server_cache"]["hit_rate"]
         cells = ["/".join("-" if p.get(f"p{q:g}_{m}_ms") is None else
                           f"{p[f'p{q:g}_{m}_ms']:.1f}" for q in pcts) for m in metrics]
-        table.add_row(mode, f"{p['completed']}/{p['failed']}", f"{p['request_throughput']:.2f}",
-                      f"{p['output_throughput']:.1f}", *cells,
-                      "-" if hit is None else f"{hit:.0%}")
-    out.print(table)
+        rows.append([mode, f"{p['completed']}/{p['failed']}", f"{p['request_throughput']:.2f}",
+                     f"{p['output_throughput']:.1f}", *cells,
+                     "-" if hit is None else f"{hit:.0%}"])
+    print_table(f"bench serve: {doc['num_prompts']} prompts per phase", columns, rows, fmt)
 
 
 @app.command(
@@ -651,6 +656,9 @@ def gate(
         help="Per-metric thresholds, e.g. ttft_ms:10%,e2e_ms:5% (default 5%).")] = None,
     markdown_out: Annotated[Path | None, typer.Option(
         "--markdown", help="Also write the verdict table to this file.")] = None,
+    output_format: Annotated[OutputFormat, typer.Option(
+        help="markdown (the verdict table; also for table) or json (for scripts).")
+    ] = "markdown",
 ) -> None:
     """Decide whether a candidate run regressed against a baseline, with noise in mind."""
     from aphrodite_cli.bench import gate as g
@@ -669,10 +677,17 @@ def gate(
         raise typer.Exit(1 if regressed else 0)
     verdicts = g.compare(baseline, candidate, g.parse_thresholds(threshold))
     table = g.markdown(verdicts)
+    regressed = [v for v in verdicts if v.regressed]
+    if output_format == "json":
+        from aphrodite_cli.output import print_json
+
+        print_json({"verdicts": g.verdicts_json(verdicts), "regressed": len(regressed)})
+        if markdown_out:
+            markdown_out.write_text(table + "\n")
+        raise typer.Exit(1 if regressed else 0)
     out.print(table, markup=False)
     if markdown_out:
         markdown_out.write_text(table + "\n")
-    regressed = [v for v in verdicts if v.regressed]
     out.print(f"\n{'REGRESSION' if regressed else 'PASS'}: {len(regressed)} of {len(verdicts)} "
               "metrics regressed", markup=False)
     raise typer.Exit(1 if regressed else 0)
