@@ -123,6 +123,18 @@ def test_qwen2_audio_parts_and_private_addresses_and_drain(media):
         worker.start()
         assert first_token.wait(120)  # the stream is surely in flight when SIGTERM arrives
         server.proc.send_signal(signal.SIGTERM)
+        # New connections are refused while the server drains (nobody listens any more),
+        # instead of waiting in a backlog that nobody accepts until they are reset at exit.
+        refused = False
+        while server.proc.poll() is None and not refused:
+            try:
+                socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+                time.sleep(0.02)
+            except ConnectionRefusedError:
+                refused = True
+            except OSError:
+                time.sleep(0.02)
+        assert refused, "the port still took connections while the server drained"
         worker.join(120)
         assert got.get("n", 0) >= 250  # every token arrived, none was cut off
         assert wait_exit(server.proc, 60) == 0

@@ -250,6 +250,9 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
             proc.start()
             apis.append(proc)
         _wait_ready(config.host, config.port, [engine, *apis], listening, timeout=180)
+        # Every API server listens on its own copy now. Without this one, the port would
+        # keep taking connections into a backlog nobody accepts once they start draining.
+        sock.close()
         announce(f"aphrodite serving {name} on http://{config.host}:{config.port} "
                  f"({config.api_server_count} API server(s); supervisor pid {os.getpid()}, "
                  f"engine pid {engine_pid}, API server pids "
