@@ -10,6 +10,7 @@ memory segments left behind, decode-worker restarts.
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import tempfile
@@ -126,7 +127,9 @@ def slope_mb_per_min(samples: list[dict[str, Any]], key: str | None = None, *,
     """Least-squares RSS slope over the samples (MB/min); ``key``: one role; ``field``: another
     byte count of the samples instead of RSS (samples without it are skipped)."""
     if field:
-        points = [(s["t_s"], s[field] / 2**20) for s in samples if s.get(field) is not None]
+        # a scrape the engine did not answer in time reads NaN: no point, not a wrong one
+        points = [(s["t_s"], s[field] / 2**20) for s in samples
+                  if s.get(field) is not None and math.isfinite(s[field])]
     else:
         points = [(s["t_s"], (s["rss_by_role"].get(key, 0) if key else s["rss_bytes"]) / 2**20)
                   for s in samples]

@@ -40,6 +40,10 @@ class Metrics:
             ("heap_free_bytes", "glibc heap bytes freed but kept in the engine process"),
             ("gc_objects_collected", "Objects the engine's cyclic garbage collector freed"),
             ("requests_in_flight", "Requests in the engine from this API server"))}
+        self.engine_up = Gauge("aphrodite_engine_stats_up",
+                               "1 when the engine answered this scrape's stats request in "
+                               "time, 0 when its numbers above are unknown (NaN)",
+                               registry=self.registry)
         self.requests = Counter("aphrodite_requests_total", "HTTP requests by route and status",
                                 ["route", "status"], registry=self.registry)
         self.stream_errors = Counter("aphrodite_stream_errors_total",
@@ -103,9 +107,11 @@ class Metrics:
         self.vllm_generation_tokens.labels(model).inc(generated)
 
     def set_engine(self, stats: dict[str, float] | None) -> None:
-        """The engine process's numbers, fetched over its socket at scrape time."""
-        for name, value in (stats or {}).items():
-            self.engine[name].set(value)
+        """The engine process's numbers, fetched over its socket at scrape time; ``None``
+        (it did not answer in time) makes them NaN, never the last scrape's numbers."""
+        self.engine_up.set(0 if stats is None else 1)
+        for name, gauge in self.engine.items():
+            gauge.set(float("nan") if stats is None else stats.get(name, float("nan")))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
