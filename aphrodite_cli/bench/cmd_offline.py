@@ -1,0 +1,186 @@
+"""``aphrodite bench video-decode``, ``mm-processor`` and ``batching``: the offline
+benchmarks (no server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from aphrodite_cli.bench.app import app
+from aphrodite_cli.options import (
+    OUTPUT_FORMAT_HELP,
+    MediaDelivery,
+    Mode,
+    OutputFormat,
+)
+from aphrodite_cli.output import err, out, print_table
+
+DEFAULT_BACKENDS = \
+    "opencv,pyav,pyav:isolation=process,pyav:skip_nonref=false,torchcodec,deepstream"
+
+
+def parse_backend_list(text: str) -> list[tuple[str, dict]]:
+    """``pyav:threads=2:skip_nonref=false,opencv`` -> [("pyav", {...}), ("opencv", {})]."""
+    backends = []
+    for item in (p.strip() for p in text.split(",") if p.strip()):
+        name, *opts = item.split(":")
+        options = {}
+        for opt in opts:
+            key, _, raw = opt.partition("=")
+            try:
+                options[key] = json.loads(raw)
+            except json.JSONDecodeError:
+                options[key] = raw
+        backends.append((name, options))
+    return backends
+
+
+@app.command(
+    "video-decode",
+    epilog="""Examples:
+
+  aphrodite bench video-decode                      # the standard 10 s 1080p30 H.264 clip
+
+  aphrodite bench video-decode clip.mp4 --backends pyav,torchcodec:seek_mode=approximate
+
+Backend options follow the name: NAME:KEY=VALUE:KEY=VALUE. isolation=process runs the decode
+in a decode worker process, as `serve --decode-isolation process` does (frames handed back
+through shared memory), so the row beside the plain one is the isolation's overhead.""",
+)
+def video_decode(
+    clip: Annotated[Path | None, typer.Argument(help="Video file; default: the standard clip, "
+                                                "generated once into the cache.")] = None,
+    backends: Annotated[str, typer.Option(help="Comma-separated backends with options.")
+                        ] = DEFAULT_BACKENDS,
+    num_frames: Annotated[int, typer.Option(min=1, help="Frames sampled per decode.")] = 32,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed repeats of everything.")] = 5,
+    out_dir: Annotated[Path, typer.Option("--out-dir", help="Where the result JSON goes.")
+                       ] = Path("results"),
+) -> None:
+    """Time sampled decoding per backend against a full ffmpeg decode of the same clip."""
+    from aphrodite_cli.bench import video_decode as runner
+    from aphrodite_cli.bench.results import write_result
+
+    path = clip or runner.standard_clip()
+    doc = runner.run(path, parse_backend_list(backends), num_frames=num_frames,
+                     repeats=repeats, progress=lambda msg: out.print(f"  {msg}", markup=False))
+    result = write_result(doc, "video-decode", out_dir)
+    _print_table(doc)
+    out.print(f"result: {result}", markup=False)
+
+
+def _print_table(doc: dict) -> None:
+    from rich.table import Table
+
+    clip = doc["clip"]
+    table = Table(title=f"{clip['width']}x{clip['height']} {clip['codec']}, {clip['frames']} "
+                  f"frames {clip['frame_types']}, {doc['num_frames']} sampled")
+    for col in ("backend", "options", "median s", "x full decode", "frames exact", "error"):
+        table.add_column(col)
+    ref = doc["reference"]
+    if ref["median_s"] is not None:
+        table.add_row("ffmpeg (full decode)", "-threads 2", f"{ref['median_s']:.3f}", "1.00",
+                      "", "")
+    for b in doc["backends"]:
+        ratio = b["ratio_to_full_decode"]
+        table.add_row(b["backend"], json.dumps(b["options"]) if b["options"] else "",
+                      f"{b['median_s']:.3f}" if b["median_s"] is not None else "-",
+                      f"{ratio:.2f}" if ratio is not None else "-",
+                      {True: "yes", None: "-",
+                       False: f"no (mean diff {b['mean_abs_diff']})"}[b["identical_to_exact"]],
+                      (b["error"] or "")[:60])
+    out.print(table)
+
+
+@app.command(
+    "mm-processor",
+    epilog="""Examples:
+
+  aphrodite bench mm-processor                       # 1280x720 JPEGs on the tiny Qwen2.5-VL
+
+  aphrodite bench mm-processor --bucket-config '{"720,1280,1": 0.6, "360,640,16": 0.4}'
+  --items-per-request 2 --video-backends opencv,pyav,torchcodec
+
+  aphrodite bench mm-processor --model /models/qwen2.5-vl-7b --num-prompts 50""",
+)
+def mm_processor(
+    model: Annotated[str | None, typer.Option(help="Model folder, hub id or tiny:ARCH (with "
+                                                "--no-encoder a hub model's weights are not "
+                                                "downloaded); "
+                                              "default: the embedded tiny Qwen2.5-VL.")] = None,
+    num_prompts: Annotated[int, typer.Option(min=1)] = 30,
+    bucket_config: Annotated[str | None, typer.Option(
+        metavar="JSON", help='"height,width,frames": probability (default 1280x720 images).')
+    ] = '{"720,1280,1": 1}',
+    items_per_request: Annotated[int, typer.Option(min=1)] = 1,
+    media_delivery: Annotated[MediaDelivery, typer.Option(
+        help="data-url, or http (a loopback media server: adds a real download).")
+    ] = "data-url",
+    mode: Annotated[Mode, typer.Option(help="cold, warm or both")] = "both",
+    encoder: Annotated[bool, typer.Option(help="Also time the vision/audio encoder.")] = True,
+    dataset_path: Annotated[Path | None, typer.Option(
+        help="A JSONL dataset (as for bench serve) instead of random-mm.")] = None,
+    media_dir: Annotated[Path | None, typer.Option(help="Folder for media paths in JSONL.")
+                         ] = None,
+    video_backends: Annotated[str | None, typer.Option(
+        help="Also decode the same videos with each of these backends, e.g. "
+             "opencv,pyav,torchcodec.")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
+    output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
+) -> None:
+    """Preprocessing per stage (fetch, decode, hash, cache lookup, HF processor, encoder),
+    cold (media never seen) and warm (processor cache hits), offline."""
+    from aphrodite_cli.bench.datasets import parse_buckets
+    from aphrodite_cli.bench.engine_bench import STAGES, run_mm_processor
+    from aphrodite_cli.bench.results import write_result
+
+    doc = run_mm_processor(
+        model, num_prompts=num_prompts, buckets=parse_buckets(bucket_config),
+        items=items_per_request, media_delivery=media_delivery, mode=mode, seed=seed,
+        encoder=encoder, video_backends=[b.strip() for b in video_backends.split(",")
+                                         if b.strip()] if video_backends else None,
+        jsonl=dataset_path, media_dir=media_dir)
+    path = write_result(doc, "mm-processor", out_dir)
+    say = err if output_format == "json" else out
+    print_table(f"{doc['model']}: {num_prompts} prompts, median ms per stage",
+                ["phase", "total", "p90", "p99", "hit rate", *(s[:-2] for s in STAGES)],
+                [[phase, f"{p['total_s']['median'] * 1e3:.2f}",
+                  f"{p['total_s']['p90'] * 1e3:.2f}", f"{p['total_s']['p99'] * 1e3:.2f}",
+                  f"{p['hit_rate']:.0%}", *(f"{p['stages'][s]['median'] * 1e3:.2f}"
+                                            for s in STAGES)]
+                 for phase, p in doc["phases"].items()], output_format)
+    if "cold_over_warm_median" in doc:
+        say.print(f"warm is {doc['cold_over_warm_median']:.1f}x faster than cold (median), "
+                  f"{doc['cold_over_warm_median_after_fetch']:.1f}x after the fetch (hash, "
+                  "lookup, decode, processor)", markup=False)
+    for row in doc.get("video_backends", []):
+        timing = (f"{row['decode_ms']['median']:.1f} ms median" if row["decode_ms"].get("count")
+                  else row["error"])
+        say.print(f"  video decode {row['backend']:<11} {row['clip']}, "
+                  f"{row['frames_sampled']} frames: {timing}", markup=False)
+    say.print(f"result: {path}", markup=False)
+
+
+@app.command("batching")
+def batching(
+    model: Annotated[str | None, typer.Option(help="Model; default: the tiny Qwen2.5-VL.")
+                     ] = None,
+    concurrency: Annotated[int, typer.Option(min=1)] = 8,
+    max_tokens: Annotated[int, typer.Option(min=1)] = 32,
+    repeats: Annotated[int, typer.Option(min=1)] = 3,
+    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
+) -> None:
+    """N concurrent image requests (sharing forward passes) vs the same N one after another."""
+    from aphrodite_cli.bench.engine_bench import run_batching
+    from aphrodite_cli.bench.results import write_result
+
+    doc = run_batching(model, concurrency=concurrency, max_tokens=max_tokens, repeats=repeats)
+    path = write_result(doc, "batching", out_dir)
+    out.print(f"{concurrency} concurrent: {doc['concurrent_s']['median']:.2f} s, one after "
+              f"another: {doc['sequential_s']['median']:.2f} s -> {doc['speedup_median']:.1f}x",
+              markup=False)
+    out.print(f"result: {path}", markup=False)

@@ -1,0 +1,259 @@
+"""``aphrodite bench serve``: end-to-end latency and throughput against an OpenAI-compatible
+endpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from aphrodite_cli.bench.app import app
+from aphrodite_cli.options import (
+    OUTPUT_FORMAT_HELP,
+    DatasetName,
+    MediaDelivery,
+    Mode,
+    OutputFormat,
+)
+from aphrodite_cli.output import err, out, print_table
+
+
+@app.command(
+    "serve",
+    epilog="""Examples:
+
+  aphrodite bench serve --embedded --num-prompts 50 --mode both
+
+  aphrodite bench serve --base-url http://gpu-box:8000 --model Qwen/Qwen2.5-VL-7B-Instruct
+  --request-rate 4 --burstiness 0.5 --max-concurrency 16 --media-delivery http
+  --bucket-config '{"720,1280,1": 0.7, "360,640,32": 0.3}' --goodput ttft:500,tpot:50
+
+  aphrodite bench serve --base-url http://localhost:2242/v1 --dataset jsonl
+  --dataset-path requests.jsonl --media-dir ./media --csv
+
+vLLM's flags work as given (--dataset-name, --result-dir, --result-filename, --save-result,
+--percentile-metrics, --metric-percentiles, --goodput ttft:500 tpot:50, --tokenizer,
+--ignore-eos, --temperature, --host/--port, --endpoint); see the README's table.""",
+    context_settings={"allow_extra_args": True},
+)
+def serve_cmd(
+    ctx: typer.Context,
+    base_url: Annotated[str | None, typer.Option(
+        help="The target: its root as vLLM takes it (http://localhost:8000) or an OpenAI "
+             "base URL ending in /v1; requests go to --endpoint under the root.")] = None,
+    host: Annotated[str | None, typer.Option(help="Target host, with --port, instead of "
+                                             "--base-url (vLLM's flags).")] = None,
+    port: Annotated[int | None, typer.Option(help="Target port (with --host, default "
+                                             "127.0.0.1).")] = None,
+    endpoint: Annotated[str | None, typer.Option(
+        help="Path posted to under the root (default /v1/chat/completions; /v1/completions "
+             "sends text prompts).")] = None,
+    backend: Annotated[str | None, typer.Option(
+        help="vLLM's --backend: openai-chat (/v1/chat/completions) or openai/vllm "
+             "(/v1/completions), when --endpoint is not given.")] = None,
+    embedded: Annotated[bool, typer.Option(help="Start this project's server (tiny default "
+                                           "model) for the run.")] = False,
+    model: Annotated[str | None, typer.Option(
+        help="Model name to send (and to serve with --embedded); default: the first of the "
+             "target's GET /v1/models.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="Bearer key for the target.")] = None,
+    dataset: Annotated[DatasetName, typer.Option(
+        "--dataset", "--dataset-name",
+        help="random-mm, jsonl, or vLLM's random (text only: random-mm with no media).")
+    ] = "random-mm",
+    dataset_path: Annotated[Path | None, typer.Option(help="JSONL file for --dataset jsonl.")
+                            ] = None,
+    media_dir: Annotated[Path | None, typer.Option(help="Folder for media paths in JSONL.")
+                         ] = None,
+    num_prompts: Annotated[int, typer.Option(min=1)] = 50,
+    num_warmups: Annotated[int, typer.Option(min=0, help="Unmeasured requests first.")] = 2,
+    request_rate: Annotated[str, typer.Option(help="Requests/s, or inf.")] = "inf",
+    burstiness: Annotated[float, typer.Option(min=0.01, help="Gamma shape; 1 = Poisson.")
+                          ] = 1.0,
+    max_concurrency: Annotated[int | None, typer.Option(min=1)] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    mode: Annotated[Mode, typer.Option(help="cold, warm or both.")] = "both",
+    media_delivery: Annotated[MediaDelivery, typer.Option(
+        help="data-url or http (a built-in loopback media server).")] = "data-url",
+    items_per_request: Annotated[int, typer.Option(min=0)] = 1,
+    bucket_config: Annotated[str | None, typer.Option(
+        metavar="JSON", help='"height,width,frames": probability; frames > 1 is a video.')
+    ] = None,
+    prompt_len: Annotated[int, typer.Option(
+        "--prompt-len", "--random-input-len", min=1,
+        help="Words of text per prompt (vLLM's --random-input-len counts tokens; a word is "
+             "about one token).")] = 32,
+    output_len: Annotated[int, typer.Option(
+        "--output-len", "--random-output-len", min=1, help="Tokens per answer.")] = 16,
+    image_format: Annotated[str, typer.Option(help="JPEG, PNG or WEBP.")] = "JPEG",
+    image_quality: Annotated[int, typer.Option(min=1, max=100)] = 90,
+    video_codec: Annotated[str, typer.Option()] = "libx264",
+    video_fps: Annotated[int, typer.Option(min=1)] = 30,
+    video_gop: Annotated[int, typer.Option(min=1)] = 30,
+    goodput: Annotated[str | None, typer.Option(
+        help="SLOs in ms: ttft:200,tpot:50 or vLLM's ttft:200 tpot:50 (e2el = e2e).")] = None,
+    percentile_metrics: Annotated[str, typer.Option(
+        help="Metrics whose percentiles are printed and stored as vLLM's p{N}_{metric}_ms "
+             "fields: ttft, tpot, itl, e2el.")] = "ttft,tpot,itl,e2el",
+    metric_percentiles: Annotated[str, typer.Option(
+        help="Those percentiles, e.g. 50,90,99.")] = "50,99",
+    tokenizer: Annotated[str | None, typer.Option(
+        help="Count output tokens with this tokenizer (folder or hub id) when the target "
+             "reports no usage, instead of counting stream chunks.")] = None,
+    ignore_eos: Annotated[bool, typer.Option(
+        help="Ask for every answer's full --output-len (ignore_eos).")] = True,
+    temperature: Annotated[float, typer.Option(min=0)] = 0.0,
+    save_result: Annotated[bool, typer.Option(
+        help="Accepted for vLLM's scripts: the result is always saved.")] = True,
+    result_filename: Annotated[str | None, typer.Option(
+        help="File name of the result in --out-dir (default serve-<time>.json).")] = None,
+    csv: Annotated[bool, typer.Option("--csv", help="Also write per-request rows as CSV.")
+                   ] = False,
+    jsonl: Annotated[bool, typer.Option(
+        "--jsonl", help="Also write per-request rows as JSON lines (pandas.read_json(path, "
+                        "lines=True) gives one row per request).")] = False,
+    output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
+    max_failure_rate: Annotated[float, typer.Option(
+        min=0, max=1, help="Exit 1 when more than this share of a phase's requests failed.")
+    ] = 0.0,
+    abort_after_failures: Annotated[int, typer.Option(
+        min=0, help="Stop at once (exit 1) when the first this-many answers are all the same "
+                    "4xx, as a wrong URL, model or key gives; 0: never.")] = 5,
+    out_dir: Annotated[Path, typer.Option("--out-dir", "--result-dir")] = Path("results"),
+) -> None:
+    """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
+    import math
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from aphrodite_cli.bench import vllm_compat
+    from aphrodite_cli.bench.datasets import parse_buckets
+    from aphrodite_cli.bench.results import write_result
+    from aphrodite_cli.bench.serve_bench import LoadConfig
+    from aphrodite_cli.bench.serve_run import run
+    from engine.errors import ConfigError
+
+    say = err if output_format == "json" else out  # stdout carries only the JSON then
+    if base_url is None and (host or port):
+        base_url = f"http://{host or '127.0.0.1'}:{port or 8000}"
+    if embedded == bool(base_url):
+        raise ConfigError("pass exactly one of --base-url URL (or --host/--port) or --embedded",
+                          code="invalid_flag")
+    if dataset == "random":  # vLLM's text-only random dataset
+        dataset, items_per_request = "random-mm", 0
+    if endpoint is None:
+        backends = {"openai-chat": "/v1/chat/completions", "openai": "/v1/completions",
+                    "vllm": "/v1/completions", None: "/v1/chat/completions"}
+        if backend not in backends:
+            raise ConfigError(f"--backend {backend!r} is not one of openai-chat, openai, vllm",
+                              code="invalid_flag")
+        endpoint = backends[backend]
+    if not endpoint.rstrip("/").endswith("chat/completions") and (
+            items_per_request > 0 or dataset == "jsonl"):
+        raise ConfigError(f"--endpoint {endpoint} takes text prompts only, so it cannot carry "
+                          "media", hint="use /v1/chat/completions, or --items-per-request 0 "
+                          "(--dataset-name random)", code="invalid_flag")
+    extra = list(ctx.args)
+    goodput_parts = [goodput] if goodput else []
+    if extra and goodput and all(re.fullmatch(r"[A-Za-z0-9]+:[0-9.]+", a) for a in extra):
+        goodput_parts += extra  # vLLM's --goodput ttft:500 tpot:50
+    elif extra:
+        raise ConfigError(f"unexpected argument(s): {' '.join(extra)}",
+                          hint="every value needs its flag (see --help)", code="invalid_flag")
+    try:
+        rate = math.inf if request_rate.lower() == "inf" else float(request_rate)
+    except ValueError:
+        raise ConfigError(f"--request-rate {request_rate!r} is a number or inf",
+                          code="invalid_flag") from None
+    slos = vllm_compat.parse_goodput(goodput_parts)
+    pct_metrics = vllm_compat.parse_list("--percentile-metrics", percentile_metrics,
+                                         set(vllm_compat.METRICS))
+    pcts = vllm_compat.parse_percentiles(metric_percentiles)
+    cfg = LoadConfig(base_url=base_url or "", endpoint="/" + endpoint.lstrip("/"),
+                     abort_after=abort_after_failures, model=model if not embedded else None,
+                     api_key=api_key, request_rate=rate, burstiness=burstiness,
+                     max_concurrency=max_concurrency, seed=seed, media_delivery=media_delivery,
+                     image_format=image_format.upper(), image_quality=image_quality,
+                     video_codec=video_codec, video_fps=video_fps, video_gop=video_gop,
+                     goodput=slos, temperature=temperature, ignore_eos=ignore_eos)
+    opts = {"dataset": dataset, "dataset_path": dataset_path, "media_dir": media_dir,
+            "num_prompts": num_prompts, "num_warmups": num_warmups, "mode": mode,
+            "items_per_request": items_per_request, "buckets": parse_buckets(bucket_config),
+            "prompt_len": prompt_len, "output_len": output_len, "seed": seed,
+            "embedded": embedded, "model": model, "percentile_metrics": pct_metrics,
+            "metric_percentiles": pcts,
+            "tokenizer": vllm_compat.load_tokenizer(tokenizer) if tokenizer else None}
+    from aphrodite_cli.bench.serve_bench import TargetRefused
+    from engine.errors import BenchmarkFailed
+
+    try:
+        # progress on stderr, and only on a terminal: logs and pipes get the results alone
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                      disable=not err.is_terminal) as progress:
+            doc = run(cfg, opts, progress,
+                      announce=lambda msg: say.print(msg, markup=False))
+    except TargetRefused as refused:
+        first = refused.records[0]
+        raise BenchmarkFailed(
+            f"the first {len(refused.records)} requests to {refused.url} all got HTTP "
+            f"{first.status} ({first.error}); the run was stopped. The target said: "
+            f"{(first.error_body or '').strip()[:300]}",
+            hint="check --base-url/--endpoint, --model and --api-key "
+                 "(--abort-after-failures 0 runs on regardless)") from None
+    rows = doc.pop("_rows")
+    doc["percentile_metrics"], doc["metric_percentiles"] = pct_metrics, pcts
+    doc["tokenizer"] = tokenizer
+    doc["requests"] = rows  # per phase, one record per request (as in the CSV / JSONL)
+    path = write_result(doc, "serve", out_dir, filename=result_filename)
+    flat = [r for phase in rows.values() for r in phase]
+    if csv:
+        import pandas as pd
+
+        frame = pd.DataFrame(flat)
+        frame["itl_ms"] = frame["itl_ms"].map(lambda gaps: " ".join(f"{g:g}" for g in gaps))
+        frame.to_csv(path.with_suffix(".csv"), index=False)
+    if jsonl:
+        path.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in flat))
+    _print_serve_table(doc, output_format)
+    say.print(f"result: {path}", markup=False)
+    too_many = []
+    for mode, phase in doc["phases"].items():
+        total = phase["completed"] + phase["failed"]
+        for kind, count in phase["failures_by_type"].items():
+            example = (phase["failure_examples"].get(kind) or "").strip()[:300]
+            say.print(f"  {mode}: {count} x {kind}" + (f": {example}" if example else ""),
+                      markup=False)
+        if total and phase["failed"] / total > max_failure_rate:
+            too_many.append(f"{mode} phase: {phase['failed']} of {total} requests failed")
+    failed = [f"{m}: {p['cache_check']}" for m, p in doc["phases"].items()
+              if p.get("cache_check") not in (None, "ok")]
+    if failed:
+        raise ConfigError("; ".join(failed), hint="the cache state the phase needs was not "
+                          "reached (was the target restarted, or its cache disabled?)",
+                          code="cache_state_mismatch")
+    if too_many:
+        raise BenchmarkFailed("; ".join(too_many) + f" (more than --max-failure-rate "
+                              f"{max_failure_rate:g}); result: {path}",
+                              hint="the failures by type are listed above; --max-failure-rate "
+                                   "sets how many a run may have", code="requests_failed")
+
+
+def _print_serve_table(doc: dict, fmt: str = "table") -> None:
+    metrics = doc.get("percentile_metrics") or ["ttft", "tpot", "itl", "e2el"]
+    pcts = doc.get("metric_percentiles") or [50.0, 99.0]
+    columns = ["phase", "ok/failed", "req/s", "out tok/s",
+               *(f"{m.upper()} {'/'.join(f'p{p:g}' for p in pcts)} ms" for m in metrics),
+               "cache hit"]
+    rows = []
+    for mode, p in doc["phases"].items():
+        hit = p["server_cache"]["hit_rate"]
+        cells = ["/".join("-" if p.get(f"p{q:g}_{m}_ms") is None else
+                          f"{p[f'p{q:g}_{m}_ms']:.1f}" for q in pcts) for m in metrics]
+        rows.append([mode, f"{p['completed']}/{p['failed']}", f"{p['request_throughput']:.2f}",
+                     f"{p['output_throughput']:.1f}", *cells,
+                     "-" if hit is None else f"{hit:.0%}"])
+    print_table(f"bench serve: {doc['num_prompts']} prompts per phase", columns, rows, fmt)

@@ -1,0 +1,182 @@
+"""``aphrodite bench sweep``: latency against load, and the capacity at SLOs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from aphrodite_cli.bench.app import app
+from aphrodite_cli.options import (
+    MediaDelivery,
+    Mode,
+    SweepProfile,
+)
+from aphrodite_cli.output import out
+
+
+@app.command(
+    "sweep",
+    epilog="""Examples:
+
+  aphrodite bench sweep --embedded --mode both --slo ttft:p99:300 --slo e2el:p90:2000
+
+  aphrodite bench sweep --base-url http://gpu-box:8000 --rates 1,2,4,8 --items-per-request 1
+
+  aphrodite bench sweep --base-url http://gpu-box:8000 --profile sweep --num-points 6
+
+Each point is a bench serve measurement; the result holds every point, the curve and, with
+--slo, the capacity per phase (the highest rate meeting every SLO).""",
+)
+def sweep_cmd(
+    base_url: Annotated[str | None, typer.Option(
+        help="The target's root (http://host:8000) or a base URL ending in /v1.")] = None,
+    host: Annotated[str | None, typer.Option(help="Target host, with --port.")] = None,
+    port: Annotated[int | None, typer.Option(help="Target port.")] = None,
+    endpoint: Annotated[str, typer.Option(help="Path posted to under the root.")
+                        ] = "/v1/chat/completions",
+    embedded: Annotated[bool, typer.Option(help="Start this project's server for the run.")
+                        ] = False,
+    model: Annotated[str | None, typer.Option(
+        help="Model name to send; default: the first of GET /v1/models.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="Bearer key for the target.")] = None,
+    mode: Annotated[Mode, typer.Option(help="cold, warm or both.")] = "cold",
+    rates: Annotated[str | None, typer.Option(help="Request rates to measure, e.g. 1,2,4,8.")
+                     ] = None,
+    concurrencies: Annotated[str | None, typer.Option(
+        help="Concurrencies to measure (closed loop), e.g. 1,4,16.")] = None,
+    profile: Annotated[SweepProfile | None, typer.Option(
+        help="sweep: one at a time, all at once, then --num-points rates between.")] = None,
+    num_points: Annotated[int, typer.Option(min=1)] = 5,
+    slo: Annotated[list[str] | None, typer.Option(
+        help="metric:percentile:ms, repeatable, e.g. ttft:p99:300 (metrics ttft, tpot, itl, "
+             "e2e or e2el): search the highest rate meeting them all.")] = None,
+    rate_precision: Annotated[float, typer.Option(
+        min=0.001, max=1, help="Stop the search when its bracket is this narrow.")] = 0.05,
+    duration_s: Annotated[float, typer.Option(min=0.1, help="Seconds of one rate point.")
+                          ] = 10.0,
+    min_requests: Annotated[int, typer.Option(min=2, help="Requests per point at least.")
+                            ] = 20,
+    num_warmups: Annotated[int, typer.Option(min=0, help="Unmeasured requests per point.")
+                           ] = 2,
+    burstiness: Annotated[float, typer.Option(min=0.01, help="Gamma shape; 1 = Poisson.")
+                          ] = 1.0,
+    num_prompts: Annotated[int, typer.Option(
+        min=1, help="Requests in the warm phase's pool (sent once before its points).")] = 50,
+    items_per_request: Annotated[int, typer.Option(min=0)] = 1,
+    bucket_config: Annotated[str | None, typer.Option(
+        metavar="JSON", help='"height,width,frames": probability; frames > 1 is a video.')
+    ] = None,
+    prompt_len: Annotated[int, typer.Option(min=1)] = 32,
+    output_len: Annotated[int, typer.Option(min=1)] = 16,
+    media_delivery: Annotated[MediaDelivery, typer.Option(help="data-url or http.")
+                              ] = "data-url",
+    max_failure_rate: Annotated[float, typer.Option(
+        min=0, max=1, help="Exit 1 when more than this share of a point's requests failed.")
+    ] = 0.0,
+    seed: Annotated[int, typer.Option()] = 0,
+    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
+) -> None:
+    """Latency against load, and the capacity at an SLO, cold media and warm cache."""
+    from aphrodite_cli.bench import sweep as sw
+    from aphrodite_cli.bench.datasets import parse_buckets, random_mm
+    from aphrodite_cli.bench.results import write_result
+    from aphrodite_cli.bench.serve_bench import (
+        LoadConfig,
+        TargetRefused,
+        first_model,
+        server_root,
+    )
+    from aphrodite_cli.bench.serve_run import EmbeddedServer
+    from engine.errors import BenchmarkFailed, ConfigError
+
+    if base_url is None and (host or port):
+        base_url = f"http://{host or '127.0.0.1'}:{port or 8000}"
+    if embedded == bool(base_url):
+        raise ConfigError("pass exactly one of --base-url URL (or --host/--port) or --embedded",
+                          code="invalid_flag")
+    try:
+        rate_list = [float(r) for r in (rates or "").split(",") if r.strip()]
+        conc_list = [int(c) for c in (concurrencies or "").split(",") if c.strip()]
+    except ValueError:
+        raise ConfigError("--rates and --concurrencies are comma-separated numbers",
+                          code="invalid_flag") from None
+    slos = [sw.Slo.parse(s) for s in slo or []]
+    if sum(map(bool, (rate_list or conc_list, profile, slos))) > 1:
+        raise ConfigError("pick one of --rates/--concurrencies, --profile sweep or --slo",
+                          code="invalid_flag")
+    buckets = parse_buckets(bucket_config)
+    settings = sw.SweepSettings(duration_s=duration_s, min_requests=min_requests,
+                                num_warmups=num_warmups, num_points=num_points,
+                                rate_precision=rate_precision)
+
+    def make(n: int, run_nonce: int) -> list:
+        return random_mm(n, items=items_per_request, buckets=buckets, prompt_len=prompt_len,
+                         output_len=output_len, seed=seed, nonce=run_nonce)
+
+    def on_point(phase: str, point: dict) -> None:
+        what = (f"rate {point['offered_rate']:.3g}/s" if point["offered_rate"] else
+                f"concurrency {point['concurrency']}" if point["concurrency"] else
+                "all at once")
+        served = point["served_rate"]
+        e2e = point["result"]["e2e_ms"].get("p90")
+        verdict = "" if not slos else (" meets the SLOs" if point["met"] else " misses")
+        out.print(f"  {phase} {point['kind']:<12} {what:<18} served "
+                  f"{served or 0:.3g}/s, e2e p90 {e2e or 0:.1f} ms{verdict}", markup=False)
+
+    server = EmbeddedServer(model, []) if embedded else None
+    try:
+        root = server_root(server.base_url if server else base_url or "")
+        name = model or first_model(root, api_key)
+        cfg = LoadConfig(base_url=root, endpoint="/" + endpoint.lstrip("/"), model=name,
+                         api_key=api_key, burstiness=burstiness, seed=seed,
+                         media_delivery=media_delivery)
+        modes = ("cold", "warm") if mode == "both" else (mode,)
+        try:
+            doc = sw.run(cfg, make, modes=modes, settings=settings, slos=slos,
+                         rates=rate_list, concurrencies=conc_list, pool_size=num_prompts,
+                         seed=seed, media_delivery=media_delivery, on_point=on_point)
+        except TargetRefused as refused:
+            first = refused.records[0]
+            raise BenchmarkFailed(
+                f"the first {len(refused.records)} requests to {refused.url} all got HTTP "
+                f"{first.status} ({first.error}); the sweep was stopped. The target said: "
+                f"{(first.error_body or '').strip()[:300]}",
+                hint="check --base-url/--endpoint, --model and --api-key") from None
+    finally:
+        if server:
+            server.stop()
+    doc = {"kind": "sweep",
+           "target": {"base_url": root, "endpoint": cfg.endpoint, "model": name,
+                      "embedded": embedded},
+           "slos": [s.label for s in slos], "keep_up_share": sw.KEEP_UP,
+           "settings": settings.__dict__, "burstiness": burstiness,
+           "dataset": {"items_per_request": items_per_request, "prompt_len": prompt_len,
+                       "output_len": output_len, "buckets": {",".join(map(str, k)): v
+                                                             for k, v in buckets.items()}},
+           "noise": "an SLO is met only when the upper end of its percentile's 95% bootstrap "
+                    "interval is within the limit: the capacity is conservative", **doc}
+    path = write_result(doc, "sweep", out_dir)
+    for phase, result in doc["phases"].items():
+        cap = result["capacity"]
+        if cap is not None:
+            rate = f"{cap['rate']:.3g} requests/s" if cap["rate"] else "none"
+            out.print(f"{phase} capacity: {rate} (limited by {cap['limited_by']}: "
+                      f"{cap['why']}); {len(result['points'])} points in "
+                      f"{result['seconds']:.0f} s", markup=False)
+    out.print(f"result: {path}", markup=False)
+    too_many = [f"{phase} {p['kind']} point"
+                + (f" at {p['offered_rate']:.3g}/s" if p["offered_rate"] else "")
+                + f": {p['result']['failed']} of {p['requests']} failed "
+                f"({', '.join(p['result']['failures_by_type'])})"
+                for phase, result in doc["phases"].items() for p in result["points"]
+                # all at once may be refused by a server that sheds load, and so may the
+                # search's points above the capacity: those failures are its answer
+                if p["kind"] != "saturation" and (not slos or p["kind"] == "synchronous")
+                and p["result"]["failed"] > max_failure_rate * p["requests"]]
+    if too_many:
+        raise BenchmarkFailed("; ".join(too_many[:5]) + f" (more than --max-failure-rate "
+                              f"{max_failure_rate:g}); result: {path}",
+                              hint="a point with failures measures errors, not the server",
+                              code="requests_failed")
