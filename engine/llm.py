@@ -61,11 +61,18 @@ def to_items(mm: dict[str, Any]) -> list[MediaItem]:
                                               code="invalid_multi_modal_data")
                 items.append(MediaItem("image", decoded=value.convert("RGB")))
             elif modality == "video":
-                frames = np.asarray(value)
+                # (frames, metadata): Hugging Face video_metadata (fps, frames_indices), which
+                # families that write timestamps into the prompt (Qwen3-VL) read.
+                meta = value[1] if isinstance(value, tuple) and len(value) == 2 and \
+                    isinstance(value[1], dict) else None
+                frames = np.asarray(value[0] if meta is not None else value)
                 if frames.ndim != 4 or frames.shape[-1] != 3:
                     raise InvalidRequestError("multi_modal_data video must be frames shaped "
-                                              "(T, H, W, 3)", code="invalid_multi_modal_data")
-                items.append(MediaItem("video", decoded=frames.astype(np.uint8, copy=False)))
+                                              "(T, H, W, 3), or (frames, metadata dict)",
+                                              code="invalid_multi_modal_data")
+                items.append(MediaItem("video", decoded=frames.astype(np.uint8, copy=False),
+                                       media_kwargs={"metadata": meta} if meta else {},
+                                       metadata=dict(meta) if meta else None))
             elif modality == "audio":
                 if not (isinstance(value, tuple) and len(value) == 2):
                     raise InvalidRequestError("multi_modal_data audio must be (array, rate)",

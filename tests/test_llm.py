@@ -4,6 +4,7 @@ streaming, cancellation, batching, and the cache's effect on outputs."""
 from __future__ import annotations
 
 import base64
+import re
 import threading
 import time
 
@@ -37,6 +38,7 @@ def wave(seconds: float = 1.0) -> tuple[np.ndarray, int]:
 CASES = [
     ("qwen2_5_vl", {"image": img()}), ("qwen2_5_vl", {"video": frames()}),
     ("qwen2_vl", {"image": [img(1), img(2)]}), ("qwen2_vl", {"video": frames()}),
+    ("qwen3_vl", {"image": [img(1), img(2)]}), ("qwen3_vl", {"video": frames()}),
     ("llava", {"image": img()}), ("qwen2_audio", {"audio": wave()}),
 ]
 
@@ -49,6 +51,25 @@ def test_every_family_generates_for_each_accepted_modality(arch, mm):
     expansion = llm(arch).loaded.spec.expansion_tokens[next(iter(mm))]
     expansion_id = llm(arch).loaded.tokenizer.convert_tokens_to_ids(expansion)
     assert out[0].prompt_token_ids.count(expansion_id) > 1  # the placeholder was expanded
+
+
+def test_qwen3_vl_mixed_prompt_with_video_metadata_batches_like_alone():
+    """Qwen3-VL on an image and a video given with its metadata: the prompt carries each
+    temporal patch's time from that metadata, and batched with other prompts (left padding,
+    M-RoPE positions, deepstack features of two images and a video) the greedy tokens are
+    those it gets alone; a cache hit gives them too."""
+    model = llm("qwen3_vl")
+    meta = {"total_num_frames": 120, "fps": 30.0, "frames_indices": [0, 40, 80, 119]}
+    mixed = {"prompt": "Compare them.",
+             "multi_modal_data": {"image": img(4), "video": (frames(), meta)}}
+    alone = model.generate(mixed, GREEDY)[0]
+    text = model.loaded.tokenizer.decode(alone.prompt_token_ids)
+    assert re.findall(r"<([0-9.]+) seconds>", text) == ["0.7", "3.3"]  # (80 + 119) / 2 / 30
+    batch = model.generate([{"prompt": "Hi"}, mixed,
+                            {"prompt": "x", "multi_modal_data": {"image": img(5)}}], GREEDY)
+    assert batch[1].metrics["item_cache_hits"] == [True, True]
+    assert batch[1].prompt_token_ids == alone.prompt_token_ids
+    assert batch[1].outputs[0].token_ids == alone.outputs[0].token_ids
 
 
 def test_cache_hit_gives_the_same_greedy_output():

@@ -19,6 +19,9 @@ def test_required_families_are_registered():
     assert REGISTRY["llava"].modalities == ("image",)
     assert REGISTRY["qwen2_audio"].modalities == ("audio",)
     assert not REGISTRY["llava"].ships_chat_template
+    assert get_arch("Qwen3-VL").name == "qwen3_vl" and REGISTRY["qwen3_vl"].video_timestamps
+    assert arch_for_config({"architectures": ["Qwen3VLForConditionalGeneration"]},
+                           "x").name == "qwen3_vl"
 
 
 def test_unknown_architecture_lists_the_supported_ones(tmp_path):
@@ -27,7 +30,7 @@ def test_unknown_architecture_lists_the_supported_ones(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_model(str(tmp_path))
     for arch in ("Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration",
-                 "Qwen2AudioForConditionalGeneration"):
+                 "Qwen2AudioForConditionalGeneration", "Qwen3VLForConditionalGeneration"):
         assert arch in info.value.message
     with pytest.raises(ConfigError, match="supported: qwen2_5_vl"):
         get_arch("gpt2")
@@ -38,17 +41,19 @@ def _weights_hash(folder) -> str:
     return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
 
 
-def test_make_tiny_is_deterministic_and_uses_real_classes(tmp_path):
-    spec = REGISTRY["qwen2_vl"]
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen3_vl"])
+def test_make_tiny_is_deterministic_and_uses_real_classes(tmp_path, arch):
+    spec = REGISTRY[arch]
     spec.build_tiny(tmp_path / "a", seed=0)
     spec.build_tiny(tmp_path / "b", seed=0)
     spec.build_tiny(tmp_path / "c", seed=1)
     assert _weights_hash(tmp_path / "a") == _weights_hash(tmp_path / "b")
     assert _weights_hash(tmp_path / "a") != _weights_hash(tmp_path / "c")
     config = json.loads((tmp_path / "a" / "config.json").read_text())
-    assert config["architectures"] == ["Qwen2VLForConditionalGeneration"]
+    assert config["architectures"] == [spec.model_class] and spec.model_types == (
+        config["model_type"],)
     processor = json.loads((tmp_path / "a" / "processor_config.json").read_text())
-    assert processor["processor_class"] == "Qwen2VLProcessor"
+    assert processor["processor_class"] == spec.processor_class
 
 
 @pytest.mark.timeout(30)

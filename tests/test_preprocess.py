@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import numpy as np
@@ -42,6 +43,18 @@ def sample(arch: str):
                  MediaItem("image", decoded=image(64, 200, 2))]
         parts = [{"type": "image"}, {"type": "video"}, {"type": "image"}]
         full = {"images": [items[0].decoded, items[2].decoded], "videos": [frames]}
+        if loaded(arch).spec.video_timestamps:
+            # Timestamps from each clip's metadata: a 4-frame sample of a 1 s 30 fps clip, and
+            # an odd 5-frame sample of a 2 s 25 fps one (its last temporal patch is padded).
+            odd = np.stack([synthetic.video_frame(i, 64, 96) for i in range(5)])
+            metas = [{"total_num_frames": 30, "fps": 30.0, "frames_indices": [0, 10, 19, 29]},
+                     {"total_num_frames": 50, "fps": 25.0, "frames_indices": [0, 12, 25, 37, 49]}]
+            items[1].metadata = metas[0]
+            items.append(MediaItem("video", decoded=odd, metadata=metas[1]))
+            parts.append({"type": "video"})
+            full.update(videos=[frames, odd], do_sample_frames=False,
+                        video_metadata=[dict(m, frames_indices=list(m["frames_indices"]))
+                                        for m in metas])
     messages = [{"role": "user", "content": [*parts, {"type": "text", "text": "What?"}]}]
     return messages, items, full
 
@@ -58,6 +71,9 @@ def test_assembled_inputs_equal_one_processor_call(arch):
         if key in ("input_ids", "attention_mask"):
             continue
         assert torch.equal(got.mm[key], value), key
+    if lm.spec.video_timestamps:  # each temporal patch's mean time, from the metadata
+        stamps = re.findall(r"<([0-9.]+) seconds>", lm.tokenizer.decode(got.input_ids))
+        assert stamps == ["0.2", "0.8", "0.2", "1.2", "2.0"]  # 30 fps: (0+10)/2/30...
 
 
 def test_cache_hit_gives_the_same_inputs_and_skips_decoding_and_processing():
@@ -133,6 +149,37 @@ def video_through_cache(pre: Preprocessor, clip: bytes, request: dict | None,
     spec = parse_video_io_kwargs(request, server_video_spec({"video": {"backend": "pyav"}}))
     item = item_for("video", clip, MediaLimits.from_env(), spec, 16_000, decoders)
     return pre.process(pre.loaded.spec.placeholders["video"] + "Hi", [item])
+
+
+def test_qwen3_vl_fetched_video_timestamps_come_from_the_clip_and_survive_the_cache():
+    """Qwen3-VL writes each temporal patch's time into the prompt. For a fetched clip they come
+    from its fps and the sampled frame indices (not the processor's 24 fps default), equal one
+    processor call given the decoded frames and their metadata, and a cache hit (which decodes
+    nothing) gives the same ids."""
+    from engine.config import MediaLimits
+    from engine.media.video.options import parse_video_io_kwargs, server_video_spec
+    from engine.processing.media_items import hf_video_metadata
+
+    lm = loaded("qwen3_vl")
+    pre = Preprocessor(lm, ProcessorCache(1 << 30))
+    clip = synthetic.make_video(width=96, height=64, fps=8, seconds=2)  # 16 frames
+    decoders = RecordingDecoders()
+    miss = video_through_cache(pre, clip, {"num_frames": 4}, decoders)
+    hit = video_through_cache(pre, clip, {"num_frames": 4}, decoders)
+    assert (miss.item_hits, hit.item_hits) == ([False], [True])
+    assert len(decoders.video_backends) == 1
+    assert hit.input_ids == miss.input_ids
+    spec = parse_video_io_kwargs({"num_frames": 4},
+                                 server_video_spec({"video": {"backend": "pyav"}}))
+    video = InProcessDecoders.decode_video(clip, spec, MediaLimits.from_env())
+    assert video.metadata.sampled_indices == [0, 5, 10, 15]
+    ref = lm.processor(text=[lm.spec.placeholders["video"] + "Hi"], videos=[video.frames],
+                       video_metadata=[hf_video_metadata(video.metadata)], do_sample_frames=False,
+                       return_tensors="pt")
+    assert miss.input_ids == ref["input_ids"][0].tolist()
+    assert torch.equal(miss.mm["pixel_values_videos"], ref["pixel_values_videos"])
+    # (0 + 5) / 2 / 8 fps and (10 + 15) / 2 / 8 fps
+    assert re.findall(r"<([0-9.]+) seconds>", lm.tokenizer.decode(miss.input_ids)) == ["0.3", "1.6"]
 
 
 # A 2 s clip at 8 fps (16 frames): each pair below differs in one sampling option, and the two

@@ -34,6 +34,7 @@ def media():
         "/cat.jpg": (cat, "image/jpeg"),
         "/slow-cat.jpg": (cat, "image/jpeg"),
         "/tone.wav": (synthetic.make_audio(seconds=1.0), "audio/wav"),
+        "/clip.mp4": (synthetic.make_video(width=96, height=64, fps=8, seconds=2), "video/mp4"),
     }, delays={"/slow-cat.jpg": 4.0})
     yield server
     server.shutdown()
@@ -83,6 +84,44 @@ def test_llava_with_the_shipped_template(media):
         long.join(120)
     finally:
         assert server.stop() == 0
+
+
+def test_qwen3_vl_image_and_video_over_http(media):
+    """Qwen3-VL served: an image and a fetched video in one chat; the prompt the model gets is
+    as long as one Hugging Face processor call makes it from the decoded media and the clip's
+    own metadata (its timestamps are text tokens), and again from the cache."""
+    from engine.config import MediaLimits
+    from engine.media.image import decode_image
+    from engine.media.video.options import server_video_spec
+    from engine.processing.media_items import InProcessDecoders, hf_video_metadata
+    from tests.engine_fixtures import loaded
+
+    video_io = {"video": {"backend": "pyav", "num_frames": 4}}
+    server = ServerProcess("tiny:qwen3_vl", "--allowed-media-domains", "127.0.0.1",
+                           "--media-io-kwargs", json.dumps(video_io)).wait_ready()
+    try:
+        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0)
+        content = [{"type": "image_url", "image_url": {"url": f"{media.base}/cat.jpg"}},
+                   {"type": "video_url", "video_url": {"url": f"{media.base}/clip.mp4"}},
+                   {"type": "text", "text": "What happens?"}]
+        replies = [client.chat.completions.create(
+            model="tiny:qwen3_vl", max_tokens=3, temperature=0,
+            messages=[{"role": "user", "content": content}]) for _ in range(2)]
+    finally:
+        assert server.stop() == 0
+    limits = MediaLimits.from_env()
+    video = InProcessDecoders.decode_video(media.files["/clip.mp4"][0],
+                                           server_video_spec(video_io), limits)
+    processor = loaded("qwen3_vl").processor
+    text = processor.apply_chat_template([{"role": "user", "content": [
+        {"type": "image"}, {"type": "video"}, {"type": "text", "text": "What happens?"}]}],
+        tokenize=False, add_generation_prompt=True)
+    ref = processor(text=[text], images=[decode_image(media.files["/cat.jpg"][0], limits)],
+                    videos=[video.frames], video_metadata=[hf_video_metadata(video.metadata)],
+                    do_sample_frames=False)
+    assert [r.usage.prompt_tokens for r in replies] == [len(ref["input_ids"][0])] * 2
+    assert replies[0].usage.completion_tokens == 3
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
 
 
 def test_qwen2_audio_parts_and_private_addresses_and_drain(media):

@@ -4,6 +4,11 @@ Each entry declares the Hugging Face classes, the modalities the family accepts 
 items per prompt its processor takes, the placeholder text raw prompts use, the token the
 processor repeats per item, whether its tokenizer ships a chat template, and how to build a
 tiny random instance. A model folder is matched by its config's ``architectures``/``model_type``.
+
+``token_types``: the ``mm_token_type_ids`` values the processor gives each modality's expansion
+token. ``video_timestamps``: the family writes each temporal patch's time into the prompt, so
+its processor gets the video's metadata (fps, sampled frame indices) and frames it must not
+resample.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class ArchSpec:
     builder: str
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    token_types: dict[str, int] = field(default_factory=dict)
+    video_timestamps: bool = False
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -46,17 +53,25 @@ class ArchSpec:
 _QWEN_PLACEHOLDERS = {"image": "<|vision_start|><|image_pad|><|vision_end|>",
                       "video": "<|vision_start|><|video_pad|><|vision_end|>"}
 _QWEN_EXPANSION = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
+_QWEN_TYPES = {"image": 1, "video": 2}
 
 REGISTRY: dict[str, ArchSpec] = {
     spec.name: spec for spec in (
         ArchSpec("qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), ("qwen2_5_vl",),
                  "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor",
                  {"image": 32, "video": 8}, _QWEN_PLACEHOLDERS, _QWEN_EXPANSION, True,
-                 "visual", "engine.models.tiny:build_qwen2_5_vl"),
+                 "visual", "engine.models.tiny:build_qwen2_5_vl", token_types=_QWEN_TYPES),
         ArchSpec("qwen2_vl", ("Qwen2VLForConditionalGeneration",), ("qwen2_vl",),
                  "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor",
                  {"image": 32, "video": 8}, _QWEN_PLACEHOLDERS, _QWEN_EXPANSION, True,
-                 "visual", "engine.models.tiny:build_qwen2_vl"),
+                 "visual", "engine.models.tiny:build_qwen2_vl", token_types=_QWEN_TYPES),
+        ArchSpec("qwen3_vl", ("Qwen3VLForConditionalGeneration",), ("qwen3_vl",),
+                 "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor",
+                 {"image": 32, "video": 8}, _QWEN_PLACEHOLDERS, _QWEN_EXPANSION, True,
+                 "visual", "engine.models.tiny:build_qwen3_vl", token_types=_QWEN_TYPES,
+                 video_timestamps=True,
+                 notes="Qwen3-VL: a video expands to <t seconds><|vision_start|>...<|vision_end|> "
+                       "per temporal patch; timestamps come from the clip's fps"),
         ArchSpec("llava", ("LlavaForConditionalGeneration",), ("llava",),
                  "LlavaForConditionalGeneration", "LlavaProcessor",
                  {"image": 1}, {"image": "<image>"}, {"image": "<image>"}, False,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import MediaLimits
 from engine.media.audio import decode_audio
@@ -15,6 +15,9 @@ from engine.media.policy import MediaSource
 from engine.media.video import load_video
 from engine.media.video.options import VideoLoadSpec
 from engine.processing.preprocess import MediaItem
+
+if TYPE_CHECKING:
+    from engine.media.video.loader import VideoFrames, VideoMetadata
 
 
 class InProcessDecoders:
@@ -33,6 +36,20 @@ class InProcessDecoders:
         return decode_audio(data, sampling_rate=sampling_rate, max_seconds=max_seconds)
 
 
+def hf_video_metadata(meta: VideoMetadata) -> dict[str, Any]:
+    """A decoded clip's metadata as Hugging Face's ``video_metadata`` (timestamps come from
+    ``frames_indices / fps``)."""
+    return {"total_num_frames": meta.total_frames, "fps": meta.fps,
+            "frames_indices": list(meta.sampled_indices), "duration": meta.duration_s,
+            "width": meta.width, "height": meta.height, "video_backend": meta.backend}
+
+
+def use_frames(item: MediaItem, video: VideoFrames) -> Any:
+    """Record a decoded clip on its item: the metadata, and the frames (returned)."""
+    item.metadata = hf_video_metadata(video.metadata)
+    return video.frames
+
+
 def item_for(modality: str, data: bytes, limits: MediaLimits, video: VideoLoadSpec,
              sampling_rate: int, decoders: Any = None) -> MediaItem:
     """A MediaItem whose hash is the encoded bytes and whose decode runs the media path
@@ -42,11 +59,15 @@ def item_for(modality: str, data: bytes, limits: MediaLimits, video: VideoLoadSp
         return MediaItem("image", encoded=data, decode=lambda: run.decode_image(data, limits),
                          media_kwargs={"background": limits.image_background})
     if modality == "video":
-        return MediaItem("video", encoded=data,
-                         decode=lambda: run.decode_video(data, video, limits).frames,
-                         media_kwargs={"backend": video.backend,
-                                       "options": repr(video.options),
+        item = MediaItem("video", encoded=data,
+                         media_kwargs={"backend": video.backend, "options": repr(video.options),
                                        "sampling": repr(video.sampling)})
+
+        def decode_video() -> Any:
+            return use_frames(item, run.decode_video(data, video, limits))
+
+        item.decode = decode_video
+        return item
 
     def decode() -> Any:
         clip = run.decode_audio(data, sampling_rate=sampling_rate,

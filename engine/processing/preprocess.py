@@ -1,14 +1,17 @@
 """Preprocessing with a per-item processor cache.
 
 Each media item is processed on its own (the HF processor with a one-placeholder text), which
-yields its tensors and how many tokens its placeholder expands to; that is what the cache
-holds. A prompt is then assembled: placeholders expanded by those counts, tokenized, and the
-items' tensors concatenated in order. Tests check the assembly equals one processor call on
+yields its tensors and the token ids its placeholder token expands to (the token repeated, or
+for Qwen3-VL videos, timestamp text and vision markers around each frame's tokens); that is
+what the cache holds. A prompt is then assembled: the prompt tokenized with its placeholders
+unexpanded, each placeholder token replaced by its item's ids, and the items' tensors
+concatenated in order. Tests check the assembly equals one processor call on
 the whole prompt, so a cache hit gives the model exactly what a miss gives it.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -34,6 +37,8 @@ class MediaItem:
     decoded: Any = None
     decode: Callable[[], Any] | None = None
     media_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: a video's Hugging Face ``video_metadata`` (fps, frames_indices...), set by its decode
+    metadata: dict[str, Any] | None = None
 
     def hash_source(self) -> bytes | memoryview:
         if self.encoded is not None:
@@ -49,6 +54,8 @@ class ProcessedItem:
     tensors: dict[str, Any]
     num_tokens: int
     nbytes: int
+    #: the ids that replace the placeholder's expansion token in the prompt
+    expansion: list[int]
 
 
 @dataclass
@@ -74,9 +81,8 @@ class Preprocessor:
         self._id_modality = {i: m for m, i in self.expansion_ids.items()}
         self._prompt_ids: dict[str, list[int]] = {}
         # Qwen-VL processors also return mm_token_type_ids (1 image token, 2 video token).
-        self.type_ids = {self.expansion_ids[m]: v for m, v in (("image", 1), ("video", 2))
-                         if m in self.expansion_ids} if loaded.spec.name.startswith("qwen2") and \
-            "image" in self.expansion_ids else {}
+        self.type_ids = {self.expansion_ids[m]: v for m, v in loaded.spec.token_types.items()
+                         if m in self.expansion_ids}
 
     def _tokenize(self, prompt: str) -> list[int]:
         """Token ids of a prompt with unexpanded placeholders; prompts repeat (templates), so
@@ -96,6 +102,11 @@ class Preprocessor:
         if item.modality == "audio":
             data, rate = data
             extra.setdefault("sampling_rate", rate)
+        if item.modality == "video" and spec.video_timestamps:
+            extra["do_sample_frames"] = False  # the engine sampled them; metadata says which
+            if item.metadata is not None:
+                # a copy: the processor extends an odd frames_indices list in place
+                extra["video_metadata"] = [copy.deepcopy(item.metadata)]
         try:
             out = self.loaded.processor(text=[spec.placeholders[item.modality]],
                                         **{_ARG[item.modality]: [data]}, return_tensors="pt",
@@ -103,12 +114,25 @@ class Preprocessor:
         except (ValueError, TypeError, RuntimeError, IndexError) as exc:
             raise MediaDecodeError(f"the {item.modality} could not be processed for this model:"
                                    f" {sanitize(exc)}", code="processor_failed") from None
-        ids = out["input_ids"][0]
-        count = int((ids == self.expansion_ids[item.modality]).sum())
+        ids = out["input_ids"][0].tolist()
+        expansion = self._expansion(item.modality, ids)
+        count = expansion.count(self.expansion_ids[item.modality])
         tensors = {k: v for k, v in out.items() if k not in _TEXT_KEYS}
         nbytes = sum(int(v.numel() * v.element_size()) for v in tensors.values()
-                     if hasattr(v, "numel"))
-        return ProcessedItem(tensors, count, nbytes)
+                     if hasattr(v, "numel")) + 8 * len(expansion)
+        return ProcessedItem(tensors, count, nbytes, expansion)
+
+    def _expansion(self, modality: str, ids: list[int]) -> list[int]:
+        """What the processor put in place of the placeholder's expansion token: the ids of
+        one processed placeholder less the unexpanded placeholder's ids around that token."""
+        placeholder = self._tokenize(self.loaded.spec.placeholders[modality])
+        at = placeholder.index(self.expansion_ids[modality])
+        before, after = placeholder[:at], placeholder[at + 1:]
+        end = len(ids) - len(after)
+        if ids[:at] != before or ids[end:] != after or end < at:
+            raise RuntimeError(f"the {modality} processor changed the text around its "
+                               "placeholder; per-item assembly cannot reproduce it")
+        return ids[at:end]
 
     def process(self, prompt: str, items: list[MediaItem], kwargs: dict[str, Any] | None = None,
                 ) -> ProcessedPrompt:
@@ -162,13 +186,14 @@ class Preprocessor:
         for item, result in zip(items, processed, strict=True):
             queues.setdefault(item.modality, []).append(result)
         order = {m: iter(q) for m, q in queues.items()}
-        # Tokenize once with the placeholders unexpanded, then repeat each placeholder's id:
-        # the placeholder is an added special token, so this equals tokenizing the expanded
+        # Tokenize once with the placeholders unexpanded, then put each item's expansion in
+        # place of its placeholder token: that token is an added special token (so are the
+        # markers around any text an expansion holds), so this equals tokenizing the expanded
         # text (what the HF processor does) at a fraction of the cost.
         input_ids: list[int] = []
         for token in self._tokenize(prompt):
             modality = self._id_modality.get(token)
-            input_ids.extend([token] * next(order[modality]).num_tokens if modality else [token])
+            input_ids.extend(next(order[modality]).expansion if modality else [token])
         mm: dict[str, Any] = {}
         for modality in ("image", "video", "audio"):
             for result in queues.get(modality, []):

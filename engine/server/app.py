@@ -46,7 +46,7 @@ from engine.processing.cache import ProcessorCache
 from engine.processing.chat_parts import parse_messages
 from engine.processing.kwargs import check_request_kwargs, merge_processor_kwargs
 from engine.processing.limits import check_item_counts, effective_limits
-from engine.processing.media_items import fetch_items
+from engine.processing.media_items import fetch_items, use_frames
 from engine.processing.preprocess import Preprocessor
 from engine.processing.prompt import render_chat
 from engine.server.config import ServerConfig
@@ -251,7 +251,7 @@ async def decode_gpu_videos(state: State, items: list, video) -> None:
         task = load_video_async(item.encoded, video, state.media_limits, state.gpu_budget)
         state.metrics.gpu_budget.set(state.gpu_budget.in_use)
         try:
-            item.decoded = (await task).frames
+            item.decoded = use_frames(item, await task)
         finally:
             state.metrics.gpu_budget.set(state.gpu_budget.in_use)
 
