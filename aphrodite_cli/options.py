@@ -76,6 +76,7 @@ MediaDelivery = Literal["data-url", "http"]
 DatasetName = Literal["random-mm", "jsonl", "random"]
 DecodeIsolation = Literal["process", "thread"]
 SweepProfile = Literal["sweep"]
+BatchingWorkload = Literal["uniform", "mixed"]
 OutputFormat = Literal["table", "markdown", "json"]
 OUTPUT_FORMAT_HELP = ("How results are printed: table, markdown (for pull requests and CI "
                       "summaries) or json (for scripts); the result file is the same.")

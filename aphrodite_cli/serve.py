@@ -76,7 +76,12 @@ def serve(
              "Off by default: a cache hit tells a client that someone sent the same media.")
     ] = False,
     max_num_seqs: Annotated[int, typer.Option(
-        min=1, help="Sequences batched into one forward pass, e.g. 8.")] = 8,
+        min=1, help="Sequences in the running batch (a request's n counts n), e.g. 8: between "
+                    "decode steps finished ones leave and waiting ones join.")] = 8,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        min=1, help="Prompt tokens prefilled in one step when requests join the running "
+                    "batch, e.g. 8192 (a longer prompt is prefilled alone); default: no cap.")
+    ] = None,
     max_model_len: Annotated[int, typer.Option(
         min=16, help="Prompt plus output tokens per request, e.g. 8192.")] = 8192,
     max_pending_requests: Annotated[int, typer.Option(
@@ -132,7 +137,8 @@ def serve(
         request_body_timeout_s=request_body_timeout_s,
         metrics_without_auth=metrics_without_auth,
         expose_request_timings=expose_request_timings,
-        max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,
         decode_memory_gb=decode_memory_gb, max_decode_queue=max_decode_queue,

@@ -18,7 +18,7 @@ import numpy as np
 
 from engine.config import MediaLimits, MediaPolicy
 from engine.errors import InvalidRequestError
-from engine.executor.engine import Engine
+from engine.executor.engine import Engine, Scheduling
 from engine.executor.request import CompletionOutput, EngineRequest
 from engine.executor.sampling import SamplingParams
 from engine.media.connector import MediaConnector
@@ -96,7 +96,9 @@ class LLM:
                  allowed_local_media_path: str | None = None,
                  allowed_media_domains: list[str] | None = None,
                  device: str = "cpu", dtype: str = "auto", max_batch_size: int = 8,
-                 revision: str | None = None, download_dir: str | None = None) -> None:
+                 revision: str | None = None, download_dir: str | None = None,
+                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                 scheduling: Scheduling = "continuous") -> None:
         self.loaded = load_model(model, chat_template=chat_template, revision=revision,
                                  download_dir=download_dir)
         self.limits = effective_limits(self.loaded.spec, limit_mm_per_prompt)
@@ -109,8 +111,11 @@ class LLM:
         self.policy = MediaPolicy.create(allowed_domains=allowed_media_domains,
                                          allowed_local_path=allowed_local_media_path)
         self.media_limits = MediaLimits.from_env()
+        # max_num_seqs is vLLM's name; max_batch_size the older one here
         self.engine = Engine(self.loaded, device=device, dtype=dtype,
-                             max_batch_size=max_batch_size)
+                             max_batch_size=max_num_seqs or max_batch_size,
+                             max_num_batched_tokens=max_num_batched_tokens,
+                             scheduling=scheduling)
 
     @property
     def sampling_rate(self) -> int:

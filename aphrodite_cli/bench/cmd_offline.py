@@ -12,6 +12,7 @@ import typer
 from aphrodite_cli.bench.app import app
 from aphrodite_cli.options import (
     OUTPUT_FORMAT_HELP,
+    BatchingWorkload,
     MediaDelivery,
     Mode,
     OutputFormat,
@@ -169,15 +170,61 @@ def mm_processor(
 def batching(
     model: Annotated[str | None, typer.Option(help="Model; default: the tiny Qwen2.5-VL.")
                      ] = None,
-    concurrency: Annotated[int, typer.Option(min=1)] = 8,
-    max_tokens: Annotated[int, typer.Option(min=1)] = 32,
+    concurrency: Annotated[int, typer.Option(
+        min=1, help="Requests at once (uniform); --max-num-seqs of the engine (mixed).")] = 8,
+    max_tokens: Annotated[int | None, typer.Option(
+        min=1, help="Output tokens per request (uniform, default 32); of the long requests "
+                    "(mixed, default 256).")] = None,
     repeats: Annotated[int, typer.Option(min=1)] = 3,
+    workload: Annotated[BatchingWorkload, typer.Option(
+        help="uniform: N equal image requests at once vs one after another. mixed: short and "
+             "long outputs interleaved (one in four long), static vs continuous batching "
+             "side by side, plus a short request sent behind a long generation.")
+    ] = "uniform",
+    num_prompts: Annotated[int | None, typer.Option(
+        min=1, help="mixed: requests per run (default 4 x --concurrency).")] = None,
+    short_tokens: Annotated[int | None, typer.Option(
+        min=1, help="mixed: output tokens of the short requests (default --max-tokens / 16, "
+                    "at least 4).")] = None,
+    behind_long_tokens: Annotated[int, typer.Option(
+        min=1, help="mixed: length of the generation the short request is sent behind.")
+    ] = 512,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
 ) -> None:
-    """N concurrent image requests (sharing forward passes) vs the same N one after another."""
-    from aphrodite_cli.bench.engine_bench import run_batching
+    """Batching: N concurrent requests vs one after another, or (--workload mixed) static vs
+    continuous batching on short and long outputs interleaved."""
     from aphrodite_cli.bench.results import write_result
 
+    if workload == "mixed":
+        from aphrodite_cli.bench.scheduling_bench import MODES, run_mixed
+
+        max_tokens = max_tokens or 256
+        doc = run_mixed(model, concurrency=concurrency, max_tokens=max_tokens, repeats=repeats,
+                        num_prompts=num_prompts, short_tokens=short_tokens,
+                        behind_long_tokens=behind_long_tokens)
+        path = write_result(doc, "batching", out_dir)
+        rows = []
+        for mode in MODES:
+            part = doc[mode]
+            behind = part["short_behind_long"]
+            rows.append([mode, f"{part['output_throughput']['median']:.1f}",
+                         f"{part['request_throughput']['median']:.2f}",
+                         f"{part['short_ttft_s']['median'] * 1000:.0f}",
+                         f"{behind['behind_long_ttft_s']['median'] * 1000:.0f} "
+                         f"({behind['ttft_ratio_median']:.1f}x solo)",
+                         str(sum(behind["finished_before_long"])) + f"/{repeats}"])
+        print_table(f"{doc['num_prompts']} requests, one in four of {max_tokens} tokens, the "
+                    f"others {doc['short_tokens']}; --max-num-seqs {concurrency}",
+                    ["scheduling", "output tok/s", "req/s", "short TTFT p50 ms",
+                     f"TTFT behind a {behind_long_tokens}-token run, ms",
+                     "finished before it"], rows)
+        out.print(f"continuous / static output throughput: "
+                  f"{doc['continuous_over_static_output_throughput']:.2f}x", markup=False)
+        out.print(f"result: {path}", markup=False)
+        return
+    from aphrodite_cli.bench.engine_bench import run_batching
+
+    max_tokens = max_tokens or 32
     doc = run_batching(model, concurrency=concurrency, max_tokens=max_tokens, repeats=repeats)
     path = write_result(doc, "batching", out_dir)
     out.print(f"{concurrency} concurrent: {doc['concurrent_s']['median']:.2f} s, one after "

@@ -1,33 +1,59 @@
-"""The batching engine: one thread owns the model; requests that arrive while it works are
-batched into its next forward passes (up to ``max_batch_size`` sequences)."""
+"""The engine: one thread owns the model and schedules per iteration (continuous batching).
+
+Between two decode steps, finished rows leave the running batch and waiting rows join it:
+newcomers are admitted first come, first served while the batch has fewer than
+``max_num_seqs`` rows (a request's ``n`` samples are ``n`` rows) and their prompts fit in
+``max_num_batched_tokens``; they are prefilled together and merged into the running batch, and
+the next step feeds every row its last token. With ``scheduling="static"`` nothing joins a
+running batch (each batch runs until its last row ends): the baseline ``bench batching``
+compares against. An exception fails only the request that caused it (see ``_isolate``).
+"""
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
 import time
+from typing import Literal
 
 from engine.errors import AphroditeError, InternalError
-from engine.executor.request import EngineRequest
-from engine.executor.runner import TransformersRunner
+from engine.executor.request import CompletionOutput, EngineRequest
+from engine.executor.runner import ChunkedPrefill, RunningBatch, TransformersRunner, _Row
 from engine.models.loader import LoadedModel
 
 logger = logging.getLogger("aphrodite.engine")
+
+Scheduling = Literal["continuous", "static"]
 
 
 class Engine:
     """Owns a :class:`TransformersRunner` and a queue; ``submit`` is thread-safe."""
 
     def __init__(self, loaded: LoadedModel, *, device: str = "cpu", dtype: str = "auto",
-                 max_batch_size: int = 8, batch_wait_s: float = 0.005) -> None:
+                 max_batch_size: int = 8, batch_wait_s: float = 0.005,
+                 max_num_batched_tokens: int | None = None,
+                 scheduling: Scheduling = "continuous") -> None:
+        if max_batch_size < 1:
+            raise ValueError("max_num_seqs must be at least 1")
         self.runner = TransformersRunner(loaded, device, dtype)
         self.max_batch_size = max_batch_size
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.batch_wait_s = batch_wait_s
+        self.scheduling = scheduling
         self._queue: queue.Queue[EngineRequest | None] = queue.Queue()
+        self.waiting: collections.deque[_Row] = collections.deque()
+        self.running: RunningBatch | None = None
+        self.prefilling: ChunkedPrefill | None = None
+        self._chunk_started = 0.0
+        self._rows_left: dict[str, int] = {}
+        #: prefill forward passes (the isolation test counts them), decode steps, and tokens
+        self.batches = 0
+        self.stats = {"steps_total": 0, "prefill_tokens_total": 0, "decode_tokens_total": 0,
+                      "batch_size_max": 0, "batch_size_last": 0}
         self._thread = threading.Thread(target=self._loop, name="aphrodite-engine", daemon=True)
         self._thread.start()
-        self.batches = 0
 
     def submit(self, request: EngineRequest) -> EngineRequest:
         self._queue.put(request)
@@ -37,74 +63,263 @@ class Engine:
         self._queue.put(None)
         self._thread.join(timeout=30)
 
-    def _loop(self) -> None:
-        while self._serve_one():
-            pass
+    def scheduler_stats(self) -> dict[str, float]:
+        """Rows running and waiting now, and the step counters (for /metrics)."""
+        running = self.running
+        return {"num_rows_running": (len(running.rows) if running else 0)
+                + (self.prefilling is not None),
+                "num_rows_waiting": len(self.waiting) + self._queue.qsize(), **self.stats}
 
-    def _serve_one(self) -> bool:
-        """Wait for work and run one batch. A method of its own so that the batch's requests
-        are not left bound to the loop's locals while the thread waits for the next one."""
-        batch = self._next_batch()
-        if batch is None:
-            return False
-        live = [r for r in batch if not r.cancelled.is_set()]
-        for r in batch:
-            if r.cancelled.is_set():
-                r.finish()
-        if not live:
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while self._pull():
+            self._drop_cancelled()
+            self._admit()
+            if self.running is not None and self.running.rows:
+                self._decode()
+
+    def _pull(self) -> bool:
+        """Move submitted requests into the waiting queue, as rows. An idle engine blocks for
+        the first and then waits ``batch_wait_s`` for others sent at the same moment (so they
+        share one prefill); a busy one takes what is there and goes on stepping."""
+        idle = not self.waiting and self.prefilling is None and (
+            self.running is None or not self.running.rows)
+        try:
+            first = self._queue.get() if idle else self._queue.get_nowait()
+        except queue.Empty:
             return True
+        if first is None:
+            return False
+        self._enqueue(first)
+        deadline = time.perf_counter() + (self.batch_wait_s if idle else 0.0)
+        while True:
+            try:
+                nxt = self._queue.get(timeout=max(deadline - time.perf_counter(), 0)) \
+                    if idle else self._queue.get_nowait()
+            except queue.Empty:
+                return True
+            if nxt is None:
+                return False
+            self._enqueue(nxt)
+
+    def _enqueue(self, req: EngineRequest) -> None:
+        import torch
+
+        req.outputs = [CompletionOutput(i) for i in range(req.params.n)]
+        self._rows_left[req.request_id] = req.params.n
+        for i in range(req.params.n):
+            gen = None
+            if req.params.seed is not None:
+                gen = torch.Generator(device="cpu").manual_seed(req.params.seed + i)
+            self.waiting.append(_Row(req, i, gen))
+
+    def _drop_cancelled(self) -> None:
+        """Rows whose client went away leave now: waiting, being prefilled or running."""
+        plan = self.prefilling
+        if plan is not None and plan.row.request.cancelled.is_set():
+            self.prefilling = None
+            self.runner.finish_row(plan.row, "abort")
+            self._row_ended(plan.row)
+        for row in [r for r in self.waiting if r.request.cancelled.is_set()]:
+            self.waiting.remove(row)
+            self.runner.finish_row(row, "abort")
+            self._row_ended(row)
+        if self.running is not None:
+            for row in self.running.rows:
+                if row.request.cancelled.is_set() and not row.done:
+                    self.runner.finish_row(row, "abort")
+            self._retire()
+
+    def _admit(self) -> None:
+        """FCFS: the oldest waiting rows join while there is room for them. A prompt longer
+        than ``max_num_batched_tokens`` is prefilled alone, a chunk per step, while the
+        running rows go on receiving tokens."""
+        if self.prefilling is not None:
+            self._prefill_chunk()
+            return
+        running = len(self.running.rows) if self.running is not None else 0
+        if not self.waiting or (self.scheduling == "static" and running):
+            return
+        budget = self.max_num_batched_tokens
+        chosen: list[_Row] = []
+        tokens = 0
+        while self.waiting and running + len(chosen) < self.max_batch_size:
+            size = len(self.waiting[0].request.prompt.input_ids)
+            if budget is not None and tokens + size > budget:
+                if not chosen and size > budget:
+                    self._start_chunked(self.waiting.popleft(), budget)
+                break
+            chosen.append(self.waiting.popleft())
+            tokens += size
+        if not chosen:
+            return
+        started = time.perf_counter()
+        joined = self._prefill(chosen)
+        if joined is not None:
+            self._joined(joined, started, tokens)
+
+    def _start_chunked(self, row: _Row, budget: int) -> None:
+        self._chunk_started = time.perf_counter()
+        try:
+            self.prefilling = self.runner.start_chunked(row, budget)
+        except Exception as exc:
+            self._fail([row], exc)
+            return
+        self._prefill_chunk()
+
+    def _prefill_chunk(self) -> None:
+        plan = self.prefilling
+        assert plan is not None
         try:
             self.batches += 1
-            self.runner.run(live)
+            joined = self.runner.prefill_chunk(plan)
         except Exception as exc:
-            self._isolate(live, exc)
-        finally:
-            for r in live:
-                r.finish()
-        return True
-
-    def _isolate(self, batch: list[EngineRequest], exc: Exception) -> None:
-        """A batch failed: find whose request it was. Each request that has not been sent a
-        token yet runs again on its own, so one bad request fails only itself and its
-        batch-mates still get their answers; a request that already streamed tokens cannot
-        be replayed and fails with the error."""
-        if len(batch) == 1:
-            batch[0].error = _as_error(exc, batch[0])
+            self.prefilling = None
+            self._fail([plan.row], exc)
             return
-        logger.warning("a batch of %d requests failed (%s); running each alone", len(batch),
-                       type(exc).__name__)
-        for r in batch:
-            if any(o.token_ids for o in r.outputs):
-                r.error = _as_error(exc, r)
-                continue
+        if joined is not None:
+            self.prefilling = None
+            self._joined(joined, self._chunk_started, int(plan.inputs["attention_mask"].sum()))
+
+    def _joined(self, joined: RunningBatch, started: float, tokens: int) -> None:
+        """Prefilled rows join the running batch (their stage timings recorded)."""
+        running = len(self.running.rows) if self.running is not None else 0
+        # the prefill ends with the first tokens (so TTFT = queue + encoder + prefill)
+        finished = min((r.first_token_at for r in joined.rows if r.first_token_at),
+                       default=time.perf_counter())
+        self.stats["prefill_tokens_total"] += tokens
+        encoder_s = self.runner.encoder_s
+        size = running + len(joined.rows)
+        for row in joined.rows:
+            req = row.request
+            req.timings.setdefault("queue_s", round(started - req.submitted, 6))
+            req.timings.setdefault("encoder_s", round(encoder_s, 6))
+            req.timings.setdefault("prefill_s", round(max(finished - started - encoder_s, 0), 6))
+            req.timings.setdefault("batch_size", size)
+        if self.running is None or not self.running.rows:
+            self.running = joined
+        else:
+            self.running.join(joined)
+        self._retire()
+
+    def _prefill(self, rows: list[_Row]) -> RunningBatch | None:
+        """Prefill ``rows`` together; if that raises, each request's rows alone, so the request
+        that broke it fails and the others join."""
+        try:
+            self.batches += 1
+            return self.runner.prefill(rows)
+        except Exception as exc:
+            groups = _by_request(rows)
+            if len(groups) == 1:
+                self._fail(rows, exc)
+                return None
+            logger.warning("a prefill of %d requests failed (%s); prefilling each alone",
+                           len(groups), type(exc).__name__)
+        joined: RunningBatch | None = None
+        for group in groups:
             try:
                 self.batches += 1
-                self.runner.run([r])
-            except Exception as solo:
-                r.error = _as_error(solo, r)
+                part = self.runner.prefill(group)
+            except Exception as exc:
+                self._fail(group, exc)
+                continue
+            if joined is None:
+                joined = part
+            else:
+                joined.join(part)
+        return joined
 
+    def _decode(self) -> None:
+        batch = self.running
+        assert batch is not None
+        self.stats["steps_total"] += 1
+        self.stats["batch_size_last"] = len(batch.rows)
+        self.stats["batch_size_max"] = max(self.stats["batch_size_max"], len(batch.rows))
+        self.stats["decode_tokens_total"] += len(batch.rows)
+        try:
+            self.runner.decode(batch)
+        except Exception as exc:
+            self._isolate(exc)
+        self._retire()
 
-    def _next_batch(self) -> list[EngineRequest] | None:
-        first = self._queue.get()
-        if first is None:
-            return None
-        batch = [first]
-        rows = first.params.n
-        deadline = time.perf_counter() + self.batch_wait_s
-        while rows < self.max_batch_size:
+    def _isolate(self, exc: Exception) -> None:
+        """A decode step failed (the cache is as before it): each request's rows take the step
+        alone; those that fail again fail, the others go on in the batch."""
+        batch = self.running
+        assert batch is not None
+        groups = _by_request(batch.rows)
+        if len(groups) == 1:
+            self.running = None
+            self._fail(batch.rows, exc)
+            return
+        logger.warning("a decode step of %d requests failed (%s); stepping each alone",
+                       len(groups), type(exc).__name__)
+        kept: RunningBatch | None = None
+        for group in groups:
+            part = batch.split(group)
             try:
-                nxt = self._queue.get(timeout=max(deadline - time.perf_counter(), 0))
-            except queue.Empty:
-                break
-            if nxt is None:
-                self._queue.put(None)
-                break
-            if rows + nxt.params.n > self.max_batch_size:
-                self._queue.put(nxt)  # next batch
-                break
-            batch.append(nxt)
-            rows += nxt.params.n
-        return batch
+                self.runner.decode(part)
+            except Exception as solo:
+                self._fail(group, solo)
+                continue
+            if kept is None:
+                kept = part
+            else:
+                kept.join(part)
+        self.running = kept
+
+    def _fail(self, rows: list[_Row], exc: Exception) -> None:
+        """The request of ``rows`` failed: it gets the error (no finish event) and all its
+        rows end, those still waiting included. ``rows`` are no longer in the batch."""
+        req = rows[0].request
+        req.error = _as_error(exc, req)
+        waiting = [r for r in self.waiting if r.request is req]
+        for row in waiting:
+            self.waiting.remove(row)
+        for row in [*rows, *waiting]:
+            row.done = True
+            self._row_ended(row)
+
+    def _retire(self) -> None:
+        """Finished rows leave the batch; a request whose rows all ended is done."""
+        batch = self.running
+        if batch is None:
+            return
+        ended = [r for r in batch.rows if r.done]
+        if not ended:
+            return
+        batch.keep([r for r in batch.rows if not r.done])
+        for row in ended:
+            self._row_ended(row)
+        if not batch.rows:
+            self.running = None
+
+    def _row_ended(self, row: _Row) -> None:
+        req = row.request
+        if row.first_token_at is not None:
+            first = req.timings.get("_first_token_at")
+            req.timings["_first_token_at"] = min(first or row.first_token_at,
+                                                 row.first_token_at)
+        left = self._rows_left.get(req.request_id, 0) - 1
+        if left > 0:
+            self._rows_left[req.request_id] = left
+            return
+        self._rows_left.pop(req.request_id, None)
+        first = req.timings.pop("_first_token_at", None)
+        if req.error is None:
+            now = time.perf_counter()
+            first = first or now
+            req.timings["first_token_s"] = round(first - req.submitted, 6)
+            req.timings["decode_s"] = round(now - first, 6)
+        req.finish()
+
+
+def _by_request(rows: list[_Row]) -> list[list[_Row]]:
+    groups: dict[str, list[_Row]] = {}
+    for row in rows:
+        groups.setdefault(row.request.request_id, []).append(row)
+    return list(groups.values())
 
 
 def _as_error(exc: Exception, request: EngineRequest) -> AphroditeError:

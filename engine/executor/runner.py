@@ -1,25 +1,28 @@
-"""The transformers runner: one batched ``generate`` call for several requests.
+"""The transformers runner: prefill and decode steps over a running batch of rows.
 
-Requests in a batch are left-padded and their media tensors concatenated in order. Each row
-keeps its own sampling parameters: generation runs greedy, and a logits processor samples
-each row's token with that row's temperature/top-k/top-p/seed and forces it. A stopping
-criterion ends rows individually (max_tokens, EOS, stop strings, cancellation); a streamer
-hands every new token to its request as it is produced. Hooks on the vision/audio encoder
-time it, so prefill, encoder, first token and decode are reported separately.
+A row is one sequence (a request with ``n`` > 1 has ``n`` rows). Rows that join are prefilled
+together (left-padded, their media tensors concatenated in order, positions by the model's own
+rule: 3-D M-RoPE for Qwen-VL), then stepped one token at a time with the rows already running,
+each at its own position; their caches are merged (see :mod:`engine.executor.kv`). Each row
+samples with its own temperature/top-k/top-p/seed, ends on its own (max_tokens, EOS, stop
+strings, cancellation) and hands every new token to its request as it is produced. Hooks on
+the vision/audio encoder time it, so prefill, encoder, first token and decode are reported
+separately.
 """
 
 from __future__ import annotations
 
-import functools
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.executor.request import CompletionOutput, EngineRequest, TokenEvent
+from engine.executor import kv
+from engine.executor.request import EngineRequest, TokenEvent
 from engine.models.loader import LoadedModel
 
 
-@dataclass
+@dataclass(eq=False)
 class _Row:
     request: EngineRequest
     index: int
@@ -29,10 +32,87 @@ class _Row:
     done: bool = False
     finish_reason: str | None = None
     first_token_at: float | None = None
+    #: the token to feed at the next step, and the text position it takes (M-RoPE rows add
+    #: ``rope_delta``: the prompt's vision tokens span fewer positions than tokens)
+    last_token: int = 0
+    position: int = 0
+    rope_delta: int = 0
+
+
+@dataclass(eq=False)
+class RunningBatch:
+    """Rows stepped together: their cache (rows left-padded to one length) and the attention
+    mask over it."""
+
+    rows: list[_Row]
+    cache: Any
+    mask: Any
+    mrope: bool
+
+    def join(self, other: RunningBatch) -> None:
+        import torch
+
+        kv.merge(self.cache, other.cache)
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        pad = [m if m.shape[1] == width else torch.cat(
+            [m.new_zeros((m.shape[0], width - m.shape[1])), m], dim=1)
+            for m in (self.mask, other.mask)]
+        self.mask = torch.cat(pad)
+        self.rows += other.rows
+        self.mrope = self.mrope or other.mrope
+
+    def keep(self, rows: list[_Row]) -> None:
+        """Only these rows stay (their order kept); columns no one attends to are cut."""
+        wanted = set(rows)
+        index = [i for i, r in enumerate(self.rows) if r in wanted]
+        if len(index) != len(self.rows):
+            kv.select(self.cache, index)
+            self.mask = self.mask[index]
+            self.rows = [self.rows[i] for i in index]
+        if self.rows:
+            unused = int(self.mask.any(dim=0).long().argmax())
+            kv.drop_left(self.cache, unused)
+            self.mask = self.mask[:, unused:]
+
+    def split(self, rows: list[_Row]) -> RunningBatch:
+        """A copy holding only these rows (for running them apart)."""
+        index = [self.rows.index(r) for r in rows]
+        return RunningBatch(list(rows), kv.take(self.cache, index), self.mask[index],
+                            self.mrope)
+
+
+@dataclass(eq=False)
+class ChunkedPrefill:
+    """A prompt longer than the step's token budget, prefilled a chunk per step while the
+    running batch keeps decoding. Chunks never cut the prompt's media span (the first to the
+    last media token): the encoder's output must land in one forward pass."""
+
+    row: _Row
+    inputs: dict[str, Any]
+    positions: Any
+    cache: Any
+    bounds: list[tuple[int, int]]
+    mrope: bool
+    rope_delta: int
+
+
+def chunk_bounds(length: int, budget: int, media: tuple[int, int] | None
+                 ) -> list[tuple[int, int]]:
+    """[start, end) chunks of at most ``budget`` tokens covering ``length``, except the one
+    holding the whole media span [first, last], which is as long as it must be."""
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    while start < length:
+        end = min(start + budget, length)
+        if media is not None and start <= media[1] and end <= media[1] and end > media[0]:
+            end = media[1] + 1  # do not cut the media span
+        bounds.append((start, end))
+        start = end
+    return bounds
 
 
 class TransformersRunner:
-    """Runs batches of :class:`EngineRequest` on a Hugging Face model."""
+    """Prefills and steps rows of :class:`EngineRequest` on a Hugging Face model."""
 
     def __init__(self, loaded: LoadedModel, device: str = "cpu", dtype: str = "auto") -> None:
         self.loaded = loaded
@@ -45,8 +125,14 @@ class TransformersRunner:
             self.eos_ids.add(self.tokenizer.eos_token_id)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else next(iter(self.eos_ids), 0)
-        self._encoder_s = 0.0
+        self.encoder_s = 0.0
         self._hook_encoder()
+        tok = self.tokenizer
+        self.media_token_ids = {tok.convert_tokens_to_ids(t)
+                                for t in loaded.spec.expansion_tokens.values()}
+        # transformers 5 names the cache argument ``cache`` (``past_key_values`` before)
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     def _hook_encoder(self) -> None:
         attr = self.loaded.spec.encoder_attr
@@ -59,7 +145,7 @@ class TransformersRunner:
 
         def after(*_: Any) -> None:
             if starts:
-                self._encoder_s += time.perf_counter() - starts.pop()
+                self.encoder_s += time.perf_counter() - starts.pop()
 
         module.register_forward_hook(after)
 
@@ -91,49 +177,137 @@ class TransformersRunner:
             inputs["mm_token_type_ids"] = types.to(self.device)
         return inputs
 
-    def run(self, requests: list[EngineRequest]) -> None:
-        """Generate for every request (each expanded to ``n`` rows); fills their outputs."""
+    def prefill(self, rows: list[_Row]) -> RunningBatch:
+        """One forward pass over the prompts of ``rows`` (left-padded, media concatenated in
+        order): their caches, each row's first token (sampled and handed on) and the positions
+        their next tokens take. On an exception nothing was handed on."""
         import torch
-        from transformers import LogitsProcessorList
+        from transformers import DynamicCache
 
-        rows: list[_Row] = []
-        for req in requests:
-            req.outputs = [CompletionOutput(i) for i in range(req.params.n)]
-            for i in range(req.params.n):
-                gen = None
-                if req.params.seed is not None:
-                    gen = torch.Generator(device="cpu").manual_seed(req.params.seed + i)
-                rows.append(_Row(req, i, gen))
-        started = time.perf_counter()
-        self._encoder_s = 0.0
-        sampler, stop, streamer = _hooks()
+        self.encoder_s = 0.0
         inputs = self._inputs(rows)
-        max_new = max(r.request.params.max_tokens for r in rows)
-        # On an exception no row is finished: the engine decides per request whether it can
-        # be run again (nothing sent yet) or has failed (see Engine._isolate).
+        # The model's own rule for prompt positions (3-D M-RoPE for Qwen-VL: vision tokens
+        # by their grid, text after them), as ``generate`` computes them.
+        positions = self.model._prepare_position_ids_for_generation(inputs["input_ids"],
+                                                                   dict(inputs))
+        cache = DynamicCache(config=self.model.config)
         with torch.inference_mode():
-            self.model.generate(
-                **inputs, max_new_tokens=max_new, do_sample=False,
-                logits_processor=LogitsProcessorList([sampler(rows)]),
-                stopping_criteria=[stop(rows)], streamer=streamer(self, rows),
-                pad_token_id=self.pad_id,
-                eos_token_id=None, use_cache=True)
-        finished = time.perf_counter()
+            out = self.model(**inputs, position_ids=positions, **{self._cache_arg: cache},
+                             use_cache=True, logits_to_keep=1)
+        deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
+        mrope = deltas is not None and positions.ndim == 3
+        lengths = inputs["attention_mask"].sum(dim=1).tolist()
+        for i, row in enumerate(rows):
+            row.position = int(lengths[i])
+            row.rope_delta = int(deltas[i, 0]) if mrope else 0
+        batch = RunningBatch(rows, cache, inputs["attention_mask"], mrope)
+        self._advance(rows, out.logits[:, -1, :])
+        return batch
+
+    def start_chunked(self, row: _Row, budget: int) -> ChunkedPrefill:
+        """Plan the chunked prefill of one row's prompt (positions computed once, for the whole
+        prompt, by the model's own rule)."""
+        from transformers import DynamicCache
+
+        inputs = self._inputs([row])
+        positions = self.model._prepare_position_ids_for_generation(inputs["input_ids"],
+                                                                   dict(inputs))
+        deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
+        mrope = deltas is not None and positions.ndim == 3
+        ids = inputs["input_ids"][0].tolist()
+        at = [i for i, t in enumerate(ids) if t in self.media_token_ids]
+        media = (at[0], at[-1]) if at else None
+        return ChunkedPrefill(row, inputs, positions, DynamicCache(config=self.model.config),
+                              chunk_bounds(len(ids), budget, media), mrope,
+                              int(deltas[0, 0]) if mrope else 0)
+
+    def prefill_chunk(self, plan: ChunkedPrefill) -> RunningBatch | None:
+        """Prefill the next chunk; after the last one, the row (its first token handed on)
+        as a batch of one, ready to join."""
+        import torch
+
+        start, end = plan.bounds.pop(0)
+        if start == 0:
+            self.encoder_s = 0.0
+        inputs = plan.inputs
+        chunk = {"input_ids": inputs["input_ids"][:, start:end],
+                 "attention_mask": inputs["attention_mask"][:, :end]}
+        if "mm_token_type_ids" in inputs:
+            chunk["mm_token_type_ids"] = inputs["mm_token_type_ids"][:, start:end]
+        ids = chunk["input_ids"][0].tolist()
+        if any(t in self.media_token_ids for t in ids):  # the chunk with the media span
+            chunk.update({k: v for k, v in inputs.items() if k not in (
+                "input_ids", "attention_mask", "mm_token_type_ids")})
+        with torch.inference_mode():
+            out = self.model(**chunk, position_ids=plan.positions[..., start:end],
+                             **{self._cache_arg: plan.cache}, use_cache=True, logits_to_keep=1)
+        if plan.bounds:
+            return None
+        row = plan.row
+        row.position = int(inputs["attention_mask"].sum())
+        row.rope_delta = plan.rope_delta
+        batch = RunningBatch([row], plan.cache, inputs["attention_mask"], plan.mrope)
+        self._advance([row], out.logits[:, -1, :])
+        return batch
+
+    def decode(self, batch: RunningBatch) -> None:
+        """One decode step for every row of ``batch``: each row's last token goes in, its next
+        token comes out. On an exception the cache is as it was before the step."""
+        import torch
+
+        rows = batch.rows
+        ids = torch.tensor([[r.last_token] for r in rows], dtype=torch.long, device=self.device)
+        mask = torch.cat([batch.mask, batch.mask.new_ones((len(rows), 1))], dim=1)
+        text = torch.tensor([[r.position] for r in rows], dtype=torch.long, device=self.device)
+        positions = text
+        if batch.mrope:
+            deltas = torch.tensor([[r.rope_delta] for r in rows], dtype=torch.long,
+                                  device=self.device)
+            positions = (text + deltas).unsqueeze(0).expand(3, -1, -1)
+        length = batch.cache.get_seq_length()
+        try:
+            with torch.inference_mode():
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                 **{self._cache_arg: batch.cache}, use_cache=True)
+        except BaseException:
+            kv.crop(batch.cache, length)
+            raise
+        batch.mask = mask
         for row in rows:
-            if not row.done:
-                self._finish(row, "abort" if row.request.cancelled.is_set() else "length")
-        first = min((r.first_token_at for r in rows if r.first_token_at), default=finished)
-        for req in requests:
-            firsts = [r.first_token_at for r in rows if r.request is req and r.first_token_at]
-            req.timings.update({
-                "queue_s": round(started - req.submitted, 6),
-                "encoder_s": round(self._encoder_s, 6),
-                "prefill_s": round(max(first - started - self._encoder_s, 0.0), 6),
-                "first_token_s": round((min(firsts) if firsts else finished) - req.submitted,
-                                       6),
-                "decode_s": round(finished - (min(firsts) if firsts else finished), 6),
-                "batch_size": len(rows),
-            })
+            row.position += 1
+        self._advance(rows, out.logits[:, -1, :])
+
+    def _advance(self, rows: list[_Row], logits: Any) -> None:
+        tokens = self._sample(rows, logits)
+        now = time.perf_counter()
+        for row, token in zip(rows, tokens, strict=True):
+            row.last_token = token
+            self._step(row, token, now)
+
+    def _sample(self, rows: list[_Row], logits: Any) -> list[int]:
+        """Each row's next token: greedy rows take the argmax; the others sample with their own
+        temperature/top-k/top-p and generator (seeded per row)."""
+        import torch
+
+        tokens = logits.argmax(dim=-1).tolist()
+        for i, row in enumerate(rows):
+            p = row.request.params
+            if p.temperature == 0:
+                continue
+            scores = logits[i].float() / p.temperature
+            if p.top_k and p.top_k > 0:
+                kth = torch.topk(scores, min(p.top_k, scores.numel())).values[-1]
+                scores = scores.masked_fill(scores < kth, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            if p.top_p < 1.0:
+                sorted_p, order = torch.sort(probs, descending=True)
+                keep = torch.cumsum(sorted_p, 0) - sorted_p < p.top_p
+                mask = torch.zeros_like(probs, dtype=torch.bool)
+                mask[order[keep]] = True
+                probs = torch.where(mask, probs, torch.zeros_like(probs))
+                probs = probs / probs.sum()
+            tokens[i] = int(torch.multinomial(probs, 1, generator=row.generator).item())
+        return tokens
 
     def _step(self, row: _Row, token: int, now: float) -> None:
         if row.done:
@@ -142,10 +316,10 @@ class TransformersRunner:
         if row.first_token_at is None:
             row.first_token_at = now
         if req.cancelled.is_set():
-            self._finish(row, "abort")
+            self.finish_row(row, "abort")
             return
         if token in self.eos_ids and not params.ignore_eos:
-            self._finish(row, "stop")
+            self.finish_row(row, "stop")
             return
         row.token_ids.append(token)
         text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
@@ -169,7 +343,7 @@ class TransformersRunner:
             row.done = True
             out.finish_reason = reason
 
-    def _finish(self, row: _Row, reason: str) -> None:
+    def finish_row(self, row: _Row, reason: str) -> None:
         row.done = True
         out = row.request.outputs[row.index]
         if out.finish_reason is None:
@@ -177,69 +351,3 @@ class TransformersRunner:
             if row.request.on_event:
                 row.request.on_event(TokenEvent(row.request.request_id, row.index, None, "",
                                                 reason))
-
-
-@functools.cache
-def _hooks() -> tuple[type, type, type]:
-    """The per-row sampler, stopping criterion and streamer handed to ``generate``.
-
-    Built once per process (transformers is imported lazily) and given each batch's rows as
-    instance state: classes defined inside ``run`` were new objects on every batch, held in
-    reference cycles with the batch's rows, requests and media tensors, so all of it waited
-    for the cyclic garbage collector and the engine's heap rose in a saw-tooth.
-    """
-    import torch
-    from transformers import LogitsProcessor, StoppingCriteria
-    from transformers.generation.streamers import BaseStreamer
-
-    class Sampler(LogitsProcessor):
-        def __init__(self, rows: list[_Row]) -> None:
-            self.rows = rows
-
-        def __call__(self, input_ids, scores):
-            for i, row in enumerate(self.rows):
-                p = row.request.params
-                if row.done or p.temperature == 0:
-                    continue
-                logits = scores[i].float() / p.temperature
-                if p.top_k and p.top_k > 0:
-                    kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                probs = torch.softmax(logits, dim=-1)
-                if p.top_p < 1.0:
-                    sorted_p, order = torch.sort(probs, descending=True)
-                    keep = torch.cumsum(sorted_p, 0) - sorted_p < p.top_p
-                    mask = torch.zeros_like(probs, dtype=torch.bool)
-                    mask[order[keep]] = True
-                    probs = torch.where(mask, probs, torch.zeros_like(probs))
-                    probs = probs / probs.sum()
-                token = torch.multinomial(probs, 1, generator=row.generator).item()
-                forced = torch.full_like(scores[i], float("-inf"))
-                forced[token] = 0.0
-                scores[i] = forced
-            return scores
-
-    class Stop(StoppingCriteria):
-        def __init__(self, rows: list[_Row]) -> None:
-            self.rows = rows
-
-        def __call__(self, input_ids, scores, **kwargs):
-            return torch.tensor([row.done or row.request.cancelled.is_set() for row in self.rows],
-                                dtype=torch.bool, device=input_ids.device)
-
-    class Streamer(BaseStreamer):
-        def __init__(self, runner: TransformersRunner, rows: list[_Row]) -> None:
-            self.runner, self.rows, self.prompt_seen = runner, rows, False
-
-        def put(self, value):
-            if not self.prompt_seen:  # generate hands over the prompt first
-                self.prompt_seen = True
-                return
-            now = time.perf_counter()
-            for i, token in enumerate(value.reshape(-1).tolist()):
-                self.runner._step(self.rows[i], int(token), now)
-
-        def end(self):
-            return None
-
-    return Sampler, Stop, Streamer

@@ -29,6 +29,7 @@ class ServerConfig:
     metrics_without_auth: bool = False
     expose_request_timings: bool = False
     max_num_seqs: int = 8
+    max_num_batched_tokens: int | None = None  # prompt tokens prefilled per step; None: no cap
     max_model_len: int = 8192
     max_tokens_cap: int = 4096
     max_concurrent_fetches: int = 16

@@ -33,9 +33,11 @@ def reserve_decode_memory(device: str, reserved: int) -> None:
     torch.cuda.set_per_process_memory_fraction(max(1 - reserved / total, 0.05), index)
 
 
-def process_stats(live_requests: int) -> dict[str, float]:
+def process_stats(live_requests: int, scheduler: dict[str, float] | None = None
+                  ) -> dict[str, float]:
     """The engine process's memory as /metrics reports it: RSS, glibc heap in live blocks
-    and free-but-kept, objects freed by the cyclic collector, requests in flight here."""
+    and free-but-kept, objects freed by the cyclic collector, requests in flight here, and
+    the scheduler's rows and step counters."""
     import gc
 
     from engine.memory import heap_stats, rss_bytes
@@ -44,12 +46,13 @@ def process_stats(live_requests: int) -> dict[str, float]:
     return {"rss_bytes": rss_bytes() or 0, "heap_in_use_bytes": heap.get("live", 0),
             "heap_free_bytes": heap.get("free", 0),
             "gc_objects_collected": sum(g["collected"] for g in gc.get_stats()),
-            "requests_in_flight": live_requests}
+            "requests_in_flight": live_requests, **(scheduler or {})}
 
 
 def serve_engine(address: str, authkey: bytes, model: str | None, chat_template: str | None,
                  max_num_seqs: int, device: str, dtype: str, ready: Any,
-                 api_servers: int, reserved_gpu_bytes: int = 0) -> None:
+                 api_servers: int, reserved_gpu_bytes: int = 0,
+                 max_num_batched_tokens: int | None = None) -> None:
     """Entry point of the engine process (blocks until every API server disconnected)."""
     from engine.lifetime import exit_with_parent
 
@@ -63,7 +66,8 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
     tune_allocator()
     reserve_decode_memory(device, reserved_gpu_bytes)
     loaded = load_model(model, chat_template=chat_template)
-    engine = Engine(loaded, device=device, dtype=dtype, max_batch_size=max_num_seqs)
+    engine = Engine(loaded, device=device, dtype=dtype, max_batch_size=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens)
     listener = Listener(address, authkey=authkey)
     try:
         ready.send(os.getpid())
@@ -134,7 +138,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                 if req is not None:
                     req.cancel()
             elif message[0] == "stats":
-                send(("stats", message[1], process_stats(len(live))))
+                send(("stats", message[1], process_stats(len(live), engine.scheduler_stats())))
 
         # One call per message: nothing of the last request stays bound to this loop while
         # it waits for the next message.

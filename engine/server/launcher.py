@@ -225,7 +225,7 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     engine = ctx.Process(target=serve_engine, name="engine process", daemon=False, args=(
         address, authkey, model_path, config.chat_template, config.max_num_seqs,
         config.device, config.dtype, ready_child, config.api_server_count,
-        int(config.mm_ipc_gpu_memory_gb * (1 << 30))))
+        int(config.mm_ipc_gpu_memory_gb * (1 << 30)), config.max_num_batched_tokens))
     engine.start()
     ready_child.close()
     stopping = {"flag": False}

@@ -39,7 +39,15 @@ class Metrics:
             ("heap_in_use_bytes", "glibc heap bytes in live blocks in the engine process"),
             ("heap_free_bytes", "glibc heap bytes freed but kept in the engine process"),
             ("gc_objects_collected", "Objects the engine's cyclic garbage collector freed"),
-            ("requests_in_flight", "Requests in the engine from this API server"))}
+            ("requests_in_flight", "Requests in the engine from this API server"),
+            ("num_rows_running", "Sequences (rows; a request's n counts n) in the running "
+                                 "batch"),
+            ("num_rows_waiting", "Sequences waiting for a place in the running batch"),
+            ("steps_total", "Decode steps the engine has run"),
+            ("prefill_tokens_total", "Prompt tokens prefilled"),
+            ("decode_tokens_total", "Tokens decoded (one per row per step)"),
+            ("batch_size_last", "Rows in the last decode step"),
+            ("batch_size_max", "Most rows in one decode step so far"))}
         self.engine_up = Gauge("aphrodite_engine_stats_up",
                                "1 when the engine answered this scrape's stats request in "
                                "time, 0 when its numbers above are unknown (NaN)",

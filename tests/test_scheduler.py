@@ -1,0 +1,349 @@
+"""Continuous batching: rows join a running batch between decode steps and leave it when they
+end, every family gives the greedy tokens it gives alone, --max-num-seqs counts rows and is never
+exceeded, a prefill token budget splits joins, and one request's failure fails it alone."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from engine.errors import AphroditeError
+from engine.executor.engine import Engine
+from engine.executor.request import EngineRequest
+from engine.executor.sampling import SamplingParams
+from engine.media import synthetic
+from engine.processing.preprocess import MediaItem
+from tests.engine_fixtures import FAMILIES, llm
+
+
+def greedy(tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+
+
+def media_item(modality: str, seed: int) -> MediaItem:
+    if modality == "image":
+        return MediaItem("image", decoded=synthetic.image_array(96, 64, seed))
+    if modality == "video":
+        return MediaItem("video", decoded=np.stack([synthetic.video_frame(i + seed, 96, 64)
+                                                     for i in range(4)]))
+    t = np.arange(16000) / 16000
+    return MediaItem("audio", decoded=((0.3 * np.sin(2 * np.pi * (300 + 50 * seed) * t))
+                                       .astype(np.float32), 16000))
+
+
+def prompts_of(arch: str) -> list:
+    """Prompts of very different lengths: text only, one item of each modality the family
+    takes, and a long text around an item."""
+    model = llm(arch)
+    spec = model.loaded.spec
+    out = [model.prepare("Just text.", [], None, raw=True)[1]]
+    for k, modality in enumerate(spec.modalities):
+        out.append(model.prepare(spec.placeholders[modality] + "What is it?",
+                                 [media_item(modality, k)], None, False)[1])
+    first = spec.modalities[0]
+    out.append(model.prepare("A much longer prompt that goes on and on. " * 12
+                             + spec.placeholders[first], [media_item(first, 7)], None, False)[1])
+    return out
+
+
+def run_alone(engine: Engine, prompt, params: SamplingParams) -> list[int]:
+    req = engine.submit(EngineRequest(prompt, params))
+    assert req.done.wait(120) and req.error is None, req.error
+    return req.outputs[0].token_ids
+
+
+def hf_logits(engine: Engine, prompt, tokens: int):
+    """The model's own ``generate`` (greedy) on one prompt, alone: the logits of each step,
+    the reference the engine's steps (positions, M-RoPE deltas, merged caches, padding) must
+    reproduce. (Tiny random models repeat one token, so comparing tokens would prove little.)"""
+    import torch
+
+    ids = torch.tensor([prompt.input_ids], dtype=torch.long)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **prompt.mm}
+    runner = engine.runner
+    with torch.inference_mode():
+        out = runner.model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens,
+                                    do_sample=False, pad_token_id=runner.pad_id,
+                                    output_logits=True, return_dict_in_generate=True)
+    return torch.cat(out.logits).float()
+
+
+def record_logits(engine: Engine) -> dict:
+    """Every step's logits per request, as the engine sampled from them."""
+    import torch
+
+    seen: dict = {}
+    sample = engine.runner._sample
+
+    def recording(rows, logits):
+        for i, row in enumerate(rows):
+            seen.setdefault(row.request.request_id, []).append(logits[i].float().clone())
+        return sample(rows, logits)
+
+    engine.runner._sample = recording
+    return {"steps": seen, "stack": lambda req: torch.stack(seen[req.request_id])}
+
+
+def after_tokens(count: int):
+    """An on_event callback, and an event it sets once ``count`` tokens have streamed."""
+    tokens = []
+    reached = threading.Event()
+
+    def on_event(event) -> None:
+        if event.token_id is not None:
+            tokens.append(event.token_id)
+        if len(tokens) >= count:
+            reached.set()
+    return on_event, reached
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_rows_that_join_a_running_batch_get_their_solo_greedy_tokens(arch):
+    """A long generation runs; requests of other lengths and media join it one after another
+    while it runs, and each gets exactly the greedy tokens it gets alone (the long one too:
+    merging caches, padding and per-row M-RoPE positions change nothing)."""
+    import torch
+
+    model = llm(arch)
+    engine = Engine(model.loaded, max_batch_size=8)
+    try:
+        prompts = prompts_of(arch)
+        lengths = [40] + [3 + 4 * i for i in range(1, len(prompts))]
+        solo = [run_alone(engine, p, greedy(n)) for p, n in zip(prompts, lengths, strict=True)]
+        logits = record_logits(engine)
+        on_event, started = after_tokens(2)
+        long = engine.submit(EngineRequest(prompts[0], greedy(lengths[0]), on_event=on_event))
+        assert started.wait(120)
+        joined = []
+        for prompt, n in zip(prompts[1:], lengths[1:], strict=True):
+            joined.append(engine.submit(EngineRequest(prompt, greedy(n))))
+            assert joined[-1].done.wait(120)  # the next one joins a batch this one left
+        assert long.done.wait(120)
+        got = [r.outputs[0].token_ids for r in (long, *joined)]
+        assert got == solo
+        for req, prompt, n in zip((long, *joined), prompts, lengths, strict=True):
+            torch.testing.assert_close(logits["stack"](req), hf_logits(engine, prompt, n),
+                                       atol=1e-4, rtol=1e-4)
+        # they ran beside the long one: each was in a batch of two or more
+        assert all(r.timings["batch_size"] >= 2 for r in joined), [r.timings for r in joined]
+        assert engine.stats["batch_size_max"] >= 2
+    finally:
+        engine.close()
+
+
+def test_a_short_request_behind_a_long_generation_finishes_first():
+    """Sent while a 512-token generation runs, a 4-token request is answered while the long one
+    is still running (a static batch would hold it until all 512 tokens were out)."""
+    model = llm("qwen2_5_vl")
+    engine = Engine(model.loaded, max_batch_size=8)
+    try:
+        prompts = prompts_of("qwen2_5_vl")
+        on_event, started = after_tokens(5)
+        long = engine.submit(EngineRequest(prompts[1], greedy(512), on_event=on_event))
+        assert started.wait(120)
+        short = engine.submit(EngineRequest(prompts[0], greedy(4)))
+        assert short.done.wait(120) and short.error is None
+        assert not long.done.is_set()
+        assert len(long.outputs[0].token_ids) < 512
+        assert short.outputs[0].token_ids == run_alone(engine, prompts[0], greedy(4))
+        long.cancel()
+        assert long.done.wait(120) and long.outputs[0].finish_reason == "abort"
+    finally:
+        engine.close()
+
+
+def test_static_scheduling_holds_a_newcomer_until_the_batch_ends():
+    """The baseline ``bench batching`` compares against: with scheduling="static" the same
+    short request waits for the whole long generation."""
+    model = llm("qwen2_5_vl")
+    engine = Engine(model.loaded, max_batch_size=8, scheduling="static")
+    try:
+        prompts = prompts_of("qwen2_5_vl")
+        on_event, started = after_tokens(2)
+        long = engine.submit(EngineRequest(prompts[1], greedy(48), on_event=on_event))
+        assert started.wait(120)
+        short = engine.submit(EngineRequest(prompts[0], greedy(4)))
+        assert short.done.wait(120) and long.done.is_set()
+        assert len(long.outputs[0].token_ids) == 48
+    finally:
+        engine.close()
+
+
+def test_max_num_seqs_counts_rows_and_n_rows_sample_like_single_requests():
+    """n=16 with --max-num-seqs 8: never more than 8 rows in a step; row i samples with seed + i,
+    exactly as a lone n=1 request with that seed does."""
+    model = llm("qwen2_5_vl")
+    engine = Engine(model.loaded, max_batch_size=8)
+    try:
+        prompt = prompts_of("qwen2_5_vl")[1]
+        params = SamplingParams(max_tokens=5, temperature=1.0, seed=11, n=16, ignore_eos=True)
+        req = engine.submit(EngineRequest(prompt, params))
+        other = engine.submit(EngineRequest(prompt, greedy(3)))
+        assert req.done.wait(120) and other.done.wait(120) and req.error is None
+        assert engine.stats["batch_size_max"] == 8
+        assert [len(o.token_ids) for o in req.outputs] == [5] * 16
+        for i in (0, 9, 15):
+            alone = SamplingParams(max_tokens=5, temperature=1.0, seed=11 + i, ignore_eos=True)
+            assert req.outputs[i].token_ids == run_alone(engine, prompt, alone)
+    finally:
+        engine.close()
+
+
+def test_max_num_batched_tokens_splits_a_join_into_prefills_that_fit():
+    model = llm("qwen2_5_vl")
+    prompts = prompts_of("qwen2_5_vl")[:3]
+    sizes = [len(p.input_ids) for p in prompts]
+    engine = Engine(model.loaded, max_batch_size=8, batch_wait_s=1.0,
+                    max_num_batched_tokens=max(sizes))
+    try:
+        reqs = [engine.submit(EngineRequest(p, greedy(6))) for p in prompts]
+        for r in reqs:
+            assert r.done.wait(120) and r.error is None
+        # all three arrived in one window, but no prefill held more than the budget
+        assert engine.batches >= 2 and engine.stats["prefill_tokens_total"] == sum(sizes)
+        assert [r.outputs[0].token_ids for r in reqs] == [
+            run_alone(engine, p, greedy(6)) for p in prompts]
+    finally:
+        engine.close()
+
+
+def test_a_decode_step_that_raises_fails_only_the_request_that_broke_it():
+    """A step fails because of one row (here the runner raises whenever that request is in
+    the step): the step is retried per request, that request fails with a 500 and no
+    finish event, the others get their solo tokens, and the engine keeps serving."""
+    model = llm("qwen2_5_vl")
+    engine = Engine(model.loaded, max_batch_size=8, batch_wait_s=1.0)
+    prompts = prompts_of("qwen2_5_vl")
+    real_decode = engine.runner.decode
+    poisoned: list[EngineRequest] = []
+
+    def decode(batch):
+        if any(r.request in poisoned and len(r.token_ids) >= 2 for r in batch.rows):
+            raise RuntimeError("NaN in the logits")
+        return real_decode(batch)
+
+    engine.runner.decode = decode
+    try:
+        events: list = []
+        reqs = [engine.submit(EngineRequest(p, greedy(8), on_event=events.append
+                                            if i == 1 else None))
+                for i, p in enumerate(prompts)]
+        poisoned.append(reqs[1])
+        for r in reqs:
+            assert r.done.wait(120)
+        assert isinstance(reqs[1].error, AphroditeError) and reqs[1].error.status == 500
+        assert all(e.finish_reason is None for e in events)
+        poisoned.clear()
+        for r, p in zip(reqs, prompts, strict=True):
+            if r is not reqs[1]:
+                assert r.error is None and r.outputs[0].token_ids == run_alone(engine, p,
+                                                                               greedy(8))
+    finally:
+        engine.close()
+
+
+def test_cancelled_rows_leave_waiting_and_running():
+    model = llm("qwen2_5_vl")
+    engine = Engine(model.loaded, max_batch_size=1)
+    try:
+        prompt = prompts_of("qwen2_5_vl")[0]
+        on_event, started = after_tokens(1)
+        running = engine.submit(EngineRequest(prompt, greedy(512), on_event=on_event))
+        assert started.wait(120)
+        waiting = engine.submit(EngineRequest(prompt, greedy(512)))  # no room: it waits
+        waiting.cancel()
+        assert waiting.done.wait(120) and waiting.outputs[0].finish_reason == "abort"
+        assert waiting.outputs[0].token_ids == []
+        running.cancel()
+        assert running.done.wait(120) and running.outputs[0].finish_reason == "abort"
+        assert engine.scheduler_stats()["num_rows_running"] == 0
+        assert run_alone(engine, prompt, greedy(2))  # still serving
+    finally:
+        engine.close()
+
+
+def test_bench_batching_mixed_reports_static_and_continuous_side_by_side(tmp_path):
+    """``bench batching --workload mixed``: both schedulings run the same interleaved short and
+    long requests; every token is accounted for; a short request sent behind a long generation
+    finishes before it only with continuous batching (behaviour, not speed)."""
+    import json
+
+    from tests.test_cli import run
+
+    result = run("bench", "batching", "--workload", "mixed", "--concurrency", "2",
+                 "--num-prompts", "8", "--max-tokens", "24", "--short-tokens", "4",
+                 "--behind-long-tokens", "64", "--repeats", "1", "--out-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    doc = json.loads(next(tmp_path.glob("batching-*.json")).read_text())
+    assert doc["workload"] == "mixed" and doc["max_num_seqs"] == 2
+    for mode in ("static", "continuous"):
+        part = doc[mode]
+        assert part["failed"] == 0
+        # 2 long (24) and 6 short (4) requests per run
+        tokens = part["output_throughput"]["median"] * part["wall_s"]["median"]
+        assert tokens == pytest.approx(2 * 24 + 6 * 4, rel=1e-6)
+    assert doc["static"]["short_behind_long"]["finished_before_long"] == [False]
+    assert doc["continuous"]["short_behind_long"]["finished_before_long"] == [True]
+    assert "continuous / static output throughput" in result.stdout
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks_between_decode_steps(arch):
+    """--max-num-batched-tokens 64 and a prompt of several hundred tokens with media in the
+    middle: it is prefilled a chunk per step (the media span whole in one chunk) while a
+    running generation keeps receiving tokens between the chunks, and its logits are those the
+    model's own generate gives it alone."""
+    import torch
+
+    from engine.executor.runner import chunk_bounds
+
+    model = llm(arch)
+    spec = model.loaded.spec
+    modality = spec.modalities[-1]
+    long_prompt = model.prepare("Words before the media. " * 30 + spec.placeholders[modality]
+                                + "And words after it, quite a few. " * 20,
+                                [media_item(modality, 3)], None, False)[1]
+    engine = Engine(model.loaded, max_batch_size=8, max_num_batched_tokens=64)
+    log: list[str] = []
+    chunk = engine.runner.prefill_chunk
+
+    def logged_chunk(plan):
+        log.append("chunk")
+        return chunk(plan)
+
+    engine.runner.prefill_chunk = logged_chunk
+    logits = record_logits(engine)
+    try:
+        on_event, started = after_tokens(1)
+        running = engine.submit(EngineRequest(prompts_of(arch)[0], greedy(200), on_event=lambda e:
+                                              (log.append("token"), on_event(e))))
+        assert started.wait(120)
+        chunked = engine.submit(EngineRequest(long_prompt, greedy(6)))
+        assert chunked.done.wait(120) and chunked.error is None, chunked.error
+        running.cancel()
+        assert running.done.wait(120)
+        passes = log.count("chunk")
+        assert passes >= 4 and passes == len(chunk_bounds(
+            len(long_prompt.input_ids), 64, media_span(engine, long_prompt)))
+        between = log[log.index("chunk"):len(log) - log[::-1].index("chunk")]
+        assert between.count("token") >= passes - 1  # a decode step after every chunk
+        torch.testing.assert_close(logits["stack"](chunked), hf_logits(engine, long_prompt, 6),
+                                   atol=1e-4, rtol=1e-4)
+    finally:
+        engine.close()
+
+
+def media_span(engine: Engine, prompt) -> tuple[int, int]:
+    at = [i for i, t in enumerate(prompt.input_ids) if t in engine.runner.media_token_ids]
+    return at[0], at[-1]
+
+
+def test_chunk_bounds_keep_the_media_span_whole():
+    from engine.executor.runner import chunk_bounds
+
+    assert chunk_bounds(10, 4, None) == [(0, 4), (4, 8), (8, 10)]
+    assert chunk_bounds(20, 4, (5, 11)) == [(0, 4), (4, 12), (12, 16), (16, 20)]
+    assert chunk_bounds(20, 4, (4, 7)) == [(0, 4), (4, 8), (8, 12), (12, 16), (16, 20)]
+    assert chunk_bounds(6, 64, (0, 5)) == [(0, 6)]
