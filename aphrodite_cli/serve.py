@@ -82,6 +82,10 @@ def serve(
         min=1, help="Prompt tokens prefilled in one step when requests join the running "
                     "batch, e.g. 8192 (a longer prompt is prefilled alone); default: no cap.")
     ] = None,
+    num_threads: Annotated[int | None, typer.Option(
+        min=1, help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "
+                    "which pins one core; default: torch's (one per core). API servers use "
+                    "APHRODITE_API_SERVER_TORCH_THREADS.")] = None,
     max_model_len: Annotated[int, typer.Option(
         min=16, help="Prompt plus output tokens per request, e.g. 8192.")] = 8192,
     max_pending_requests: Annotated[int, typer.Option(
@@ -138,6 +142,7 @@ def serve(
         metrics_without_auth=metrics_without_auth,
         expose_request_timings=expose_request_timings,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        num_threads=num_threads,
         max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,

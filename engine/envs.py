@@ -124,6 +124,10 @@ _DECLARED: tuple[EnvVar, ...] = (
            "bytes"),
     EnvVar("APHRODITE_MEDIA_LOADING_THREAD_COUNT", 8, _positive_int,
            "Threads that decode media off the event loop.", "int"),
+    EnvVar("APHRODITE_API_SERVER_TORCH_THREADS", 1, _positive_int,
+           "torch intra-op threads in each API server process (the HF processor's tensor "
+           "work); requests already run in parallel there, so more threads mostly contend "
+           "with the engine for cores.", "int"),
     EnvVar("APHRODITE_VIDEO_LOADER_BACKEND", "opencv", _video_backend,
            f"Default video decoder: one of {', '.join(VIDEO_BACKENDS)}.", "name"),
     EnvVar("APHRODITE_API_KEY", "", str,

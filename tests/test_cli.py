@@ -170,7 +170,8 @@ def test_serve_and_run_help_document_every_flag_with_examples():
                      "--allowed-media-domains", "--allowed-local-media-path",
                      "--limit-mm-per-prompt", "--mm-processor-kwargs", "--media-io-kwargs",
                      "--mm-processor-cache-gb", "--mm-ipc-gpu-memory-gb", "--api-server-count",
-                     "--max-request-body-mb", "--max-num-seqs", "--max-model-len",
+                     "--max-request-body-mb", "--max-num-seqs", "--max-num-batched-tokens",
+                     "--num-threads", "--max-model-len",
                      "--decode-isolation", "--decode-workers", "--decode-timeout-s",
                      "--decode-memory-gb", "--max-decode-queue", "--max-inflight-media-mb",
                      "--max-pending-requests"):

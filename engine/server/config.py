@@ -30,6 +30,7 @@ class ServerConfig:
     expose_request_timings: bool = False
     max_num_seqs: int = 8
     max_num_batched_tokens: int | None = None  # prompt tokens prefilled per step; None: no cap
+    num_threads: int | None = None  # torch threads of the engine process; None: torch's default
     max_model_len: int = 8192
     max_tokens_cap: int = 4096
     max_concurrent_fetches: int = 16

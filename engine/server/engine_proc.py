@@ -52,7 +52,8 @@ def process_stats(live_requests: int, scheduler: dict[str, float] | None = None
 def serve_engine(address: str, authkey: bytes, model: str | None, chat_template: str | None,
                  max_num_seqs: int, device: str, dtype: str, ready: Any,
                  api_servers: int, reserved_gpu_bytes: int = 0,
-                 max_num_batched_tokens: int | None = None) -> None:
+                 max_num_batched_tokens: int | None = None,
+                 num_threads: int | None = None) -> None:
     """Entry point of the engine process (blocks until every API server disconnected)."""
     from engine.lifetime import exit_with_parent
 
@@ -64,6 +65,10 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
     from engine.models.loader import load_model
 
     tune_allocator()
+    if num_threads:
+        import torch
+
+        torch.set_num_threads(num_threads)
     reserve_decode_memory(device, reserved_gpu_bytes)
     loaded = load_model(model, chat_template=chat_template)
     engine = Engine(loaded, device=device, dtype=dtype, max_batch_size=max_num_seqs,

@@ -134,6 +134,11 @@ def api_server_main(config: ServerConfig, model_path: str, name: str, address: s
 
     exit_with_parent()
     tune_allocator()
+    import torch
+
+    from engine import envs
+
+    torch.set_num_threads(envs.APHRODITE_API_SERVER_TORCH_THREADS)
     loaded = load_model(model_path, chat_template=config.chat_template, served_name=name)
     engine = EngineClient(address, authkey)
     try:
@@ -225,7 +230,8 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     engine = ctx.Process(target=serve_engine, name="engine process", daemon=False, args=(
         address, authkey, model_path, config.chat_template, config.max_num_seqs,
         config.device, config.dtype, ready_child, config.api_server_count,
-        int(config.mm_ipc_gpu_memory_gb * (1 << 30)), config.max_num_batched_tokens))
+        int(config.mm_ipc_gpu_memory_gb * (1 << 30)), config.max_num_batched_tokens,
+        config.num_threads))
     engine.start()
     ready_child.close()
     stopping = {"flag": False}
