@@ -272,3 +272,25 @@ def test_every_commands_help_survives_a_pipe():
     done = subprocess.run([str(exe), "--show-completion", "bash"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and "_aphrodite_completion" in done.stdout
+
+
+def test_bench_mm_processor_compare_models_side_by_side(tmp_path):
+    """Two families' processors on the same media in one result and one table: tokens per
+    image and video differ as their processor configs make them, each names its classes."""
+    result = run("bench", "mm-processor", "--compare-models", "tiny:qwen2_5_vl,tiny:qwen3_vl",
+                 "--num-prompts", "2", "--no-encoder", "--mode", "cold", "--bucket-config",
+                 '{"240,320,1": 0.5, "96,128,4": 0.5}', "--seed", "3", "--output-format",
+                 "markdown", "--out-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    doc = json.loads(next(tmp_path.glob("mm-processor-compare-*.json")).read_text())
+    assert doc["models"] == ["tiny:qwen2_5_vl", "tiny:qwen3_vl"]
+    first, second = doc["results"]
+    assert (first["source"]["processor"], second["source"]["processor"]) == (
+        "Qwen2_5_VLProcessor", "Qwen3VLProcessor")
+    assert first["dataset"] == second["dataset"]  # the same media for both
+    assert sum(r["tokens_per_item"]["image"]["count"] + r["tokens_per_item"].get(
+        "video", {"count": 0})["count"] for r in (first, second)) == 2 * 2
+    assert "| tiny:qwen2_5_vl | Qwen2VLImageProcessor |" in result.stdout
+    assert "| tiny:qwen3_vl |" in result.stdout
+    bad = run("bench", "mm-processor", "--compare-models", "tiny:qwen2_5_vl")
+    assert bad.returncode == 2 and "--compare-models" in bad.stderr

@@ -173,3 +173,30 @@ def test_serve_downloads_a_hub_model_then_starts_offline_from_the_cache(tiny_rep
         assert "acme/gated" in done.stdout + done.stderr and "HF_TOKEN" in done.stdout + \
             done.stderr
         assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_mm_processor_on_a_hub_model_without_weights_records_repo_commit_and_tokens(
+        hub, tiny_repo):
+    """`bench mm-processor --model ORG/NAME --no-encoder`: the real processor from the Hub, no
+    weights fetched; the result names the repo, the commit it ran and the processor classes,
+    and the tokens per image are what one call of that processor gives the same image size."""
+    import numpy as np
+
+    from aphrodite_cli.bench.datasets import parse_buckets
+    from aphrodite_cli.bench.engine_bench import run_mm_processor
+
+    sha = hub.add_repo("acme/tiny-vl", tiny_repo)
+    doc = run_mm_processor("acme/tiny-vl", num_prompts=2, encoder=False, mode="cold",
+                           buckets=parse_buckets('{"240,320,1": 1}'))
+    assert not any(name.endswith((".safetensors", ".bin")) for name in hub.downloads())
+    source = doc["source"]
+    assert (source["repo"], source["commit"], source["processor"]) == (
+        "acme/tiny-vl", sha, "Qwen2VLProcessor")
+    assert source["image_processor"] == "Qwen2VLImageProcessor"
+    processor = load_model("acme/tiny-vl", weights=False).processor
+    ref = processor(text=["<|vision_start|><|image_pad|><|vision_end|>"],
+                    images=[np.zeros((240, 320, 3), np.uint8)], return_tensors="np")
+    expected = int((ref["input_ids"][0] == processor.tokenizer.convert_tokens_to_ids(
+        "<|image_pad|>")).sum())
+    assert doc["tokens_per_item"]["image"]["median"] == expected
+    assert doc["tokens_per_item"]["image"]["count"] == 2

@@ -105,7 +105,10 @@ def _print_table(doc: dict) -> None:
   aphrodite bench mm-processor --bucket-config '{"720,1280,1": 0.6, "360,640,16": 0.4}'
   --items-per-request 2 --video-backends opencv,pyav,torchcodec
 
-  aphrodite bench mm-processor --model /models/qwen2.5-vl-7b --num-prompts 50""",
+  aphrodite bench mm-processor --model /models/qwen2.5-vl-7b --num-prompts 50
+
+  aphrodite bench mm-processor --no-encoder  # two real processors, same media, no weights
+  --compare-models Qwen/Qwen2.5-VL-3B-Instruct,Qwen/Qwen3-VL-4B-Instruct""",
 )
 def mm_processor(
     model: Annotated[str | None, typer.Option(help="Model folder, hub id or tiny:ARCH (with "
@@ -130,6 +133,10 @@ def mm_processor(
         help="Also decode the same videos with each of these backends, e.g. "
              "opencv,pyav,torchcodec.")] = None,
     seed: Annotated[int, typer.Option()] = 0,
+    compare_models: Annotated[str | None, typer.Option(
+        metavar="A,B,...", help="Run the same media through each of these models' "
+                                "processors and put them side by side (tokens per item, ms per "
+                                "stage) in one result, mm-processor-compare-*.json.")] = None,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
     output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
 ) -> None:
@@ -139,6 +146,21 @@ def mm_processor(
     from aphrodite_cli.bench.engine_bench import STAGES, run_mm_processor
     from aphrodite_cli.bench.results import write_result
 
+    if compare_models:
+        models = [m.strip() for m in compare_models.split(",") if m.strip()]
+        if len(models) < 2 or model:
+            raise typer.BadParameter("give two or more models, and no --model",
+                                     param_hint="--compare-models")
+        docs = [run_mm_processor(m, num_prompts=num_prompts,
+                                 buckets=parse_buckets(bucket_config), items=items_per_request,
+                                 media_delivery=media_delivery, mode=mode, seed=seed,
+                                 encoder=encoder, jsonl=dataset_path, media_dir=media_dir)
+                for m in models]
+        _print_comparison(docs, output_format)
+        path = write_result({"models": models, "results": docs}, "mm-processor-compare",
+                            out_dir)
+        (err if output_format == "json" else out).print(f"result: {path}", markup=False)
+        return
     doc = run_mm_processor(
         model, num_prompts=num_prompts, buckets=parse_buckets(bucket_config),
         items=items_per_request, media_delivery=media_delivery, mode=mode, seed=seed,
@@ -164,6 +186,25 @@ def mm_processor(
         say.print(f"  video decode {row['backend']:<11} {row['clip']}, "
                   f"{row['frames_sampled']} frames: {timing}", markup=False)
     say.print(f"result: {path}", markup=False)
+
+
+def _print_comparison(docs: list[dict], fmt: str) -> None:
+    """Models side by side: processor classes, tokens per item, median ms per stage."""
+    rows = []
+    for doc in docs:
+        source = doc["source"]
+        tokens = doc["tokens_per_item"]
+        for phase, p in doc["phases"].items():
+            rows.append([doc["model"], source.get("image_processor") or source["processor"],
+                         source.get("commit") or "", phase,
+                         *(f"{tokens[m]['median']:.0f}" if m in tokens else "-"
+                           for m in ("image", "video", "audio")),
+                         f"{p['total_s']['median'] * 1e3:.2f}",
+                         f"{p['stages']['processor_s']['median'] * 1e3:.2f}",
+                         f"{p['stages']['encoder_s']['median'] * 1e3:.2f}"])
+    print_table(f"{docs[0]['num_prompts']} prompts, the same media for each model",
+                ["model", "processor", "commit", "phase", "tokens/image", "tokens/video",
+                 "tokens/audio", "total ms", "processor ms", "encoder ms"], rows, fmt)
 
 
 @app.command("batching")

@@ -106,6 +106,8 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
         dataset = random_mm(num_prompts, items=items, buckets=buckets, prompt_len=8,
                             output_len=1, seed=seed, nonce=nonce())
 
+    per_item: dict[str, list[float]] = {m: [] for m in pre.expansion_ids}
+
     async def run() -> dict[str, Any]:
         host = MediaHost() if media_delivery == "http" else None
         if host:
@@ -166,6 +168,11 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
                 if phase == "cold" and hit_rate > 0 and jsonl is None:
                     raise InternalError(f"cold phase hit rate {hit_rate:.0%}: media were not "
                                         "unique")
+                for r in results if not phases else ():  # the first phase's
+                    for modality, n in r.modality_counts.items():
+                        if n:
+                            per_item[modality].append(
+                                r.input_ids.count(pre.expansion_ids[modality]) / n)
                 after_fetch = [t - f for t, f in zip(totals, stages["fetch_s"], strict=True)]
                 phases[phase] = {"total_s": summary(totals), "hit_rate": hit_rate,
                                  "after_fetch_s": summary(after_fetch),
@@ -182,6 +189,9 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
     doc: dict[str, Any] = {
         "kind": "mm-processor", "model": loaded.name,
         "architecture": loaded.spec.name, "num_prompts": num_prompts, "mode": mode,
+        "source": loaded.provenance,
+        # model tokens each media item became (the placeholder's expansion), per modality
+        "tokens_per_item": {m: summary(v) for m, v in per_item.items() if v},
         "dataset": {"name": "jsonl" if jsonl is not None else "random-mm",
                     "path": str(jsonl) if jsonl is not None else None,
                     "items_per_request": items,

@@ -20,6 +20,7 @@ SCHEMA_VERSIONS: dict[str, int] = {
     "serve": 1,  # bench serve
     "sweep": 1,  # bench sweep
     "mm-processor": 1,  # bench mm-processor
+    "mm-processor-compare": 1,  # bench mm-processor --compare-models
     "batching": 1,  # bench batching
     "video-decode": 1,  # bench video-decode
     "soak": 3,  # bench soak (3: valid latency, attackers)

@@ -79,12 +79,28 @@ class LoadedModel:
     processor: Any
     chat_template: str | None
     name: str
+    #: the hub repo id and the revision asked for (None for a local folder or tiny:ARCH)
+    repo: str | None = None
+    revision: str | None = None
     _model: Any = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def tokenizer(self) -> Any:
         return self.processor.tokenizer
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """Where the model came from, for results people publish: the hub repo, the revision
+        asked for and the commit its snapshot folder is (Hugging Face's cache names snapshot
+        folders by commit), the processor classes that ran."""
+        commit = self.path.name if self.path.parent.name == "snapshots" else None
+        parts = {name: type(part).__name__ for name in (
+            "image_processor", "video_processor", "feature_extractor")
+            if (part := getattr(self.processor, name, None)) is not None}
+        return {"model": self.name, "architecture": self.spec.name, "repo": self.repo,
+                "revision": self.revision, "commit": commit, "path": str(self.path),
+                "processor": type(self.processor).__name__, **parts}
 
     def model(self, device: str = "cpu", dtype: str = "auto") -> Any:
         """The weights, loaded once."""
@@ -120,4 +136,6 @@ def load_model(model: str | None = None, *, chat_template: str | None = None,
                               code="chat_template_missing")
         template = file.read_text()
     name = served_name or model or f"tiny-{spec.name}"
-    return LoadedModel(path, spec, config, processor, template, name)
+    repo = model if model and hub.is_hub_id(model) and not Path(model).exists() else None
+    return LoadedModel(path, spec, config, processor, template, name, repo=repo,
+                       revision=revision if repo else None)
