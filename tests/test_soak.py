@@ -30,13 +30,15 @@ def test_short_soak(tmp_path):
                            "--hostile-share", "0.3", "--valid-pool", "24",
                            "--slow-bodies", "4", "--drip-flood", "2",
                            "--request-body-timeout-s", "3", "--baseline", str(quiet),
-                           "--out-dir", str(out)],
+                           "--output-format", "json", "--out-dir", str(out)],
                           capture_output=True, text=True, timeout=280)
     doc = json.loads(next(out.glob("soak-*.json")).read_text())
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     ratio = doc["baseline"]["p99_ratio"]
     assert ratio == round(doc["valid_latency_s"]["p99"] / 0.001, 3) and ratio > 3
-    assert "x the baseline's" in done.stdout
+    assert "x the baseline's" in done.stderr  # --output-format json: stdout is the table
+    table = {row["kind"]: row["statuses"] for row in json.loads(done.stdout)}
+    assert table["slow-body"] == f"408:{doc['by_kind']['slow-body']['408']}"
     assert doc["valid_latency_s"]["count"] == sum(
         sum(doc["by_kind"][k].values()) for k in ("valid-image", "valid-video"))
     # every slow body got its 408, every dripped fetch its timeout or the client's share

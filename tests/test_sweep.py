@@ -99,7 +99,7 @@ def test_the_command_writes_every_point_and_the_capacity(tmp_path):
                                f"http://127.0.0.1:{port}", "--items-per-request", "0",
                                "--output-len", "1", "--slo", "e2el:p90:150", "--duration-s", "2",
                                "--burstiness", "20", "--num-warmups", "1", "--rate-precision",
-                               "0.1", "--out-dir", str(tmp_path)],
+                               "0.1", "--output-format", "markdown", "--out-dir", str(tmp_path)],
                               capture_output=True, text=True, timeout=220)
     finally:
         mock.terminate()
@@ -110,6 +110,9 @@ def test_the_command_writes_every_point_and_the_capacity(tmp_path):
     cold = doc["phases"]["cold"]
     assert 0.85 * CAPACITY <= cold["capacity"]["rate"] <= CAPACITY, cold["capacity"]
     assert "cold capacity:" in done.stdout and "model" not in done.stderr
+    # every point in a Markdown table (for pull requests), one row each
+    assert "| phase | kind | offered | served/s |" in done.stdout
+    assert done.stdout.count("| cold |") == len(doc["phases"]["cold"]["points"])
     point = cold["points"][0]
     assert point["kind"] == "synchronous" and point["result"]["completed"] >= 20
     assert all(math.isfinite(p["result"]["e2e_ms"]["p90"]) for p in cold["points"])

@@ -9,9 +9,11 @@ import typer
 
 from aphrodite_cli.bench.app import app
 from aphrodite_cli.options import (
+    OUTPUT_FORMAT_HELP,
     DecodeIsolation,
+    OutputFormat,
 )
-from aphrodite_cli.output import out
+from aphrodite_cli.output import err, out, print_table
 
 
 @app.command(
@@ -63,6 +65,7 @@ def soak(
         min=1, help="With --baseline: most valid p99 latency may grow, e.g. 3.")] = 3.0,
     seed: Annotated[int, typer.Option()] = 0,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
+    output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
 ) -> None:
     """Valid, hostile and attacking traffic against the server for a set time; checks that
     valid requests are served, every attack is refused by its rule and nothing leaks."""
@@ -111,23 +114,25 @@ def soak(
         "path": str(baseline), "p99_s": quiet_p99,
         "p99_ratio": round(latency["p99"] / quiet_p99, 3) if latency.get("p99") else None}
     path = write_result(doc, "soak", out_dir)
-    for kind, statuses in sorted(doc["by_kind"].items()):
-        out.print(f"  {kind:<22} {dict(statuses)}", markup=False)
+    print_table("responses by kind of traffic", ["kind", "statuses"],
+                [[kind, " ".join(f"{code}:{n}" for code, n in sorted(statuses.items()))]
+                 for kind, statuses in sorted(doc["by_kind"].items())], output_format)
+    say = err if output_format == "json" else out  # json: the table alone on stdout
     for miss in doc["hostile_mismatches"][:10]:
-        out.print(f"  mismatch: {miss}", markup=False)
-    out.print(f"requests {doc['requests']}, valid 5xx {doc['valid_5xx']}, hostile mismatches "
+        say.print(f"  mismatch: {miss}", markup=False)
+    say.print(f"requests {doc['requests']}, valid 5xx {doc['valid_5xx']}, hostile mismatches "
               f"{doc['hostile_mismatch_count']}, decode worker restarts "
               f"{doc['decode_worker_restarts']}, RSS growth after warm-up "
               f"{doc['rss_growth_after_warmup']:+.1%}, fd growth {doc['fd_growth_after_warmup']:+d}"
               f", temp leftovers {len(doc['temp_leftovers'])}", markup=False)
-    out.print(f"RSS slope over the second half: {doc['rss_slope_second_half_mb_per_min']} MB/min "
+    say.print(f"RSS slope over the second half: {doc['rss_slope_second_half_mb_per_min']} MB/min "
               f"(by process: {doc['rss_slope_second_half_by_role_mb_per_min']}); heap in use: "
               f"{doc['heap_in_use_slope_second_half_mb_per_min']} MB/min", markup=False)
     if latency.get("count"):
-        out.print(f"valid latency: p50 {latency['median']:.3f} s, p99 {latency['p99']:.3f} s"
+        say.print(f"valid latency: p50 {latency['median']:.3f} s, p99 {latency['p99']:.3f} s"
                   + (f" ({doc['baseline']['p99_ratio']}x the baseline's {quiet_p99:.3f} s)"
                      if doc["baseline"] else ""), markup=False)
-    out.print(f"result: {path}", markup=False)
+    say.print(f"result: {path}", markup=False)
     ratio = (doc["baseline"] or {}).get("p99_ratio")
     failed = (doc["valid_5xx"] or doc["hostile_mismatches"] or doc["temp_leftovers"]
               or doc["rss_growth_after_warmup"] > max_rss_growth

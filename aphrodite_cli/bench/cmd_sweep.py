@@ -9,11 +9,13 @@ import typer
 
 from aphrodite_cli.bench.app import app
 from aphrodite_cli.options import (
+    OUTPUT_FORMAT_HELP,
     MediaDelivery,
     Mode,
+    OutputFormat,
     SweepProfile,
 )
-from aphrodite_cli.output import out
+from aphrodite_cli.output import err, out, print_table
 
 
 @app.command(
@@ -77,6 +79,7 @@ def sweep_cmd(
     ] = 0.0,
     seed: Annotated[int, typer.Option()] = 0,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
+    output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
 ) -> None:
     """Latency against load, and the capacity at an SLO, cold media and warm cache."""
     from aphrodite_cli.bench import sweep as sw
@@ -115,6 +118,8 @@ def sweep_cmd(
         return random_mm(n, items=items_per_request, buckets=buckets, prompt_len=prompt_len,
                          output_len=output_len, seed=seed, nonce=run_nonce)
 
+    say = err if output_format == "json" else out  # json: the table alone on stdout
+
     def on_point(phase: str, point: dict) -> None:
         what = (f"rate {point['offered_rate']:.3g}/s" if point["offered_rate"] else
                 f"concurrency {point['concurrency']}" if point["concurrency"] else
@@ -122,7 +127,7 @@ def sweep_cmd(
         served = point["served_rate"]
         e2e = point["result"]["e2e_ms"].get("p90")
         verdict = "" if not slos else (" meets the SLOs" if point["met"] else " misses")
-        out.print(f"  {phase} {point['kind']:<12} {what:<18} served "
+        say.print(f"  {phase} {point['kind']:<12} {what:<18} served "
                   f"{served or 0:.3g}/s, e2e p90 {e2e or 0:.1f} ms{verdict}", markup=False)
 
     server = EmbeddedServer(model, []) if embedded else None
@@ -158,14 +163,26 @@ def sweep_cmd(
            "noise": "an SLO is met only when the upper end of its percentile's 95% bootstrap "
                     "interval is within the limit: the capacity is conservative", **doc}
     path = write_result(doc, "sweep", out_dir)
+    print_table(f"{name}: every point", ["phase", "kind", "offered", "served/s",
+                                         "TTFT p50 ms", "TTFT p90 ms", "E2E p90 ms", "failed",
+                                         "meets SLOs"],
+                [[phase, p["kind"], f"{p['offered_rate']:.3g}/s" if p["offered_rate"] else
+                  f"concurrency {p['concurrency']}" if p["concurrency"] else "all at once",
+                  f"{p['served_rate'] or 0:.3g}",
+                  *(f"{p['result'][m].get(q, 0) or 0:.1f}" for m, q in (
+                      ("ttft_ms", "median"), ("ttft_ms", "p90"), ("e2e_ms", "p90"))),
+                  f"{p['result']['failed']}/{p['requests']}",
+                  "" if not slos else ("yes" if p["met"] else "no")]
+                 for phase, result in doc["phases"].items() for p in result["points"]],
+                output_format)
     for phase, result in doc["phases"].items():
         cap = result["capacity"]
         if cap is not None:
             rate = f"{cap['rate']:.3g} requests/s" if cap["rate"] else "none"
-            out.print(f"{phase} capacity: {rate} (limited by {cap['limited_by']}: "
+            say.print(f"{phase} capacity: {rate} (limited by {cap['limited_by']}: "
                       f"{cap['why']}); {len(result['points'])} points in "
                       f"{result['seconds']:.0f} s", markup=False)
-    out.print(f"result: {path}", markup=False)
+    say.print(f"result: {path}", markup=False)
     too_many = [f"{phase} {p['kind']} point"
                 + (f" at {p['offered_rate']:.3g}/s" if p["offered_rate"] else "")
                 + f": {p['result']['failed']} of {p['requests']} failed "
