@@ -13,8 +13,7 @@ from engine.media import synthetic
 
 RECIPES = json.loads((Path(__file__).resolve().parents[1] / "datasets" / "recipes"
                       / "video-clips.json").read_text())
-CLIPS: dict[str, dict] = {k: v for k, v in RECIPES.items()
-                          if k not in ("about", "benchmark-1080p")}
+CLIPS: dict[str, dict] = {k: v for k, v in RECIPES.items() if k != "about"}
 
 
 @functools.cache
