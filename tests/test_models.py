@@ -96,3 +96,37 @@ def test_llava_has_no_chat_template_until_given_one():
     assert "USER:" in with_template.chat_template
     with pytest.raises(ConfigError, match="is not a file"):
         load_model("tiny:llava", chat_template="/nonexistent/template.jinja")
+
+
+def test_make_tiny_head_dim_32_through_the_cli_loads_and_generates(tmp_path):
+    """``make-tiny --head-dim 32`` (vLLM's CPU attention refuses 16): the text width and the
+    M-RoPE sections follow the head size, and the engine loads and generates with it."""
+    from typer.testing import CliRunner
+
+    from aphrodite_cli.main import app
+    from engine import LLM, SamplingParams
+    from tests.test_llm import frames, img
+
+    folder = tmp_path / "tiny32"
+    result = CliRunner().invoke(app, ["model", "make-tiny", "qwen2_5_vl", "--head-dim", "32",
+                                      "--out", str(folder)])
+    assert result.exit_code == 0, result.output
+    text = json.loads((folder / "config.json").read_text())["text_config"]
+    assert text["hidden_size"] // text["num_attention_heads"] == 32
+    assert text.get("head_dim", 32) == 32
+    assert sum(text["rope_parameters"]["mrope_section"]) == 16
+    model = LLM(str(folder))
+    try:
+        out = model.generate({"prompt": "Describe them.", "multi_modal_data": {
+            "image": img(), "video": frames()}}, SamplingParams(max_tokens=4, temperature=0,
+                                                                 ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 4
+    finally:
+        model.close()
+    bad = CliRunner().invoke(app, ["model", "make-tiny", "qwen2_5_vl", "--head-dim", "33",
+                                   "--out", str(tmp_path / "odd")])
+    assert bad.exit_code != 0 and not (tmp_path / "odd").exists()
+    # the cached tiny:ARCH models the other tests use keep head_dim 16
+    cached = json.loads((resolve_model_path("tiny:qwen2_5_vl") / "config.json").read_text())
+    assert cached["text_config"]["hidden_size"] == 64
+    assert cached["text_config"]["rope_parameters"]["mrope_section"] == [2, 3, 3]

