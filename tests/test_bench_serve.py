@@ -187,6 +187,10 @@ def test_cold_and_warm_phases_against_the_real_server(tmp_path):
     assert result["formulas"]["tpot"].startswith("(e2e - ttft)")
     csv = next(tmp_path.glob("serve-*.csv")).read_text().splitlines()
     assert len(csv) == 13 and "ttft_ms" in csv[0]
+    # the server's stages, one prefix each (its own server_total_s is server_total_ms)
+    header = csv[0].split(",")
+    assert {"server_processor_ms", "server_queue_ms", "server_total_ms"} <= set(header)
+    assert not any(h.startswith("server_server_") for h in header)
 
 
 def test_jsonl_dataset_with_a_media_folder(tmp_path):

@@ -99,8 +99,8 @@ def request_rows(phase: str, records: list) -> list[dict[str, Any]]:
             "itl_ms": [ms(g) for g in r.itl], "output_tokens": r.output_tokens,
             "output_tokens_from": r.token_source, "prompt_tokens": r.prompt_tokens,
             "request_bytes": r.request_bytes, "encode_ms": ms(r.encode_s),
-            **{f"server_{k.removesuffix('_s')}_ms": ms(float(v)) for k, v in timings.items()
-               if k.endswith("_s") and isinstance(v, int | float)}})
+            **{f"server_{k.removeprefix('server_').removesuffix('_s')}_ms": ms(float(v))
+               for k, v in timings.items() if k.endswith("_s") and isinstance(v, int | float)}})
     return rows
 
 
