@@ -4,6 +4,10 @@
     llm = LLM()                      # the embedded tiny Qwen2.5-VL
     out = llm.generate({"prompt": "Describe it.", "multi_modal_data": {"image": pil_image}})
     print(out[0].outputs[0].text)
+    # per generated token {token_id: Logprob(logprob, rank, decoded_token)}, the generated
+    # token first, then the k most likely (raw log_softmax of the logits, as vLLM's default)
+    out = llm.generate("Hi", SamplingParams(max_tokens=4, logprobs=5))
+    print(out[0].outputs[0].logprobs)
 """
 
 from __future__ import annotations
@@ -140,10 +144,21 @@ class LLM:
             req.done.wait()
             if req.error:
                 raise req.error
+            self._decode_logprobs(req.outputs)
             metrics = {**processed.timings, **req.timings, "item_cache_hits": processed.item_hits}
             results.append(RequestOutput(req.request_id, text, processed.input_ids, req.outputs,
                                          metrics))
         return results
+
+    def _decode_logprobs(self, outputs: list[CompletionOutput]) -> None:
+        """``Logprob.decoded_token`` of every reported token (``SamplingParams(logprobs=k)``):
+        vLLM's shape, filled here rather than in the engine's step loop."""
+        tokenizer = self.loaded.tokenizer
+        for out in outputs:
+            for entry in out.logprobs or []:
+                for token_id, lp in entry.items():
+                    if lp.decoded_token is None:
+                        lp.decoded_token = tokenizer.decode([token_id])
 
     @staticmethod
     def _params(sampling_params: Any, n: int) -> list[SamplingParams]:

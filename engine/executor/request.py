@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.executor.sampling import SamplingParams
 from engine.processing.preprocess import ProcessedPrompt
@@ -15,23 +15,62 @@ from engine.processing.preprocess import ProcessedPrompt
 _ids = itertools.count()
 
 
+class TokenLogprobs(NamedTuple):
+    """One generated token's log-probability and rank (1 = most likely) in the distribution
+    it was sampled from, and the ``k`` most likely tokens' ids and log-probabilities (most
+    likely first). Plain numbers: what crosses the engine-process socket (as a tuple)."""
+
+    logprob: float
+    rank: int
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass
+class Logprob:
+    """vLLM's per-token entry of ``CompletionOutput.logprobs``."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 @dataclass
 class CompletionOutput:
+    """One sequence's result. ``logprobs`` (when the request asked for them) is vLLM's shape:
+    per generated token, a dict from token id to :class:`Logprob` holding the generated
+    token and the top ``k``; ``cumulative_logprob`` is the sum of the generated tokens'."""
+
     index: int
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
+
+    def add_logprobs(self, token: int, lp: TokenLogprobs) -> None:
+        entry = {tid: Logprob(v, rank) for rank, (tid, v) in
+                 enumerate(zip(lp.top_ids, lp.top_logprobs, strict=True), 1)}
+        entry.setdefault(token, Logprob(lp.logprob, lp.rank))
+        # the generated token first, as vLLM orders them
+        entry = {token: entry.pop(token), **entry}
+        if self.logprobs is None:
+            self.logprobs = []
+        self.logprobs.append(entry)
+        self.cumulative_logprob = (self.cumulative_logprob or 0.0) + lp.logprob
 
 
 @dataclass
 class TokenEvent:
-    """One step for one sequence: the new text, and the finish reason when it ended."""
+    """One step for one sequence: the new text, and the finish reason when it ended;
+    ``logprobs`` of ``token_id`` when the request asked for them."""
 
     request_id: str
     index: int
     token_id: int | None
     text_delta: str
     finish_reason: str | None = None
+    logprobs: TokenLogprobs | None = None
 
 
 @dataclass

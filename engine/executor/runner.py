@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.executor import kv
-from engine.executor.request import EngineRequest, TokenEvent
+from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
 from engine.models.loader import LoadedModel
+from engine.processing.preprocess import concat
 
 
 @dataclass(eq=False)
@@ -128,8 +129,8 @@ class TransformersRunner:
         self.encoder_s = 0.0
         self._hook_encoder()
         tok = self.tokenizer
-        self.media_token_ids = {tok.convert_tokens_to_ids(t)
-                                for t in loaded.spec.expansion_tokens.values()}
+        self.media_token_ids = {tok.convert_tokens_to_ids(loaded.spec.feature_token(m))
+                                for m in loaded.spec.expansion_tokens}
         # transformers 5 names the cache argument ``cache`` (``past_key_values`` before)
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -166,8 +167,9 @@ class TransformersRunner:
             for key, value in r.request.prompt.mm.items():
                 if key != "mm_token_type_ids":
                     merged.setdefault(key, []).append(value)
+        padded = self.loaded.spec.padded_keys
         for key, values in merged.items():
-            inputs[key] = torch.cat(values, dim=0).to(self.device)
+            inputs[key] = concat(values, key in padded).to(self.device)
         if any("mm_token_type_ids" in r.request.prompt.mm for r in rows):
             types = torch.zeros((len(rows), width), dtype=torch.long)
             for i, r in enumerate(rows):
@@ -279,10 +281,43 @@ class TransformersRunner:
 
     def _advance(self, rows: list[_Row], logits: Any) -> None:
         tokens = self._sample(rows, logits)
+        logprobs = self._logprobs(rows, logits, tokens)
         now = time.perf_counter()
-        for row, token in zip(rows, tokens, strict=True):
+        for row, token, lp in zip(rows, tokens, logprobs, strict=True):
             row.last_token = token
-            self._step(row, token, now)
+            self._step(row, token, now, lp)
+
+    def _logprobs(self, rows: list[_Row], logits: Any, tokens: list[int]
+                  ) -> list[TokenLogprobs | None]:
+        """For the rows whose request asked (``logprobs`` k not None), the sampled token's
+        log-probability and rank and the k most likely tokens', in the model's raw
+        distribution: log_softmax of the logits before temperature, top-k and top-p (vLLM's
+        default ``logprobs_mode="raw_logprobs"``). One log_softmax and one top-k over those
+        rows only; the others cost nothing."""
+        out: list[TokenLogprobs | None] = [None] * len(rows)
+        wanted = [i for i, r in enumerate(rows)
+                  if r.request.params.logprobs is not None and not r.done]
+        if not wanted:
+            return out
+        import torch
+
+        index = torch.tensor(wanted, dtype=torch.long, device=logits.device)
+        lps = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+        chosen = torch.tensor([tokens[i] for i in wanted], dtype=torch.long,
+                              device=lps.device)[:, None]
+        picked = lps.gather(1, chosen)
+        ranks = ((lps > picked).sum(dim=1) + 1).tolist()
+        picked_list = picked[:, 0].tolist()
+        k = min(max(rows[i].request.params.logprobs for i in wanted), lps.shape[-1])
+        top_v: list[list[float]] = [[] for _ in wanted]
+        top_i: list[list[int]] = [[] for _ in wanted]
+        if k:
+            top = torch.topk(lps, k, dim=-1)
+            top_v, top_i = top.values.tolist(), top.indices.tolist()
+        for j, i in enumerate(wanted):
+            n = rows[i].request.params.logprobs
+            out[i] = TokenLogprobs(picked_list[j], int(ranks[j]), top_i[j][:n], top_v[j][:n])
+        return out
 
     def _sample(self, rows: list[_Row], logits: Any) -> list[int]:
         """Each row's next token: greedy rows take the argmax; the others sample with their own
@@ -309,10 +344,14 @@ class TransformersRunner:
             tokens[i] = int(torch.multinomial(probs, 1, generator=row.generator).item())
         return tokens
 
-    def _step(self, row: _Row, token: int, now: float) -> None:
+    def _step(self, row: _Row, token: int, now: float, lp: TokenLogprobs | None = None
+              ) -> None:
         if row.done:
             return
         req, params = row.request, row.request.params
+        out = req.outputs[row.index]
+        if params.logprobs is not None and out.logprobs is None:
+            out.logprobs = []  # asked for: a list, empty when the first token ends it
         if row.first_token_at is None:
             row.first_token_at = now
         if req.cancelled.is_set():
@@ -335,10 +374,11 @@ class TransformersRunner:
         else:
             delta = text[len(row.text):] if text.startswith(row.text) else text
             row.text = text
-        out = req.outputs[row.index]
         out.text, out.token_ids = row.text, list(row.token_ids)
+        if lp is not None:
+            out.add_logprobs(token, lp)
         if req.on_event:
-            req.on_event(TokenEvent(req.request_id, row.index, token, delta, reason))
+            req.on_event(TokenEvent(req.request_id, row.index, token, delta, reason, lp))
         if reason:
             row.done = True
             out.finish_reason = reason

@@ -9,6 +9,8 @@ from engine.errors import InvalidRequestError
 
 MAX_TOKENS_CAP = 4096
 MAX_N = 16
+#: the most top log-probabilities one token may report (OpenAI's and vLLM's default limit)
+MAX_LOGPROBS = 20
 #: torch's 64-bit generator seed range (as vLLM's); row i of ``n`` samples with seed + i,
 #: which torch still takes (it accepts up to 2**64 - 1).
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1
@@ -22,7 +24,11 @@ def _bad(name: str, value: object, rule: str) -> InvalidRequestError:
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample: ``temperature`` 0 is greedy; ``top_k`` 0 or -1 is off; ``stop`` strings
-    end the text (not included); ``seed`` makes sampling repeatable per request."""
+    end the text (not included); ``seed`` makes sampling repeatable per request.
+    ``logprobs`` (vLLM's meaning): None reports none; k (0..20) reports each generated token's
+    log-probability and the k most likely tokens', from the model's raw distribution
+    (log_softmax of the logits, before temperature/top-k/top-p: vLLM's default
+    ``logprobs_mode="raw_logprobs"``)."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -32,6 +38,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     n: int = 1
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or not (
@@ -50,6 +57,9 @@ class SamplingParams:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(
                 self.seed, int) or not SEED_MIN <= self.seed <= SEED_MAX):
             raise _bad("seed", self.seed, f"must be an integer from {SEED_MIN} to {SEED_MAX}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(
+                self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise _bad("logprobs", self.logprobs, f"must be an integer from 0 to {MAX_LOGPROBS}")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stop) > 8 or not all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop):
             raise _bad("stop", self.stop, "must be up to 8 non-empty strings")

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import time
-import uuid
 from collections import Counter
 from typing import Any
 
@@ -47,14 +45,16 @@ from engine.processing.chat_parts import parse_messages
 from engine.processing.kwargs import check_request_kwargs, merge_processor_kwargs
 from engine.processing.limits import check_item_counts, effective_limits
 from engine.processing.media_items import fetch_items, use_frames
-from engine.processing.preprocess import Preprocessor
+from engine.processing.preprocess import Preprocessor, ProcessedPrompt
 from engine.processing.prompt import render_chat
 from engine.server.config import ServerConfig
-from engine.server.engine_client import Completion, EngineClient
+from engine.server.engine_client import EngineClient
 from engine.server.fetch_slots import FetchSlots, client_key
 from engine.server.front_door import auth_middleware, parse_body, read_body
+from engine.server.logprobs import TokenStrings
 from engine.server.metrics import Metrics
-from engine.server.protocol import parse_generation_fields
+from engine.server.protocol import parse_generation_fields, parse_prompts
+from engine.server.respond import respond
 from engine.version import __version__
 
 logger = logging.getLogger("aphrodite.server")
@@ -74,6 +74,10 @@ class State:
         self.limits = effective_limits(loaded.spec, config.limit_mm_per_prompt)
         self.cache = ProcessorCache.from_gb(config.mm_processor_cache_gb)
         self.preprocessor = Preprocessor(loaded, self.cache)
+        self.token_strings = TokenStrings(loaded.tokenizer)
+        #: token ids a prompt may hold: the tokenizer's and the model's vocabulary
+        self.vocab_size = min(len(loaded.tokenizer), loaded.config.get("vocab_size") or (
+            loaded.config.get("text_config") or {}).get("vocab_size") or 1 << 62)
         self.policy = MediaPolicy.create(allowed_domains=list(config.allowed_media_domains),
                                          allowed_local_path=config.allowed_local_media_path)
         self.media_limits = MediaLimits.from_env()
@@ -165,10 +169,6 @@ async def read_json(request: web.Request, ticket: Ticket) -> dict[str, Any]:
         raise ModelNotFoundError(f"model {model!r} is not served here; this server serves "
                             f"{state.name!r}", hint="GET /v1/models lists it", param="model")
     return data
-
-
-def _timing_header(timings: dict[str, Any]) -> str:
-    return json.dumps(timings, separators=(",", ":"), default=str)
 
 
 async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, client: str = ""):
@@ -285,146 +285,35 @@ async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamRe
     data = await read_json(request, ticket)
     start = time.perf_counter()
     fields, processed = await prepare_chat(state, data, ticket, client_key(request.remote))
-    return await respond(request, state, fields, processed, start, chat=True)
+    return await respond(request, state, fields, [processed], start, chat=True)
 
 
 @admitted
 async def completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
+    """``prompt``: a string, a list of strings, a list of token ids or a list of lists of
+    token ids; one engine request per prompt (see :mod:`engine.server.respond`)."""
     state: State = request.app[STATE]
     data = await read_json(request, ticket)
     start = time.perf_counter()
-    fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap)
-    prompt = data.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise InvalidRequestError("prompt must be a string", param="prompt")
+    fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
+                                     chat=False)
+    prompts = parse_prompts(data.get("prompt"), state.vocab_size,
+                            set(state.preprocessor.expansion_ids.values()))
     loop = asyncio.get_running_loop()
-    processed = await loop.run_in_executor(decode_executor(), state.preprocessor.process,
-                                           prompt, [], {})
-    processed.timings["fetch_s"] = 0.0
-    return await respond(request, state, fields, processed, start, chat=False)
-
-
-async def respond(request: web.Request, state: State, fields, processed, start: float,
-                  *, chat: bool) -> web.StreamResponse:
-    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    created = int(time.time())
-    sampling = fields.sampling.__dict__
-    if len(processed.input_ids) + fields.sampling.max_tokens > state.config.max_model_len:
-        raise InvalidRequestError(
-            f"the prompt ({len(processed.input_ids)} tokens) plus max_tokens "
-            f"({fields.sampling.max_tokens}) is over the model length "
-            f"{state.config.max_model_len}", hint="shorten the prompt or lower max_tokens",
-            code="context_length_exceeded", param="messages" if chat else "prompt")
-    generation = state.engine.generate(processed.input_ids, processed.mm, sampling)
-    obj = "chat.completion" if chat else "text_completion"
-
-    def extension(completion: Completion | None) -> dict[str, Any]:
-        timings = {**processed.timings, **(completion.timings if completion else {}),
-                   "server_total_s": round(time.perf_counter() - start, 6)}
-        if completion is not None:
-            state.metrics.observe_request(
-                state.name, e2e_s=timings["server_total_s"],
-                decode_s=float(timings.get("decode_s", 0.0)), prompt=len(processed.input_ids),
-                generated=sum(len(ids) for _, _, ids, _ in completion.outputs))
-        for name in ("fetch_s", "media_decode_s", "processor_s", "encoder_s", "prefill_s",
-                     "decode_s"):
-            if name in timings:
-                state.metrics.stage.labels(name[:-2]).observe(float(timings[name]))
-        return {"timings": timings, "cache_hits": processed.item_hits}
-
-    usage_prompt = len(processed.input_ids)
-    if not fields.stream:
-        completion: Completion | None = None
-        async for message in generation:
-            if isinstance(message, Completion):
-                completion = message
-        result = completion or Completion()
-        ext = extension(result)
-        choices = []
-        total = 0
-        for index, text, token_ids, reason in result.outputs:
-            total += len(token_ids)
-            choices.append({"index": index, "finish_reason": _reason(reason),
-                            **({"message": {"role": "assistant", "content": text}} if chat
-                               else {"text": text}), "logprobs": None})
-        body = {"id": rid, "object": obj, "created": created, "model": state.name,
-                "choices": choices, "usage": {"prompt_tokens": usage_prompt,
-                                              "completion_tokens": total,
-                                              "total_tokens": usage_prompt + total}}
-        if not state.config.expose_request_timings:
-            return web.json_response(body)
-        body["aphrodite"] = ext
-        return web.json_response(body, headers={"x-aphrodite-timings":
-                                                _timing_header(ext["timings"])})
-
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache",
-                                           "x-aphrodite-request-id": rid,
-                                           "x-aphrodite-api-server": str(os.getpid())})
-    await response.prepare(request)
-    chunk_obj = "chat.completion.chunk" if chat else "text_completion"
-
-    async def send(payload: dict[str, Any]) -> None:
-        await response.write(f"data: {json.dumps(payload)}\n\n".encode())
-
-    def chunk(index: int, delta: str, reason: str | None, first: bool) -> dict[str, Any]:
-        if chat:
-            d: dict[str, Any] = {"content": delta}
-            if first:
-                d["role"] = "assistant"
-            choice = {"index": index, "delta": d, "finish_reason": _reason(reason),
-                      "logprobs": None}
+    processed = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            one = await loop.run_in_executor(decode_executor(), state.preprocessor.process,
+                                             prompt, [], {})
         else:
-            choice = {"index": index, "text": delta, "finish_reason": _reason(reason),
-                      "logprobs": None}
-        return {"id": rid, "object": chunk_obj, "created": created, "model": state.name,
-                "choices": [choice]}
-
-    started: set[int] = set()
-    completion_tokens = 0
-    try:
-        async for message in generation:
-            if isinstance(message, Completion):
-                ext = extension(message)
-                tail: dict[str, Any] = {"id": rid, "object": chunk_obj, "created": created,
-                                        "model": state.name, "choices": []}
-                if state.config.expose_request_timings:
-                    tail["aphrodite"] = ext
-                if fields.include_usage:
-                    tail["usage"] = {"prompt_tokens": usage_prompt,
-                                     "completion_tokens": completion_tokens,
-                                     "total_tokens": usage_prompt + completion_tokens}
-                if "aphrodite" in tail or "usage" in tail:
-                    await send(tail)
-                continue
-            _, _, index, token_id, delta, reason = message
-            if token_id is not None:
-                completion_tokens += 1
-            await send(chunk(index, delta, reason, index not in started))
-            started.add(index)
-        await response.write(b"data: [DONE]\n\n")
-    except (ConnectionResetError, asyncio.CancelledError):
-        await generation.aclose()  # cancels the request in the engine
-        raise
-    except Exception as exc:
-        # The headers are out: an error travels as one SSE event in the OpenAI error shape
-        # (as OpenAI and vLLM send it), never as a second HTTP response inside the body.
-        err = exc if isinstance(exc, AphroditeError) else None
-        if err is None:
-            logger.exception("stream %s failed", rid)
-        body = err.to_openai() if err is not None else {"error": {
-            "message": "internal server error", "type": "internal_error", "param": None,
-            "code": "internal_error"}}
-        await send(body)
-        await response.write(b"data: [DONE]\n\n")
-        state.metrics.stream_errors.labels(str(err.status if err else 500)).inc()
-    return response
-
-
-def _reason(reason: str | None) -> str | None:
-    return {"abort": "stop"}.get(reason, reason) if reason else None
+            one = ProcessedPrompt(prompt, {}, [], {"hash_s": 0.0, "cache_lookup_s": 0.0,
+                                                   "media_decode_s": 0.0, "processor_s": 0.0},
+                                  {})
+        if not one.input_ids:
+            raise InvalidRequestError("the prompt is empty (no tokens)", param="prompt")
+        one.timings["fetch_s"] = 0.0
+        processed.append(one)
+    return await respond(request, state, fields, processed, start, chat=False)
 
 
 async def models(request: web.Request) -> web.Response:

@@ -62,7 +62,8 @@ class EngineClient:
             self._conn.send(message)
 
     async def generate(self, input_ids: list[int], mm: dict[str, Any], sampling: dict[str, Any]):
-        """Yields ("event", rid, index, token, delta, reason) tuples, then a Completion."""
+        """Yields ("event", rid, index, token, delta, reason, logprobs) tuples (logprobs:
+        None or (logprob, rank, top_ids, top_logprobs)), then a Completion."""
         if not self.alive:
             raise ServiceUnavailableError("the engine process is not running",
                                     hint="check the server log; restart the server")

@@ -4,7 +4,9 @@ it over local connections (one per API server).
 Protocol (pickled tuples over ``multiprocessing.connection``):
   API -> engine: ("submit", rid, input_ids, mm_tensors, sampling_kwargs) | ("cancel", rid)
                  ("stats", rid)
-  engine -> API: ("event", rid, index, token_id, text_delta, finish_reason)
+  engine -> API: ("event", rid, index, token_id, text_delta, finish_reason, logprobs)
+                 (logprobs: None, or (logprob, rank, top_ids, top_logprobs) when the request
+                 asked: ids and numbers only, the API server decodes the token strings)
                  ("done", rid, outputs, timings, error_body_or_None)
                  ("stats", rid, {name: number})
 """
@@ -127,8 +129,9 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
             prompt = ProcessedPrompt(input_ids, tensors, [], {}, {})
 
             def on_event(event) -> None:
+                lp = event.logprobs
                 send(("event", rid, event.index, event.token_id, event.text_delta,
-                      event.finish_reason))
+                      event.finish_reason, tuple(lp) if lp is not None else None))
 
             req = EngineRequest(prompt, SamplingParams(**sampling), on_event=on_event,
                                 on_done=lambda req: finish(rid, req))

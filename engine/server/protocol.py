@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from engine.executor.sampling import SamplingParams
+from engine.executor.sampling import MAX_LOGPROBS, MAX_TOKENS_CAP, SamplingParams
 
 
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = None
@@ -26,9 +27,35 @@ def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], defau
 class GenerationFields:
     stream: bool
     include_usage: bool
+    #: max_tokens is a placeholder while ``max_tokens`` is None (see :meth:`sampling_for`)
     sampling: SamplingParams
     media_io_kwargs: dict[str, Any] | None
     mm_processor_kwargs: dict[str, Any] | None
+    #: None: a chat request that left it out (up to the model's length limit)
+    max_tokens: int | None = 16
+    max_tokens_cap: int = MAX_TOKENS_CAP
+    #: chat's ``logprobs``/``top_logprobs`` or completions' ``logprobs`` asked for
+    logprobs: bool = False
+    #: vLLM's extension: logprob tokens written ``token_id:<id>``
+    tokens_as_ids: bool = False
+
+    def sampling_for(self, prompt_tokens: int, max_model_len: int, param: str
+                     ) -> SamplingParams:
+        """The sampling parameters for one prompt of ``prompt_tokens`` tokens: a request
+        without ``max_tokens`` (chat) generates up to the model's length limit, capped by the
+        server's max-tokens cap, as OpenAI and vLLM do; prompt plus max_tokens must fit."""
+        room = max_model_len - prompt_tokens
+        max_tokens = self.max_tokens
+        if max_tokens is None:
+            max_tokens = min(room, self.max_tokens_cap, MAX_TOKENS_CAP)
+        if max_tokens < 1 or max_tokens > room:
+            what = f"max_tokens ({max_tokens})" if self.max_tokens is not None \
+                else "at least one generated token"
+            raise InvalidRequestError(
+                f"the prompt ({prompt_tokens} tokens) plus {what} is over the model length "
+                f"{max_model_len}", hint="shorten the prompt or lower max_tokens",
+                code="context_length_exceeded", param=param)
+        return dataclasses.replace(self.sampling, max_tokens=max_tokens)
 
 
 #: OpenAI parameters this server does not implement, with the value that means "not used":
@@ -37,14 +64,17 @@ class GenerationFields:
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
     "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
-    "logit_bias": (None, {}), "logprobs": (None, False), "top_logprobs": (None, 0),
+    "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
     "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
 }
+#: ... and on /v1/completions, chat's ``top_logprobs`` (completions take ``logprobs`` = k)
+UNSUPPORTED_COMPLETIONS: dict[str, tuple[Any, ...]] = {"top_logprobs": (None, 0)}
 
 
-def refuse_unsupported(body: dict[str, Any]) -> None:
-    for name, unused in UNSUPPORTED.items():
+def refuse_unsupported(body: dict[str, Any], table: dict[str, tuple[Any, ...]] = UNSUPPORTED
+                       ) -> None:
+    for name, unused in table.items():
         value = body.get(name)
         if not any(value == u and type(value) is type(u) for u in unused) and \
                 not (value is None and None in unused):
@@ -53,12 +83,40 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
                 hint=f"leave {name} out of the request", code="unsupported_parameter")
 
 
-def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int) -> GenerationFields:
-    """The sampling and extension fields shared by chat and text completions."""
+def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    """The number of top log-probabilities per token asked for (vLLM's ``logprobs`` k), or
+    None for none. Chat: ``logprobs`` true and ``top_logprobs`` 0..20; completions:
+    ``logprobs`` 0..20."""
+    def top(name: str) -> int:
+        value = _field(body, name, int, 0)
+        if not 0 <= value <= MAX_LOGPROBS:
+            raise InvalidRequestError(f"{name}={value!r} must be an integer from 0 to "
+                                      f"{MAX_LOGPROBS}", param=name,
+                                      code="invalid_sampling_params")
+        return value
+
+    if not chat:
+        return top("logprobs") if body.get("logprobs") is not None else None
+    wanted = bool(_field(body, "logprobs", bool, False))
+    k = top("top_logprobs")
+    if k and not wanted:
+        raise InvalidRequestError("top_logprobs needs logprobs set to true", param="top_logprobs",
+                                  code="invalid_sampling_params")
+    return k if wanted else None
+
+
+def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: bool = True
+                            ) -> GenerationFields:
+    """The sampling and extension fields shared by chat and text completions. Without
+    ``max_tokens``/``max_completion_tokens`` a chat request generates up to the model's length
+    limit (resolved per prompt by :meth:`GenerationFields.sampling_for`); a text completion
+    generates 16 tokens (OpenAI's and vLLM's default for that endpoint)."""
     refuse_unsupported(body)
+    if not chat:
+        refuse_unsupported(body, UNSUPPORTED_COMPLETIONS)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = _field({"max_tokens": max_tokens}, "max_tokens", int, 16)
-    if max_tokens > max_tokens_cap:
+    max_tokens = _field({"max_tokens": max_tokens}, "max_tokens", int, None if chat else 16)
+    if max_tokens is not None and max_tokens > max_tokens_cap:
         raise InvalidRequestError(f"max_tokens={max_tokens} is over this server's cap of "
                                   f"{max_tokens_cap}", param="max_tokens",
                                   code="invalid_sampling_params")
@@ -66,8 +124,9 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int) -> Gen
     if stop is not None and not isinstance(stop, str | list):
         raise InvalidRequestError("stop must be a string or a list of strings", param="stop")
     options = _field(body, "stream_options", dict, {})
+    logprobs = _logprobs(body, chat)
     sampling = SamplingParams(
-        max_tokens=max_tokens,
+        max_tokens=max_tokens if max_tokens is not None else 1,
         temperature=float(_field(body, "temperature", (int, float), 1.0)),
         top_p=float(_field(body, "top_p", (int, float), 1.0)),
         top_k=_field(body, "top_k", int, 0),
@@ -75,6 +134,7 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int) -> Gen
         stop=stop or [],
         n=_field(body, "n", int, 1),
         ignore_eos=bool(_field(body, "ignore_eos", bool, False)),
+        logprobs=logprobs,
     )
     media = _field(body, "media_io_kwargs", dict, None)
     return GenerationFields(
@@ -83,4 +143,58 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int) -> Gen
         sampling=sampling,
         media_io_kwargs=media,
         mm_processor_kwargs=_field(body, "mm_processor_kwargs", dict, None),
+        max_tokens=max_tokens,
+        max_tokens_cap=max_tokens_cap,
+        logprobs=logprobs is not None,
+        tokens_as_ids=bool(_field(body, "return_tokens_as_token_ids", bool, False)),
     )
+
+
+#: prompts one /v1/completions request may carry (each is one engine request of ``n`` rows)
+MAX_PROMPTS = 64
+
+PromptInput = str | list[int]
+
+
+def parse_prompts(prompt: Any, vocab_size: int, forbidden_ids: set[int] = frozenset()
+                  ) -> list[PromptInput]:
+    """``/v1/completions``' ``prompt``: a string, a list of strings, a list of token ids or a
+    list of lists of token ids, as the list of prompts it stands for. Token ids must be in
+    the vocabulary (0 <= id < ``vocab_size``) and not a media placeholder's (``forbidden_ids``:
+    a prompt of ids carries no media)."""
+    shape = ("prompt must be a string, a list of strings, a list of token ids or a list of "
+             "lists of token ids")
+    if isinstance(prompt, str):
+        return [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise InvalidRequestError(shape + ("" if prompt != [] else " (it is empty)"),
+                                  param="prompt")
+    if all(_is_id(t) for t in prompt):
+        prompts: list[PromptInput] = [list(prompt)]
+    elif all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    elif all(isinstance(p, list) and p and all(_is_id(t) for t in p) for p in prompt):
+        prompts = [list(p) for p in prompt]
+    else:
+        raise InvalidRequestError(shape, param="prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise InvalidRequestError(f"prompt holds {len(prompts)} prompts; at most {MAX_PROMPTS} "
+                                  "per request", param="prompt", hint="send several requests")
+    for p in prompts:
+        if isinstance(p, str):
+            continue
+        bad = next((t for t in p if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(f"token id {bad} in prompt is out of the vocabulary "
+                                      f"(0 to {vocab_size - 1})", param="prompt",
+                                      code="invalid_token_id")
+        media = next((t for t in p if t in forbidden_ids), None)
+        if media is not None:
+            raise InvalidRequestError(f"token id {media} in prompt is a media placeholder; a "
+                                      "prompt of token ids carries no media", param="prompt",
+                                      code="invalid_token_id")
+    return prompts
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
