@@ -20,7 +20,6 @@ from typing import Any
 from engine.executor import kv
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
 from engine.models.loader import LoadedModel
-from engine.processing.preprocess import concat
 
 
 @dataclass(eq=False)
@@ -129,8 +128,8 @@ class TransformersRunner:
         self.encoder_s = 0.0
         self._hook_encoder()
         tok = self.tokenizer
-        self.media_token_ids = {tok.convert_tokens_to_ids(loaded.spec.feature_token(m))
-                                for m in loaded.spec.expansion_tokens}
+        self.media_token_ids = {tok.convert_tokens_to_ids(t)
+                                for t in loaded.spec.expansion_tokens.values()}
         # transformers 5 names the cache argument ``cache`` (``past_key_values`` before)
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -167,9 +166,8 @@ class TransformersRunner:
             for key, value in r.request.prompt.mm.items():
                 if key != "mm_token_type_ids":
                     merged.setdefault(key, []).append(value)
-        padded = self.loaded.spec.padded_keys
         for key, values in merged.items():
-            inputs[key] = concat(values, key in padded).to(self.device)
+            inputs[key] = torch.cat(values, dim=0).to(self.device)
         if any("mm_token_type_ids" in r.request.prompt.mm for r in rows):
             types = torch.zeros((len(rows), width), dtype=torch.long)
             for i, r in enumerate(rows):
