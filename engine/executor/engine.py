@@ -16,6 +16,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Literal
 
 from engine.errors import AphroditeError, InternalError
@@ -52,6 +53,9 @@ class Engine:
         self.batches = 0
         self.stats = {"steps_total": 0, "prefill_tokens_total": 0, "decode_tokens_total": 0,
                       "batch_size_max": 0, "batch_size_last": 0}
+        #: called on the engine thread after every step (prefill or decode), e.g. to send the
+        #: step's token events to a client in one message
+        self.on_step: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._loop, name="aphrodite-engine", daemon=True)
         self._thread.start()
 
@@ -76,8 +80,14 @@ class Engine:
         while self._pull():
             self._drop_cancelled()
             self._admit()
+            self._step_done()  # first tokens go out before the next decode step
             if self.running is not None and self.running.rows:
                 self._decode()
+                self._step_done()
+
+    def _step_done(self) -> None:
+        for callback in list(self.on_step):
+            callback()
 
     def _pull(self) -> bool:
         """Move submitted requests into the waiting queue, as rows. An idle engine blocks for

@@ -52,10 +52,23 @@ class EngineClient:
                 for loop, queue in list(self._queues.values()):
                     loop.call_soon_threadsafe(queue.put_nowait, ("gone",))
                 return
+            if message[0] == "events":  # one engine step's token events
+                self._deliver_batch(message[1])
+                continue
             target = self._queues.get(message[1])
             if target is not None:
                 loop, queue = target
                 loop.call_soon_threadsafe(queue.put_nowait, message)
+
+    def _deliver_batch(self, events: list[tuple]) -> None:
+        """Hand a step's events to their requests with one wake-up of each event loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, tuple]]] = {}
+        for event in events:
+            target = self._queues.get(event[1])
+            if target is not None:
+                by_loop.setdefault(target[0], []).append((target[1], event))
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, items)
 
     def _send(self, message: tuple) -> None:
         with self._send_lock:
@@ -117,3 +130,8 @@ class EngineClient:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._conn.close()
+
+
+def _put_all(items: list[tuple[asyncio.Queue, tuple]]) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)

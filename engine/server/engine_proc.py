@@ -107,11 +107,28 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
         lock = threading.Lock()
         live: dict[str, EngineRequest] = {}
 
+        pending: list[tuple] = []  # this step's token events, sent as one message
+
         def send(message: tuple) -> None:
             with lock, contextlib.suppress(OSError, EOFError):
                 conn.send(message)
 
+        def flush() -> None:
+            """Send the events of the step that just ended in one message: one pickle and
+            one write per step instead of one per row (the engine calls this after every
+            step)."""
+            with lock:
+                if not pending:
+                    return
+                batch = pending[:]
+                pending.clear()
+                with contextlib.suppress(OSError, EOFError):
+                    conn.send(("events", batch))
+
+        engine.on_step.append(flush)
+
         def finish(rid: str, req: EngineRequest) -> None:
+            flush()  # its last events go before its done
             live.pop(rid, None)
             error = None
             if req.error is not None:
@@ -130,8 +147,10 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
 
             def on_event(event) -> None:
                 lp = event.logprobs
-                send(("event", rid, event.index, event.token_id, event.text_delta,
-                      event.finish_reason, tuple(lp) if lp is not None else None))
+                with lock:
+                    pending.append(("event", rid, event.index, event.token_id,
+                                    event.text_delta, event.finish_reason,
+                                    tuple(lp) if lp is not None else None))
 
             req = EngineRequest(prompt, SamplingParams(**sampling), on_event=on_event,
                                 on_done=lambda req: finish(rid, req))
@@ -154,6 +173,8 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
             try:
                 dispatch(conn.recv())
             except (EOFError, OSError):
+                with contextlib.suppress(ValueError):
+                    engine.on_step.remove(flush)
                 for req in live.values():
                     req.cancel()
                 return
