@@ -40,6 +40,11 @@ CASES = [
     ("qwen2_vl", {"image": [img(1), img(2)]}), ("qwen2_vl", {"video": frames()}),
     ("qwen3_vl", {"image": [img(1), img(2)]}), ("qwen3_vl", {"video": frames()}),
     ("llava", {"image": img()}), ("qwen2_audio", {"audio": wave()}),
+    # two images tiled differently (2x2 and 1x3 tiles + the base): padded to one tile count
+    ("llava_onevision", {"image": [img(1, 120, 90), img(2, 64, 200)]}),
+    ("llava_onevision", {"video": frames()}),
+    ("internvl", {"image": [img(1, 120, 90), img(2, 64, 200)]}), ("internvl", {"video": frames()}),
+    ("gemma3", {"image": [img(1), img(2)]}),
 ]
 
 
@@ -48,9 +53,24 @@ def test_every_family_generates_for_each_accepted_modality(arch, mm):
     out = llm(arch).generate({"prompt": "Describe it.", "multi_modal_data": mm}, GREEDY)
     completion = out[0].outputs[0]
     assert len(completion.token_ids) == 6 and completion.finish_reason == "length"
-    expansion = llm(arch).loaded.spec.expansion_tokens[next(iter(mm))]
-    expansion_id = llm(arch).loaded.tokenizer.convert_tokens_to_ids(expansion)
-    assert out[0].prompt_token_ids.count(expansion_id) > 1  # the placeholder was expanded
+    feature = llm(arch).loaded.spec.feature_token(next(iter(mm)))
+    feature_id = llm(arch).loaded.tokenizer.convert_tokens_to_ids(feature)
+    assert out[0].prompt_token_ids.count(feature_id) > 1  # the placeholder was expanded
+
+
+def test_gemma3_pan_and_scan_through_mm_processor_kwargs():
+    """Gemma 3's do_pan_and_scan (a request's mm_processor_kwargs): a wide image also gets
+    crops, each 16 more image tokens here; the kwargs are part of the cache key."""
+    model = llm("gemma3")
+    wide = {"prompt": "Describe it.", "multi_modal_data": {"image": img(6, 400, 100)}}
+    plain = model.generate(wide, GREEDY)[0]
+    crops = model.generate({**wide, "mm_processor_kwargs": {
+        "do_pan_and_scan": True, "pan_and_scan_min_crop_size": 32}}, GREEDY)[0]
+    soft = model.loaded.tokenizer.convert_tokens_to_ids("<image_soft_token>")
+    assert plain.prompt_token_ids.count(soft) == 16
+    assert crops.prompt_token_ids.count(soft) > 16 and crops.prompt_token_ids.count(soft) % 16 == 0
+    assert crops.metrics["item_cache_hits"] == [False]
+    assert len(crops.outputs[0].token_ids) == 6
 
 
 def test_qwen3_vl_mixed_prompt_with_video_metadata_batches_like_alone():

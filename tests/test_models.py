@@ -22,6 +22,14 @@ def test_required_families_are_registered():
     assert get_arch("Qwen3-VL").name == "qwen3_vl" and REGISTRY["qwen3_vl"].video_timestamps
     assert arch_for_config({"architectures": ["Qwen3VLForConditionalGeneration"]},
                            "x").name == "qwen3_vl"
+    for arch, model_class in (("llava_onevision", "LlavaOnevisionForConditionalGeneration"),
+                              ("internvl", "InternVLForConditionalGeneration")):
+        assert REGISTRY[arch].modalities == ("image", "video")
+        assert REGISTRY[arch].ships_chat_template
+        assert arch_for_config({"architectures": [model_class]}, "x").name == arch
+    assert get_arch("LLaVA-OneVision").name == "llava_onevision"
+    assert REGISTRY["gemma3"].modalities == ("image",) and REGISTRY["gemma3"].ships_chat_template
+    assert arch_for_config({"model_type": "gemma3"}, "x").name == "gemma3"
 
 
 def test_unknown_architecture_lists_the_supported_ones(tmp_path):
@@ -41,7 +49,8 @@ def _weights_hash(folder) -> str:
     return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen3_vl", "llava_onevision", "internvl",
+                                  "gemma3"])
 def test_make_tiny_is_deterministic_and_uses_real_classes(tmp_path, arch):
     spec = REGISTRY[arch]
     spec.build_tiny(tmp_path / "a", seed=0)
@@ -130,3 +139,26 @@ def test_make_tiny_head_dim_32_through_the_cli_loads_and_generates(tmp_path):
     cached = json.loads((resolve_model_path("tiny:qwen2_5_vl") / "config.json").read_text())
     assert cached["text_config"]["hidden_size"] == 64
     assert cached["text_config"]["rope_parameters"]["mrope_section"] == [2, 3, 3]
+
+
+@pytest.mark.parametrize("arch", ["llava_onevision", "internvl", "gemma3"])
+def test_tiny_vlm_builders_take_another_head_dim_and_generate(tmp_path, arch):
+    """``head_dim`` reaches the text model of the builders in tiny_vlm.py (width 4 x head_dim,
+    the projector out to it), and the engine loads and generates with each modality."""
+    from engine import LLM, SamplingParams
+    from engine.models.tiny import build_tiny
+    from tests.test_llm import frames, img
+
+    build_tiny(arch, tmp_path / "m", head_dim=32)
+    text = json.loads((tmp_path / "m" / "config.json").read_text())["text_config"]
+    assert text["hidden_size"] // text["num_attention_heads"] == 32
+    assert text.get("head_dim", 32) == 32
+    model = LLM(str(tmp_path / "m"))
+    try:
+        media = {"image": img(), "video": frames()}
+        out = model.generate({"prompt": "Describe them.", "multi_modal_data": {
+            m: media[m] for m in REGISTRY[arch].modalities}}, SamplingParams(
+                max_tokens=3, temperature=0, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 3
+    finally:
+        model.close()

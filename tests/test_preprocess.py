@@ -37,6 +37,12 @@ def sample(arch: str):
         items = [MediaItem("image", decoded=image(80, 60))]
         parts = [{"type": "image"}]
         full = {"images": [items[0].decoded]}
+    elif arch == "gemma3":
+        items = [MediaItem("image", decoded=image(120, 90)), MediaItem("image",
+                                                                       decoded=image(64, 200, 2))]
+        parts = [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}]
+        # its template writes <bos>: no second one, as apply_chat_template(tokenize=True) does
+        full = {"images": [i.decoded for i in items], "add_special_tokens": False}
     else:
         frames = np.stack([synthetic.video_frame(i, 96, 64) for i in range(4)])
         items = [MediaItem("image", decoded=image(120, 90)), MediaItem("video", decoded=frames),
@@ -74,6 +80,30 @@ def test_assembled_inputs_equal_one_processor_call(arch):
     if lm.spec.video_timestamps:  # each temporal patch's mean time, from the metadata
         stamps = re.findall(r"<([0-9.]+) seconds>", lm.tokenizer.decode(got.input_ids))
         assert stamps == ["0.2", "0.8", "0.2", "1.2", "2.0"]  # 30 fps: (0+10)/2/30...
+
+
+def test_gemma3_pan_and_scan_crops_assemble_like_one_call():
+    """Gemma 3 with pan-and-scan: a wide image gets crops, each its own pixel_values row and
+    image tokens inside "Here is the original image ... and here are some crops" text; a small
+    one none. The assembled prompt (as text: the expansions meet the prompt's newlines) equals
+    one processor call with the same kwargs, and the kwargs are part of the cache key."""
+    lm = loaded("gemma3")
+    kwargs = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 32}
+    items = [MediaItem("image", decoded=image(400, 100)), MediaItem("image",
+                                                                    decoded=image(60, 50, 1))]
+    text = render_chat(lm, [{"role": "user", "content": [
+        {"type": "image"}, {"type": "image"}, {"type": "text", "text": "What?"}]}])
+    pre = Preprocessor(lm, ProcessorCache(1 << 30))
+    got = pre.process(text, items, kwargs)
+    ref = lm.processor(text=[text], images=[i.decoded for i in items], return_tensors="pt",
+                       add_special_tokens=False, **kwargs)
+    assert got.input_ids == ref["input_ids"][0].tolist()
+    assert torch.equal(got.mm["pixel_values"], ref["pixel_values"])
+    assert torch.equal(got.mm["token_type_ids"], ref["token_type_ids"])
+    assert got.mm["pixel_values"].shape[0] > 2  # the wide image's crops
+    assert "here are some crops" in lm.tokenizer.decode(got.input_ids)
+    plain = pre.process(text, items)
+    assert plain.item_hits == [False, False] and plain.mm["pixel_values"].shape[0] == 2
 
 
 def test_cache_hit_gives_the_same_inputs_and_skips_decoding_and_processing():

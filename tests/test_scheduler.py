@@ -133,6 +133,73 @@ def test_rows_that_join_a_running_batch_get_their_solo_greedy_tokens(arch):
         engine.close()
 
 
+def test_rows_with_different_tile_counts_are_prefilled_together_like_alone():
+    """LLaVA-OneVision tiles each image by its size: rows prefilled in one pass get their
+    pixel_values zero-padded to one tile count (as its processor pads a batch), and each row's
+    logits are those the model's own generate gives it alone."""
+    import torch
+
+    model = llm("llava_onevision")
+    placeholder = model.loaded.spec.placeholders["image"]
+    prompts = [model.prepare(placeholder + "What is it?", [MediaItem(
+        "image", decoded=synthetic.image_array(w, h, k))], None, False)[1]
+        for k, (w, h) in enumerate([(120, 90), (64, 200), (40, 40)])]
+    assert [p.mm["pixel_values"].shape[1] for p in prompts] == [7, 9, 2]  # tiles + the base
+    engine = Engine(model.loaded, max_batch_size=8, batch_wait_s=1.0)
+    sizes: list[int] = []
+    prefill = engine.runner.prefill
+    engine.runner.prefill = lambda rows: (sizes.append(len(rows)), prefill(rows))[1]
+    logits = record_logits(engine)
+    try:
+        reqs = [engine.submit(EngineRequest(p, greedy(4))) for p in prompts]
+        for r in reqs:
+            assert r.done.wait(120) and r.error is None, r.error
+        assert sizes == [3]  # one prefill: no fallback to each alone
+        for req, prompt in zip(reqs, prompts, strict=True):
+            torch.testing.assert_close(logits["stack"](req), hf_logits(engine, prompt, 4),
+                                       atol=1e-4, rtol=1e-4)
+    finally:
+        engine.close()
+
+
+def test_a_failed_step_leaves_sliding_window_caches_as_they_were():
+    """Gemma 3: a decode step raises in its global layer after the sliding-window layer before
+    it took the step's token (dropping its oldest column, which no crop brings back). The cache
+    is restored, the step is retried per request (split caches, joined again), and every step's
+    logits are still those the model's own generate gives each prompt alone."""
+    import torch
+
+    model = llm("gemma3")
+    prompts = prompts_of("gemma3")[:2]  # text only, and an image
+    engine = Engine(model.loaded, max_batch_size=8, batch_wait_s=1.0)
+    steps = {"decode": 0, "raised": 0}
+    decode = engine.runner.decode
+
+    def counting(batch):
+        steps["decode"] += 1
+        return decode(batch)
+
+    def boom(module, args):
+        if steps["decode"] == 20 and not steps["raised"]:  # past the 16-token window
+            steps["raised"] += 1
+            raise RuntimeError("injected failure in the global layer")
+
+    engine.runner.decode = counting
+    hook = engine.runner.model.model.language_model.layers[1].register_forward_pre_hook(boom)
+    logits = record_logits(engine)
+    try:
+        reqs = [engine.submit(EngineRequest(p, greedy(30))) for p in prompts]
+        for r in reqs:
+            assert r.done.wait(120) and r.error is None, r.error
+        assert steps["raised"] == 1 and engine.batches == 1
+        for req, prompt in zip(reqs, prompts, strict=True):
+            torch.testing.assert_close(logits["stack"](req), hf_logits(engine, prompt, 30),
+                                       atol=1e-4, rtol=1e-4)
+    finally:
+        hook.remove()
+        engine.close()
+
+
 def test_a_short_request_behind_a_long_generation_finishes_first():
     """Sent while a 512-token generation runs, a 4-token request is answered while the long one
     is still running (a static batch would hold it until all 512 tokens were out)."""

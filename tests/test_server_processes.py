@@ -124,6 +124,80 @@ def test_qwen3_vl_image_and_video_over_http(media):
     assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
 
 
+@pytest.mark.parametrize("arch", ["llava_onevision", "internvl"])
+def test_tiled_image_families_image_and_video_over_http(media, arch):
+    """A family that tiles its images (LLaVA-OneVision: anyres; InternVL3: up to 12 tiles and a
+    thumbnail), served: an image and a fetched video in one chat through the openai client; the
+    prompt is as long as one Hugging Face processor call on the chat makes it from the decoded
+    media, and again from the cache."""
+    from engine.config import MediaLimits
+    from engine.media.image import decode_image
+    from engine.media.video.options import server_video_spec
+    from engine.processing.media_items import InProcessDecoders
+    from tests.engine_fixtures import loaded
+
+    video_io = {"video": {"backend": "pyav", "num_frames": 4}}
+    server = ServerProcess(f"tiny:{arch}", "--allowed-media-domains", "127.0.0.1",
+                           "--media-io-kwargs", json.dumps(video_io)).wait_ready()
+    try:
+        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0)
+        content = [{"type": "image_url", "image_url": {"url": f"{media.base}/cat.jpg"}},
+                   {"type": "video_url", "video_url": {"url": f"{media.base}/clip.mp4"}},
+                   {"type": "text", "text": "What happens?"}]
+        replies = [client.chat.completions.create(
+            model=f"tiny:{arch}", max_tokens=3, temperature=0,
+            messages=[{"role": "user", "content": content}]) for _ in range(2)]
+    finally:
+        assert server.stop() == 0
+    limits = MediaLimits.from_env()
+    video = InProcessDecoders.decode_video(media.files["/clip.mp4"][0],
+                                           server_video_spec(video_io), limits)
+    processor = loaded(arch).processor
+    text = processor.apply_chat_template([{"role": "user", "content": [
+        {"type": "image"}, {"type": "video"}, {"type": "text", "text": "What happens?"}]}],
+        tokenize=False, add_generation_prompt=True)
+    ref = processor(text=[text], images=[decode_image(media.files["/cat.jpg"][0], limits)],
+                    videos=[video.frames])
+    assert [r.usage.prompt_tokens for r in replies] == [len(ref["input_ids"][0])] * 2
+    assert replies[0].usage.completion_tokens == 3
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+
+
+def test_gemma3_image_with_pan_and_scan_over_http(media):
+    """Gemma 3 served with pan-and-scan on (--mm-processor-kwargs): a fetched image in a chat
+    through the openai client gets its crops; the prompt is as long as one Hugging Face
+    processor call on the chat with the same kwargs makes it (one <bos>: its template writes
+    it, as apply_chat_template(tokenize=True) tokenizes), and again from the cache."""
+    from engine.config import MediaLimits
+    from engine.media.image import decode_image
+    from tests.engine_fixtures import loaded
+
+    kwargs = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 32}
+    server = ServerProcess("tiny:gemma3", "--allowed-media-domains", "127.0.0.1",
+                           "--mm-processor-kwargs", json.dumps(kwargs)).wait_ready()
+    try:
+        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0)
+        content = [{"type": "image_url", "image_url": {"url": f"{media.base}/cat.jpg"}},
+                   {"type": "text", "text": "What is it?"}]
+        replies = [client.chat.completions.create(
+            model="tiny:gemma3", max_tokens=3, temperature=0,
+            messages=[{"role": "user", "content": content}]) for _ in range(2)]
+    finally:
+        assert server.stop() == 0
+    processor = loaded("gemma3").processor
+    text = processor.apply_chat_template([{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "What is it?"}]}], tokenize=False,
+        add_generation_prompt=True)
+    ref = processor(text=[text], images=[decode_image(media.files["/cat.jpg"][0],
+                                                      MediaLimits.from_env())],
+                    add_special_tokens=False, **kwargs)
+    soft = processor.tokenizer.convert_tokens_to_ids("<image_soft_token>")
+    assert list(ref["input_ids"][0]).count(soft) == 3 * 16  # the image and its two crops
+    assert [r.usage.prompt_tokens for r in replies] == [len(ref["input_ids"][0])] * 2
+    assert replies[0].usage.completion_tokens == 3
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+
+
 def test_qwen2_audio_parts_and_private_addresses_and_drain(media):
     """No --allowed-media-domains: loopback media is a private address and is refused."""
     server = ServerProcess("tiny:qwen2_audio").wait_ready()

@@ -106,7 +106,7 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
         dataset = random_mm(num_prompts, items=items, buckets=buckets, prompt_len=8,
                             output_len=1, seed=seed, nonce=nonce())
 
-    per_item: dict[str, list[float]] = {m: [] for m in pre.expansion_ids}
+    per_item: dict[str, list[float]] = {m: [] for m in pre.feature_ids}
 
     async def run() -> dict[str, Any]:
         host = MediaHost() if media_delivery == "http" else None
@@ -172,7 +172,7 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
                     for modality, n in r.modality_counts.items():
                         if n:
                             per_item[modality].append(
-                                r.input_ids.count(pre.expansion_ids[modality]) / n)
+                                r.input_ids.count(pre.feature_ids[modality]) / n)
                 after_fetch = [t - f for t, f in zip(totals, stages["fetch_s"], strict=True)]
                 phases[phase] = {"total_s": summary(totals), "hit_rate": hit_rate,
                                  "after_fetch_s": summary(after_fetch),

@@ -7,6 +7,7 @@ import base64
 import html
 import io
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,14 @@ def plots(docs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[str, bytes]]:
     return out
 
 
+def _offered_order(point: dict[str, Any]) -> float:
+    if point["kind"] == "synchronous":
+        return 0.0
+    if point["kind"] == "saturation" or not point.get("offered_rate"):
+        return math.inf
+    return float(point["offered_rate"])
+
+
 def _sweep_plots(sweeps: list[tuple[Path, dict[str, Any]]], plt) -> list[tuple[str, bytes]]:
     """Latency (p50/p90/p99 of TTFT, TPOT, E2E) against the served rate, every sweep and
     phase overlaid (A vs B), with the SLO limits as lines and each capacity marked."""
@@ -132,16 +141,25 @@ def _sweep_plots(sweeps: list[tuple[Path, dict[str, Any]]], plt) -> list[tuple[s
             continue
         for path, doc in sweeps:
             for phase, result in doc["phases"].items():
-                points = sorted((p for p in result["points"] if p.get("served_rate")),
-                                key=lambda p: p["served_rate"])
+                # in the order of the load offered (one at a time first, all at once last):
+                # past saturation the served rate falls back while latency climbs, and the
+                # curve hooks back instead of zig-zagging between points
+                points = sorted((p for p in result["points"] if p.get("served_rate")
+                                 and p["kind"] != "saturation"), key=_offered_order)
+                burst = [p for p in result["points"] if p["kind"] == "saturation"
+                         and p.get("served_rate")]  # all at once: a marker, not on the curve
                 for pct, style in (("p50", ":"), ("p90", "--"), ("p99", "-")):
                     xs = [p["served_rate"] for p in points
                           if p["result"][metric].get(pct) is not None]
                     ys = [p["result"][metric][pct] for p in points
                           if p["result"][metric].get(pct) is not None]
                     if xs:
-                        ax.plot(xs, ys, style, marker="o", markersize=3,
-                                label=f"{path.stem} {phase} {pct}")
+                        line = ax.plot(xs, ys, style, marker="o", markersize=3,
+                                       label=f"{path.stem} {phase} {pct}")[0]
+                        for p in burst:
+                            if p["result"][metric].get(pct) is not None:
+                                ax.plot([p["served_rate"]], [p["result"][metric][pct]], "x",
+                                        color=line.get_color())
                 cap = (result.get("capacity") or {}).get("rate")
                 if cap:
                     ax.axvline(cap, color="green", alpha=0.5)
@@ -154,7 +172,7 @@ def _sweep_plots(sweeps: list[tuple[Path, dict[str, Any]]], plt) -> list[tuple[s
         ax.set_ylabel(f"{metric[:-3].upper()} (ms)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=6)
-    fig.suptitle("Latency against load (red: SLO limits; green: capacity)")
+    fig.suptitle("Latency against load (red: SLO limits; green: capacity; x: all at once)")
     out.append(("sweep: latency against served rate", _png(fig)))
     return out
 

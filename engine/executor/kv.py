@@ -4,6 +4,12 @@ Every row's keys and values sit left-padded to one common length (the padding is
 the batch's attention mask), so a decode step is one forward pass over all rows. Rows that
 join are prefilled on their own cache and merged in (the shorter side padded on the left);
 rows that leave are dropped by index, and columns that no remaining row uses are cut off.
+
+Sliding-window layers (``DynamicSlidingWindowLayer``: Gemma 3's local layers) keep only the last
+``sliding_window - 1`` columns of that common frame, and their ``cumulative_length`` is the
+frame's width (transformers sizes their part of the attention mask from it: the mask's last
+columns are theirs). Every operation here keeps both true: rows are right-aligned, so a row's
+kept columns are the frame's last ones, and its padding is masked by the batch's mask.
 """
 
 from __future__ import annotations
@@ -14,10 +20,17 @@ from typing import Any
 def _layers(cache: Any) -> list[Any]:
     layers = list(cache.layers)
     for layer in layers:
-        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
-            raise NotImplementedError(f"continuous batching needs full-attention caches; this "
-                                      f"model has a {type(layer).__name__}")
+        sliding = getattr(layer, "is_sliding", False)
+        if not hasattr(layer, "keys") or (sliding and (
+                not hasattr(layer, "cumulative_length") or getattr(layer, "record_past", False))):
+            raise NotImplementedError(f"continuous batching needs dynamic full-attention or "
+                                      f"sliding-window caches; this model has a "
+                                      f"{type(layer).__name__}")
     return layers
+
+
+def _sliding(layer: Any) -> bool:
+    return bool(getattr(layer, "is_sliding", False))
 
 
 def _pad_left(t: Any, width: int) -> Any:
@@ -31,14 +44,16 @@ def _pad_left(t: Any, width: int) -> Any:
 
 def merge(cache: Any, other: Any) -> Any:
     """``other``'s rows appended after ``cache``'s (in place on ``cache``), both left-padded to
-    the longer length."""
+    the longer length (a sliding-window layer: to the longer of the two windows it keeps)."""
     import torch
 
-    width = max(cache.get_seq_length(), other.get_seq_length())
     for mine, theirs in zip(_layers(cache), _layers(other), strict=True):
+        width = max(mine.keys.shape[-2], theirs.keys.shape[-2])
         mine.keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)])
         mine.values = torch.cat([_pad_left(mine.values, width),
                                  _pad_left(theirs.values, width)])
+        if _sliding(mine):
+            mine.cumulative_length = max(mine.cumulative_length, theirs.cumulative_length)
     return cache
 
 
@@ -67,12 +82,29 @@ def drop_left(cache: Any, columns: int) -> None:
     if columns <= 0:
         return
     for layer in _layers(cache):
-        layer.keys = layer.keys[..., columns:, :]
-        layer.values = layer.values[..., columns:, :]
+        if _sliding(layer):
+            # the frame narrows; the window keeps at most its new width, from the right
+            layer.cumulative_length -= columns
+            keep = min(layer.keys.shape[-2], layer.cumulative_length)
+            layer.keys = layer.keys[..., layer.keys.shape[-2] - keep:, :]
+            layer.values = layer.values[..., layer.values.shape[-2] - keep:, :]
+        else:
+            layer.keys = layer.keys[..., columns:, :]
+            layer.values = layer.values[..., columns:, :]
 
 
-def crop(cache: Any, length: int) -> None:
-    """Back to ``length`` positions: undoes a step that failed after some layers grew."""
-    for layer in _layers(cache):
-        layer.keys = layer.keys[..., :length, :]
-        layer.values = layer.values[..., :length, :]
+def snapshot(cache: Any) -> list[tuple[Any, Any, int | None]]:
+    """What :func:`restore` needs to undo a step: each layer's tensors (a step replaces them,
+    never writes into them) and a sliding layer's length."""
+    return [(layer.keys, layer.values, getattr(layer, "cumulative_length", None))
+            for layer in _layers(cache)]
+
+
+def restore(cache: Any, state: list[tuple[Any, Any, int | None]]) -> None:
+    """Back to a :func:`snapshot`: undoes a step that failed after some layers grew (a
+    sliding-window layer may also have dropped its oldest column, which cropping cannot
+    bring back)."""
+    for layer, (keys, values, length) in zip(_layers(cache), state, strict=True):
+        layer.keys, layer.values = keys, values
+        if length is not None:
+            layer.cumulative_length = length

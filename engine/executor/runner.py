@@ -20,6 +20,7 @@ from typing import Any
 from engine.executor import kv
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
 from engine.models.loader import LoadedModel
+from engine.processing.preprocess import concat
 
 
 @dataclass(eq=False)
@@ -128,8 +129,8 @@ class TransformersRunner:
         self.encoder_s = 0.0
         self._hook_encoder()
         tok = self.tokenizer
-        self.media_token_ids = {tok.convert_tokens_to_ids(t)
-                                for t in loaded.spec.expansion_tokens.values()}
+        self.media_token_ids = {tok.convert_tokens_to_ids(loaded.spec.feature_token(m))
+                                for m in loaded.spec.expansion_tokens}
         # transformers 5 names the cache argument ``cache`` (``past_key_values`` before)
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -161,20 +162,22 @@ class TransformersRunner:
             mask[i, width - len(seq):] = 1
         inputs: dict[str, Any] = {"input_ids": ids.to(self.device),
                                   "attention_mask": mask.to(self.device)}
+        types_key = self.loaded.spec.token_types_key
         merged: dict[str, list[Any]] = {}
         for r in rows:
             for key, value in r.request.prompt.mm.items():
-                if key != "mm_token_type_ids":
+                if key != types_key:
                     merged.setdefault(key, []).append(value)
+        padded = self.loaded.spec.padded_keys
         for key, values in merged.items():
-            inputs[key] = torch.cat(values, dim=0).to(self.device)
-        if any("mm_token_type_ids" in r.request.prompt.mm for r in rows):
+            inputs[key] = concat(values, key in padded).to(self.device)
+        if any(types_key in r.request.prompt.mm for r in rows):
             types = torch.zeros((len(rows), width), dtype=torch.long)
             for i, r in enumerate(rows):
-                row_types = r.request.prompt.mm.get("mm_token_type_ids")
+                row_types = r.request.prompt.mm.get(types_key)
                 if row_types is not None:
                     types[i, width - row_types.shape[1]:] = row_types[0]
-            inputs["mm_token_type_ids"] = types.to(self.device)
+            inputs[types_key] = types.to(self.device)
         return inputs
 
     def prefill(self, rows: list[_Row]) -> RunningBatch:
@@ -232,12 +235,16 @@ class TransformersRunner:
         inputs = plan.inputs
         chunk = {"input_ids": inputs["input_ids"][:, start:end],
                  "attention_mask": inputs["attention_mask"][:, :end]}
-        if "mm_token_type_ids" in inputs:
-            chunk["mm_token_type_ids"] = inputs["mm_token_type_ids"][:, start:end]
+        spec = self.loaded.spec
+        if spec.token_types_key in inputs:
+            # Gemma 3 reads them by position over the whole cache (bidirectional attention
+            # within each image): from the prompt's start; M-RoPE families: the chunk's own.
+            chunk[spec.token_types_key] = inputs[spec.token_types_key][
+                :, 0 if spec.bidirectional_media else start:end]
         ids = chunk["input_ids"][0].tolist()
         if any(t in self.media_token_ids for t in ids):  # the chunk with the media span
             chunk.update({k: v for k, v in inputs.items() if k not in (
-                "input_ids", "attention_mask", "mm_token_type_ids")})
+                "input_ids", "attention_mask", spec.token_types_key)})
         with torch.inference_mode():
             out = self.model(**chunk, position_ids=plan.positions[..., start:end],
                              **{self._cache_arg: plan.cache}, use_cache=True, logits_to_keep=1)
@@ -264,13 +271,13 @@ class TransformersRunner:
             deltas = torch.tensor([[r.rope_delta] for r in rows], dtype=torch.long,
                                   device=self.device)
             positions = (text + deltas).unsqueeze(0).expand(3, -1, -1)
-        length = batch.cache.get_seq_length()
+        before = kv.snapshot(batch.cache)
         try:
             with torch.inference_mode():
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                  **{self._cache_arg: batch.cache}, use_cache=True)
         except BaseException:
-            kv.crop(batch.cache, length)
+            kv.restore(batch.cache, before)
             raise
         batch.mask = mask
         for row in rows:

@@ -5,10 +5,23 @@ items per prompt its processor takes, the placeholder text raw prompts use, the 
 processor repeats per item, whether its tokenizer ships a chat template, and how to build a
 tiny random instance. A model folder is matched by its config's ``architectures``/``model_type``.
 
-``token_types``: the ``mm_token_type_ids`` values the processor gives each modality's expansion
-token. ``video_timestamps``: the family writes each temporal patch's time into the prompt, so
-its processor gets the video's metadata (fps, sampled frame indices) and frames it must not
-resample.
+``token_types``: the ``mm_token_type_ids`` values the processor gives each modality's feature
+token (its expansion token unless ``feature_tokens`` names another). ``video_timestamps``: the
+family writes each temporal patch's time into the prompt, so its processor gets the video's
+metadata (fps, sampled frame indices) and frames it must not resample.
+
+``padded_keys``: processor outputs whose items differ in their second dimension
+(LLaVA-OneVision's tiles per image): zero-padded at its end to the longest when items or rows are
+concatenated, as the processor pads a batch (the model reads only each item's own tiles).
+``feature_tokens``: the token the model fills with a modality's features where it is not the
+expansion token (InternVL expands ``<video>`` to frames of ``<IMG_CONTEXT>``; Gemma 3 its
+``<start_of_image>`` to ``<image_soft_token>``s). ``token_types_key``: the processor output that
+holds ``token_types`` (Gemma 3: ``token_type_ids``). ``bidirectional_media``: the model attends
+both ways within each image's tokens, reading the token types by position over the whole cache
+(a prefill chunk gets them from the prompt's start). ``assemble_text``: an expansion holds text
+that meets the prompt's own (Gemma 3's blank lines around each image, its pan-and-scan
+sentences), so per-item ids cannot be spliced: prompts are assembled as text from each item's
+cached replacement text and tokenized once, as the processor does.
 """
 
 from __future__ import annotations
@@ -39,10 +52,19 @@ class ArchSpec:
     extra: dict[str, Any] = field(default_factory=dict)
     token_types: dict[str, int] = field(default_factory=dict)
     video_timestamps: bool = False
+    padded_keys: tuple[str, ...] = ()
+    feature_tokens: dict[str, str] = field(default_factory=dict)
+    token_types_key: str = "mm_token_type_ids"
+    bidirectional_media: bool = False
+    assemble_text: bool = False
 
     @property
     def modalities(self) -> tuple[str, ...]:
         return tuple(self.max_items)
+
+    def feature_token(self, modality: str) -> str:
+        """The token an item of ``modality`` fills with its features in the expanded prompt."""
+        return self.feature_tokens.get(modality, self.expansion_tokens[modality])
 
     def build_tiny(self, out: Path, seed: int = 0) -> None:
         module, func = self.builder.rsplit(":", 1)
@@ -82,6 +104,31 @@ REGISTRY: dict[str, ArchSpec] = {
                  {"audio": 8}, {"audio": "<|audio_bos|><|AUDIO|><|audio_eos|>"},
                  {"audio": "<|AUDIO|>"}, True, "audio_tower",
                  "engine.models.tiny:build_qwen2_audio"),
+        ArchSpec("llava_onevision", ("LlavaOnevisionForConditionalGeneration",),
+                 ("llava_onevision",), "LlavaOnevisionForConditionalGeneration",
+                 "LlavaOnevisionProcessor", {"image": 16, "video": 4},
+                 {"image": "<image>", "video": "<video>"}, {"image": "<image>", "video": "<video>"},
+                 True, "vision_tower", "engine.models.tiny_vlm:build_llava_onevision",
+                 padded_keys=("pixel_values",),
+                 notes="LLaVA-OneVision: each image tiled (anyres_max_9) as a single image; "
+                       "video frames pooled"),
+        ArchSpec("internvl", ("InternVLForConditionalGeneration",), ("internvl",),
+                 "InternVLForConditionalGeneration", "InternVLProcessor",
+                 {"image": 16, "video": 4}, {"image": "<IMG_CONTEXT>", "video": "<video>"},
+                 {"image": "<IMG_CONTEXT>", "video": "<video>"}, True, "vision_tower",
+                 "engine.models.tiny_vlm:build_internvl",
+                 feature_tokens={"video": "<IMG_CONTEXT>"},
+                 notes="InternVL3: an image is up to 12 tiles and a thumbnail; a video frame is "
+                       "one tile, written Frame<i>: <img>...</img>"),
+        ArchSpec("gemma3", ("Gemma3ForConditionalGeneration",), ("gemma3",),
+                 "Gemma3ForConditionalGeneration", "Gemma3Processor", {"image": 16},
+                 {"image": "<start_of_image>"}, {"image": "<start_of_image>"}, True,
+                 "vision_tower", "engine.models.tiny_vlm:build_gemma3",
+                 feature_tokens={"image": "<image_soft_token>"}, token_types={"image": 1},
+                 token_types_key="token_type_ids", bidirectional_media=True,
+                 assemble_text=True,
+                 notes="Gemma 3: sliding-window and global layers; an image is 256 tokens, "
+                       "more with pan-and-scan crops (do_pan_and_scan)"),
     )
 }
 DEFAULT_ARCH = "qwen2_5_vl"

@@ -5,13 +5,16 @@ yields its tensors and the token ids its placeholder token expands to (the token
 for Qwen3-VL videos, timestamp text and vision markers around each frame's tokens); that is
 what the cache holds. A prompt is then assembled: the prompt tokenized with its placeholders
 unexpanded, each placeholder token replaced by its item's ids, and the items' tensors
-concatenated in order. Tests check the assembly equals one processor call on
-the whole prompt, so a cache hit gives the model exactly what a miss gives it.
+concatenated in order. Families whose expansions hold text that meets the prompt's own (Gemma
+3's blank lines around an image) cache the replacement text too, and their prompts are assembled
+as text and tokenized once. Tests check the assembly equals one processor call on the whole
+prompt, so a cache hit gives the model exactly what a miss gives it.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,7 +26,8 @@ from engine.models.loader import LoadedModel
 from engine.processing.cache import ProcessorCache, content_hash, item_key
 from engine.processing.prompt import count_placeholders
 
-_TEXT_KEYS = {"input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids"}
+_TEXT_KEYS = {"input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids",
+              "text_replacement_offsets"}
 _ARG = {"image": "images", "video": "videos", "audio": "audio"}
 
 
@@ -56,6 +60,8 @@ class ProcessedItem:
     nbytes: int
     #: the ids that replace the placeholder's expansion token in the prompt
     expansion: list[int]
+    #: the text the processor put there (kept for ``ArchSpec.assemble_text`` families)
+    text: str | None = None
 
 
 @dataclass
@@ -69,6 +75,20 @@ class ProcessedPrompt:
     modality_counts: dict[str, int]
 
 
+def concat(values: list[Any], padded: bool = False) -> Any:
+    """Items' tensors concatenated on the first dimension. ``padded`` (an ArchSpec
+    ``padded_keys`` key: LLaVA-OneVision's tiles per image): items whose second dimension
+    differs are zero-padded at its end to the longest first, as the HF processor pads a batch."""
+    import torch
+
+    if padded and len({v.shape[1] for v in values}) > 1:
+        width = max(v.shape[1] for v in values)
+        values = [v if v.shape[1] == width else torch.cat(
+            [v, v.new_zeros((v.shape[0], width - v.shape[1], *v.shape[2:]))], dim=1)
+            for v in values]
+    return torch.cat(values, dim=0)
+
+
 class Preprocessor:
     """Turns a prompt and its media items into model inputs, through the cache."""
 
@@ -79,17 +99,32 @@ class Preprocessor:
         self.expansion_ids = {m: tok.convert_tokens_to_ids(t)
                               for m, t in loaded.spec.expansion_tokens.items()}
         self._id_modality = {i: m for m, i in self.expansion_ids.items()}
+        #: the token each modality's features fill (InternVL: its videos' <IMG_CONTEXT>)
+        self.feature_ids = {m: tok.convert_tokens_to_ids(loaded.spec.feature_token(m))
+                            for m in loaded.spec.expansion_tokens}
         self._prompt_ids: dict[str, list[int]] = {}
-        # Qwen-VL processors also return mm_token_type_ids (1 image token, 2 video token).
-        self.type_ids = {self.expansion_ids[m]: v for m, v in loaded.spec.token_types.items()
-                         if m in self.expansion_ids}
+        # Qwen-VL processors also return mm_token_type_ids (1 image token, 2 video token);
+        # Gemma 3's token_type_ids mark its image soft tokens.
+        self.type_ids = {self.feature_ids[m]: v for m, v in loaded.spec.token_types.items()
+                         if m in self.feature_ids}
+        self._placeholder = re.compile("|".join(
+            re.escape(t) for t in sorted(set(loaded.spec.expansion_tokens.values()), key=len,
+                                         reverse=True)))
+        self._token_modality = {t: m for m, t in loaded.spec.expansion_tokens.items()}
+
+    def _encode(self, text: str) -> list[int]:
+        """A text's token ids. One that starts with the BOS token (Gemma 3's chat template
+        writes it) gets no second one, as ``apply_chat_template(tokenize=True)`` does."""
+        tok = self.loaded.tokenizer
+        bos = tok.bos_token
+        return list(tok(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"])
 
     def _tokenize(self, prompt: str) -> list[int]:
         """Token ids of a prompt with unexpanded placeholders; prompts repeat (templates), so
         the last few hundred are remembered."""
         ids = self._prompt_ids.get(prompt)
         if ids is None:
-            ids = list(self.loaded.tokenizer(prompt)["input_ids"])
+            ids = self._encode(prompt)
             if len(self._prompt_ids) >= 512:
                 self._prompt_ids.pop(next(iter(self._prompt_ids)))
             self._prompt_ids[prompt] = ids
@@ -107,6 +142,8 @@ class Preprocessor:
             if item.metadata is not None:
                 # a copy: the processor extends an odd frames_indices list in place
                 extra["video_metadata"] = [copy.deepcopy(item.metadata)]
+        if spec.assemble_text:
+            extra["return_text_replacement_offsets"] = True
         try:
             out = self.loaded.processor(text=[spec.placeholders[item.modality]],
                                         **{_ARG[item.modality]: [data]}, return_tensors="pt",
@@ -116,11 +153,16 @@ class Preprocessor:
                                    f" {sanitize(exc)}", code="processor_failed") from None
         ids = out["input_ids"][0].tolist()
         expansion = self._expansion(item.modality, ids)
-        count = expansion.count(self.expansion_ids[item.modality])
+        count = expansion.count(self.feature_ids[item.modality])
         tensors = {k: v for k, v in out.items() if k not in _TEXT_KEYS}
         nbytes = sum(int(v.numel() * v.element_size()) for v in tensors.values()
                      if hasattr(v, "numel")) + 8 * len(expansion)
-        return ProcessedItem(tensors, count, nbytes, expansion)
+        text = None
+        if spec.assemble_text:
+            (replaced,) = out["text_replacement_offsets"][0]
+            text = replaced["replacement"]
+            nbytes += len(text.encode())
+        return ProcessedItem(tensors, count, nbytes, expansion, text)
 
     def _expansion(self, modality: str, ids: list[int]) -> list[int]:
         """What the processor put in place of the placeholder's expansion token: the ids of
@@ -186,26 +228,44 @@ class Preprocessor:
         for item, result in zip(items, processed, strict=True):
             queues.setdefault(item.modality, []).append(result)
         order = {m: iter(q) for m, q in queues.items()}
-        # Tokenize once with the placeholders unexpanded, then put each item's expansion in
-        # place of its placeholder token: that token is an added special token (so are the
-        # markers around any text an expansion holds), so this equals tokenizing the expanded
-        # text (what the HF processor does) at a fraction of the cost.
         input_ids: list[int] = []
-        for token in self._tokenize(prompt):
-            modality = self._id_modality.get(token)
-            input_ids.extend(next(order[modality]).expansion if modality else [token])
+        placed: list[ProcessedItem] = []  # the items in the order their placeholders come
+        if self.loaded.spec.assemble_text:
+            # The expansions' text meets the prompt's (Gemma 3: "user\n" + "\n\n<image>..."
+            # is one "\n\n\n" token): put each item's text in, then tokenize once.
+            pieces: list[str] = []
+            last = 0
+            for found in self._placeholder.finditer(prompt):
+                placed.append(next(order[self._token_modality[found.group()]]))
+                pieces += [prompt[last:found.start()], placed[-1].text or ""]
+                last = found.end()
+            input_ids = self._encode("".join(pieces) + prompt[last:])
+        else:
+            # Tokenize once with the placeholders unexpanded, then put each item's expansion
+            # in place of its placeholder token: that token is an added special token (so are
+            # the markers around any text an expansion holds), so this equals tokenizing the
+            # expanded text (what the HF processor does) at a fraction of the cost.
+            for token in self._tokenize(prompt):
+                modality = self._id_modality.get(token)
+                if modality:
+                    placed.append(next(order[modality]))
+                    input_ids.extend(placed[-1].expansion)
+                else:
+                    input_ids.append(token)
+        # Tensors in prompt order: families whose images and videos share a key (InternVL's
+        # pixel_values) get them interleaved as the processor interleaves them.
         mm: dict[str, Any] = {}
-        for modality in ("image", "video", "audio"):
-            for result in queues.get(modality, []):
-                for key, value in result.tensors.items():
-                    mm.setdefault(key, []).append(value)
+        for result in placed:
+            for key, value in result.tensors.items():
+                mm.setdefault(key, []).append(value)
+        padded = self.loaded.spec.padded_keys
         # One item: its cached tensors as they are (the model never writes into its inputs).
-        merged = {k: v[0] if len(v) == 1 else torch.cat(v, dim=0) if hasattr(v[0], "dim")
+        merged = {k: v[0] if len(v) == 1 else concat(v, k in padded) if hasattr(v[0], "dim")
                   else v for k, v in mm.items()}
         if self.type_ids:
             ids = torch.tensor([input_ids], dtype=torch.long)
             types = torch.zeros_like(ids)
             for token, value in self.type_ids.items():
                 types[ids == token] = value
-            merged["mm_token_type_ids"] = types
+            merged[self.loaded.spec.token_types_key] = types
         return input_ids, merged

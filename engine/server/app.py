@@ -298,7 +298,8 @@ async def completions(request: web.Request, ticket: Ticket) -> web.StreamRespons
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
                                      chat=False)
     prompts = parse_prompts(data.get("prompt"), state.vocab_size,
-                            set(state.preprocessor.expansion_ids.values()))
+                            set(state.preprocessor.expansion_ids.values())
+                            | set(state.preprocessor.feature_ids.values()))
     loop = asyncio.get_running_loop()
     processed = []
     for prompt in prompts:
