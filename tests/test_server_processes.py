@@ -86,54 +86,17 @@ def test_llava_with_the_shipped_template(media):
         assert server.stop() == 0
 
 
-def test_qwen3_vl_image_and_video_over_http(media):
-    """Qwen3-VL served: an image and a fetched video in one chat; the prompt the model gets is
-    as long as one Hugging Face processor call makes it from the decoded media and the clip's
-    own metadata (its timestamps are text tokens), and again from the cache."""
+@pytest.mark.parametrize("arch", ["qwen3_vl", "llava_onevision", "internvl"])
+def test_image_and_video_families_over_http(media, arch):
+    """Served: an image and a fetched video in one chat through the openai client; the prompt
+    the model gets is as long as one Hugging Face processor call on the chat makes it from the
+    decoded media, and again from the cache. Qwen3-VL writes each temporal patch's time into
+    the prompt from the clip's own metadata (text tokens); LLaVA-OneVision tiles its images
+    (anyres) and InternVL3 takes up to 12 tiles and a thumbnail."""
     from engine.config import MediaLimits
     from engine.media.image import decode_image
     from engine.media.video.options import server_video_spec
     from engine.processing.media_items import InProcessDecoders, hf_video_metadata
-    from tests.engine_fixtures import loaded
-
-    video_io = {"video": {"backend": "pyav", "num_frames": 4}}
-    server = ServerProcess("tiny:qwen3_vl", "--allowed-media-domains", "127.0.0.1",
-                           "--media-io-kwargs", json.dumps(video_io)).wait_ready()
-    try:
-        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0)
-        content = [{"type": "image_url", "image_url": {"url": f"{media.base}/cat.jpg"}},
-                   {"type": "video_url", "video_url": {"url": f"{media.base}/clip.mp4"}},
-                   {"type": "text", "text": "What happens?"}]
-        replies = [client.chat.completions.create(
-            model="tiny:qwen3_vl", max_tokens=3, temperature=0,
-            messages=[{"role": "user", "content": content}]) for _ in range(2)]
-    finally:
-        assert server.stop() == 0
-    limits = MediaLimits.from_env()
-    video = InProcessDecoders.decode_video(media.files["/clip.mp4"][0],
-                                           server_video_spec(video_io), limits)
-    processor = loaded("qwen3_vl").processor
-    text = processor.apply_chat_template([{"role": "user", "content": [
-        {"type": "image"}, {"type": "video"}, {"type": "text", "text": "What happens?"}]}],
-        tokenize=False, add_generation_prompt=True)
-    ref = processor(text=[text], images=[decode_image(media.files["/cat.jpg"][0], limits)],
-                    videos=[video.frames], video_metadata=[hf_video_metadata(video.metadata)],
-                    do_sample_frames=False)
-    assert [r.usage.prompt_tokens for r in replies] == [len(ref["input_ids"][0])] * 2
-    assert replies[0].usage.completion_tokens == 3
-    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
-
-
-@pytest.mark.parametrize("arch", ["llava_onevision", "internvl"])
-def test_tiled_image_families_image_and_video_over_http(media, arch):
-    """A family that tiles its images (LLaVA-OneVision: anyres; InternVL3: up to 12 tiles and a
-    thumbnail), served: an image and a fetched video in one chat through the openai client; the
-    prompt is as long as one Hugging Face processor call on the chat makes it from the decoded
-    media, and again from the cache."""
-    from engine.config import MediaLimits
-    from engine.media.image import decode_image
-    from engine.media.video.options import server_video_spec
-    from engine.processing.media_items import InProcessDecoders
     from tests.engine_fixtures import loaded
 
     video_io = {"video": {"backend": "pyav", "num_frames": 4}}
@@ -156,8 +119,10 @@ def test_tiled_image_families_image_and_video_over_http(media, arch):
     text = processor.apply_chat_template([{"role": "user", "content": [
         {"type": "image"}, {"type": "video"}, {"type": "text", "text": "What happens?"}]}],
         tokenize=False, add_generation_prompt=True)
+    extra = {"video_metadata": [hf_video_metadata(video.metadata)],
+             "do_sample_frames": False} if arch == "qwen3_vl" else {}
     ref = processor(text=[text], images=[decode_image(media.files["/cat.jpg"][0], limits)],
-                    videos=[video.frames])
+                    videos=[video.frames], **extra)
     assert [r.usage.prompt_tokens for r in replies] == [len(ref["input_ids"][0])] * 2
     assert replies[0].usage.completion_tokens == 3
     assert replies[0].choices[0].message.content == replies[1].choices[0].message.content

@@ -226,19 +226,11 @@ class Engine:
                 return None
             logger.warning("a prefill of %d requests failed (%s); prefilling each alone",
                            len(groups), type(exc).__name__)
-        joined: RunningBatch | None = None
-        for group in groups:
-            try:
-                self.batches += 1
-                part = self.runner.prefill(group)
-            except Exception as exc:
-                self._fail(group, exc)
-                continue
-            if joined is None:
-                joined = part
-            else:
-                joined.join(part)
-        return joined
+        def alone(group: list[_Row]) -> RunningBatch:
+            self.batches += 1
+            return self.runner.prefill(group)
+
+        return self._each_alone(groups, alone)
 
     def _decode(self) -> None:
         batch = self.running
@@ -265,19 +257,29 @@ class Engine:
             return
         logger.warning("a decode step of %d requests failed (%s); stepping each alone",
                        len(groups), type(exc).__name__)
-        kept: RunningBatch | None = None
-        for group in groups:
+        def alone(group: list[_Row]) -> RunningBatch:
             part = batch.split(group)
+            self.runner.decode(part)
+            return part
+
+        self.running = self._each_alone(groups, alone)
+
+    def _each_alone(self, groups: list[list[_Row]],
+                    run: Callable[[list[_Row]], RunningBatch]) -> RunningBatch | None:
+        """Run each request's rows on their own: a request whose run raises fails, the
+        others' parts are joined into one batch."""
+        joined: RunningBatch | None = None
+        for group in groups:
             try:
-                self.runner.decode(part)
-            except Exception as solo:
-                self._fail(group, solo)
+                part = run(group)
+            except Exception as exc:
+                self._fail(group, exc)
                 continue
-            if kept is None:
-                kept = part
+            if joined is None:
+                joined = part
             else:
-                kept.join(part)
-        self.running = kept
+                joined.join(part)
+        return joined
 
     def _fail(self, rows: list[_Row], exc: Exception) -> None:
         """The request of ``rows`` failed: it gets the error (no finish event) and all its
