@@ -188,3 +188,14 @@ def loopback_policy() -> MediaPolicy:
 @pytest.fixture
 def limits() -> MediaLimits:
     return MediaLimits.from_env()
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """A loopback fake Hugging Face Hub the already imported huggingface_hub talks to
+    (tests/fake_hub.py), with its own cache under ``tmp_path``."""
+    from tests.fake_hub import FakeHub
+
+    with FakeHub() as fake:
+        fake.patch_client(monkeypatch, tmp_path / "hf")
+        yield fake

@@ -35,13 +35,6 @@ def source(tmp_path) -> Path:
     return folder
 
 
-@pytest.fixture
-def hub(monkeypatch, tmp_path):
-    with FakeHub() as fake:
-        fake.patch_client(monkeypatch, tmp_path / "hf")
-        yield fake
-
-
 def _tree(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes()
             for p in folder.rglob("*") if p.is_file()}

@@ -39,13 +39,6 @@ def tiny_repo(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.fixture
-def hub(monkeypatch, tmp_path):
-    with FakeHub() as fake:
-        fake.patch_client(monkeypatch, tmp_path / "hf")
-        yield fake
-
-
 def set_offline(monkeypatch) -> None:
     from huggingface_hub import constants
 

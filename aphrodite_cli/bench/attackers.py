@@ -66,20 +66,19 @@ class Attackers:
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
+        self._stopping = stopping = asyncio.Event()
         self._ready.set()
-        tasks = [asyncio.create_task(self._forever("slow-body", self._slow_body))
+        tasks = [asyncio.create_task(self._forever("slow-body", self._slow_body, stopping))
                  for _ in range(self.slow_bodies)]
-        tasks += [asyncio.create_task(self._forever("slow-drip-flood", self._drip))
+        tasks += [asyncio.create_task(self._forever("slow-drip-flood", self._drip, stopping))
                   for _ in range(self.drip_flood)]
         await self._stopping.wait()
         for task in tasks:  # an attack cut short by the end of the soak is not counted
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _forever(self, kind: str, attack) -> None:
-        assert self._stopping is not None
-        while not self._stopping.is_set():
+    async def _forever(self, kind: str, attack, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
             start = time.monotonic()
             try:
                 async with asyncio.timeout(self.EXCHANGE_LIMIT_S):

@@ -47,7 +47,6 @@ class Engine:
         self.waiting: collections.deque[_Row] = collections.deque()
         self.running: RunningBatch | None = None
         self.prefilling: ChunkedPrefill | None = None
-        self._chunk_started = 0.0
         self._rows_left: dict[str, int] = {}
         #: prefill forward passes (the isolation test counts them), decode steps, and tokens
         self.batches = 0
@@ -67,11 +66,13 @@ class Engine:
         self._queue.put(None)
         self._thread.join(timeout=30)
 
+    def _running_rows(self) -> int:
+        running = self.running  # read once: /metrics asks from another thread
+        return len(running.rows) if running is not None else 0
+
     def scheduler_stats(self) -> dict[str, float]:
         """Rows running and waiting now, and the step counters (for /metrics)."""
-        running = self.running
-        return {"num_rows_running": (len(running.rows) if running else 0)
-                + (self.prefilling is not None),
+        return {"num_rows_running": self._running_rows() + (self.prefilling is not None),
                 "num_rows_waiting": len(self.waiting) + self._queue.qsize(), **self.stats}
 
     # -- the loop ---------------------------------------------------------------------------
@@ -82,7 +83,7 @@ class Engine:
             self._admit()
             self._step_done()  # first tokens go out before the next decode step
             if self.running is not None and self.running.rows:
-                self._decode()
+                self._decode(self.running)
                 self._step_done()
 
     def _step_done(self) -> None:
@@ -146,9 +147,9 @@ class Engine:
         than ``max_num_batched_tokens`` is prefilled alone, a chunk per step, while the
         running rows go on receiving tokens."""
         if self.prefilling is not None:
-            self._prefill_chunk()
+            self._prefill_chunk(self.prefilling)
             return
-        running = len(self.running.rows) if self.running is not None else 0
+        running = self._running_rows()
         if not self.waiting or (self.scheduling == "static" and running):
             return
         budget = self.max_num_batched_tokens
@@ -170,17 +171,14 @@ class Engine:
             self._joined(joined, started, tokens)
 
     def _start_chunked(self, row: _Row, budget: int) -> None:
-        self._chunk_started = time.perf_counter()
         try:
             self.prefilling = self.runner.start_chunked(row, budget)
         except Exception as exc:
             self._fail([row], exc)
             return
-        self._prefill_chunk()
+        self._prefill_chunk(self.prefilling)
 
-    def _prefill_chunk(self) -> None:
-        plan = self.prefilling
-        assert plan is not None
+    def _prefill_chunk(self, plan: ChunkedPrefill) -> None:
         try:
             self.batches += 1
             joined = self.runner.prefill_chunk(plan)
@@ -190,11 +188,11 @@ class Engine:
             return
         if joined is not None:
             self.prefilling = None
-            self._joined(joined, self._chunk_started, int(plan.inputs["attention_mask"].sum()))
+            self._joined(joined, plan.started, int(plan.inputs["attention_mask"].sum()))
 
     def _joined(self, joined: RunningBatch, started: float, tokens: int) -> None:
         """Prefilled rows join the running batch (their stage timings recorded)."""
-        running = len(self.running.rows) if self.running is not None else 0
+        running = self._running_rows()
         # the prefill ends with the first tokens (so TTFT = queue + encoder + prefill)
         finished = min((r.first_token_at for r in joined.rows if r.first_token_at),
                        default=time.perf_counter())
@@ -232,9 +230,7 @@ class Engine:
 
         return self._each_alone(groups, alone)
 
-    def _decode(self) -> None:
-        batch = self.running
-        assert batch is not None
+    def _decode(self, batch: RunningBatch) -> None:
         self.stats["steps_total"] += 1
         self.stats["batch_size_last"] = len(batch.rows)
         self.stats["batch_size_max"] = max(self.stats["batch_size_max"], len(batch.rows))
@@ -242,14 +238,12 @@ class Engine:
         try:
             self.runner.decode(batch)
         except Exception as exc:
-            self._isolate(exc)
+            self._isolate(batch, exc)
         self._retire()
 
-    def _isolate(self, exc: Exception) -> None:
+    def _isolate(self, batch: RunningBatch, exc: Exception) -> None:
         """A decode step failed (the cache is as before it): each request's rows take the step
         alone; those that fail again fail, the others go on in the batch."""
-        batch = self.running
-        assert batch is not None
         groups = _by_request(batch.rows)
         if len(groups) == 1:
             self.running = None

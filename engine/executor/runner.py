@@ -95,6 +95,8 @@ class ChunkedPrefill:
     bounds: list[tuple[int, int]]
     mrope: bool
     rope_delta: int
+    #: when the first chunk was planned: the prefill's start in the stage timings
+    started: float = field(default_factory=time.perf_counter)
 
 
 def chunk_bounds(length: int, budget: int, media: tuple[int, int] | None
