@@ -51,6 +51,6 @@ def test_hostile_traffic_all_at_once_leaves_the_server_healthy(attacked):
     assert health == {"status": "ok"}
     metrics = urllib.request.urlopen(f"{server.base}/metrics", timeout=30).read().decode()
     assert "aphrodite_media_bytes_in_flight 0.0" in metrics
-    assert "aphrodite_decode_worker_restarts 0.0" in metrics
+    assert "aphrodite_decode_worker_restarts_total 0.0" in metrics
     pid = server.pid_of("API server")  # "API server pids N"
     assert not list(frame_memory.SHM_DIR.glob(f"{frame_memory.PREFIX}{pid}-*"))

@@ -10,6 +10,7 @@ import re
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -223,7 +224,8 @@ def test_qwen2_audio_parts_and_private_addresses_and_drain(media):
 
 def test_two_api_servers_share_the_port_and_crashes_are_reported():
     """The ready line comes only once both API servers listen; the kernel spreads new
-    connections over both (SO_REUSEPORT hashes each connection's ports), so both answer."""
+    connections over both (SO_REUSEPORT hashes each connection's ports), so both answer, and
+    /metrics on either one counts the requests both served."""
     server = ServerProcess("tiny:qwen2_vl", "--api-server-count", "2").wait_ready()
     try:
         def one(i: int) -> str:
@@ -240,14 +242,35 @@ def test_two_api_servers_share_the_port_and_crashes_are_reported():
             "API server pids", 1)[1].split(")", 1)[0])}
         assert len(api_pids) == 2
         seen: set[str] = set()
+        sent = 0
         with ThreadPoolExecutor(8) as pool:
             # Each new connection lands on either server with even odds: 8 rounds of 8 leave
             # one unseen with probability 2**-63. Stop as soon as both answered.
             for _ in range(8):
                 seen |= set(pool.map(one, range(8)))
+                sent += 8
                 if seen == api_pids:
                     break
         assert seen == api_pids  # both API server processes answered, and only they
+        # Whichever process takes a scrape reports the server's totals, not its own share.
+        scraped: set[str] = set()
+        for _ in range(64):
+            req = urllib.request.Request(f"{server.base}/metrics",
+                                         headers={"Connection": "close"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                scraped.add(resp.headers["x-aphrodite-api-server"])
+                text = resp.read().decode()
+            ok = re.search(r'^aphrodite_requests_total\{route="/v1/chat/completions",'
+                           r'status="200"\} (\S+)$', text, re.M)
+            assert ok and float(ok.group(1)) == sent, (ok and ok.group(0), sent)
+            tokens = re.search(r'^vllm:generation_tokens_total\{model_name="tiny:qwen2_vl"\} '
+                               r'(\S+)$', text, re.M)
+            assert tokens and float(tokens.group(1)) == 2 * sent
+            assert re.search(r'^vllm:num_requests_running\{model_name="tiny:qwen2_vl"\} 0\.0$',
+                             text, re.M)
+            if scraped == api_pids:
+                break
+        assert scraped == api_pids
         engine_pid = server.pid_of("engine")
         os.kill(engine_pid, signal.SIGKILL)
         assert wait_exit(server.proc, 60) == 1
@@ -262,9 +285,14 @@ def test_two_api_servers_share_the_port_and_crashes_are_reported():
 def test_children_stop_when_the_supervisor_is_killed_outright():
     """SIGKILL gives the supervisor no chance to stop its children: the kernel tells them
     (parent-death signal) and the engine, both API servers, their decode workers and the
-    resource tracker all exit on their own, freeing the port."""
+    resource tracker all exit on their own, freeing the port; the last API server out
+    removes the folder they shared their metrics in."""
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob("aphrodite-metrics-*"))
     server = ServerProcess("tiny:qwen2_vl", "--api-server-count", "2").wait_ready()
     try:
+        shared = set(tmp.glob("aphrodite-metrics-*")) - before
+        assert len(shared) == 1 and any(next(iter(shared)).glob("counter_*.db"))
         assert len(server.group_members()) >= 4  # supervisor, engine, 2 API servers, ...
         server.proc.kill()
         server.proc.wait()
@@ -277,6 +305,7 @@ def test_children_stop_when_the_supervisor_is_killed_outright():
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is fine
             probe.bind(("127.0.0.1", server.port))
             probe.listen()
+        assert not next(iter(shared)).exists()
     finally:
         server.stop(signal.SIGKILL)
 

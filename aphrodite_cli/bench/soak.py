@@ -61,7 +61,8 @@ def metrics(base: str, *names: str) -> dict[str, float | None]:
 
 def decode_worker_restarts(base: str) -> int | None:
     """The server's decode-worker restarts, from /metrics (None when not isolated)."""
-    value = metrics(base, "aphrodite_decode_worker_restarts")["aphrodite_decode_worker_restarts"]
+    name = "aphrodite_decode_worker_restarts_total"
+    value = metrics(base, name)[name]
     return None if value is None else int(value)
 
 

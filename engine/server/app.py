@@ -52,7 +52,7 @@ from engine.server.engine_client import EngineClient
 from engine.server.fetch_slots import FetchSlots, client_key
 from engine.server.front_door import auth_middleware, parse_body, read_body
 from engine.server.logprobs import TokenStrings
-from engine.server.metrics import Metrics
+from engine.server.metrics import REFRESH_S, Metrics
 from engine.server.protocol import parse_generation_fields, parse_prompts
 from engine.server.respond import respond
 from engine.version import __version__
@@ -99,19 +99,26 @@ class State:
                 max_waiting=config.max_decode_queue)
         self.inflight = InflightBytes(int(config.max_inflight_media_mb * (1 << 20)))
         self.preprocessing = 0  # requests fetching, decoding or in the HF processor
-        self.metrics.inflight_bytes.set_function(lambda: self.inflight.in_use)
+        self.metrics.sample(self.metrics.inflight_bytes, lambda: self.inflight.in_use)
         decoders = self.decoders
-        self.metrics.decode_restarts.set_function(
-            lambda: decoders.restarts if decoders is not None else 0)
-        self.metrics.vllm_waiting.labels(self.name).set_function(lambda: self.preprocessing)
-        self.metrics.vllm_running.labels(self.name).set_function(
-            lambda: max(self.pending - self.preprocessing, 0))
+        if decoders is not None:
+            self.metrics.follow(self.metrics.decode_restarts, lambda: decoders.restarts)
+        self.count()
         extractor = getattr(loaded.processor, "feature_extractor", None)
         self.sampling_rate = int(getattr(extractor, "sampling_rate", 16_000))
         # This process's share of --mm-ipc-gpu-memory-gb, for GPU video backends.
         self.gpu_budget = (GpuDecodeBudget.from_gb(config.mm_ipc_gpu_memory_gb,
                                                    config.api_server_count)
                            if config.mm_ipc_gpu_memory_gb > 0 else None)
+
+    def count(self, *, pending: int = 0, preprocessing: int = 0) -> None:
+        """Requests in flight / preprocessing change here, and vLLM's running and waiting
+        gauges with them (written at once: a sibling API server's scrape reads them)."""
+        self.pending += pending
+        self.preprocessing += preprocessing
+        self.metrics.vllm_waiting.labels(self.name).set(self.preprocessing)
+        self.metrics.vllm_running.labels(self.name).set(max(self.pending - self.preprocessing,
+                                                            0))
 
 
 def error_response(err: AphroditeError) -> web.Response:
@@ -235,11 +242,11 @@ def preprocess_slot(state: State):
             f"this API server already has {state.preprocessing} requests fetching, "
             "decoding or preprocessing media", code="decode_queue_full",
             hint="retry after the Retry-After seconds, or raise --max-decode-queue")
-    state.preprocessing += 1
+    state.count(preprocessing=1)
     try:
         yield
     finally:
-        state.preprocessing -= 1
+        state.count(preprocessing=-1)
 
 
 async def decode_gpu_videos(state: State, items: list, video) -> None:
@@ -269,12 +276,12 @@ def admitted(handler):
                 f"this API server already has {state.pending} requests in flight",
                 hint="retry after the Retry-After seconds, add API servers "
                      "(--api-server-count) or raise --max-pending-requests")
-        state.pending += 1
+        state.count(pending=1)
         try:
             with state.inflight.ticket() as ticket:
                 return await handler(request, ticket)
         finally:
-            state.pending -= 1
+            state.count(pending=-1)
 
     return wrapper
 
@@ -355,6 +362,13 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=state.metrics.render(), content_type="text/plain")
 
 
+async def _refresh_metrics(metrics: Metrics) -> None:
+    """Several API servers: write this process's gauges for its siblings' scrapes."""
+    while True:
+        metrics.refresh()
+        await asyncio.sleep(REFRESH_S)
+
+
 def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
                ) -> web.Application:
     """The app factory: state lives in an AppKey, cleanup in cleanup_ctx."""
@@ -364,7 +378,11 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
 
     async def lifecycle(app: web.Application):
         app[STATE] = State(config, loaded, engine)
+        refresher = (asyncio.create_task(_refresh_metrics(app[STATE].metrics))
+                     if app[STATE].metrics.multiprocess else None)
         yield
+        if refresher is not None:
+            refresher.cancel()
         await app[STATE].connector.close()
         if app[STATE].decoders is not None:
             app[STATE].decoders.close()

@@ -103,9 +103,12 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
     from engine.executor.sampling import SamplingParams
     from engine.processing.preprocess import ProcessedPrompt
 
+    lives: list[dict] = []  # each API server's requests in the engine
+
     def handle(conn: Connection) -> None:
         lock = threading.Lock()
         live: dict[str, EngineRequest] = {}
+        lives.append(live)
 
         pending: list[tuple] = []  # this step's token events, sent as one message
 
@@ -165,7 +168,8 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                 if req is not None:
                     req.cancel()
             elif message[0] == "stats":
-                send(("stats", message[1], process_stats(len(live), engine.scheduler_stats())))
+                send(("stats", message[1], process_stats(sum(map(len, lives)),
+                                                          engine.scheduler_stats())))
 
         # One call per message: nothing of the last request stays bound to this loop while
         # it waits for the next message.

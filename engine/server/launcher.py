@@ -13,6 +13,7 @@ code, and the others are stopped: nothing is left hanging, the exit status is 1.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import multiprocessing
@@ -121,9 +122,14 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 
 def api_server_main(config: ServerConfig, model_path: str, name: str, address: str,
-                    authkey: bytes, ready: Any, sock: socket.socket) -> None:
+                    authkey: bytes, ready: Any, sock: socket.socket,
+                    metrics_dir: str | None = None) -> None:
     """Entry point of one API server process: serves on the supervisor's listening socket
-    and sets ``ready`` once it accepts connections."""
+    and sets ``ready`` once it accepts connections. With ``metrics_dir`` (several API
+    servers) its metrics go to that shared folder, which prometheus_client reads from the
+    environment when it is first imported: set here, before anything imports it."""
+    if metrics_dir is not None:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     import asyncio
 
     from engine.lifetime import exit_with_parent
@@ -145,6 +151,17 @@ def api_server_main(config: ServerConfig, model_path: str, name: str, address: s
         asyncio.run(_serve_app(create_app(config, loaded, engine), sock, ready))
     finally:
         engine.close()
+        if metrics_dir is not None:
+            _leave_metrics_dir(metrics_dir)
+
+
+def _leave_metrics_dir(path: str) -> None:
+    """This API server's metric files go with it; the last one out removes the folder (also
+    when the supervisor was killed outright and cannot)."""
+    for file in Path(path).glob(f"*_{os.getpid()}.db"):
+        file.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
 
 
 async def _serve_app(app: Any, sock: socket.socket, ready: Any) -> None:
@@ -241,6 +258,7 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     apis: list[Any] = []
+    metrics_dir: str | None = None
     try:
         while not ready.poll(0.2):
             if engine.exitcode is not None:
@@ -250,9 +268,13 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
                 return 0
         engine_pid = ready.recv()
         listening = [ctx.Event() for _ in range(config.api_server_count)]
+        # Several API servers share their counters through files here (see server.metrics),
+        # so a scrape sees the server's totals, not one process's share.
+        if config.api_server_count > 1:
+            metrics_dir = tempfile.mkdtemp(prefix="aphrodite-metrics-")
         for i, event in enumerate(listening):
             proc = ctx.Process(target=api_server_main, name=f"API server {i}", args=(
-                config, model_path, name, address, authkey, event, sock))
+                config, model_path, name, address, authkey, event, sock, metrics_dir))
             proc.start()
             apis.append(proc)
         _wait_ready(config.host, config.port, [engine, *apis], listening, timeout=180)
@@ -287,4 +309,6 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         shutil.rmtree(folder, ignore_errors=True)  # the engine removes it itself when it can
+        if metrics_dir is not None:  # so do the API servers (the last one out)
+            shutil.rmtree(metrics_dir, ignore_errors=True)
         sys.stdout.flush()

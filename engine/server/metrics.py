@@ -1,6 +1,18 @@
-"""Prometheus metrics of one API server process (``GET /metrics``)."""
+"""Prometheus metrics of the API server processes (``GET /metrics``).
+
+One API server: a plain registry. Several (``--api-server-count N``): prometheus_client's
+multiprocess mode. The supervisor gives every API server one folder (``PROMETHEUS_MULTIPROC_DIR``,
+set before prometheus_client is imported), each process writes its values there, and a scrape,
+whichever process the kernel hands it to, reads them all: counters and histograms are sums over
+the processes, per-process gauges are sums over the live ones, the engine's numbers are the
+most recent any process fetched. A per-process collector (CPU, open files, GC) cannot be summed
+and is left out in that mode; the API servers' summed RSS and heap stay.
+"""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Callable
 
 from prometheus_client import (
     CollectorRegistry,
@@ -10,36 +22,62 @@ from prometheus_client import (
     Histogram,
     ProcessCollector,
     generate_latest,
+    multiprocess,
+    values,
 )
 
-from engine.memory import heap_stats
+from engine.memory import heap_stats, rss_bytes
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+# How often each API server writes its sampled gauges in multiprocess mode (the scraped
+# process writes its own at the scrape): a sibling's gauge is at most this old.
+REFRESH_S = 1.0
+
+
+def multiprocess_dir() -> str | None:
+    """The folder of multiprocess mode when this process is in it."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        # python_gc_objects_collected_total: objects freed only by the cyclic collector, i.e.
-        # held in reference cycles; a count that grows with requests is a leak smell.
-        GCCollector(registry=self.registry)
+        self.multiprocess = multiprocess_dir() is not None
+        if self.multiprocess and values.ValueClass is values.MutexValue:
+            raise RuntimeError("PROMETHEUS_MULTIPROC_DIR was set after prometheus_client was "
+                               "imported; set it before (see launcher.api_server_main)")
+        # Gauges read from a function: set at each scrape (and every REFRESH_S in
+        # multiprocess mode, where a function gauge would not reach the shared files).
+        self._sampled: list[tuple[Gauge, Callable[[], float]]] = []
+        # Counters fed from a running count kept elsewhere: (counter, read, last seen).
+        self._followed: list[list] = []
+        if not self.multiprocess:
+            # python_gc_objects_collected_total: objects freed only by the cyclic collector,
+            # i.e. held in reference cycles; a count that grows with requests is a leak smell.
+            GCCollector(registry=self.registry)
+            # process_resident_memory_bytes, process_open_fds, ... of this API server
+            ProcessCollector(registry=self.registry)
         # glibc's heap: bytes in live blocks vs free but kept (this process's allocator keeps
         # freed frame memory on purpose, see engine.memory): a leak raises the first; a new
         # high-water mark only the second and RSS.
-        Gauge("aphrodite_heap_in_use_bytes", "glibc heap bytes in live blocks (incl. mmapped)",
-              registry=self.registry).set_function(
-            lambda: (heap_stats() or {}).get("live", 0))
-        Gauge("aphrodite_heap_free_bytes", "glibc heap bytes freed but kept by the allocator",
-              registry=self.registry).set_function(lambda: (heap_stats() or {}).get("free", 0))
-        # process_resident_memory_bytes, process_open_fds, ... of this API server
-        ProcessCollector(registry=self.registry)
-        self.engine = {name: Gauge(f"aphrodite_engine_{name}", help_, registry=self.registry)
+        self.sample(self.gauge("aphrodite_heap_in_use_bytes",
+                               "glibc heap bytes in live blocks (incl. mmapped) of the API "
+                               "server(s)"), lambda: (heap_stats() or {}).get("live", 0))
+        self.sample(self.gauge("aphrodite_heap_free_bytes",
+                               "glibc heap bytes freed but kept by the API servers' allocator"),
+                    lambda: (heap_stats() or {}).get("free", 0))
+        self.sample(self.gauge("aphrodite_api_server_rss_bytes",
+                               "Resident memory of the API server process(es)"),
+                    lambda: rss_bytes() or 0)
+        self.engine = {name: self.gauge(f"aphrodite_engine_{name}", help_, mode="mostrecent")
                        for name, help_ in (
             ("rss_bytes", "Resident memory of the engine process"),
             ("heap_in_use_bytes", "glibc heap bytes in live blocks in the engine process"),
             ("heap_free_bytes", "glibc heap bytes freed but kept in the engine process"),
             ("gc_objects_collected", "Objects the engine's cyclic garbage collector freed"),
-            ("requests_in_flight", "Requests in the engine from this API server"),
+            ("requests_in_flight", "Requests in the engine (from every API server)"),
             ("num_rows_running", "Sequences (rows; a request's n counts n) in the running "
                                  "batch"),
             ("num_rows_waiting", "Sequences waiting for a place in the running batch"),
@@ -48,10 +86,10 @@ class Metrics:
             ("decode_tokens_total", "Tokens decoded (one per row per step)"),
             ("batch_size_last", "Rows in the last decode step"),
             ("batch_size_max", "Most rows in one decode step so far"))}
-        self.engine_up = Gauge("aphrodite_engine_stats_up",
-                               "1 when the engine answered this scrape's stats request in "
-                               "time, 0 when its numbers above are unknown (NaN)",
-                               registry=self.registry)
+        self.engine_up = self.gauge("aphrodite_engine_stats_up",
+                                    "1 when the engine answered this scrape's stats request in "
+                                    "time, 0 when its numbers above are unknown (NaN)",
+                                    mode="mostrecent")
         self.requests = Counter("aphrodite_requests_total", "HTTP requests by route and status",
                                 ["route", "status"], registry=self.registry)
         self.stream_errors = Counter("aphrodite_stream_errors_total",
@@ -67,16 +105,15 @@ class Metrics:
         self.video_decode = Histogram("aphrodite_video_decode_seconds",
                                       "Video decode time by backend", ["backend"],
                                       buckets=_BUCKETS, registry=self.registry)
-        self.gpu_budget = Gauge("aphrodite_gpu_decode_budget_bytes_in_use",
-                                "GPU decode budget held by this API server",
-                                registry=self.registry)
-
-        self.inflight_bytes = Gauge("aphrodite_media_bytes_in_flight",
-                                    "Fetched media bytes held by requests not yet preprocessed",
-                                    registry=self.registry)
-        self.decode_restarts = Gauge("aphrodite_decode_worker_restarts",
-                                     "Decode workers killed (crash, timeout) and replaced",
-                                     registry=self.registry)
+        self.gpu_budget = self.gauge("aphrodite_gpu_decode_budget_bytes_in_use",
+                                     "GPU decode budget held by the API server(s)")
+        self.inflight_bytes = self.gauge("aphrodite_media_bytes_in_flight",
+                                         "Fetched media bytes held by requests not yet "
+                                         "preprocessed")
+        # exposed as aphrodite_decode_worker_restarts_total
+        self.decode_restarts = Counter("aphrodite_decode_worker_restarts",
+                                       "Decode workers killed (crash, timeout) and replaced",
+                                       registry=self.registry)
 
         # vLLM's names, so dashboards built for vLLM read this server too (labelled with
         # model_name like vLLM's). TTFT and E2E are the server's view: from the request body
@@ -96,13 +133,39 @@ class Metrics:
                                           ["model_name"], registry=self.registry)
         self.vllm_generation_tokens = Counter("vllm:generation_tokens", "Tokens generated",
                                               ["model_name"], registry=self.registry)
-        self.vllm_running = Gauge("vllm:num_requests_running",
-                                  "Requests of this API server in the engine", ["model_name"],
-                                  registry=self.registry)
-        self.vllm_waiting = Gauge("vllm:num_requests_waiting",
-                                  "Requests of this API server admitted but not yet in the "
-                                  "engine (fetching, decoding, preprocessing)", ["model_name"],
-                                  registry=self.registry)
+        self.vllm_running = self.gauge("vllm:num_requests_running",
+                                       "Requests of the API server(s) in the engine",
+                                       ["model_name"])
+        self.vllm_waiting = self.gauge("vllm:num_requests_waiting",
+                                       "Requests of the API server(s) admitted but not yet in "
+                                       "the engine (fetching, decoding, preprocessing)",
+                                       ["model_name"])
+
+    def gauge(self, name: str, help_: str, labels: tuple[str, ...] | list[str] = (), *,
+              mode: str = "livesum") -> Gauge:
+        """A gauge; in multiprocess mode ``mode`` says how the processes' values combine
+        (a per-process state: summed over the live ones; the engine's: the latest)."""
+        return Gauge(name, help_, list(labels), registry=self.registry,
+                     multiprocess_mode=mode)  # type: ignore[arg-type]
+
+    def sample(self, gauge: Gauge, read: Callable[[], float]) -> None:
+        """Set ``gauge`` from ``read()`` at each scrape (and every REFRESH_S)."""
+        self._sampled.append((gauge, read))
+
+    def follow(self, counter: Counter, read: Callable[[], int]) -> None:
+        """Keep ``counter`` equal to the running count ``read()`` (which only grows)."""
+        self._followed.append([counter, read, 0])
+
+    def refresh(self) -> None:
+        """Write the sampled gauges and followed counters of this process."""
+        for gauge, read in self._sampled:
+            gauge.set(read())
+        for entry in self._followed:
+            counter, read, seen = entry
+            now = read()
+            if now > seen:
+                counter.inc(now - seen)
+                entry[2] = now
 
     def observe_request(self, model: str, *, e2e_s: float, decode_s: float, prompt: int,
                         generated: int) -> None:
@@ -122,4 +185,9 @@ class Metrics:
             gauge.set(float("nan") if stats is None else stats.get(name, float("nan")))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        self.refresh()
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged)
+        return generate_latest(merged)
