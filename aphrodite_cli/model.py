@@ -18,15 +18,23 @@ app = typer.Typer(help="Registered model families and tiny random-weight models.
 def list_models(
     output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
 ) -> None:
-    """The registered families: modalities, items per prompt, chat template."""
+    """The registered families: modalities, items per prompt, chat template, and the
+    processor kwargs each adds to the common ones (for --mm-processor-kwargs)."""
     from engine.models.registry import REGISTRY
+    from engine.processing.kwargs import family_kwargs
 
     print_table("registered model families",
-                ["family", "HF class", "modalities (max items)", "chat template"],
+                ["family", "HF class", "modalities (max items)", "chat template",
+                 "own processor kwargs"],
                 [[spec.name, spec.model_class,
                   ", ".join(f"{m} ({n})" for m, n in spec.max_items.items()),
-                  "ships one" if spec.ships_chat_template else "none: --chat-template"]
+                  "ships one" if spec.ships_chat_template else "none: --chat-template",
+                  ", ".join(family_kwargs(spec)) or "-"]
                  for spec in REGISTRY.values()], output_format)
+    if output_format == "table":
+        out.print("Every family also takes the common ones: size, do_resize, do_rescale, "
+                  "do_normalize, image_mean, image_std, resample; videos fps, num_frames; "
+                  "audio sampling_rate, max_length.", markup=False)
 
 
 @app.command(

@@ -48,6 +48,13 @@ _SHM = Path("/dev/shm")
 _NOT_OURS_TO_CLEAN = ("pytest-of-", "torchinductor_")
 
 
+def pytest_unconfigure(config) -> None:
+    """A run that ran no test (``--collect-only``, a ``-k`` that matched nothing) leaves no
+    empty folder either (a run that did is checked and removed by leaves_nothing_behind)."""
+    with contextlib.suppress(OSError):
+        _RUN_TMP.rmdir()  # only when empty
+
+
 def _shm_segments() -> set[str]:
     """Segments whose owner (a server process, named first) is gone: what a live server of
     another run on this machine holds is not ours, and ours all exited by the time this runs."""

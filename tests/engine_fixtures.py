@@ -8,7 +8,7 @@ from engine.models.loader import LoadedModel, load_model
 from engine.models.templates_path import template_path
 
 FAMILIES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "llava", "qwen2_audio", "llava_onevision",
-            "internvl", "gemma3")
+            "internvl", "gemma3", "smolvlm")
 
 
 @functools.cache

@@ -45,6 +45,7 @@ CASES = [
     ("llava_onevision", {"video": frames()}),
     ("internvl", {"image": [img(1, 120, 90), img(2, 64, 200)]}), ("internvl", {"video": frames()}),
     ("gemma3", {"image": [img(1), img(2)]}),
+    ("smolvlm", {"image": [img(1, 120, 90), img(2, 64, 200)]}), ("smolvlm", {"video": frames()}),
 ]
 
 
@@ -71,6 +72,25 @@ def test_gemma3_pan_and_scan_through_mm_processor_kwargs():
     assert crops.prompt_token_ids.count(soft) > 16 and crops.prompt_token_ids.count(soft) % 16 == 0
     assert crops.metrics["item_cache_hits"] == [False]
     assert len(crops.outputs[0].token_ids) == 6
+
+
+def test_smolvlm_splits_images_unless_told_not_to_and_refuses_images_with_a_video():
+    """SmolVLM: a 120x90 image is 3x4 tiles of 16 <image> tokens plus the global view's 16;
+    with do_image_splitting off (a request's mm_processor_kwargs) only the global view. Its
+    processor puts images and video frames in one tensor, so a prompt with both is a 400
+    naming the rule (not a silently dropped image)."""
+    model = llm("smolvlm")
+    token = model.loaded.tokenizer.convert_tokens_to_ids("<image>")
+    one = {"prompt": "Describe it.", "multi_modal_data": {"image": img(1, 120, 90)}}
+    split = model.generate(one, GREEDY)[0]
+    whole = model.generate({**one, "mm_processor_kwargs": {"do_image_splitting": False}},
+                           GREEDY)[0]
+    assert split.prompt_token_ids.count(token) == 16 * (3 * 4 + 1)
+    assert whole.prompt_token_ids.count(token) == 16
+    with pytest.raises(InvalidRequestError) as info:
+        model.generate({"prompt": "<image><video> Compare.", "multi_modal_data": {
+            "image": img(), "video": frames()}}, GREEDY)
+    assert info.value.code == "mixed_modalities_unsupported" and "not both" in info.value.message
 
 
 def test_qwen3_vl_mixed_prompt_with_video_metadata_batches_like_alone():

@@ -30,6 +30,10 @@ def test_required_families_are_registered():
     assert get_arch("LLaVA-OneVision").name == "llava_onevision"
     assert REGISTRY["gemma3"].modalities == ("image",) and REGISTRY["gemma3"].ships_chat_template
     assert arch_for_config({"model_type": "gemma3"}, "x").name == "gemma3"
+    smol = REGISTRY["smolvlm"]
+    assert smol.modalities == ("image", "video") and smol.one_visual_modality
+    assert arch_for_config({"architectures": ["SmolVLMForConditionalGeneration"]},
+                           "x") is smol
 
 
 def test_unknown_architecture_lists_the_supported_ones(tmp_path):
@@ -50,7 +54,7 @@ def _weights_hash(folder) -> str:
 
 
 @pytest.mark.parametrize("arch", ["qwen2_vl", "qwen3_vl", "llava_onevision", "internvl",
-                                  "gemma3"])
+                                  "gemma3", "smolvlm"])
 def test_make_tiny_is_deterministic_and_uses_real_classes(tmp_path, arch):
     spec = REGISTRY[arch]
     spec.build_tiny(tmp_path / "a", seed=0)
@@ -141,7 +145,7 @@ def test_make_tiny_head_dim_32_through_the_cli_loads_and_generates(tmp_path):
     assert cached["text_config"]["rope_parameters"]["mrope_section"] == [2, 3, 3]
 
 
-@pytest.mark.parametrize("arch", ["llava_onevision", "internvl", "gemma3"])
+@pytest.mark.parametrize("arch", ["llava_onevision", "internvl", "gemma3", "smolvlm"])
 def test_tiny_vlm_builders_take_another_head_dim_and_generate(tmp_path, arch):
     """``head_dim`` reaches the text model of the builders in tiny_vlm.py (width 4 x head_dim,
     the projector out to it), and the engine loads and generates with each modality."""
@@ -156,9 +160,35 @@ def test_tiny_vlm_builders_take_another_head_dim_and_generate(tmp_path, arch):
     model = LLM(str(tmp_path / "m"))
     try:
         media = {"image": img(), "video": frames()}
-        out = model.generate({"prompt": "Describe them.", "multi_modal_data": {
-            m: media[m] for m in REGISTRY[arch].modalities}}, SamplingParams(
-                max_tokens=3, temperature=0, ignore_eos=True))
-        assert len(out[0].outputs[0].token_ids) == 3
+        spec = REGISTRY[arch]
+        # all modalities in one prompt, or one at a time where the family takes one (SmolVLM)
+        groups = ([[m] for m in spec.modalities] if spec.one_visual_modality
+                  else [spec.modalities])
+        for group in groups:
+            out = model.generate({"prompt": "Describe them.", "multi_modal_data": {
+                m: media[m] for m in group}}, SamplingParams(
+                    max_tokens=3, temperature=0, ignore_eos=True))
+            assert len(out[0].outputs[0].token_ids) == 3
     finally:
         model.close()
+
+
+def test_model_list_names_each_familys_own_processor_kwargs_and_the_server_accepts_them():
+    """``model list`` (no model loaded) names the kwargs each family's processor adds; every
+    one is a key --mm-processor-kwargs accepts on that family's loaded processor."""
+    from typer.testing import CliRunner
+
+    from aphrodite_cli.main import app
+    from engine.processing.kwargs import accepted_kwargs
+    from tests.engine_fixtures import loaded
+
+    result = CliRunner().invoke(app, ["model", "list", "--output-format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["family"]: row for row in json.loads(result.output)}
+    assert set(rows) == set(REGISTRY)
+    own = {family: [k for k in row["own processor kwargs"].split(", ") if k != "-"]
+           for family, row in rows.items()}
+    assert "max_pixels" in own["qwen2_5_vl"] and "do_pan_and_scan" in own["gemma3"]
+    assert "do_image_splitting" in own["smolvlm"] and "max_patches" in own["internvl"]
+    for family in FAMILIES:
+        assert set(own[family]) <= accepted_kwargs(loaded(family).processor), family

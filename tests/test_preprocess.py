@@ -37,6 +37,13 @@ def sample(arch: str):
         items = [MediaItem("image", decoded=image(80, 60))]
         parts = [{"type": "image"}]
         full = {"images": [items[0].decoded]}
+    elif arch == "smolvlm":
+        # images or a video, not both: two images split differently (3x4 and 2x4 tiles + the
+        # global view), joined along the tiles; its video: test_smolvlm_video_...
+        items = [MediaItem("image", decoded=image(120, 90)), MediaItem("image",
+                                                                       decoded=image(64, 200, 2))]
+        parts = [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}]
+        full = {"images": [[i.decoded for i in items]], "add_special_tokens": False}
     elif arch == "gemma3":
         items = [MediaItem("image", decoded=image(120, 90)), MediaItem("image",
                                                                        decoded=image(64, 200, 2))]
@@ -77,9 +84,31 @@ def test_assembled_inputs_equal_one_processor_call(arch):
         if key in ("input_ids", "attention_mask"):
             continue
         assert torch.equal(got.mm[key], value), key
-    if lm.spec.video_timestamps:  # each temporal patch's mean time, from the metadata
+    if arch == "qwen3_vl":  # each temporal patch's mean time, from the metadata
         stamps = re.findall(r"<([0-9.]+) seconds>", lm.tokenizer.decode(got.input_ids))
         assert stamps == ["0.2", "0.8", "0.2", "1.2", "2.0"]  # 30 fps: (0+10)/2/30...
+
+
+def test_smolvlm_video_with_its_metadata_assembles_like_one_call():
+    """SmolVLM's video prompt: an intro with the frame count in words and the clip's length,
+    then each frame's mm:ss timestamp (from the metadata the engine keeps of its sample) and
+    its tile; text around it, so it is assembled as text."""
+    lm = loaded("smolvlm")
+    frames = np.stack([synthetic.video_frame(i, 96, 64) for i in range(4)])
+    meta = {"total_num_frames": 150, "fps": 30.0, "frames_indices": [0, 49, 99, 149]}
+    messages = [{"role": "user", "content": [{"type": "video"},
+                                             {"type": "text", "text": "What?"}]}]
+    text = render_chat(lm, messages)
+    got = Preprocessor(lm, ProcessorCache(1 << 30)).process(
+        text, [MediaItem("video", decoded=frames, metadata=dict(meta))])
+    ref = lm.processor(text=[text], videos=[frames], video_metadata=[dict(meta)],
+                       do_sample_frames=False, add_special_tokens=False, return_tensors="pt")
+    assert got.input_ids == ref["input_ids"][0].tolist()
+    for key in ("pixel_values", "pixel_attention_mask"):
+        assert torch.equal(got.mm[key], ref[key]), key
+    prompt = lm.tokenizer.decode(got.input_ids)
+    assert "series of four frames from a 0:00:04" in prompt  # 149 / 30 s, truncated
+    assert re.findall(r"Frame from (\d\d:\d\d)", prompt) == ["00:00", "00:01", "00:03", "00:04"]
 
 
 def test_gemma3_pan_and_scan_crops_assemble_like_one_call():

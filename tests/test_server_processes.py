@@ -129,6 +129,58 @@ def test_image_and_video_families_over_http(media, arch):
     assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
 
 
+def test_smolvlm_image_or_video_over_http_and_both_refused_before_any_fetch(media):
+    """SmolVLM served: a fetched image (split into tiles) and, in another request, a fetched
+    video (timestamped frames from the clip's own metadata), each with the prompt length one
+    Hugging Face processor call makes; a chat with both is a 400 naming the rule, and nothing
+    was fetched for it."""
+    from engine.config import MediaLimits
+    from engine.media.image import decode_image
+    from engine.media.video.options import server_video_spec
+    from engine.processing.media_items import InProcessDecoders, hf_video_metadata
+    from tests.engine_fixtures import loaded
+
+    video_io = {"video": {"backend": "pyav", "num_frames": 4}}
+    server = ServerProcess("tiny:smolvlm", "--allowed-media-domains", "127.0.0.1",
+                           "--media-io-kwargs", json.dumps(video_io)).wait_ready()
+    image = {"type": "image_url", "image_url": {"url": f"{media.base}/cat.jpg"}}
+    video = {"type": "video_url", "video_url": {"url": f"{media.base}/clip.mp4"}}
+    question = {"type": "text", "text": "What happens?"}
+    try:
+        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0)
+
+        def ask(*parts):
+            return client.chat.completions.create(
+                model="tiny:smolvlm", max_tokens=3, temperature=0,
+                messages=[{"role": "user", "content": [*parts, question]}])
+
+        got = {"image": ask(image).usage.prompt_tokens, "video": ask(video).usage.prompt_tokens}
+        before = dict(media.hits)
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(image, video)
+        assert info.value.body["code"] == "mixed_modalities_unsupported"
+        assert "not both" in info.value.body["message"]
+        assert dict(media.hits) == before  # refused before anything was fetched
+    finally:
+        assert server.stop() == 0
+    limits = MediaLimits.from_env()
+    clip = InProcessDecoders.decode_video(media.files["/clip.mp4"][0],
+                                          server_video_spec(video_io), limits)
+    processor = loaded("smolvlm").processor
+
+    def chat(part: str) -> str:
+        return processor.apply_chat_template([{"role": "user", "content": [
+            {"type": part}, question]}], tokenize=False, add_generation_prompt=True)
+
+    ref_image = processor(text=[chat("image")], add_special_tokens=False, return_tensors="pt",
+                          images=[[decode_image(media.files["/cat.jpg"][0], limits)]])
+    ref_video = processor(text=[chat("video")], add_special_tokens=False, videos=[clip.frames],
+                          video_metadata=[hf_video_metadata(clip.metadata)],
+                          do_sample_frames=False, return_tensors="pt")
+    assert got == {"image": len(ref_image["input_ids"][0]),
+                   "video": len(ref_video["input_ids"][0])}
+
+
 def test_gemma3_image_with_pan_and_scan_over_http(media):
     """Gemma 3 served with pan-and-scan on (--mm-processor-kwargs): a fetched image in a chat
     through the openai client gets its crops; the prompt is as long as one Hugging Face

@@ -22,6 +22,12 @@ both ways within each image's tokens, reading the token types by position over t
 that meets the prompt's own (Gemma 3's blank lines around each image, its pan-and-scan
 sentences), so per-item ids cannot be spliced: prompts are assembled as text from each item's
 cached replacement text and tokenized once, as the processor does.
+
+``row_item_keys``: processor outputs that hold a prompt's items along their second dimension
+(SmolVLM's ``pixel_values``: one row of all its images' tiles); a prompt's items are joined
+there, rows on the first dimension (these keys are ``padded_keys`` too: the model drops the
+all-zero padding tiles). ``one_visual_modality``: the processor writes images and video
+frames to the same key, so one prompt may hold images or videos, not both (refused with a 400).
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ class ArchSpec:
     token_types_key: str = "mm_token_type_ids"
     bidirectional_media: bool = False
     assemble_text: bool = False
+    row_item_keys: tuple[str, ...] = ()
+    one_visual_modality: bool = False
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -129,6 +137,18 @@ REGISTRY: dict[str, ArchSpec] = {
                  assemble_text=True,
                  notes="Gemma 3: sliding-window and global layers; an image is 256 tokens, "
                        "more with pan-and-scan crops (do_pan_and_scan)"),
+        ArchSpec("smolvlm", ("SmolVLMForConditionalGeneration",), ("smolvlm",),
+                 "SmolVLMForConditionalGeneration", "SmolVLMProcessor",
+                 {"image": 8, "video": 1}, {"image": "<image>", "video": "<video>"},
+                 {"image": "<image>", "video": "<video>"}, True, "vision_model",
+                 "engine.models.tiny_vlm:build_smolvlm", feature_tokens={"video": "<image>"},
+                 video_timestamps=True, assemble_text=True,
+                 padded_keys=("pixel_values", "pixel_attention_mask"),
+                 row_item_keys=("pixel_values", "pixel_attention_mask"),
+                 one_visual_modality=True,
+                 notes="SmolVLM2: an image is split into tiles (up to 4x4) plus a global view "
+                       "(do_image_splitting); a video is timestamped frames; images or a "
+                       "video per prompt, not both"),
     )
 }
 DEFAULT_ARCH = "qwen2_5_vl"

@@ -153,3 +153,41 @@ def build_gemma3(out: Path, seed: int = 0, head_dim: int = TEST_HEAD_DIM) -> Non
         tokenizer=tok, image_seq_length=tokens, chat_template=template_text("gemma3"))
     _seed(seed)
     _save(T.Gemma3ForConditionalGeneration(config).eval(), processor, out)
+
+
+def build_smolvlm(out: Path, seed: int = 0, head_dim: int = TEST_HEAD_DIM) -> None:
+    """SmolVLM2 at tiny size: an image split into up to 4x4 tiles of 56 pixels plus a global
+    view (the real models: 384 or 512-pixel tiles, up to 4x4 or 5x5), each a SigLIP-style tower
+    on 7-pixel patches pixel-shuffled 2x2 to 16 tokens (the real: 81 or 64); a video as
+    timestamped frames of one tile each; a Llama text model (SmolLM2); the chat template of
+    its processor (the video-capable one)."""
+    import transformers as T
+    from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
+
+    from engine.models.tokenizer import generic_tokenizer
+
+    grid = [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+    tok = generic_tokenizer(["<|endoftext|>", "<|im_start|>", "<end_of_utterance>",
+                             "<fake_token_around_image>", "<global-img>", "<image>", "<video>",
+                             *grid], bos="<|im_start|>", eos="<end_of_utterance>",
+                            pad="<|endoftext|>", unk="<|endoftext|>")
+    ids = tok.convert_tokens_to_ids
+    tile, patch, scale = 56, 7, 2
+    tokens = (tile // patch) ** 2 // scale ** 2
+    vision = T.SmolVLMVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=2, image_size=tile, patch_size=patch)
+    text = T.LlamaConfig(**_text(head_dim), vocab_size=len(tok), bos_token_id=ids("<|im_start|>"),
+                         eos_token_id=ids("<end_of_utterance>"),
+                         pad_token_id=ids("<|endoftext|>"))
+    config = T.SmolVLMConfig(vision_config=vision, text_config=text, scale_factor=scale,
+                             image_token_id=ids("<image>"), pad_token_id=ids("<|endoftext|>"))
+    longest = {"longest_edge": 4 * tile}
+    processor = T.SmolVLMProcessor(
+        image_processor=T.SmolVLMImageProcessor(size=longest,
+                                                max_image_size={"longest_edge": tile}),
+        video_processor=T.SmolVLMVideoProcessor(
+            size=longest, max_image_size={"longest_edge": tile},
+            video_sampling={"fps": 1, "max_frames": 16, "video_size": {"longest_edge": tile}}),
+        tokenizer=tok, image_seq_len=tokens, chat_template=DEFAULT_CHAT_TEMPLATE)
+    _seed(seed)
+    _save(T.SmolVLMForConditionalGeneration(config).eval(), processor, out)

@@ -29,6 +29,37 @@ def accepted_kwargs(processor: Any) -> set[str]:
                     "feature_extractor_type", "auto_map"}
 
 
+def family_kwargs(spec: Any) -> list[str]:
+    """The processor kwargs a family's own sub-processor classes add to the common ones
+    (``size``, ``do_resize``, ``fps``, ``num_frames``, ``sampling_rate``...): Qwen-VL's
+    ``max_pixels``, Gemma 3's ``do_pan_and_scan``, SmolVLM's ``do_image_splitting``. Read from
+    the classes transformers maps the family's ``model_type`` to, without loading a model."""
+    import transformers
+    from transformers.models.auto import (
+        feature_extraction_auto,
+        image_processing_auto,
+        video_processing_auto,
+    )
+    from transformers.processing_utils import AudioKwargs, ImagesKwargs, VideosKwargs
+
+    common = (set(ImagesKwargs.__annotations__) | set(VideosKwargs.__annotations__)
+              | set(AudioKwargs.__annotations__))
+    own: set[str] = set()
+    for mapping in (image_processing_auto.IMAGE_PROCESSOR_MAPPING_NAMES,
+                    video_processing_auto.VIDEO_PROCESSOR_MAPPING_NAMES,
+                    feature_extraction_auto.FEATURE_EXTRACTOR_MAPPING_NAMES):
+        name = mapping.get(spec.model_types[0])
+        if isinstance(name, dict):  # by backend: the torchvision one is what loads here
+            name = name.get("torchvision") or next(iter(name.values()), None)
+        cls = getattr(transformers, name, None) if isinstance(name, str) else None
+        if cls is None:
+            continue
+        own |= set(getattr(getattr(cls, "valid_kwargs", None), "__annotations__", None) or ())
+        own |= {n for n, p in inspect.signature(cls.__init__).parameters.items()
+                if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return sorted(k for k in own - common if not k.startswith("return_"))
+
+
 def merge_processor_kwargs(processor: Any, server: dict[str, Any] | None,
                            request: dict[str, Any] | None) -> dict[str, Any]:
     """Server kwargs with the request's on top, validated."""

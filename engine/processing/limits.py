@@ -29,6 +29,7 @@ def effective_limits(spec: ArchSpec, limit_mm_per_prompt: dict[str, int] | None
 def check_item_counts(counts: Counter[str] | dict[str, int], limits: dict[str, int],
                       spec: ArchSpec, requested: dict[str, int] | None) -> None:
     """Refuse (400) a prompt with more items of a modality than allowed, naming why."""
+    check_one_visual_modality(counts, spec)
     for modality, count in counts.items():
         limit = limits.get(modality, 0)
         if count <= limit:
@@ -48,3 +49,14 @@ def check_item_counts(counts: Counter[str] | dict[str, int], limits: dict[str, i
             hint=("the model itself cannot take more; send fewer" if by_model else
                   f"send fewer or raise --limit-mm-per-prompt '{{\"{modality}\": N}}'"),
             code="too_many_mm_items", param="messages")
+
+
+def check_one_visual_modality(counts: Counter[str] | dict[str, int], spec: ArchSpec) -> None:
+    """A family whose processor puts images and video frames in one tensor (SmolVLM) takes
+    one of them per prompt: both is a 400, before anything is fetched."""
+    if spec.one_visual_modality and counts.get("image") and counts.get("video"):
+        raise InvalidRequestError(
+            f"this model ({spec.name}) takes images or a video in one prompt, not both (this "
+            f"one has {counts['image']} image(s) and {counts['video']} video(s)): its "
+            "processor puts both in one tensor", code="mixed_modalities_unsupported",
+            param="messages", hint="send the images and the video in separate requests")

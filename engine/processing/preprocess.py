@@ -24,6 +24,7 @@ from typing import Any
 from engine.errors import InvalidRequestError, MediaDecodeError, sanitize
 from engine.models.loader import LoadedModel
 from engine.processing.cache import ProcessorCache, content_hash, item_key
+from engine.processing.limits import check_one_visual_modality
 from engine.processing.prompt import count_placeholders
 
 _TEXT_KEYS = {"input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids",
@@ -189,6 +190,7 @@ class Preprocessor:
                     f"the prompt has {placeholders.get(modality, 0)} {modality} placeholder(s) "
                     f"for {counts.get(modality, 0)} {modality} item(s)",
                     code="placeholder_mismatch", param="prompt")
+        check_one_visual_modality(counts, self.loaded.spec)
         processed: list[ProcessedItem] = []
         hits: list[bool] = []
         for item in items:
@@ -258,10 +260,11 @@ class Preprocessor:
         for result in placed:
             for key, value in result.tensors.items():
                 mm.setdefault(key, []).append(value)
-        padded = self.loaded.spec.padded_keys
+        spec = self.loaded.spec
         # One item: its cached tensors as they are (the model never writes into its inputs).
-        merged = {k: v[0] if len(v) == 1 else concat(v, k in padded) if hasattr(v[0], "dim")
-                  else v for k, v in mm.items()}
+        merged = {k: v[0] if len(v) == 1 else torch.cat(v, dim=1) if k in spec.row_item_keys
+                  else concat(v, k in spec.padded_keys) if hasattr(v[0], "dim") else v
+                  for k, v in mm.items()}
         if self.type_ids:
             ids = torch.tensor([input_ids], dtype=torch.long)
             types = torch.zeros_like(ids)
