@@ -13,28 +13,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from engine.config import MediaLimits, MediaPolicy
 from engine.errors import InvalidRequestError
 from engine.executor.engine import Engine, Scheduling
 from engine.executor.request import CompletionOutput, EngineRequest
 from engine.executor.sampling import SamplingParams
-from engine.media.connector import MediaConnector
-from engine.media.video.options import server_video_spec
 from engine.models.loader import load_model
-from engine.processing.cache import ProcessorCache
 from engine.processing.chat_parts import parse_messages
-from engine.processing.kwargs import merge_processor_kwargs
-from engine.processing.limits import check_item_counts, effective_limits
-from engine.processing.media_items import fetch_items
-from engine.processing.preprocess import MediaItem, Preprocessor
-from engine.processing.prompt import insert_placeholders, render_chat
+from engine.processing.pipeline import Pipeline, PipelineConfig
+from engine.processing.preprocess import MediaItem
 
 
 @dataclass
@@ -105,35 +97,21 @@ class LLM:
                  scheduling: Scheduling = "continuous") -> None:
         self.loaded = load_model(model, chat_template=chat_template, revision=revision,
                                  download_dir=download_dir)
-        self.limits = effective_limits(self.loaded.spec, limit_mm_per_prompt)
-        self._requested_limits = limit_mm_per_prompt
-        self.mm_processor_kwargs = merge_processor_kwargs(self.loaded.processor,
-                                                          mm_processor_kwargs, None)
-        self.cache = ProcessorCache.from_gb(mm_processor_cache_gb)
-        self.preprocessor = Preprocessor(self.loaded, self.cache)
-        self.video = server_video_spec(media_io_kwargs)
-        self.policy = MediaPolicy.create(allowed_domains=allowed_media_domains,
-                                         allowed_local_path=allowed_local_media_path)
-        self.media_limits = MediaLimits.from_env()
+        self.pipeline = Pipeline(self.loaded, PipelineConfig(
+            limit_mm_per_prompt=limit_mm_per_prompt, mm_processor_kwargs=mm_processor_kwargs,
+            mm_processor_cache_gb=mm_processor_cache_gb, media_io_kwargs=media_io_kwargs,
+            allowed_media_domains=tuple(allowed_media_domains or ()),
+            allowed_local_media_path=allowed_local_media_path))
+        self.cache = self.pipeline.cache
         # max_num_seqs is vLLM's name; max_batch_size the older one here
         self.engine = Engine(self.loaded, device=device, dtype=dtype,
                              max_batch_size=max_num_seqs or max_batch_size,
                              max_num_batched_tokens=max_num_batched_tokens,
                              scheduling=scheduling)
 
-    @property
-    def sampling_rate(self) -> int:
-        extractor = getattr(self.loaded.processor, "feature_extractor", None)
-        return int(getattr(extractor, "sampling_rate", 16_000))
-
     def prepare(self, prompt: str, items: list[MediaItem], kwargs: dict[str, Any] | None,
-                 raw: bool) -> Any:
-        counts = Counter(i.modality for i in items)
-        check_item_counts(counts, self.limits, self.loaded.spec, self._requested_limits)
-        if raw:
-            prompt = insert_placeholders(prompt, self.loaded.spec, counts)
-        merged = merge_processor_kwargs(self.loaded.processor, self.mm_processor_kwargs, kwargs)
-        return prompt, self.preprocessor.process(prompt, items, merged)
+                raw: bool) -> Any:
+        return self.pipeline.prepare(prompt, items, kwargs, raw=raw)
 
     def _run(self, prepared: list[tuple[str, Any]], params: list[SamplingParams]
              ) -> list[RequestOutput]:
@@ -192,16 +170,15 @@ class LLM:
         prepared = []
         for conversation in conversations:
             parsed = parse_messages(list(conversation))
-            check_item_counts(parsed.counts(), self.limits, self.loaded.spec,
-                              self._requested_limits)
+            self.pipeline.check_counts(parsed.counts())
             items = asyncio.run(self._fetch(parsed.media)) if parsed.media else []
-            text = render_chat(self.loaded, parsed.messages)
-            prepared.append(self.prepare(text, items, mm_processor_kwargs, raw=False))
+            prepared.append(self.prepare(self.pipeline.render(parsed.messages), items,
+                                         mm_processor_kwargs, raw=False))
         return self._run(prepared, self._params(sampling_params, len(prepared)))
 
     async def _fetch(self, media: list[tuple[str, str]]) -> list[MediaItem]:
-        async with MediaConnector(self.policy, self.media_limits) as connector:
-            items, _ = await fetch_items(connector, media, self.video, self.sampling_rate)
+        async with self.pipeline.connector() as connector:
+            items, _ = await self.pipeline.fetch(connector, media, self.pipeline.video)
         return items
 
     def close(self) -> None:

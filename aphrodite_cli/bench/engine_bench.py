@@ -80,22 +80,16 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
 
     from aphrodite_cli.bench.datasets import parse_buckets, random_mm, render_media
     from aphrodite_cli.bench.serve_bench import MediaHost, media_url, nonce
-    from engine.config import MediaLimits, MediaPolicy
     from engine.errors import InternalError
-    from engine.media.connector import MediaConnector
-    from engine.media.video.options import server_video_spec
     from engine.models.loader import load_model
-    from engine.processing.cache import ProcessorCache
     from engine.processing.chat_parts import parse_messages
-    from engine.processing.media_items import fetch_items
-    from engine.processing.preprocess import Preprocessor
-    from engine.processing.prompt import render_chat
+    from engine.processing.pipeline import Pipeline, PipelineConfig
 
     loaded = load_model(model, weights=encoder)  # a hub model: no weights without the encoder
     buckets = buckets or parse_buckets('{"720,1280,1": 1}')
-    cache = ProcessorCache.from_gb(4)
-    pre = Preprocessor(loaded, cache)
-    video = server_video_spec(None)
+    # The server's pipeline, with its default settings; media from the loopback host only.
+    pipeline = Pipeline(loaded, PipelineConfig(allowed_media_domains=("127.0.0.1",)))
+    cache, video = pipeline.cache, pipeline.video
     timer = _encoder_timer(loaded) if encoder else None
     if jsonl is not None:
         from aphrodite_cli.bench.datasets import load_jsonl
@@ -106,33 +100,33 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
         dataset = random_mm(num_prompts, items=items, buckets=buckets, prompt_len=8,
                             output_len=1, seed=seed, nonce=nonce())
 
-    per_item: dict[str, list[float]] = {m: [] for m in pre.feature_ids}
+    feature_ids = pipeline.preprocessor.feature_ids
+    per_item: dict[str, list[float]] = {m: [] for m in feature_ids}
 
     async def run() -> dict[str, Any]:
         host = MediaHost() if media_delivery == "http" else None
         if host:
             await host.start()
-        policy = MediaPolicy.create(allowed_domains=["127.0.0.1"])
-        connector = MediaConnector(policy, MediaLimits.from_env())
+        connector = pipeline.connector()
         prepared = []
         for req in dataset:
             if req.messages is not None:  # jsonl: the server's own message parsing
                 parsed = parse_messages(req.messages)
-                prepared.append((parsed.media, render_chat(loaded, parsed.messages)))
+                prepared.append((parsed.media, pipeline.render(parsed.messages)))
                 continue
             refs = [(spec.kind, media_url(spec, render_media(spec, quality=image_quality), host))
                     for spec in req.media]
             parts = [{"type": kind} for kind, _ in refs] + [{"type": "text", "text": req.prompt}]
-            prepared.append((refs, render_chat(loaded, [{"role": "user", "content": parts}])))
+            prepared.append((refs, pipeline.render([{"role": "user", "content": parts}])))
         # Warm-up of imports and pools on media outside the dataset: never measured.
         extra = random_mm(1, items=1, buckets=buckets, prompt_len=2, output_len=1,
                           seed=seed + 1, nonce=nonce())[0]
         extra_refs = [(spec.kind, media_url(spec, render_media(spec), host))
                       for spec in extra.media]
-        extra_text = render_chat(loaded, [{"role": "user", "content": [
+        extra_text = pipeline.render([{"role": "user", "content": [
             *({"type": kind} for kind, _ in extra_refs), {"type": "text", "text": "x"}]}])
-        warm_items, _ = await fetch_items(connector, extra_refs, video, 16_000)
-        warmed = pre.process(extra_text, warm_items)
+        warm_items, _ = await pipeline.fetch(connector, extra_refs, video)
+        warmed = pipeline.process(extra_text, warm_items)
         if timer:
             timer(warmed)
         phases: dict[str, Any] = {}
@@ -140,16 +134,16 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
             for phase in (("cold", "warm") if mode == "both" else (mode,)):
                 if phase == "warm" and mode == "warm":
                     for refs, text in prepared:  # warm-up pass, not measured
-                        got, _ = await fetch_items(connector, refs, video, 16_000)
-                        pre.process(text, got)
+                        got, _ = await pipeline.fetch(connector, refs, video)
+                        pipeline.process(text, got)
                 totals: list[float] = []
                 stages: dict[str, list[float]] = {s: [] for s in STAGES}
                 hits = count = 0
                 results = []
                 for refs, text in prepared:
                     start = time.perf_counter()
-                    got, fetch_s = await fetch_items(connector, refs, video, 16_000)
-                    result = pre.process(text, got)
+                    got, fetch_s = await pipeline.fetch(connector, refs, video)
+                    result = pipeline.process(text, got)
                     totals.append(time.perf_counter() - start)  # preprocessing, as served
                     results.append(result)
                     stages["fetch_s"].append(fetch_s)
@@ -172,7 +166,7 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
                     for modality, n in r.modality_counts.items():
                         if n:
                             per_item[modality].append(
-                                r.input_ids.count(pre.feature_ids[modality]) / n)
+                                r.input_ids.count(feature_ids[modality]) / n)
                 after_fetch = [t - f for t, f in zip(totals, stages["fetch_s"], strict=True)]
                 phases[phase] = {"total_s": summary(totals), "hit_rate": hit_rate,
                                  "after_fetch_s": summary(after_fetch),

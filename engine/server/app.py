@@ -24,7 +24,6 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.config import MediaLimits, MediaPolicy
 from engine.errors import (
     AphroditeError,
     InvalidRequestError,
@@ -32,21 +31,16 @@ from engine.errors import (
     OverloadedError,
     RequestTooLargeError,
 )
-from engine.media.connector import MediaConnector
 from engine.media.inflight import InflightBytes, Ticket
 from engine.media.pool import decode_executor
 from engine.media.video import load_video_async
 from engine.media.video.backend_info import BACKENDS
 from engine.media.video.budget import GpuDecodeBudget
-from engine.media.video.options import parse_video_io_kwargs, server_video_spec
 from engine.models.loader import LoadedModel
-from engine.processing.cache import ProcessorCache
 from engine.processing.chat_parts import parse_messages
-from engine.processing.kwargs import check_request_kwargs, merge_processor_kwargs
-from engine.processing.limits import check_item_counts, effective_limits
-from engine.processing.media_items import fetch_items, use_frames
-from engine.processing.preprocess import Preprocessor, ProcessedPrompt
-from engine.processing.prompt import render_chat
+from engine.processing.media_items import use_frames
+from engine.processing.pipeline import Pipeline
+from engine.processing.preprocess import ProcessedPrompt
 from engine.server.config import ServerConfig
 from engine.server.engine_client import EngineClient
 from engine.server.fetch_slots import FetchSlots, client_key
@@ -71,20 +65,14 @@ class State:
         self.loaded = loaded
         self.engine = engine
         self.name = config.served_model_name or loaded.name
-        self.limits = effective_limits(loaded.spec, config.limit_mm_per_prompt)
-        self.cache = ProcessorCache.from_gb(config.mm_processor_cache_gb)
-        self.preprocessor = Preprocessor(loaded, self.cache)
+        self.pipeline = Pipeline(loaded, config.pipeline_config())
+        self.preprocessor = self.pipeline.preprocessor
         self.token_strings = TokenStrings(loaded.tokenizer)
         #: token ids a prompt may hold: the tokenizer's and the model's vocabulary
         self.vocab_size = min(len(loaded.tokenizer), loaded.config.get("vocab_size") or (
             loaded.config.get("text_config") or {}).get("vocab_size") or 1 << 62)
-        self.policy = MediaPolicy.create(allowed_domains=list(config.allowed_media_domains),
-                                         allowed_local_path=config.allowed_local_media_path)
-        self.media_limits = MediaLimits.from_env()
-        self.video = server_video_spec(config.media_io_kwargs)
-        self.server_mm_kwargs = merge_processor_kwargs(loaded.processor,
-                                                       config.mm_processor_kwargs, None)
-        self.connector = MediaConnector(self.policy, self.media_limits)
+        self.media_limits = self.pipeline.media_limits
+        self.connector = self.pipeline.connector()
         self.fetch_slots = FetchSlots(config.max_concurrent_fetches,
                                       config.max_fetches_per_client)
         self.metrics = Metrics()
@@ -104,8 +92,6 @@ class State:
         if decoders is not None:
             self.metrics.follow(self.metrics.decode_restarts, lambda: decoders.restarts)
         self.count()
-        extractor = getattr(loaded.processor, "feature_extractor", None)
-        self.sampling_rate = int(getattr(extractor, "sampling_rate", 16_000))
         # This process's share of --mm-ipc-gpu-memory-gb, for GPU video backends.
         self.gpu_budget = (GpuDecodeBudget.from_gb(config.mm_ipc_gpu_memory_gb,
                                                    config.api_server_count)
@@ -185,29 +171,27 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap)
     parsed = parse_messages(data.get("messages"))
     counts = Counter(parsed.counts())
-    check_item_counts(counts, state.limits, state.loaded.spec, state.config.limit_mm_per_prompt)
-    video = parse_video_io_kwargs((fields.media_io_kwargs or {}).get("video"), state.video)
-    check_request_kwargs(state.loaded.processor, state.server_mm_kwargs,
-                         fields.mm_processor_kwargs)
-    kwargs = merge_processor_kwargs(state.loaded.processor, state.server_mm_kwargs,
-                                    fields.mm_processor_kwargs)
-    text = render_chat(state.loaded, parsed.messages)
+    pipeline = state.pipeline
+    pipeline.check_counts(counts)
+    video = pipeline.video_for(fields.media_io_kwargs)
+    kwargs = pipeline.kwargs_for(fields.mm_processor_kwargs)
+    text = pipeline.render(parsed.messages)
     items, fetch_s = [], 0.0
     # Only requests with media take a decode-queue slot: text never waits behind video.
     with preprocess_slot(state) if parsed.media else contextlib.nullcontext():
         if parsed.media:
-            sources = await state.connector.check_all([(url, m) for m, url in parsed.media])
+            sources = await pipeline.check_sources(state.connector, parsed.media)
             started = asyncio.get_running_loop().time()  # fetch deadlines include queueing
             async with fetch_slot(state, sources, started, client):
-                items, fetch_s = await fetch_items(state.connector, parsed.media, video,
-                                                   state.sampling_rate, state.decoders, ticket,
-                                                   sources, started)
+                items, fetch_s = await pipeline.fetch(
+                    state.connector, parsed.media, video, sources=sources,
+                    decoders=state.decoders, ticket=ticket, started=started)
             for item in items:
                 state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
             if state.gpu_budget is not None and BACKENDS[video.backend].gpu:
                 await decode_gpu_videos(state, items, video)
         loop = asyncio.get_running_loop()
-        processed = await loop.run_in_executor(decode_executor(), state.preprocessor.process,
+        processed = await loop.run_in_executor(decode_executor(), pipeline.process,
                                                text, items, kwargs)
     processed.timings["fetch_s"] = fetch_s
     for hit in processed.item_hits:
@@ -311,8 +295,8 @@ async def completions(request: web.Request, ticket: Ticket) -> web.StreamRespons
     processed = []
     for prompt in prompts:
         if isinstance(prompt, str):
-            one = await loop.run_in_executor(decode_executor(), state.preprocessor.process,
-                                             prompt, [], {})
+            one = await loop.run_in_executor(decode_executor(), state.pipeline.process,
+                                             prompt, [])
         else:
             one = ProcessedPrompt(prompt, {}, [], {"hash_s": 0.0, "cache_lookup_s": 0.0,
                                                    "media_decode_s": 0.0, "processor_s": 0.0},

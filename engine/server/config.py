@@ -45,3 +45,16 @@ class ServerConfig:
     device: str = "cpu"
     dtype: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def pipeline_config(self):  # -> engine.processing.pipeline.PipelineConfig
+        """The request pipeline's part of the flags; clients may set only the bounded
+        processor kwargs per request."""
+        from engine.processing.pipeline import PipelineConfig
+
+        return PipelineConfig(
+            limit_mm_per_prompt=self.limit_mm_per_prompt,
+            mm_processor_kwargs=self.mm_processor_kwargs,
+            mm_processor_cache_gb=self.mm_processor_cache_gb,
+            media_io_kwargs=self.media_io_kwargs,
+            allowed_media_domains=tuple(self.allowed_media_domains),
+            allowed_local_media_path=self.allowed_local_media_path, request_kwargs="bounded")

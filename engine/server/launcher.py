@@ -40,10 +40,8 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
     """Every startup check, before any child starts (the flag checks again: this also
     runs on its own, in a throwaway process)."""
     from engine.media.video.gpu import check_gpu_backend_startup
-    from engine.media.video.options import server_video_spec
     from engine.models.loader import load_model
-    from engine.processing.kwargs import merge_processor_kwargs
-    from engine.processing.limits import effective_limits
+    from engine.processing.pipeline import Pipeline
 
     check_flags(config)
     check_device(config.device, config.dtype)
@@ -55,10 +53,10 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
             f"the model {loaded.name} has no chat template, so /v1/chat/completions cannot "
             "format messages", hint="pass --chat-template FILE (for LLaVA-1.5: "
             "engine/models/templates/llava.jinja)", code="chat_template_missing")
-    spec = server_video_spec(config.media_io_kwargs)
-    check_gpu_backend_startup(spec, config.mm_ipc_gpu_memory_gb)
-    effective_limits(loaded.spec, config.limit_mm_per_prompt)
-    merge_processor_kwargs(loaded.processor, config.mm_processor_kwargs, None)
+    # the API servers' pipeline, built as they build it: limits, processor kwargs, video
+    # options and media policy checked against this model
+    pipeline = Pipeline(loaded, config.pipeline_config())
+    check_gpu_backend_startup(pipeline.video, config.mm_ipc_gpu_memory_gb)
     return loaded, loaded.name
 
 

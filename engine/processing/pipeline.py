@@ -1,0 +1,138 @@
+"""One request pipeline: a prompt and its media -> the engine's inputs.
+
+Built once per process from a :class:`PipelineConfig` (resolved at the edge: CLI flags or
+``LLM(...)`` arguments) and the loaded model, and used by the API server, the offline ``LLM``,
+``bench mm-processor`` and the server's start-up check, so every one of them limits, checks,
+fetches, decodes and preprocesses the same way. Its stages, in request order, are public
+methods so callers can time them or put their own work between them (the server takes a
+fetch slot and a decode-queue place around :meth:`Pipeline.fetch`):
+
+  :meth:`check_counts` items per modality (400, before anything is fetched)
+  :meth:`kwargs_for` / :meth:`video_for` the request's processor and video options merged
+      over the server's (checked; per-request overrides through ``dataclasses.replace``)
+  :meth:`render` / :meth:`raw_prompt` the prompt text with one placeholder per item
+  :meth:`check_sources` the media policy, once per reference (redirect hops re-check it)
+  :meth:`fetch` the bytes, concurrently, into items that decode lazily
+  :meth:`process` cache lookup, decode, HF processor, assembly (each stage timed)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from engine.config import MediaLimits, MediaPolicy
+from engine.media.video.options import VideoLoadSpec, parse_video_io_kwargs, server_video_spec
+from engine.processing.cache import ProcessorCache
+from engine.processing.kwargs import check_request_kwargs, merge_processor_kwargs
+from engine.processing.limits import check_item_counts, effective_limits
+from engine.processing.media_items import fetch_items
+from engine.processing.preprocess import MediaItem, Preprocessor, ProcessedPrompt
+from engine.processing.prompt import insert_placeholders, render_chat
+
+if TYPE_CHECKING:
+    from engine.media.connector import MediaConnector
+    from engine.media.inflight import Ticket
+    from engine.media.policy import MediaSource
+    from engine.models.loader import LoadedModel
+
+#: Who may set which ``mm_processor_kwargs`` per request: "any" key the processor takes (the
+#: offline LLM: its caller is the operator), or only the bounded few a server's clients may
+#: (``engine.processing.kwargs.REQUEST_KWARGS``).
+RequestKwargs = Literal["any", "bounded"]
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """The pipeline's settings, as the CLI or ``LLM(...)`` gave them (frozen, picklable)."""
+
+    limit_mm_per_prompt: dict[str, int] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    mm_processor_cache_gb: float = 4.0
+    media_io_kwargs: dict[str, Any] | None = None
+    allowed_media_domains: tuple[str, ...] = ()
+    allowed_local_media_path: str | None = None
+    request_kwargs: RequestKwargs = "any"
+
+
+class Pipeline:
+    """The model's request pipeline; building it checks every setting (a bad one raises
+    :class:`~engine.errors.ConfigError` naming its flag)."""
+
+    def __init__(self, loaded: LoadedModel, config: PipelineConfig | None = None) -> None:
+        config = config or PipelineConfig()
+        self.loaded = loaded
+        self.config = config
+        self.limits = effective_limits(loaded.spec, config.limit_mm_per_prompt)
+        self.server_kwargs = merge_processor_kwargs(loaded.processor,
+                                                    config.mm_processor_kwargs, None)
+        self.video = server_video_spec(config.media_io_kwargs)
+        self.policy = MediaPolicy.create(allowed_domains=config.allowed_media_domains,
+                                         allowed_local_path=config.allowed_local_media_path)
+        self.media_limits = MediaLimits.from_env()
+        self.cache = ProcessorCache.from_gb(config.mm_processor_cache_gb)
+        self.preprocessor = Preprocessor(loaded, self.cache)
+        extractor = getattr(loaded.processor, "feature_extractor", None)
+        #: the rate audio is decoded to: the model's feature extractor's
+        self.sampling_rate = int(getattr(extractor, "sampling_rate", 16_000))
+
+    # -- before any fetch ------------------------------------------------------------------
+    def check_counts(self, counts: Counter[str] | dict[str, int]) -> None:
+        check_item_counts(counts, self.limits, self.loaded.spec, self.config.limit_mm_per_prompt)
+
+    def kwargs_for(self, request: dict[str, Any] | None) -> dict[str, Any]:
+        """The processor kwargs of one request: the server's, with the request's on top."""
+        if self.config.request_kwargs == "bounded":
+            check_request_kwargs(self.loaded.processor, self.server_kwargs, request)
+        return merge_processor_kwargs(self.loaded.processor, self.server_kwargs, request)
+
+    def video_for(self, media_io_kwargs: dict[str, Any] | None) -> VideoLoadSpec:
+        """The video options of one request: the server's, with the request's on top."""
+        return parse_video_io_kwargs((media_io_kwargs or {}).get("video"), self.video)
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        """A chat's prompt text (the model's template), one placeholder per media part."""
+        return render_chat(self.loaded, messages)
+
+    def raw_prompt(self, prompt: str, counts: Counter[str] | dict[str, int]) -> str:
+        """A raw prompt with a placeholder for each item it lacks one for."""
+        return insert_placeholders(prompt, self.loaded.spec, counts)
+
+    # -- media -----------------------------------------------------------------------------
+    def connector(self) -> MediaConnector:
+        """A connector under this pipeline's policy and limits (close it when done)."""
+        from engine.media.connector import MediaConnector
+
+        return MediaConnector(self.policy, self.media_limits)
+
+    async def check_sources(self, connector: MediaConnector,
+                            media: list[tuple[str, str]]) -> list[MediaSource]:
+        """Every reference against the policy, before anything is fetched."""
+        return await connector.check_all([(url, modality) for modality, url in media])
+
+    async def fetch(self, connector: MediaConnector, media: list[tuple[str, str]],
+                    video: VideoLoadSpec, *, sources: list[MediaSource] | None = None,
+                    decoders: Any = None, ticket: Ticket | None = None,
+                    started: float | None = None) -> tuple[list[MediaItem], float]:
+        """The media of one request as items (decoded on a cache miss only), and the
+        seconds the fetch took; ``sources`` from :meth:`check_sources` (else checked here)."""
+        return await fetch_items(connector, media, video, self.sampling_rate, decoders,
+                                 ticket, sources, started)
+
+    # -- preprocessing ---------------------------------------------------------------------
+    def process(self, text: str, items: list[MediaItem], kwargs: dict[str, Any] | None = None
+                ) -> ProcessedPrompt:
+        """Cache lookup, decode and HF processor per item, then assembly; ``timings`` holds
+        each stage's seconds (hash_s, cache_lookup_s, media_decode_s, processor_s)."""
+        return self.preprocessor.process(text, items, kwargs or {})
+
+    def prepare(self, prompt: str, items: list[MediaItem], kwargs: dict[str, Any] | None = None,
+                *, raw: bool = False) -> tuple[str, ProcessedPrompt]:
+        """Decoded or fetched items and their prompt -> (prompt text, engine inputs): the
+        whole pipeline after the fetch, for callers that hold their media already."""
+        counts = Counter(i.modality for i in items)
+        self.check_counts(counts)
+        if raw:
+            prompt = self.raw_prompt(prompt, counts)
+        return prompt, self.process(prompt, items, self.kwargs_for(kwargs))
