@@ -196,6 +196,11 @@ def test_bench_mm_processor_cold_warm_and_video_backends(tmp_path):
     assert [r["backend"] for r in doc["video_backends"]] == ["pyav", "opencv"]
     assert all(r["decode_ms"]["count"] == 3 and r["frames_sampled"] == 16
                for r in doc["video_backends"])
+    # which processor classes ran: in the result and in what it prints
+    assert doc["source"]["processor"] == "Qwen2_5_VLProcessor"
+    assert doc["source"]["image_processor"] == "Qwen2VLImageProcessor"
+    assert ("processor: Qwen2_5_VLProcessor (image processor Qwen2VLImageProcessor, video "
+            "processor Qwen2VLVideoProcessor)") in result.stdout
 
 
 def test_bench_mm_processor_on_a_jsonl_dataset(tmp_path):

@@ -176,6 +176,11 @@ def mm_processor(
                   f"{p['hit_rate']:.0%}", *(f"{p['stages'][s]['median'] * 1e3:.2f}"
                                             for s in STAGES)]
                  for phase, p in doc["phases"].items()], output_format)
+    source = doc["source"]
+    parts = ", ".join(f"{name.replace('_', ' ')} {source[name]}" for name in (
+        "image_processor", "video_processor", "feature_extractor") if source.get(name))
+    say.print(f"processor: {source['processor']}" + (f" ({parts})" if parts else ""),
+              markup=False)
     if "cold_over_warm_median" in doc:
         say.print(f"warm is {doc['cold_over_warm_median']:.1f}x faster than cold (median), "
                   f"{doc['cold_over_warm_median_after_fetch']:.1f}x after the fetch (hash, "
