@@ -5,10 +5,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,45 +24,29 @@ from aphrodite_cli.bench.serve_bench import (
     run_phase,
     server_root,
 )
+from aphrodite_cli.bench.server_process import ServerProcess
 from aphrodite_cli.bench.vllm_compat import count_tokens, flat_fields
 from engine.errors import ConfigError
 
 
 class EmbeddedServer:
-    """This project's server with the tiny default model, for the length of a run."""
+    """This project's server (the tiny default model unless ``model``), for the length of a
+    run: media from the loopback host allowed, stage timings exposed."""
 
     def __init__(self, model: str | None, extra: list[str],
                  env: dict[str, str] | None = None) -> None:
-        import socket
+        self.server = ServerProcess(*([model] if model else []), "--allowed-media-domains",
+                                    "127.0.0.1", "--expose-request-timings", *extra,
+                                    env=env).wait_ready(300)
+        self.port = self.server.port
+        self.base_url = f"{self.server.base}/v1"
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        exe = Path(sys.executable).with_name("aphrodite")
-        args = [str(exe), "serve", *([model] if model else []), "--port", str(self.port),
-                "--allowed-media-domains", "127.0.0.1", "--expose-request-timings", *extra]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env={**os.environ, **(env or {})})
-        self.lines: list[str] = []
-        deadline = time.monotonic() + 300
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            self.lines.append(line)
-            if "aphrodite serving" in line:
-                break
-            if time.monotonic() > deadline:
-                break
-        if self.proc.poll() is not None or not any("aphrodite serving" in x for x in self.lines):
-            self.stop()
-            raise ConfigError("the embedded server did not start:\n" + "".join(self.lines[-20:]))
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+    @property
+    def lines(self) -> list[str]:
+        return self.server.lines
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        self.server.stop()
 
 
 def make_dataset(opts: dict[str, Any], *, run_nonce: int) -> list[BenchRequest]:
