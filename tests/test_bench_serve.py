@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from aphrodite_cli.bench.datasets import parse_buckets, random_mm
+from aphrodite_cli.bench.media_host import MediaHost
 from aphrodite_cli.bench.metrics import RequestRecord, compute
 from aphrodite_cli.bench.mock_server import create_app
 from aphrodite_cli.bench.serve_bench import (
     LoadConfig,
-    MediaHost,
     arrival_times,
     build_payload,
     run_phase,
@@ -153,7 +153,6 @@ async def test_generator_keeps_the_requested_rate(aiohttp_server):
 
 async def test_http_media_delivery_serves_the_bytes():
     host = MediaHost()
-    await host.start()
     try:
         req = random_mm(1, items=1, buckets=parse_buckets('{"48,64,1": 1}'), prompt_len=3,
                         output_len=4, seed=5, nonce=9)[0]
@@ -164,7 +163,7 @@ async def test_http_media_delivery_serves_the_bytes():
         async with aiohttp.ClientSession() as session, session.get(url) as resp:
             assert resp.status == 200 and (await resp.read())[:2] == b"\xff\xd8"
     finally:
-        await host.stop()
+        host.stop()
 
 
 @pytest.mark.timeout(400)

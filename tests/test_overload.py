@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from aphrodite_cli.bench.media_host import MediaHost
 from engine.media import synthetic
-from tests.server_harness import MediaFiles, ServerProcess
+from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,7 +55,7 @@ def image(url: str) -> dict:
 
 def test_in_flight_bytes_and_decode_queue_bounds():
     big, small = noise_png(300, 1), noise_png(32, 2)  # ~270 kB and ~3 kB, incompressible
-    host = MediaFiles({"/big.png": (big, "image/png"), "/small.png": (small, "image/png")},
+    host = MediaHost({"/big.png": (big, "image/png"), "/small.png": (small, "image/png")},
                       stalls={"/big.png": 6.0, "/small.png": 6.0})
     server = ServerProcess("--allowed-media-domains", "127.0.0.1",
                            "--max-inflight-media-mb", "0.3", "--max-decode-queue", "2"
@@ -108,7 +109,7 @@ def test_in_flight_bytes_and_decode_queue_bounds():
         assert in_flight_bytes(server.base) == 0
     finally:
         assert server.stop() == 0
-        host.shutdown()
+        host.stop()
 
 
 def test_fetch_slots_go_to_remote_media_only_and_waiting_counts_against_the_deadline():
@@ -116,7 +117,7 @@ def test_fetch_slots_go_to_remote_media_only_and_waiting_counts_against_the_dead
     answered; an http image waits at most its fetch timeout (1 s here) for the slot and then
     gets a 503 naming the flag, instead of waiting without end."""
     clip = synthetic.make_video(width=64, height=48, seconds=0.5)
-    host = MediaFiles({"/slow.mp4": (clip, "video/mp4"), "/cat.png": (noise_png(32, 4),
+    host = MediaHost({"/slow.mp4": (clip, "video/mp4"), "/cat.png": (noise_png(32, 4),
                                                                        "image/png")},
                       stalls={"/slow.mp4": 8.0})
     server = ServerProcess("--allowed-media-domains", "127.0.0.1",
@@ -146,7 +147,7 @@ def test_fetch_slots_go_to_remote_media_only_and_waiting_counts_against_the_dead
         assert post(server.base, [image(f"{host.base}/cat.png")])[0] == 200
     finally:
         assert server.stop() == 0
-        host.shutdown()
+        host.stop()
 
 
 def post_from(source: str, base: str, parts: list[dict]) -> tuple[int, dict]:
@@ -172,7 +173,7 @@ def test_one_client_with_slow_media_hosts_holds_only_its_share_of_the_fetch_slot
     image gets one of the pool's free slots at once. Without the share the three videos and
     the image would all have had slots of the pool of four."""
     clip = synthetic.make_video(width=64, height=48, seconds=0.5)
-    host = MediaFiles({"/slow.mp4": (clip, "video/mp4"), "/cat.png": (noise_png(32, 4),
+    host = MediaHost({"/slow.mp4": (clip, "video/mp4"), "/cat.png": (noise_png(32, 4),
                                                                        "image/png")},
                       stalls={"/slow.mp4": 10.0})
     server = ServerProcess("--allowed-media-domains", "127.0.0.1",
@@ -200,4 +201,4 @@ def test_one_client_with_slow_media_hosts_holds_only_its_share_of_the_fetch_slot
         assert host.hits["/slow.mp4"] == 3
     finally:
         assert server.stop() == 0
-        host.shutdown()
+        host.stop()

@@ -16,10 +16,11 @@ import openai
 import pytest
 from PIL import Image
 
+from aphrodite_cli.bench.media_host import MediaHost
 from engine.media import synthetic
 from engine.version import __version__
 from tests.engine_fixtures import hf_prompt_ids, loaded
-from tests.server_harness import MediaFiles, ServerProcess
+from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
 KEY = "sekret"
@@ -27,13 +28,13 @@ KEY = "sekret"
 
 @pytest.fixture(scope="module")
 def media():
-    server = MediaFiles({
+    server = MediaHost({
         "/cat.jpg": (synthetic.make_image(320, 240, fmt="JPEG", seed=1), "image/jpeg"),
         "/dog.png": (synthetic.make_image(200, 150, fmt="PNG", seed=2), "image/png"),
         "/clip.mp4": (synthetic.make_video(width=128, height=96, seconds=1), "video/mp4"),
     })
     yield server
-    server.shutdown()
+    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from aphrodite_cli.bench.media_host import MediaHost
 from engine.media import synthetic
 from engine.models.templates_path import template_path
-from tests.server_harness import BIN, MediaFiles, ServerProcess, free_port, wait_exit
+from tests.server_harness import BIN, ServerProcess, free_port, wait_exit
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -31,14 +32,14 @@ pytestmark = pytest.mark.timeout(400)
 @pytest.fixture(scope="module")
 def media():
     cat = synthetic.make_image(160, 120, fmt="JPEG", seed=5)
-    server = MediaFiles({
+    server = MediaHost({
         "/cat.jpg": (cat, "image/jpeg"),
         "/slow-cat.jpg": (cat, "image/jpeg"),
         "/tone.wav": (synthetic.make_audio(seconds=1.0), "audio/wav"),
         "/clip.mp4": (synthetic.make_video(width=96, height=64, fps=8, seconds=2), "video/mp4"),
     }, delays={"/slow-cat.jpg": 4.0})
     yield server
-    server.shutdown()
+    server.stop()
 
 
 def test_llava_without_a_chat_template_refuses_to_start():

@@ -79,7 +79,8 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
     import asyncio
 
     from aphrodite_cli.bench.datasets import parse_buckets, random_mm, render_media
-    from aphrodite_cli.bench.serve_bench import MediaHost, media_url, nonce
+    from aphrodite_cli.bench.media_host import MediaHost
+    from aphrodite_cli.bench.serve_bench import media_url, nonce
     from engine.errors import InternalError
     from engine.models.loader import load_model
     from engine.processing.chat_parts import parse_messages
@@ -105,8 +106,6 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
 
     async def run() -> dict[str, Any]:
         host = MediaHost() if media_delivery == "http" else None
-        if host:
-            await host.start()
         connector = pipeline.connector()
         prepared = []
         for req in dataset:
@@ -176,7 +175,7 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
         finally:
             await connector.close()
             if host:
-                await host.stop()
+                host.stop()
         return phases
 
     phases = asyncio.run(run())

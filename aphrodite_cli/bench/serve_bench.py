@@ -15,9 +15,9 @@ from typing import Any
 
 import aiohttp
 import numpy as np
-from aiohttp import web
 
 from aphrodite_cli.bench.datasets import BenchRequest, MediaSpec, render_media
+from aphrodite_cli.bench.media_host import MediaHost
 from aphrodite_cli.bench.metrics import FORMULAS, RequestRecord, compute
 
 #: Where a chat benchmark posts, relative to the server's root (vLLM's --endpoint default).
@@ -86,41 +86,11 @@ class LoadConfig:
     abort_after: int = 5
 
 
-class MediaHost:
-    """The built-in loopback media server (so the target pays a real download)."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, tuple[bytes, str]] = {}
-        self.base = ""
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> None:
-        async def serve(request: web.Request) -> web.Response:
-            entry = self.files.get(request.match_info["name"])
-            if entry is None:
-                raise web.HTTPNotFound()
-            return web.Response(body=entry[0], content_type=entry[1])
-
-        app = web.Application()
-        app.router.add_get("/m/{name}", serve)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.base = f"http://127.0.0.1:{port}/m"
-
-    async def stop(self) -> None:
-        if self._runner:
-            await self._runner.cleanup()
-
-
 def media_url(spec: MediaSpec, data: bytes, host: MediaHost | None) -> str:
     """Where the target finds this item: the loopback media server, or a data URL."""
     mime = "image/jpeg" if spec.kind == "image" else "video/mp4"
     if host is not None:
-        host.files[spec.name] = (data, mime)
-        return f"{host.base}/{spec.name}"
+        return host.add(f"/m/{spec.name}", data, mime)
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 

@@ -13,9 +13,9 @@ from aphrodite_cli.bench.datasets import (
     load_jsonl,
     random_mm,
 )
+from aphrodite_cli.bench.media_host import MediaHost
 from aphrodite_cli.bench.serve_bench import (
     LoadConfig,
-    MediaHost,
     build_payload,
     document,
     first_model,
@@ -86,8 +86,6 @@ def request_rows(phase: str, records: list) -> list[dict[str, Any]]:
 
 async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dict[str, Any]:
     host = MediaHost() if cfg.media_delivery == "http" else None
-    if host:
-        await host.start()
     cache: dict = {}
     phases: dict[str, Any] = {}
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -137,7 +135,7 @@ async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dic
             rows[mode] = request_rows(mode, records)
     finally:
         if host:
-            await host.stop()
+            host.stop()
     media = {"items_per_request": opts["items_per_request"],
              "buckets": {",".join(map(str, k)): v for k, v in opts["buckets"].items()},
              "image_format": cfg.image_format, "image_quality": cfg.image_quality,

@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from aphrodite_cli.bench.media_host import MediaHost
 from aphrodite_cli.bench.metrics import RequestRecord
 from aphrodite_cli.bench.serve_bench import (
     LoadConfig,
-    MediaHost,
     build_payload,
     nonce,
     phase_result,
@@ -248,8 +248,6 @@ async def run_sweep(cfg: LoadConfig, make: Callable[[int, int], list], *, modes:
                     ) -> dict[str, Any]:
     """Every phase's points (and capacity, with SLOs)."""
     host = MediaHost() if media_delivery == "http" else None
-    if host:
-        await host.start()
     phases: dict[str, Any] = {}
     start = time.perf_counter()
     try:
@@ -283,7 +281,7 @@ async def run_sweep(cfg: LoadConfig, make: Callable[[int, int], list], *, modes:
                             "seconds": time.perf_counter() - phase_start}
     finally:
         if host:
-            await host.stop()
+            host.stop()
     return {"phases": phases, "seconds": time.perf_counter() - start}
 
 
