@@ -367,3 +367,23 @@ def test_control_tokens_in_message_text_are_refused(arch):
                                     {"role": "user", "content": content}])
             assert info.value.code == "control_token_in_text" and "messages[1]" in str(
                 info.value) and token in str(info.value)
+
+
+def test_qwen2_5_vl_video_gets_its_clips_seconds_per_temporal_patch():
+    """Qwen2.5-VL's M-RoPE time axis steps by second_per_grid_ts = temporal_patch_size / the
+    sampled fps: 16 frames sampled from a 2 s, 30 fps clip are 8 fps, so 0.25 s per patch of
+    2 frames (without the clip's metadata the processor assumes 24 fps: 0.083)."""
+    lm = loaded("qwen2_5_vl")
+    frames = np.stack([synthetic.video_frame(i, 64, 48) for i in range(16)])
+    meta = {"total_num_frames": 60, "fps": 30.0,
+            "frames_indices": [round(i * 59 / 15) for i in range(16)]}
+    text = lm.spec.placeholders["video"] + "What?"
+    got = Preprocessor(lm).process(text, [MediaItem("video", decoded=frames,
+                                                    metadata=dict(meta))])
+    ref = lm.processor(text=[text], videos=[frames], video_metadata=[dict(meta)],
+                       do_sample_frames=False, return_tensors="pt")
+    assert got.input_ids == ref["input_ids"][0].tolist()
+    assert torch.allclose(torch.as_tensor(got.mm["second_per_grid_ts"]),
+                          torch.tensor([0.25]))
+    assert torch.equal(torch.as_tensor(got.mm["second_per_grid_ts"]),
+                       torch.as_tensor(ref["second_per_grid_ts"]))

@@ -138,10 +138,13 @@ class Preprocessor:
         if item.modality == "audio":
             data, rate = data
             extra.setdefault("sampling_rate", rate)
-        if item.modality == "video" and spec.video_timestamps:
+        if item.modality == "video" and (spec.video_timestamps or item.metadata is not None):
             extra["do_sample_frames"] = False  # the engine sampled them; metadata says which
             if item.metadata is not None:
-                # a copy: the processor extends an odd frames_indices list in place
+                # The clip's fps and the sampled frames: timestamps in the prompt (Qwen3-VL,
+                # SmolVLM) and Qwen2.5-VL's seconds per temporal patch (its M-RoPE time axis)
+                # come from them; without, the processor assumes 24 fps. A copy: the processor
+                # extends an odd frames_indices list in place.
                 extra["video_metadata"] = [copy.deepcopy(item.metadata)]
         if spec.assemble_text:
             extra["return_text_replacement_offsets"] = True
