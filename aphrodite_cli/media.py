@@ -151,7 +151,7 @@ def generate(
     """Write synthetic media with structure and motion (every video frame distinct)."""
     from pathlib import Path
 
-    from engine.media import synthetic
+    from aphrodite_cli.bench import synthetic
 
     path = Path(out_path)
     suffix = path.suffix.lower().lstrip(".")

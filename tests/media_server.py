@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from engine.media import synthetic
+from aphrodite_cli.bench import synthetic
 
 
 @dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from aphrodite_cli.bench import synthetic
 from engine.errors import MediaDecodeError, MediaTooLargeError, UnsupportedMediaError
-from engine.media import synthetic
 from engine.media.audio import decode_audio
 
 

@@ -193,8 +193,8 @@ def test_cold_and_warm_phases_against_the_real_server(tmp_path):
 
 
 def test_jsonl_dataset_with_a_media_folder(tmp_path):
+    from aphrodite_cli.bench import synthetic
     from aphrodite_cli.bench.datasets import load_jsonl
-    from engine.media import synthetic
 
     (tmp_path / "media").mkdir()
     (tmp_path / "media" / "a.png").write_bytes(synthetic.make_image(8, 8, fmt="PNG"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.media import synthetic
+from aphrodite_cli.bench import synthetic
 
 BIN = Path(sys.executable).with_name("aphrodite")
 

@@ -6,9 +6,9 @@ import base64
 
 import pytest
 
+from aphrodite_cli.bench import synthetic
 from engine.config import MediaPolicy
 from engine.errors import InvalidRequestError, UnsupportedMediaError
-from engine.media import synthetic
 from engine.media.connector import MediaConnector
 
 

@@ -210,8 +210,12 @@ def test_bad_input_is_a_400_never_a_500(server, name):
 
 def test_a_request_may_lower_the_pixel_budget(server):
     """Fewer pixels than the server's own maximum is the kwargs' legitimate use."""
-    png = __import__("engine.media.synthetic", fromlist=["x"]).make_image(200, 150, fmt="PNG")
-    url = "data:image/png;base64," + __import__("base64").b64encode(png).decode()
+    import base64
+
+    from aphrodite_cli.bench import synthetic
+
+    png = synthetic.make_image(200, 150, fmt="PNG")
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
     tokens = {}
     for max_pixels in (None, 28 * 28 * 4):
         extra = {"mm_processor_kwargs": {"max_pixels": max_pixels}} if max_pixels else {}

@@ -18,8 +18,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from aphrodite_cli.bench import synthetic
 from engine.errors import ConfigError
-from engine.media import synthetic
 from engine.models.loader import load_model, resolve_model_path
 from tests.fake_hub import FakeHub
 from tests.server_harness import ServerProcess

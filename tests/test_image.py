@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from aphrodite_cli.bench import synthetic
 from engine.errors import MediaDecodeError, MediaTooLargeError, UnsupportedMediaError
-from engine.media import synthetic
 from engine.media.image import decode_image, probe_image
 
 

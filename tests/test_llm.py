@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from aphrodite_cli.bench import synthetic
 from engine import SamplingParams
 from engine.errors import ConfigError, InvalidRequestError
 from engine.executor.request import EngineRequest
-from engine.media import synthetic
 from engine.processing.preprocess import MediaItem
 from tests.engine_fixtures import llm
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from aphrodite_cli.bench import synthetic
 from engine.config import MediaPolicy, ModalityLimits
 from engine.errors import MediaFetchError, MediaPolicyError, MediaTooLargeError
-from engine.media import synthetic
 from engine.media.connector import MediaConnector
 
 

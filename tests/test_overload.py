@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from aphrodite_cli.bench import synthetic
 from aphrodite_cli.bench.media_host import MediaHost
-from engine.media import synthetic
 from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from aphrodite_cli.bench import synthetic
 from engine.errors import ConfigError, InvalidRequestError
-from engine.media import synthetic
 from engine.processing.pipeline import Pipeline, PipelineConfig
 from engine.processing.preprocess import MediaItem
 from engine.server.config import ServerConfig

@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
+from aphrodite_cli.bench import synthetic
 from engine.errors import ConfigError, InvalidRequestError
-from engine.media import synthetic
 from engine.processing.cache import ProcessorCache
 from engine.processing.kwargs import merge_processor_kwargs
 from engine.processing.limits import check_item_counts, effective_limits

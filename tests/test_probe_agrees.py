@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from aphrodite_cli.bench import synthetic
 from engine.config import MediaPolicy
 from engine.errors import AphroditeError
-from engine.media import synthetic
 from engine.media.connector import MediaConnector
 from engine.media.image import decode_image
 

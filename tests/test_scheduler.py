@@ -9,11 +9,11 @@ import threading
 import numpy as np
 import pytest
 
+from aphrodite_cli.bench import synthetic
 from engine.errors import AphroditeError
 from engine.executor.engine import Engine
 from engine.executor.request import EngineRequest
 from engine.executor.sampling import SamplingParams
-from engine.media import synthetic
 from engine.processing.preprocess import MediaItem
 from tests.engine_fixtures import FAMILIES, llm
 

@@ -16,8 +16,8 @@ import openai
 import pytest
 from PIL import Image
 
+from aphrodite_cli.bench import synthetic
 from aphrodite_cli.bench.media_host import MediaHost
-from engine.media import synthetic
 from engine.version import __version__
 from tests.engine_fixtures import hf_prompt_ids, loaded
 from tests.server_harness import ServerProcess

@@ -21,8 +21,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from aphrodite_cli.bench import synthetic
 from aphrodite_cli.bench.media_host import MediaHost
-from engine.media import synthetic
 from engine.models.templates_path import template_path
 from tests.server_harness import BIN, ServerProcess, free_port, wait_exit
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from aphrodite_cli.bench import synthetic
 from engine.config import MediaLimits
 from engine.media import pool as pool_module
-from engine.media import synthetic
 from engine.media.pool import decode_executor
 from engine.media.video import load_video_async, loader
 from engine.media.video.budget import GpuDecodeBudget

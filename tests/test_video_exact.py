@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from aphrodite_cli.bench.synthetic import read_frame_index
 from engine.config import MediaLimits
 from engine.errors import ConfigError, UnsupportedMediaError
-from engine.media.synthetic import read_frame_index
 from engine.media.video import load_video
 from engine.media.video.options import build_spec
 from tests.video_clips import CLIPS, clip, reference_frames

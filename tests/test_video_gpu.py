@@ -10,9 +10,9 @@ import logging
 import numpy as np
 import pytest
 
+from aphrodite_cli.bench import synthetic
 from engine.config import MediaLimits
 from engine.errors import ConfigError
-from engine.media import synthetic
 from engine.media.video import load_video
 from engine.media.video.backends import deepstream
 from engine.media.video.gpu import check_gpu_backend_startup

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.media import synthetic
+from aphrodite_cli.bench import synthetic
 
 RECIPES = json.loads((Path(__file__).resolve().parents[1] / "datasets" / "recipes"
                       / "video-clips.json").read_text())

@@ -14,9 +14,9 @@ def run_video_backends(backends: list[str], *, clips: int = 3, width: int = 640,
                        height: int = 360, seconds: float = 2.0, gop: int = 30,
                        num_frames: int = 16, seed: int = 0) -> list[dict[str, Any]]:
     """The same videos decoded by each backend: decode time per backend and clip."""
+    from aphrodite_cli.bench import synthetic
     from engine.config import MediaLimits
     from engine.errors import AphroditeError, ConfigError
-    from engine.media import synthetic
     from engine.media.video import load_video
     from engine.media.video.options import build_spec
 
@@ -209,10 +209,10 @@ def run_batching(model: str | None, *, concurrency: int, max_tokens: int, repeat
     """``concurrency`` image requests submitted together vs the same run one after another."""
     from PIL import Image
 
+    from aphrodite_cli.bench import synthetic
     from engine import LLM, SamplingParams
     from engine.executor.request import EngineRequest
     from engine.llm import to_items
-    from engine.media import synthetic
 
     llm = LLM(model, max_batch_size=concurrency, mm_processor_cache_gb=0)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)

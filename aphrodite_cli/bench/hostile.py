@@ -52,7 +52,7 @@ def png_header(width: int, height: int) -> bytes:
 
 def eight_k_clip() -> bytes:
     """One real 7680x4320 H.264 frame (generated once into the cache: ~6 s to encode)."""
-    from engine.media import synthetic
+    from aphrodite_cli.bench import synthetic
     from engine.paths import cache_root
 
     path = cache_root() / "media" / "hostile-8k.mp4"
@@ -67,7 +67,7 @@ def eight_k_clip() -> bytes:
 
 def host_files() -> dict[str, tuple[bytes, str, dict[str, str]]]:
     """path -> (body, content type, extra headers) for :class:`HostileHost`."""
-    from engine.media import synthetic
+    from aphrodite_cli.bench import synthetic
 
     clip = synthetic.make_video(width=96, height=64, seconds=1, gop=10)
     mkv = synthetic.make_video(width=96, height=64, seconds=1, gop=10, container="matroska")
@@ -154,7 +154,7 @@ class HostileHost:
 def hostile_catalogue(model: str, host: str) -> list[HostileCase]:
     """Every hostile request, for a server started with SERVER_ARGS/SERVER_ENV and allowed to
     fetch from ``host`` (the :class:`HostileHost` base URL, on 127.0.0.1)."""
-    from engine.media import synthetic
+    from aphrodite_cli.bench import synthetic
 
     jpeg = synthetic.make_image(64, 48, fmt="JPEG")
     b64 = base64.b64encode

@@ -24,8 +24,8 @@ MODES = ("static", "continuous")
 def _prepared(llm: Any, count: int) -> list[Any]:
     from PIL import Image
 
+    from aphrodite_cli.bench import synthetic
     from engine.llm import to_items
-    from engine.media import synthetic
 
     out = []
     for i in range(count):

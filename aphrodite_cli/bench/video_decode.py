@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from aphrodite_cli.bench import synthetic
 from engine.config import MediaLimits
 from engine.errors import AphroditeError, ConfigError
-from engine.media import synthetic
 from engine.media.video.loader import load_video
 from engine.media.video.options import build_spec
 from engine.paths import cache_root

@@ -18,8 +18,8 @@ from engine.media.audio import DEFAULT_SAMPLING_RATE, decode_audio
 from engine.media.connector import MediaConnector
 from engine.media.image import decode_image, probe_image
 from engine.media.video import load_video
+from engine.media.video.info import probe_video
 from engine.media.video.options import server_video_spec
-from engine.media.video_info import probe_video
 
 
 @dataclass
