@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aphrodite_cli.bench import synthetic
 from engine.config import MediaLimits
 from engine.errors import ConfigError, MediaDecodeError, OverloadedError, UnsupportedMediaError
-from engine.media import frame_memory, synthetic
+from engine.media import frame_memory
 from engine.media.audio import decode_audio
 from engine.media.image import decode_image
 from engine.media.isolation import DecodeWorkers
