@@ -131,16 +131,56 @@ if set(OPTION_CLASSES) != set(NAMES):  # pragma: no cover - a registration mista
 
 @dataclass(frozen=True)
 class VideoLoadSpec:
-    """A resolved choice: backend, its typed options, and the sampling request."""
+    """A resolved choice: backend, its typed options, and the sampling request. A request's
+    overrides make a new one with ``dataclasses.replace`` (see :func:`parse_video_io_kwargs`)."""
 
     backend: str
     options: BackendOptions
     sampling: SamplingRequest
-    raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 def _owner_of(key: str) -> str | None:
     return next((name for name, cls in OPTION_CLASSES.items() if key in cls.names()), None)
+
+
+def _check_backend(backend: Any, hint: str, error: type) -> type[BackendOptions]:
+    if backend not in OPTION_CLASSES:
+        raise error(
+            f"unknown video backend {backend!r}; valid backends: {', '.join(NAMES)}",
+            hint=f"set \"backend\" in {hint} to one of them", code="unknown_video_backend")
+    return OPTION_CLASSES[backend]
+
+
+def _typed(kwargs: dict[str, Any], cls: type[BackendOptions], hint: str, error: type
+           ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One ``video`` kwargs dict checked key by key: (the backend's option values, the
+    sampling values), each of its type; anything else is an ``error`` naming the key."""
+    values: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key == "backend" or key in SAMPLING_KEYS:
+            continue
+        if key not in cls.names():
+            owner = _owner_of(key)
+            if owner is not None:
+                raise error(
+                    f"video option {key!r} belongs to the {owner} backend, not {cls.backend}",
+                    hint=f'remove {key!r} or set "backend": "{owner}" in {hint}',
+                    code="video_option_wrong_backend")
+            valid = ", ".join((*cls.names(), *SAMPLING_KEYS))
+            raise error(f"unknown video option {key!r}; valid for {cls.backend}: {valid}",
+                        hint=f"fix {hint}", code="unknown_video_option")
+        try:
+            values[key] = cls.checks[key](key, value)
+        except ValueError as exc:
+            raise error(str(exc), hint=f"fix {hint}", code="invalid_video_option") from None
+    return values, {k: kwargs[k] for k in SAMPLING_KEYS if k in kwargs}
+
+
+def _sampling(make: Any, hint: str, error: type) -> SamplingRequest:
+    try:
+        return make()
+    except InvalidRequestError as exc:
+        raise error(exc.message, hint=f"fix {hint}", code=exc.code) from None
 
 
 def build_spec(kwargs: dict[str, Any], default_backend: str, *, error: type) -> VideoLoadSpec:
@@ -150,35 +190,10 @@ def build_spec(kwargs: dict[str, Any], default_backend: str, *, error: type) -> 
     if not isinstance(kwargs, dict):
         raise error(f"video media_io_kwargs must be a JSON object, not {kwargs!r}", hint=hint)
     backend = kwargs.get("backend", default_backend)
-    if backend not in OPTION_CLASSES:
-        raise error(
-            f"unknown video backend {backend!r}; valid backends: {', '.join(NAMES)}",
-            hint=f"set \"backend\" in {hint} to one of them", code="unknown_video_backend")
-    cls = OPTION_CLASSES[backend]
-    values: dict[str, Any] = {}
-    for key, value in kwargs.items():
-        if key == "backend" or key in SAMPLING_KEYS:
-            continue
-        if key not in cls.names():
-            owner = _owner_of(key)
-            if owner is not None:
-                raise error(
-                    f"video option {key!r} belongs to the {owner} backend, not {backend}",
-                    hint=f'remove {key!r} or set "backend": "{owner}" in {hint}',
-                    code="video_option_wrong_backend")
-            valid = ", ".join((*cls.names(), *SAMPLING_KEYS))
-            raise error(f"unknown video option {key!r}; valid for {backend}: {valid}",
-                        hint=f"fix {hint}", code="unknown_video_option")
-        try:
-            values[key] = cls.checks[key](key, value)
-        except ValueError as exc:
-            raise error(str(exc), hint=f"fix {hint}", code="invalid_video_option") from None
-    sampling_args = {k: kwargs[k] for k in SAMPLING_KEYS if k in kwargs}
-    try:
-        sampling = SamplingRequest(**sampling_args)
-    except InvalidRequestError as exc:
-        raise error(exc.message, hint=f"fix {hint}", code=exc.code) from None
-    return VideoLoadSpec(backend, cls(**values), sampling, dict(kwargs))
+    cls = _check_backend(backend, hint, error)
+    values, sampling = _typed(kwargs, cls, hint, error)
+    return VideoLoadSpec(backend, cls(**values),
+                         _sampling(lambda: SamplingRequest(**sampling), hint, error))
 
 
 def server_video_spec(media_io_kwargs: dict[str, Any] | None) -> VideoLoadSpec:
@@ -190,23 +205,25 @@ def server_video_spec(media_io_kwargs: dict[str, Any] | None) -> VideoLoadSpec:
 def parse_video_io_kwargs(
     request_kwargs: dict[str, Any] | None, server: VideoLoadSpec
 ) -> VideoLoadSpec:
-    """A request's ``media_io_kwargs.video`` merged over the server's spec."""
+    """A request's ``media_io_kwargs.video`` over the server's spec: its values checked one
+    by one, then put on the server's typed spec with ``dataclasses.replace`` (the server's
+    sampling and, for the same backend, its options stay where the request says nothing)."""
     if not request_kwargs:
         return server
+    hint = "media_io_kwargs.video in the request"
     if not isinstance(request_kwargs, dict):
         raise InvalidRequestError("media_io_kwargs.video must be a JSON object",
                                   param="media_io_kwargs")
     backend = request_kwargs.get("backend", server.backend)
+    cls = _check_backend(backend, hint, InvalidRequestError)
     if backend in GPU_NAMES and backend != server.backend:
         raise InvalidRequestError(
             f"video backend {backend!r} can only be used when the server was started with it",
             hint=f"start the server with --media-io-kwargs '{{\"video\": {{\"backend\": "
                  f"\"{backend}\"}}}}' or pick a CPU backend ({', '.join(CPU_NAMES)})",
             code="video_backend_not_enabled", param="media_io_kwargs")
-    merged = {k: v for k, v in server.raw.items()
-              if k in SAMPLING_KEYS or (backend == server.backend and k != "backend")}
     # Options fixed when the server starts: a per-request value is ignored with a warning.
-    for key in BACKENDS[backend].startup_only if backend in BACKENDS else ():
+    for key in BACKENDS[backend].startup_only:
         if key in request_kwargs:
             if request_kwargs[key] != getattr(server.options, key, None):
                 logger.warning("ignoring per-request video option %s=%r: %s fixes it when the "
@@ -223,6 +240,8 @@ def parse_video_io_kwargs(
             hint="ask for fewer frames; the operator raises the maximum with --media-io-kwargs "
                  '\'{"video": {"num_frames": N}}\'', code="invalid_video_sampling",
             param="media_io_kwargs")
-    merged.update(request_kwargs)
-    merged["backend"] = backend
-    return build_spec(merged, server.backend, error=InvalidRequestError)
+    values, sampling = _typed(request_kwargs, cls, hint, InvalidRequestError)
+    options = (dataclasses.replace(server.options, **values) if backend == server.backend
+               else cls(**values))
+    return VideoLoadSpec(backend, options, _sampling(
+        lambda: dataclasses.replace(server.sampling, **sampling), hint, InvalidRequestError))
