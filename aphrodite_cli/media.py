@@ -177,8 +177,8 @@ def generate(
   aphrodite media decode file:///srv/clip.mp4 --allowed-local-media-path /srv
   --backend pyav --out frames/
 
-  aphrodite media decode https://example.com/clip.webm --backend torchcodec
-  --num-frames 8 --options '{"seek_mode": "approximate"}' --out frames/
+  aphrodite media decode https://example.com/clip.webm
+  --backend torchcodec:seek_mode=approximate --num-frames 8 --out frames/
 
 Writes frame_0000.png ... and decode.json (metadata and decode time) into OUT."""
 )
@@ -186,8 +186,10 @@ def decode(
     source: Annotated[str, typer.Argument(help="http(s), data: or file:// URL of a video; "
                                           "'-' reads it from stdin.")],
     out_dir: Annotated[str, typer.Option("--out", help="Folder for the PNGs and decode.json.")],
-    backend: Annotated[str, typer.Option(help=f"{', '.join(VIDEO_BACKEND_NAMES)} (default: "
-                                         "APHRODITE_VIDEO_LOADER_BACKEND)")] = "",
+    backend: Annotated[str, typer.Option(
+        metavar="NAME[:KEY=VALUE...]", help=f"{', '.join(VIDEO_BACKEND_NAMES)}, with options "
+        "after the name as in the benchmarks, e.g. pyav:threads=2 (default: "
+        "APHRODITE_VIDEO_LOADER_BACKEND)")] = "",
     num_frames: Annotated[int | None, typer.Option(min=1, help="Frames to sample (32).")
                           ] = None,
     fps: Annotated[float | None, typer.Option(min=0.001, help="Frames per second to sample.")
@@ -195,8 +197,8 @@ def decode(
     max_duration: Annotated[float | None, typer.Option(
         min=0.001, help="Only sample the first N seconds.")] = None,
     options: Annotated[str | None, typer.Option(
-        "--options", metavar="JSON", help="Backend options, e.g. '{\"seek_mode\": "
-        "\"approximate\"}' for torchcodec.")] = None,
+        "--options", metavar="JSON", help="Backend options as JSON (the same as after the "
+        "name in --backend), e.g. '{\"seek_mode\": \"approximate\"}' for torchcodec.")] = None,
     allowed_media_domains: AllowedMediaDomains = None,
     allowed_local_media_path: AllowedLocalMediaPath = None,
 ) -> None:
@@ -211,13 +213,13 @@ def decode(
     from engine.errors import AphroditeError
     from engine.media.connector import MediaConnector
     from engine.media.video import load_video
-    from engine.media.video.options import server_video_spec
+    from engine.media.video.options import parse_backend_choice, server_video_spec
 
     if source == "-":
         source = sys.stdin.read().strip()
     video = dict(parse_json_flag("--options", options) or {})
     if backend:
-        video["backend"] = backend
+        video.update(parse_backend_choice(backend, flag="--backend"))
     for key, value in (("num_frames", num_frames), ("fps", fps), ("max_duration", max_duration)):
         if value is not None:
             video[key] = value

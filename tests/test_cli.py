@@ -138,6 +138,16 @@ def test_media_decode_refuses_a_wrong_option(tmp_path):
                  str(tmp_path), "--backend", "opencv", "--options", '{"seek_mode": "exact"}',
                  "--out", str(tmp_path / "o"))
     assert result.returncode == 2 and "belongs to the torchcodec backend" in result.stderr
+    # the same option in the one NAME:KEY=VALUE syntax the benchmarks take
+    result = run("media", "decode", f"file://{tmp_path}/c.mp4", "--allowed-local-media-path",
+                 str(tmp_path), "--backend", "opencv:seek_mode=exact", "--out",
+                 str(tmp_path / "o"))
+    assert result.returncode == 2 and "belongs to the torchcodec backend" in result.stderr
+    ok = run("media", "decode", f"file://{tmp_path}/c.mp4", "--allowed-local-media-path",
+             str(tmp_path), "--backend", "torchcodec:seek_mode=approximate", "--num-frames", "2",
+             "--out", str(tmp_path / "ok"))
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((tmp_path / "ok" / "decode.json").read_text())["backend"] == "torchcodec"
 
 
 def test_bench_video_decode_writes_a_result(tmp_path):
@@ -182,7 +192,7 @@ def test_serve_and_run_help_document_every_flag_with_examples():
 def test_bench_mm_processor_cold_warm_and_video_backends(tmp_path):
     result = run("bench", "mm-processor", "--num-prompts", "4", "--bucket-config",
                  '{"120,160,1": 0.5, "96,128,8": 0.5}', "--items-per-request", "2",
-                 "--media-delivery", "http", "--video-backends", "pyav,opencv",
+                 "--media-delivery", "http", "--video-backends", "pyav:threads=1,opencv",
                  "--out-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     doc = json.loads(next(tmp_path.glob("mm-processor-*.json")).read_text())
@@ -194,6 +204,7 @@ def test_bench_mm_processor_cold_warm_and_video_backends(tmp_path):
     assert cold["stages"]["encoder_s"]["median"] > 0 and doc["encoder"] is True
     assert warm["stages"]["media_decode_s"]["max"] == 0.0  # hits skip decoding
     assert [r["backend"] for r in doc["video_backends"]] == ["pyav", "opencv"]
+    assert [r["options"] for r in doc["video_backends"]] == [{"threads": 1}, {}]
     assert all(r["decode_ms"]["count"] == 3 and r["frames_sampled"] == 16
                for r in doc["video_backends"])
     # which processor classes ran: in the result and in what it prints

@@ -157,3 +157,23 @@ def test_every_backend_fact_comes_from_its_one_record():
         with pytest.raises(InvalidRequestError) as info:
             parse_video_io_kwargs({"backend": name}, server)
         assert info.value.code == "video_backend_not_enabled"
+
+
+def test_one_command_line_syntax_for_a_backend_and_its_options():
+    """NAME:KEY=VALUE (JSON values where they parse) on every command that picks a backend;
+    the result is the ``video`` dict --media-io-kwargs takes, checked by the same code."""
+    from engine.media.video.options import build_spec, parse_backend_choices
+
+    choices = parse_backend_choices("pyav:threads=2:skip_nonref=false, torchcodec:seek_mode="
+                                    "approximate,opencv", flag="--backends")
+    assert choices == [{"backend": "pyav", "threads": 2, "skip_nonref": False},
+                       {"backend": "torchcodec", "seek_mode": "approximate"},
+                       {"backend": "opencv"}]
+    assert build_spec(choices[0], "opencv", error=ConfigError).options == PyAVOptions(
+        threads=2, skip_nonref=False)
+    with pytest.raises(ConfigError) as info:
+        parse_backend_choices("pyav:threads", flag="--video-backends")
+    assert "--video-backends" in info.value.message and "KEY=VALUE" in info.value.message
+    with pytest.raises(ConfigError, match="threads"):
+        build_spec(parse_backend_choices("pyav:threads=-1", flag="--backends")[0], "opencv",
+                   error=ConfigError)

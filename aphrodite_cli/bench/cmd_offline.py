@@ -18,25 +18,10 @@ from aphrodite_cli.options import (
     OutputFormat,
 )
 from aphrodite_cli.output import err, out, print_table
+from engine.media.video.options import parse_backend_choices
 
 DEFAULT_BACKENDS = \
     "opencv,pyav,pyav:isolation=process,pyav:skip_nonref=false,torchcodec,deepstream"
-
-
-def parse_backend_list(text: str) -> list[tuple[str, dict]]:
-    """``pyav:threads=2:skip_nonref=false,opencv`` -> [("pyav", {...}), ("opencv", {})]."""
-    backends = []
-    for item in (p.strip() for p in text.split(",") if p.strip()):
-        name, *opts = item.split(":")
-        options = {}
-        for opt in opts:
-            key, _, raw = opt.partition("=")
-            try:
-                options[key] = json.loads(raw)
-            except json.JSONDecodeError:
-                options[key] = raw
-        backends.append((name, options))
-    return backends
 
 
 @app.command(
@@ -66,7 +51,8 @@ def video_decode(
     from aphrodite_cli.bench.results import write_result
 
     path = clip or runner.standard_clip()
-    doc = runner.run(path, parse_backend_list(backends), num_frames=num_frames,
+    choices = parse_backend_choices(backends, flag="--backends")
+    doc = runner.run(path, [(c.pop("backend"), c) for c in choices], num_frames=num_frames,
                      repeats=repeats, progress=lambda msg: out.print(f"  {msg}", markup=False))
     result = write_result(doc, "video-decode", out_dir)
     _print_table(doc)
@@ -131,7 +117,8 @@ def mm_processor(
                          ] = None,
     video_backends: Annotated[str | None, typer.Option(
         help="Also decode the same videos with each of these backends, e.g. "
-             "opencv,pyav,torchcodec.")] = None,
+             "opencv,pyav:threads=2,torchcodec:seek_mode=approximate (NAME:KEY=VALUE, as "
+             "everywhere).")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     compare_models: Annotated[str | None, typer.Option(
         metavar="A,B,...", help="Run the same media through each of these models' "
@@ -164,8 +151,8 @@ def mm_processor(
     doc = run_mm_processor(
         model, num_prompts=num_prompts, buckets=parse_buckets(bucket_config),
         items=items_per_request, media_delivery=media_delivery, mode=mode, seed=seed,
-        encoder=encoder, video_backends=[b.strip() for b in video_backends.split(",")
-                                         if b.strip()] if video_backends else None,
+        encoder=encoder, video_backends=parse_backend_choices(
+            video_backends, flag="--video-backends") if video_backends else None,
         jsonl=dataset_path, media_dir=media_dir)
     path = write_result(doc, "mm-processor", out_dir)
     say = err if output_format == "json" else out

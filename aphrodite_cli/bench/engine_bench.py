@@ -10,10 +10,11 @@ from aphrodite_cli.bench.stats import summary
 STAGES = ("fetch_s", "hash_s", "cache_lookup_s", "media_decode_s", "processor_s", "encoder_s")
 
 
-def run_video_backends(backends: list[str], *, clips: int = 3, width: int = 640,
+def run_video_backends(backends: list[dict[str, Any]], *, clips: int = 3, width: int = 640,
                        height: int = 360, seconds: float = 2.0, gop: int = 30,
                        num_frames: int = 16, seed: int = 0) -> list[dict[str, Any]]:
-    """The same videos decoded by each backend: decode time per backend and clip."""
+    """The same videos decoded by each backend (a ``video`` kwargs dict: backend and its
+    options): decode time per backend and clip."""
     from aphrodite_cli.bench import synthetic
     from engine.config import MediaLimits
     from engine.errors import AphroditeError, ConfigError
@@ -24,9 +25,9 @@ def run_video_backends(backends: list[str], *, clips: int = 3, width: int = 640,
     videos = [synthetic.make_video(width=width, height=height, seconds=seconds, gop=gop,
                                    seed=seed + i) for i in range(clips)]
     rows = []
-    for backend in backends:
-        spec = build_spec({"backend": backend, "num_frames": num_frames}, backend,
-                          error=ConfigError)
+    for choice in backends:
+        backend = choice["backend"]
+        spec = build_spec({"num_frames": num_frames, **choice}, backend, error=ConfigError)
         times, error = [], None
         try:
             load_video(videos[0], spec, limits)  # warm-up: imports
@@ -34,7 +35,9 @@ def run_video_backends(backends: list[str], *, clips: int = 3, width: int = 640,
                 times.append(load_video(data, spec, limits).metadata.decode_s)
         except AphroditeError as err:
             error = str(err)
-        rows.append({"backend": backend, "clip": f"h264 {width}x{height} gop {gop} "
+        rows.append({"backend": backend, "options": {k: v for k, v in choice.items()
+                                                      if k != "backend"},
+                     "clip": f"h264 {width}x{height} gop {gop} "
                      f"{int(seconds * 30)} frames", "frames_sampled": num_frames,
                      "clips": clips, "decode_ms": summary([t * 1e3 for t in times]),
                      "error": error})
@@ -68,7 +71,7 @@ def _encoder_timer(loaded):
 
 def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | None = None,
                      items: int = 1, media_delivery: str = "data-url", mode: str = "both",
-                     seed: int = 0, video_backends: list[str] | None = None,
+                     seed: int = 0, video_backends: list[dict[str, Any]] | None = None,
                      encoder: bool = True, image_quality: int = 90,
                      jsonl: Any = None, media_dir: Any = None) -> dict[str, Any]:
     """The engine's preprocessing on a random-mm dataset, offline: fetch (loopback HTTP or

@@ -9,6 +9,7 @@ unknown options and options that belong to another backend are errors that say s
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -245,3 +246,30 @@ def parse_video_io_kwargs(
                else cls(**values))
     return VideoLoadSpec(backend, options, _sampling(
         lambda: dataclasses.replace(server.sampling, **sampling), hint, InvalidRequestError))
+
+
+def parse_backend_choice(text: str, *, flag: str) -> dict[str, Any]:
+    """The one command-line syntax for a video backend and its options, ``NAME`` or
+    ``NAME:KEY=VALUE:KEY=VALUE`` (values read as JSON where they parse: ``threads=2``,
+    ``skip_nonref=false``; else as text: ``seek_mode=approximate``), as the ``video`` dict of
+    ``--media-io-kwargs``. Keys and values are checked where the dict is used (build_spec)."""
+    name, *pairs = text.strip().split(":")
+    if not name:
+        raise ConfigError(f"{flag} {text!r}: no backend name", code="invalid_flag",
+                          hint=f"e.g. {flag} pyav:threads=2; backends: {', '.join(NAMES)}")
+    choice: dict[str, Any] = {"backend": name}
+    for pair in pairs:
+        key, eq, raw = pair.partition("=")
+        if not key or not eq:
+            raise ConfigError(f"{flag} {text!r}: {pair!r} is not KEY=VALUE", code="invalid_flag",
+                              hint=f"e.g. {flag} {name}:threads=2")
+        try:
+            choice[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            choice[key] = raw
+    return choice
+
+
+def parse_backend_choices(text: str, *, flag: str) -> list[dict[str, Any]]:
+    """A comma-separated list of :func:`parse_backend_choice` (``pyav:threads=2,opencv``)."""
+    return [parse_backend_choice(item, flag=flag) for item in text.split(",") if item.strip()]
