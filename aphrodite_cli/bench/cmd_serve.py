@@ -133,7 +133,7 @@ def serve_cmd(
     from aphrodite_cli.bench.datasets import parse_buckets
     from aphrodite_cli.bench.results import write_result
     from aphrodite_cli.bench.serve_bench import LoadConfig
-    from aphrodite_cli.bench.serve_run import run
+    from aphrodite_cli.bench.serve_run import ServeArgs, run
     from engine.errors import ConfigError
 
     say = err if output_format == "json" else out  # stdout carries only the JSON then
@@ -179,13 +179,13 @@ def serve_cmd(
                      image_format=image_format.upper(), image_quality=image_quality,
                      video_codec=video_codec, video_fps=video_fps, video_gop=video_gop,
                      goodput=slos, temperature=temperature, ignore_eos=ignore_eos)
-    opts = {"dataset": dataset, "dataset_path": dataset_path, "media_dir": media_dir,
-            "num_prompts": num_prompts, "num_warmups": num_warmups, "mode": mode,
-            "items_per_request": items_per_request, "buckets": parse_buckets(bucket_config),
-            "prompt_len": prompt_len, "output_len": output_len, "seed": seed,
-            "embedded": embedded, "model": model, "percentile_metrics": pct_metrics,
-            "metric_percentiles": pcts,
-            "tokenizer": vllm_compat.load_tokenizer(tokenizer) if tokenizer else None}
+    args = ServeArgs(dataset=dataset, dataset_path=dataset_path, media_dir=media_dir,
+                     num_prompts=num_prompts, num_warmups=num_warmups, mode=mode,
+                     items_per_request=items_per_request, buckets=parse_buckets(bucket_config),
+                     prompt_len=prompt_len, output_len=output_len, seed=seed,
+                     embedded=embedded, model=model, percentile_metrics=tuple(pct_metrics),
+                     metric_percentiles=tuple(pcts),
+                     tokenizer=vllm_compat.load_tokenizer(tokenizer) if tokenizer else None)
     from aphrodite_cli.bench.serve_bench import TargetRefused
     from engine.errors import BenchmarkFailed
 
@@ -194,8 +194,8 @@ def serve_cmd(
         with Progress("[progress.description]{task.description}", BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                       disable=not err.is_terminal) as progress:
-            doc = run(cfg, opts, progress,
-                      announce=lambda msg: say.print(msg, markup=False))
+            doc, rows = run(cfg, args, progress,
+                            announce=lambda msg: say.print(msg, markup=False))
     except TargetRefused as refused:
         first = refused.records[0]
         raise BenchmarkFailed(
@@ -204,7 +204,6 @@ def serve_cmd(
             f"{(first.error_body or '').strip()[:300]}",
             hint="check --base-url/--endpoint, --model and --api-key "
                  "(--abort-after-failures 0 runs on regardless)") from None
-    rows = doc.pop("_rows")
     doc["percentile_metrics"], doc["metric_percentiles"] = pct_metrics, pcts
     doc["tokenizer"] = tokenizer
     doc["requests"] = rows  # per phase, one record per request (as in the CSV / JSONL)

@@ -6,8 +6,7 @@ import time
 from typing import Any
 
 from aphrodite_cli.bench.stats import summary
-
-STAGES = ("fetch_s", "hash_s", "cache_lookup_s", "media_decode_s", "processor_s", "encoder_s")
+from engine.timings import PREPROCESSING_STAGES as STAGES
 
 
 def run_video_backends(backends: list[dict[str, Any]], *, clips: int = 3, width: int = 640,

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-STAGES = ("fetch_s", "media_decode_s", "processor_s", "queue_s", "encoder_s", "prefill_s",
-          "decode_s")
+from engine.timings import SERVED_STAGES as STAGES
 
 
 def _load(paths: list[Path]) -> list[tuple[Path, dict[str, Any]]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ from aphrodite_cli.bench.serve_bench import (
 )
 from aphrodite_cli.bench.server_process import ServerProcess
 from aphrodite_cli.bench.vllm_compat import count_tokens, flat_fields
+from aphrodite_cli.options import DatasetName, Mode
 from engine.errors import ConfigError
+from engine.timings import SERVED_STAGES
 
 
 class EmbeddedServer:
@@ -49,15 +52,41 @@ class EmbeddedServer:
         self.server.stop()
 
 
-def make_dataset(opts: dict[str, Any], *, run_nonce: int) -> list[BenchRequest]:
-    if opts["dataset"] == "jsonl":
-        if not opts.get("dataset_path"):
+@dataclass(frozen=True)
+class ServeArgs:
+    """What ``bench serve`` sends and how (the load itself is a :class:`LoadConfig`),
+    resolved from the flags once."""
+
+    num_prompts: int
+    buckets: dict
+    dataset: DatasetName = "random-mm"
+    dataset_path: Path | None = None
+    media_dir: Path | None = None
+    num_warmups: int = 0
+    mode: Mode = "cold"
+    items_per_request: int = 1
+    prompt_len: int = 8
+    output_len: int = 16
+    seed: int = 0
+    #: start this project's server (tiny default model unless ``model``) for the run
+    embedded: bool = False
+    model: str | None = None
+    server_args: tuple[str, ...] = ()
+    percentile_metrics: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
+    metric_percentiles: tuple[float, ...] = (99.0,)
+    #: counts tokens client-side when the target reports no usage
+    tokenizer: Any = None
+
+
+def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
+    if args.dataset == "jsonl":
+        if not args.dataset_path:
             raise ConfigError("--dataset jsonl needs --dataset-path FILE")
-        rows = load_jsonl(Path(opts["dataset_path"]), opts.get("media_dir"))
-        return (rows * (opts["num_prompts"] // max(len(rows), 1) + 1))[: opts["num_prompts"]]
-    return random_mm(opts["num_prompts"], items=opts["items_per_request"],
-                     buckets=opts["buckets"], prompt_len=opts["prompt_len"],
-                     output_len=opts["output_len"], seed=opts["seed"], nonce=run_nonce)
+        rows = load_jsonl(Path(args.dataset_path), args.media_dir)
+        return (rows * (args.num_prompts // max(len(rows), 1) + 1))[: args.num_prompts]
+    return random_mm(args.num_prompts, items=args.items_per_request, buckets=args.buckets,
+                     prompt_len=args.prompt_len, output_len=args.output_len, seed=args.seed,
+                     nonce=run_nonce)
 
 
 def request_rows(phase: str, records: list) -> list[dict[str, Any]]:
@@ -84,20 +113,23 @@ def request_rows(phase: str, records: list) -> list[dict[str, Any]]:
     return rows
 
 
-async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dict[str, Any]:
+async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
+                    model_source: str = "--model"
+                    ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """The phases against ``cfg``'s target: (the result, its per-request rows by phase)."""
     host = MediaHost() if cfg.media_delivery == "http" else None
     cache: dict = {}
     phases: dict[str, Any] = {}
     rows: dict[str, list[dict[str, Any]]] = {}
     try:
-        modes = ("cold", "warm") if opts["mode"] == "both" else (opts["mode"],)
+        modes = ("cold", "warm") if args.mode == "both" else (args.mode,)
         for mode in modes:
-            dataset = make_dataset(opts, run_nonce=nonce() if mode == "cold" else opts["seed"]
+            dataset = make_dataset(args, run_nonce=nonce() if mode == "cold" else args.seed
                                    + 7919)
             payloads = [build_payload(r, cfg, host, cache) for r in dataset]
             warmups = [build_payload(r, cfg, host, cache) for r in make_dataset(
-                {**opts, "num_prompts": opts["num_warmups"]}, run_nonce=nonce())
-            ] if opts["num_warmups"] else []
+                replace(args, num_prompts=args.num_warmups), run_nonce=nonce())
+            ] if args.num_warmups else []
             if warmups:  # server warm-up (JIT, pools): never measured
                 await run_phase(warmups, LoadConfig(**{**cfg.__dict__,
                                                        "request_rate": math.inf}))
@@ -107,8 +139,8 @@ async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dic
             task = progress.add_task(f"{mode} phase", total=len(payloads))
             records, duration, send_rate = await run_phase(
                 payloads, cfg, on_done=lambda t=task: progress.advance(t))
-            if opts.get("tokenizer") is not None:
-                count_tokens(opts["tokenizer"], records)
+            if args.tokenizer is not None:
+                count_tokens(args.tokenizer, records)
             result = phase_result(records, duration, send_rate, cfg)
             hit_rate = result["server_cache"]["hit_rate"]
             result["cache_check"] = None
@@ -125,53 +157,51 @@ async def run_serve(cfg: LoadConfig, opts: dict[str, Any], progress: Any) -> dic
                            for req, r in zip(dataset, records, strict=True) if r.ok],
                 "stages_ms": {k: [float(((r.server or {}).get("timings") or {}).get(k, 0)) * 1e3
                                   for r in records if r.ok]
-                              for k in ("fetch_s", "media_decode_s", "processor_s",
-                                        "queue_s", "encoder_s", "prefill_s", "decode_s")},
+                              for k in SERVED_STAGES},
             }
-            result.update(flat_fields(result, opts.get("percentile_metrics") or
-                                      ["ttft", "tpot", "itl", "e2el"],
-                                      opts.get("metric_percentiles") or [99.0]))
+            result.update(flat_fields(result, list(args.percentile_metrics),
+                                      list(args.metric_percentiles)))
             phases[mode] = result
             rows[mode] = request_rows(mode, records)
     finally:
         if host:
             host.stop()
-    media = {"items_per_request": opts["items_per_request"],
-             "buckets": {",".join(map(str, k)): v for k, v in opts["buckets"].items()},
+    media = {"items_per_request": args.items_per_request,
+             "buckets": {",".join(map(str, k)): v for k, v in args.buckets.items()},
              "image_format": cfg.image_format, "image_quality": cfg.image_quality,
              "video_codec": cfg.video_codec, "video_fps": cfg.video_fps,
              "video_gop": cfg.video_gop}
-    doc = document(cfg, phases, {"dataset": opts["dataset"], "num_prompts": opts["num_prompts"],
-                                 "num_warmups": opts["num_warmups"], "mode": opts["mode"],
-                                 "media": media, "embedded": opts.get("embedded", False),
-                                 "model_source": opts.get("model_source", "--model"),
+    doc = document(cfg, phases, {"dataset": args.dataset, "num_prompts": args.num_prompts,
+                                 "num_warmups": args.num_warmups, "mode": args.mode,
+                                 "media": media, "embedded": args.embedded,
+                                 "model_source": model_source,
                                  "target": {"base_url": cfg.base_url,
                                             "endpoint": cfg.endpoint,
                                             "embedded_server": "aphrodite serve (tiny "
                                             "Qwen2.5-VL, video backend opencv, processor cache "
-                                            "4 GB)" if opts.get("embedded") else None},
+                                            "4 GB)" if args.embedded else None},
                                  "pid": os.getpid()})
-    doc["_rows"] = rows
-    return doc
+    return doc, rows
 
 
-def run(cfg: LoadConfig, opts: dict[str, Any], progress: Any,
-        announce: Any = None) -> dict[str, Any]:
+def run(cfg: LoadConfig, args: ServeArgs, progress: Any, announce: Any = None
+        ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """Start the embedded server if asked, settle the target's root URL and the model (the
     first of ``GET /v1/models`` when none was given), then run the phases."""
     server = None
-    if opts.get("embedded"):
-        server = EmbeddedServer(opts.get("model"), opts.get("server_args", []))
+    model_source = "--model"
+    if args.embedded:
+        server = EmbeddedServer(args.model, list(args.server_args))
         cfg.base_url = server.base_url
     try:
         cfg.base_url = server_root(cfg.base_url)
         if not cfg.model:
             cfg.model = first_model(cfg.base_url, cfg.api_key)
-            opts["model_source"] = "first of GET /v1/models"
+            model_source = "first of GET /v1/models"
             if announce:
                 announce(f"model: {cfg.model} (the first of GET {cfg.base_url}/v1/models; "
                          "--model picks another)")
-        return asyncio.run(run_serve(cfg, opts, progress))
+        return asyncio.run(run_serve(cfg, args, progress, model_source))
     finally:
         if server:
             server.stop()

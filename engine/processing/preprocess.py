@@ -26,6 +26,7 @@ from engine.models.loader import LoadedModel
 from engine.processing.cache import ProcessorCache, content_hash, item_key
 from engine.processing.limits import check_one_visual_modality
 from engine.processing.prompt import count_placeholders
+from engine.timings import zero_preprocess_timings
 
 _TEXT_KEYS = {"input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids",
               "text_replacement_offsets"}
@@ -184,7 +185,7 @@ class Preprocessor:
                 ) -> ProcessedPrompt:
         """Cache lookup (and, on a miss, decode + process) per item, then assembly."""
         kwargs = kwargs or {}
-        timings = {"hash_s": 0.0, "cache_lookup_s": 0.0, "media_decode_s": 0.0, "processor_s": 0.0}
+        timings = zero_preprocess_timings()
         placeholders = count_placeholders(prompt, self.loaded.spec)
         counts = Counter(i.modality for i in items)
         for modality in set(placeholders) | set(counts):

@@ -49,6 +49,7 @@ from engine.server.logprobs import TokenStrings
 from engine.server.metrics import REFRESH_S, Metrics
 from engine.server.protocol import parse_generation_fields, parse_prompts
 from engine.server.respond import respond
+from engine.timings import zero_preprocess_timings
 from engine.version import __version__
 
 logger = logging.getLogger("aphrodite.server")
@@ -298,9 +299,7 @@ async def completions(request: web.Request, ticket: Ticket) -> web.StreamRespons
             one = await loop.run_in_executor(decode_executor(), state.pipeline.process,
                                              prompt, [])
         else:
-            one = ProcessedPrompt(prompt, {}, [], {"hash_s": 0.0, "cache_lookup_s": 0.0,
-                                                   "media_decode_s": 0.0, "processor_s": 0.0},
-                                  {})
+            one = ProcessedPrompt(prompt, {}, [], zero_preprocess_timings(), {})
         if not one.input_ids:
             raise InvalidRequestError("the prompt is empty (no tokens)", param="prompt")
         one.timings["fetch_s"] = 0.0

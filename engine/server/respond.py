@@ -21,6 +21,7 @@ from aiohttp import web
 from engine.errors import AphroditeError
 from engine.server.engine_client import Completion
 from engine.server.logprobs import CompletionLogprobs, TokenStrings, chat_entry
+from engine.timings import SERVED_STAGES
 
 logger = logging.getLogger("aphrodite.server")
 
@@ -98,8 +99,7 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
                 decode_s=float(timings.get("decode_s", 0.0)),
                 prompt=len(processed.input_ids),
                 generated=sum(len(ids) for _, _, ids, _ in completion.outputs))
-        for name in ("fetch_s", "media_decode_s", "processor_s", "encoder_s", "prefill_s",
-                     "decode_s"):
+        for name in SERVED_STAGES:
             if name in timings:
                 state.metrics.stage.labels(name[:-2]).observe(float(timings[name]))
         # several prompts: the timings of the one that finished last (the request's end)
