@@ -121,6 +121,7 @@ def serve(
 ) -> None:
     """Serve a multimodal model with an OpenAI-compatible API (alias: aphrodite run)."""
     from engine import envs
+    from engine.config import PipelineConfig
     from engine.server.config import ServerConfig
     from engine.server.launcher import run
 
@@ -130,13 +131,16 @@ def serve(
         served_model_name=served_model_name,
         chat_template=str(chat_template) if chat_template else None,
         api_key=api_key or envs.APHRODITE_API_KEY or None,
-        allowed_media_domains=tuple(split_hosts(allowed_media_domains)),
-        allowed_local_media_path=str(allowed_local_media_path)
-        if allowed_local_media_path else None,
-        limit_mm_per_prompt=limits,
-        mm_processor_kwargs=parse_json_flag("--mm-processor-kwargs", mm_processor_kwargs),
-        media_io_kwargs=parse_json_flag("--media-io-kwargs", media_io_kwargs),
-        mm_processor_cache_gb=mm_processor_cache_gb, mm_ipc_gpu_memory_gb=mm_ipc_gpu_memory_gb,
+        # the request pipeline's settings, parsed and checked here once
+        pipeline=PipelineConfig.create(
+            allowed_media_domains=tuple(split_hosts(allowed_media_domains)),
+            allowed_local_media_path=str(allowed_local_media_path)
+            if allowed_local_media_path else None,
+            limit_mm_per_prompt=limits,
+            mm_processor_kwargs=parse_json_flag("--mm-processor-kwargs", mm_processor_kwargs),
+            media_io_kwargs=parse_json_flag("--media-io-kwargs", media_io_kwargs),
+            mm_processor_cache_gb=mm_processor_cache_gb, request_kwargs="bounded"),
+        mm_ipc_gpu_memory_gb=mm_ipc_gpu_memory_gb,
         api_server_count=api_server_count, max_request_body_mb=max_request_body_mb,
         request_body_timeout_s=request_body_timeout_s,
         metrics_without_auth=metrics_without_auth,

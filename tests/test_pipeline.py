@@ -11,20 +11,30 @@ import pytest
 from PIL import Image
 
 from aphrodite_cli.bench import synthetic
+from engine.config import MediaPolicy, PipelineConfig
 from engine.errors import ConfigError, InvalidRequestError
-from engine.processing.pipeline import Pipeline, PipelineConfig
+from engine.media.video.options import PyAVOptions
+from engine.processing.pipeline import Pipeline
 from engine.processing.preprocess import MediaItem
 from engine.server.config import ServerConfig
 from tests.engine_fixtures import llm, loaded
 
 
-def test_the_servers_config_gives_a_bounded_picklable_pipeline_config():
-    server = ServerConfig(model="tiny:qwen2_5_vl", allowed_media_domains=("example.com",),
-                          limit_mm_per_prompt={"image": 2}, mm_processor_kwargs={"fps": 1.0})
-    config = server.pipeline_config()
-    assert pickle.loads(pickle.dumps(config)) == config  # crosses to the start-up check
-    assert config.request_kwargs == "bounded" and config.limit_mm_per_prompt == {"image": 2}
+def test_the_flags_become_typed_objects_once_and_cross_processes_as_they_are():
+    """What ``serve`` builds from its flags: the policy and the video options are checked,
+    typed objects, and the whole config pickles (to the start-up check and API servers)
+    unchanged; the pipeline uses those objects, it does not parse them again."""
+    config = PipelineConfig.create(
+        allowed_media_domains=("Example.COM.",), limit_mm_per_prompt={"image": 2},
+        mm_processor_kwargs={"fps": 1.0}, request_kwargs="bounded",
+        media_io_kwargs={"video": {"backend": "pyav", "threads": 2, "num_frames": 8}})
+    assert config.policy == MediaPolicy.create(allowed_domains=["example.com"])
+    assert config.video.options == PyAVOptions(threads=2) and config.video.sampling.num_frames == 8
+    server = ServerConfig(model="tiny:qwen2_5_vl", pipeline=config)
+    assert pickle.loads(pickle.dumps(server)) == server
+    assert ServerConfig().pipeline.request_kwargs == "bounded"  # a server's default
     pipeline = Pipeline(loaded("qwen2_5_vl"), config)
+    assert pipeline.policy is config.policy and pipeline.video is config.video
     assert pipeline.limits["image"] == 2 and pipeline.limits["audio"] == 0
     assert pipeline.policy.allowed_domains == frozenset({"example.com"})
     with pytest.raises(InvalidRequestError) as info:  # over the server's own limit
@@ -49,14 +59,15 @@ def test_request_kwargs_are_bounded_for_a_server_and_free_for_the_offline_llm():
         offline.kwargs_for({"no_such_key": 1})
 
 
-def test_a_bad_setting_fails_when_the_pipeline_is_built():
-    lm = loaded("qwen2_5_vl")
+def test_a_bad_setting_fails_where_it_enters_and_what_needs_the_model_when_built():
     with pytest.raises(ConfigError, match="--limit-mm-per-prompt"):
-        Pipeline(lm, PipelineConfig(limit_mm_per_prompt={"smell": 1}))
+        PipelineConfig.create(limit_mm_per_prompt={"smell": 1})
     with pytest.raises(ConfigError, match="--allowed-local-media-path"):
-        Pipeline(lm, PipelineConfig(allowed_local_media_path="/no/such/folder"))
-    with pytest.raises(ConfigError):
-        Pipeline(lm, PipelineConfig(media_io_kwargs={"video": {"backend": "nope"}}))
+        PipelineConfig.create(allowed_local_media_path="/no/such/folder")
+    with pytest.raises(ConfigError, match="unknown video backend"):
+        PipelineConfig.create(media_io_kwargs={"video": {"backend": "nope"}})
+    with pytest.raises(ConfigError, match="mm_processor_kwargs"):  # needs the processor
+        Pipeline(loaded("qwen2_5_vl"), PipelineConfig.create(mm_processor_kwargs={"bogus": 1}))
 
 
 def test_audio_is_decoded_at_the_models_own_rate():

@@ -14,16 +14,27 @@ MODALITIES = ("image", "video", "audio")
 def effective_limits(spec: ArchSpec, limit_mm_per_prompt: dict[str, int] | None
                      ) -> dict[str, int]:
     """Per modality: the operator's limit capped by the model's (0 when not accepted)."""
+    check_limit_flag(limit_mm_per_prompt)
     limits = {m: spec.max_items.get(m, 0) for m in MODALITIES}
     for modality, value in (limit_mm_per_prompt or {}).items():
+        limits[modality] = min(value, limits[modality])
+    return limits
+
+
+def check_limit_flag(limit_mm_per_prompt: dict[str, int] | None) -> None:
+    """``--limit-mm-per-prompt``'s own shape: known modalities, non-negative integers."""
+    if limit_mm_per_prompt is None:
+        return
+    if not isinstance(limit_mm_per_prompt, dict):
+        raise ConfigError("--limit-mm-per-prompt must be a JSON object such as "
+                          '\'{"image": 4}\'', code="invalid_limit")
+    for modality, value in limit_mm_per_prompt.items():
         if modality not in MODALITIES:
             raise ConfigError(f"--limit-mm-per-prompt names unknown modality {modality!r}",
                               hint=f"use {', '.join(MODALITIES)}", code="invalid_limit")
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"--limit-mm-per-prompt {modality}={value!r} must be a "
                               "non-negative integer", code="invalid_limit")
-        limits[modality] = min(value, limits[modality])
-    return limits
 
 
 def check_item_counts(counts: Counter[str] | dict[str, int], limits: dict[str, int],

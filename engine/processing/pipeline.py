@@ -1,9 +1,10 @@
 """One request pipeline: a prompt and its media -> the engine's inputs.
 
-Built once per process from a :class:`PipelineConfig` (resolved at the edge: CLI flags or
-``LLM(...)`` arguments) and the loaded model, and used by the API server, the offline ``LLM``,
-``bench mm-processor`` and the server's start-up check, so every one of them limits, checks,
-fetches, decodes and preprocesses the same way. Its stages, in request order, are public
+Built once per process from a :class:`~engine.config.PipelineConfig` (resolved where the
+settings enter: the ``serve`` flags, ``LLM(...)``'s arguments) and the loaded model, and used
+by the API server, the offline ``LLM``, ``bench mm-processor`` and the server's start-up
+check, so every one of them limits, checks, fetches, decodes and preprocesses the same way.
+Its stages, in request order, are public
 methods so callers can time them or put their own work between them (the server takes a
 fetch slot and a decode-queue place around :meth:`Pipeline.fetch`):
 
@@ -19,11 +20,11 @@ fetch slot and a decode-queue place around :meth:`Pipeline.fetch`):
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from engine.config import MediaLimits, MediaPolicy
-from engine.media.video.options import VideoLoadSpec, parse_video_io_kwargs, server_video_spec
+from engine.config import MediaLimits, PipelineConfig
+from engine.errors import ConfigError, InvalidRequestError
+from engine.media.video.options import VideoLoadSpec, parse_video_io_kwargs
 from engine.processing.cache import ProcessorCache
 from engine.processing.kwargs import check_request_kwargs, merge_processor_kwargs
 from engine.processing.limits import check_item_counts, effective_limits
@@ -37,39 +38,25 @@ if TYPE_CHECKING:
     from engine.media.policy import MediaSource
     from engine.models.loader import LoadedModel
 
-#: Who may set which ``mm_processor_kwargs`` per request: "any" key the processor takes (the
-#: offline LLM: its caller is the operator), or only the bounded few a server's clients may
-#: (``engine.processing.kwargs.REQUEST_KWARGS``).
-RequestKwargs = Literal["any", "bounded"]
-
-
-@dataclass(frozen=True)
-class PipelineConfig:
-    """The pipeline's settings, as the CLI or ``LLM(...)`` gave them (frozen, picklable)."""
-
-    limit_mm_per_prompt: dict[str, int] | None = None
-    mm_processor_kwargs: dict[str, Any] | None = None
-    mm_processor_cache_gb: float = 4.0
-    media_io_kwargs: dict[str, Any] | None = None
-    allowed_media_domains: tuple[str, ...] = ()
-    allowed_local_media_path: str | None = None
-    request_kwargs: RequestKwargs = "any"
-
-
 class Pipeline:
-    """The model's request pipeline; building it checks every setting (a bad one raises
-    :class:`~engine.errors.ConfigError` naming its flag)."""
+    """The model's request pipeline; building it checks what needs the model (item limits
+    against the family's, processor kwargs against its processor: a
+    :class:`~engine.errors.ConfigError` naming the flag)."""
 
     def __init__(self, loaded: LoadedModel, config: PipelineConfig | None = None) -> None:
         config = config or PipelineConfig()
         self.loaded = loaded
         self.config = config
         self.limits = effective_limits(loaded.spec, config.limit_mm_per_prompt)
-        self.server_kwargs = merge_processor_kwargs(loaded.processor,
-                                                    config.mm_processor_kwargs, None)
-        self.video = server_video_spec(config.media_io_kwargs)
-        self.policy = MediaPolicy.create(allowed_domains=config.allowed_media_domains,
-                                         allowed_local_path=config.allowed_local_media_path)
+        try:
+            self.server_kwargs = merge_processor_kwargs(loaded.processor,
+                                                        config.mm_processor_kwargs, None)
+        except InvalidRequestError as exc:  # the operator's setting, not a client's request
+            raise ConfigError(f"--mm-processor-kwargs: {exc.message}",
+                              hint=f"{exc.hint}; `aphrodite model list` names each family's "
+                                   "own", code="invalid_mm_processor_kwargs") from None
+        self.video = config.video
+        self.policy = config.policy
         self.media_limits = MediaLimits.from_env()
         self.cache = ProcessorCache.from_gb(config.mm_processor_cache_gb)
         self.preprocessor = Preprocessor(loaded, self.cache)

@@ -66,7 +66,7 @@ class State:
         self.loaded = loaded
         self.engine = engine
         self.name = config.served_model_name or loaded.name
-        self.pipeline = Pipeline(loaded, config.pipeline_config())
+        self.pipeline = Pipeline(loaded, config.pipeline)
         self.preprocessor = self.pipeline.preprocessor
         self.token_strings = TokenStrings(loaded.tokenizer)
         #: token ids a prompt may hold: the tokenizer's and the model's vocabulary

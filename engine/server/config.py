@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.config import PipelineConfig
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -16,12 +18,10 @@ class ServerConfig:
     served_model_name: str | None = None
     chat_template: str | None = None
     api_key: str | None = None
-    allowed_media_domains: tuple[str, ...] = ()
-    allowed_local_media_path: str | None = None
-    limit_mm_per_prompt: dict[str, int] | None = None
-    mm_processor_kwargs: dict[str, Any] | None = None
-    media_io_kwargs: dict[str, Any] | None = None
-    mm_processor_cache_gb: float = 4.0
+    #: media policy, video options, item limits, processor kwargs and cache: resolved once
+    #: where the flags are read (clients may set only the bounded processor kwargs)
+    pipeline: PipelineConfig = field(
+        default_factory=lambda: PipelineConfig(request_kwargs="bounded"))
     mm_ipc_gpu_memory_gb: float = 0.0
     api_server_count: int = 1
     max_request_body_mb: float = 64.0
@@ -45,16 +45,3 @@ class ServerConfig:
     device: str = "cpu"
     dtype: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)
-
-    def pipeline_config(self):  # -> engine.processing.pipeline.PipelineConfig
-        """The request pipeline's part of the flags; clients may set only the bounded
-        processor kwargs per request."""
-        from engine.processing.pipeline import PipelineConfig
-
-        return PipelineConfig(
-            limit_mm_per_prompt=self.limit_mm_per_prompt,
-            mm_processor_kwargs=self.mm_processor_kwargs,
-            mm_processor_cache_gb=self.mm_processor_cache_gb,
-            media_io_kwargs=self.media_io_kwargs,
-            allowed_media_domains=tuple(self.allowed_media_domains),
-            allowed_local_media_path=self.allowed_local_media_path, request_kwargs="bounded")

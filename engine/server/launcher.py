@@ -55,7 +55,7 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
             "engine/models/templates/llava.jinja)", code="chat_template_missing")
     # the API servers' pipeline, built as they build it: limits, processor kwargs, video
     # options and media policy checked against this model
-    pipeline = Pipeline(loaded, config.pipeline_config())
+    pipeline = Pipeline(loaded, config.pipeline)
     check_gpu_backend_startup(pipeline.video, config.mm_ipc_gpu_memory_gb)
     return loaded, loaded.name
 
@@ -208,18 +208,13 @@ def _wait_ready(host: str, port: int, procs: list[Any], events: list[Any],
 
 def check_flags(config: ServerConfig) -> None:
     """The checks that need no model (and no torch): a bad flag is reported as such (exit 2)
-    before the port is bound, whatever holds the port."""
-    from engine.config import MediaPolicy
-    from engine.media.video.options import server_video_spec
-
+    before the port is bound, whatever holds the port. (The media policy and video options
+    were checked when the flags became ``config.pipeline``.)"""
     if config.api_server_count < 1:
         raise ConfigError("--api-server-count must be at least 1")
     if config.decode_isolation not in ("thread", "process"):
         raise ConfigError(f"--decode-isolation {config.decode_isolation!r} must be thread or "
                           "process")
-    MediaPolicy.create(allowed_domains=list(config.allowed_media_domains),
-                       allowed_local_path=config.allowed_local_media_path)
-    server_video_spec(config.media_io_kwargs)
 
 
 def run(config: ServerConfig, *, announce=print) -> int:
