@@ -84,7 +84,11 @@ def test_a_result_of_another_kind_or_schema_is_refused_by_name(tmp_path):
     foreign.write_text(json.dumps({"completed": 10, "mean_ttft_ms": 12.0}))
     broken = tmp_path / "broken.json"
     broken.write_text("{")
+    cut = tmp_path / "cut.json"  # the right kind and version, but not the fields read
+    cut.write_text(json.dumps({"schema_version": SCHEMA_VERSIONS["serve"], "kind": "serve",
+                               "phases": {"cold": {"samples": 3}}}))
     cases = [(old, ("serve",), "result_old_schema", "schema version 0"),
+             (cut, ("serve",), "result_incomplete", "phases.cold"),
              (sweep, ("serve", "mm-processor"), "result_wrong_kind", "'sweep'"),
              (foreign, None, "result_wrong_kind", "not an aphrodite result"),
              (broken, None, "result_unreadable", "not JSON")]

@@ -27,6 +27,21 @@ SCHEMA_VERSIONS: dict[str, int] = {
 }
 
 
+#: kind -> the fields its readers (gate, report, soak baseline) rely on, and their type. A
+#: file without them (cut short, edited, written by something else) is refused by name.
+REQUIRED_FIELDS: dict[str, dict[str, type]] = {
+    "serve": {"phases": dict},
+    "sweep": {"phases": dict},
+    "mm-processor": {"phases": dict},
+    "mm-processor-compare": {"results": list},
+    "batching": {},
+    "video-decode": {},
+    "soak": {"valid_latency_s": dict},
+}
+#: kinds whose ``phases`` hold one dict per phase (cold, warm, ...) with ``samples`` lists
+PHASED = ("serve", "mm-processor")
+
+
 def stamp(doc: dict[str, Any], kind: str) -> dict[str, Any]:
     """``doc`` with its kind and that kind's schema version first."""
     return {"schema_version": SCHEMA_VERSIONS[kind], "kind": kind,
@@ -77,4 +92,22 @@ def load_result(path: Path, kinds: tuple[str, ...] | None = None) -> dict[str, A
                           f"aphrodite reads version {SCHEMA_VERSIONS[kind]}",
                           hint="re-run the benchmark with this version, or compare it with "
                                "the aphrodite version that wrote it", code="result_old_schema")
+    check_fields(doc, kind, path)
     return doc
+
+
+def check_fields(doc: dict[str, Any], kind: str, path: Path | str) -> None:
+    """The fields :data:`REQUIRED_FIELDS` names, of their types; a phased kind's phases are
+    dicts whose ``samples`` (when present) map metric names to lists."""
+    problems = [f"{name!r} ({kind_of.__name__})" for name, kind_of in
+                REQUIRED_FIELDS[kind].items() if not isinstance(doc.get(name), kind_of)]
+    if kind in PHASED and isinstance(doc.get("phases"), dict):
+        for phase, result in doc["phases"].items():
+            samples = result.get("samples", {}) if isinstance(result, dict) else None
+            if not isinstance(samples, dict) or not all(
+                    isinstance(v, list | dict) for v in samples.values()):
+                problems.append(f"phases.{phase} (a dict with samples lists)")
+    if problems:
+        raise ConfigError(f"{path} is a {kind} result without {', '.join(problems)}: it was cut "
+                          "short or edited", hint="re-run the benchmark that wrote it",
+                          code="result_incomplete")
