@@ -77,6 +77,22 @@ class ProcessedPrompt:
     modality_counts: dict[str, int]
 
 
+def _is_rgb_pil(data: Any) -> bool:
+    return getattr(data, "mode", None) == "RGB" and hasattr(data, "split")
+
+
+def channels_first(image: Any) -> Any:
+    """An RGB PIL image as the (3, H, W) uint8 tensor the processors' torchvision backend
+    works on, from PIL's own planes: the same values the processor makes from the image,
+    about twice as fast as its HWC -> CHW copy (transformers 5.24 transposes every image into
+    a contiguous CHW tensor; on 1280x720 that copy was most of the gap to vLLM's processor
+    stage). Outputs equal the processor's on the PIL image (test_preprocess, every family)."""
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.stack([np.asarray(plane) for plane in image.split()]))
+
+
 def concat(values: list[Any], padded: bool = False) -> Any:
     """Items' tensors concatenated on the first dimension. ``padded`` (an ArchSpec
     ``padded_keys`` key: LLaVA-OneVision's tiles per image): items whose second dimension
@@ -139,6 +155,9 @@ class Preprocessor:
         if item.modality == "audio":
             data, rate = data
             extra.setdefault("sampling_rate", rate)
+        if item.modality == "image" and _is_rgb_pil(data):
+            data = channels_first(data)
+            extra["input_data_format"] = "channels_first"
         if item.modality == "video" and (spec.video_timestamps or item.metadata is not None):
             extra["do_sample_frames"] = False  # the engine sampled them; metadata says which
             if item.metadata is not None:
