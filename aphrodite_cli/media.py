@@ -87,14 +87,13 @@ def _probe(source: str, modality: str, allowed_media_domains, allowed_local_medi
         allowed_local_path=allowed_local_media_path,
     )
     chosen = None if modality == "auto" else modality
-    io_kwargs = parse_json_flag("--media-io-kwargs", media_io_kwargs)
-    if io_kwargs:
-        from engine.media.video.options import server_video_spec
+    from engine.media.video.options import server_video_spec
 
-        server_video_spec(io_kwargs)  # a bad backend or option is a usage error, up front
+    # checked once, here: a bad backend or option is a usage error, up front
+    video = server_video_spec(parse_json_flag("--media-io-kwargs", media_io_kwargs))
     report = asyncio.run(
         probe_source(source, chosen, policy, MediaLimits.from_env(), sampling_rate=sampling_rate,
-                     media_io_kwargs=io_kwargs)
+                     video=video)
     )
     if as_json:
         print_json(report.to_dict())

@@ -165,3 +165,29 @@ async def test_probe_refuses_every_spelling_of_a_non_public_host(host):
     report = await probe_cli(url)
     assert not report["ok"] and report["error"]["code"] == "media_private_address"
     assert report["bytes"] is None  # refused before any fetch
+
+
+def test_probe_scans_a_video_once_and_takes_the_checked_video_options(monkeypatch):
+    """`media probe` reports the container facts and decodes what the server would from one
+    scan of the clip, with the video options the command checked (not parsed again)."""
+    import base64
+
+    from engine.config import MediaLimits
+    from engine.media import probe
+    from engine.media.video.options import server_video_spec
+
+    from engine.media.video import info, loader
+
+    scans = []
+    real = probe.scan_video
+    for module in (probe, info, loader):  # every place a scan could come from
+        monkeypatch.setattr(module, "scan_video", lambda *a: scans.append(1) or real(*a))
+    clip = synthetic.make_video(width=64, height=48, seconds=1)
+    url = "data:video/mp4;base64," + base64.b64encode(clip).decode()
+    video = server_video_spec({"video": {"backend": "pyav", "num_frames": 3}})
+    report = asyncio.run(probe.probe_source(url, "video", MediaPolicy.create(),
+                                            MediaLimits.from_env(), video=video))
+    assert report.ok, report.error
+    assert scans == [1]
+    assert report.details["counted_frames"] == 30
+    assert report.sent_to_model["frames"] == 3 and report.sent_to_model["backend"] == "pyav"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import mimetypes
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,9 +18,10 @@ from engine.errors import AphroditeError, InvalidRequestError
 from engine.media.audio import DEFAULT_SAMPLING_RATE, decode_audio
 from engine.media.connector import MediaConnector
 from engine.media.image import decode_image, probe_image
-from engine.media.video import load_video
 from engine.media.video.info import probe_video
-from engine.media.video.options import server_video_spec
+from engine.media.video.loader import decode_planned, plan_scanned
+from engine.media.video.options import VideoLoadSpec, server_video_spec
+from engine.media.video.scan import scan_video
 
 
 @dataclass
@@ -59,9 +61,11 @@ async def probe_source(
     limits: MediaLimits,
     *,
     sampling_rate: int = DEFAULT_SAMPLING_RATE,
-    media_io_kwargs: dict[str, Any] | None = None,
+    video: VideoLoadSpec | None = None,
 ) -> ProbeReport:
-    """Check, fetch and decode ``source`` as ``serve`` would; never raises a client error."""
+    """Check, fetch and decode ``source`` as ``serve`` would (``video``: its video options,
+    checked by the caller; default: the server's defaults); never raises a client error."""
+    video = video or server_video_spec(None)
     chosen = modality or guess_modality(source)
     if chosen is None:
         raise InvalidRequestError(
@@ -80,7 +84,7 @@ async def probe_source(
         report.mime, report.declared_mime = fetched.mime, fetched.declared_mime
         report.bytes, report.fetch_s = fetched.size, round(fetched.fetch_s, 4)
         await asyncio.to_thread(_decode_into, report, fetched.data, limits, sampling_rate,
-                                media_io_kwargs)
+                                video)
         report.ok = True
     except AphroditeError as err:
         report.error = {"status": err.status, "code": err.code, "type": err.type,
@@ -89,7 +93,7 @@ async def probe_source(
 
 
 def _decode_into(report: ProbeReport, data: bytes, limits: MediaLimits, rate: int,
-                 media_io_kwargs: dict[str, Any] | None) -> None:
+                 video: VideoLoadSpec) -> None:
     if report.modality == "image":
         info = probe_image(data, limits)
         report.details = asdict(info)
@@ -104,10 +108,13 @@ def _decode_into(report: ProbeReport, data: bytes, limits: MediaLimits, rate: in
         report.sent_to_model = {"type": "audio", "dtype": "float32", "channels": 1,
                                 "samples": int(clip.samples.shape[0]), "sampling_rate": rate}
     else:
-        report.details = asdict(probe_video(data, limits))
-        video = load_video(data, server_video_spec(media_io_kwargs), limits)
-        meta = video.metadata
-        report.sent_to_model = {"type": "video", "frames": int(video.frames.shape[0]),
+        start = time.perf_counter()
+        scan = scan_video(data, limits)  # once: for the facts and for the decode
+        report.details = asdict(probe_video(data, limits, scan))
+        clip = decode_planned(data, video, scan, plan_scanned(scan, video, limits),
+                              time.perf_counter() - start)
+        meta = clip.metadata
+        report.sent_to_model = {"type": "video", "frames": int(clip.frames.shape[0]),
                                 "height": meta.height, "width": meta.width,
                                 "backend": meta.backend, "decode_s": meta.decode_s,
                                 "sampled_indices": meta.sampled_indices}

@@ -7,7 +7,7 @@ import io
 from dataclasses import dataclass
 
 from engine.config import MediaLimits
-from engine.media.video.scan import scan_video
+from engine.media.video.scan import ContainerScan, scan_video
 
 
 @dataclass(frozen=True)
@@ -24,9 +24,11 @@ class VideoInfo:
     rotation: int
 
 
-def probe_video(data: bytes, limits: MediaLimits) -> VideoInfo:
-    """The scan's facts and the rotation the first frame carries."""
-    scan = scan_video(data, limits)
+def probe_video(data: bytes, limits: MediaLimits, scan: ContainerScan | None = None
+                ) -> VideoInfo:
+    """The scan's facts (``scan``: one made already) and the rotation the first frame
+    carries."""
+    scan = scan or scan_video(data, limits)
     return VideoInfo(
         container=scan.container, codec=scan.codec, width=scan.width, height=scan.height,
         pixel_format=scan.pixel_format, header_frames=scan.header_frames,

@@ -56,6 +56,11 @@ def decoded_bytes(scan: ContainerScan, indices: list[int]) -> int:
 def plan(data: bytes, spec: VideoLoadSpec, limits: MediaLimits) -> tuple[ContainerScan, list[int]]:
     """Scan and sample; refuses outputs over the decoded-bytes cap before decoding."""
     scan = scan_video(data, limits)
+    return scan, plan_scanned(scan, spec, limits)
+
+
+def plan_scanned(scan: ContainerScan, spec: VideoLoadSpec, limits: MediaLimits) -> list[int]:
+    """The frames to decode from a clip already scanned (its sampling, under the cap)."""
     indices = sample_indices(scan.frame_count, scan.fps, spec.sampling)
     need = decoded_bytes(scan, indices)
     if need > limits.max_video_decoded_bytes:
@@ -65,7 +70,7 @@ def plan(data: bytes, spec: VideoLoadSpec, limits: MediaLimits) -> tuple[Contain
             hint="ask for fewer frames (num_frames) or raise APHRODITE_MAX_VIDEO_DECODED_BYTES",
             code="video_too_large_decoded",
         )
-    return scan, indices
+    return indices
 
 
 def decode_planned(data: bytes, spec: VideoLoadSpec, scan: ContainerScan, indices: list[int],
