@@ -174,9 +174,8 @@ def test_probe_scans_a_video_once_and_takes_the_checked_video_options(monkeypatc
 
     from engine.config import MediaLimits
     from engine.media import probe
-    from engine.media.video.options import server_video_spec
-
     from engine.media.video import info, loader
+    from engine.media.video.options import server_video_spec
 
     scans = []
     real = probe.scan_video

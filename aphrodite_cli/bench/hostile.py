@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import base64
 import gzip
-import http.server
 import json
 import os
 import struct
-import threading
 import time
 import zlib
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+
+from aphrodite_cli.bench.media_host import MediaHost
 
 SERVER_ARGS = ["--limit-mm-per-prompt", '{"image": 4, "video": 1}', "--max-request-body-mb", "2",
                "--media-io-kwargs", '{"video": {"num_frames": 4}}']
@@ -87,68 +86,57 @@ def host_files() -> dict[str, tuple[bytes, str, dict[str, str]]]:
     }
 
 
-class HostileHost:
-    """The attacker's media host on loopback (threaded; every response is hostile)."""
+def _redirect(handler: Any, query: dict[str, list[str]]) -> None:
+    handler.send_response(302)
+    handler.send_header("Location", query.get("to", ["/"])[0])
+    handler.send_header("Content-Length", "0")
+    handler.end_headers()
+
+
+def _drip(handler: Any, query: dict[str, list[str]]) -> None:
+    """A byte now and then, never the whole body."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "image/png")
+    handler.send_header("Content-Length", "100000")
+    handler.end_headers()
+    try:
+        for _ in range(60):
+            handler.wfile.write(b"\x89")
+            handler.wfile.flush()
+            time.sleep(0.25)
+    except OSError:
+        return
+
+
+def _lying_length(handler: Any, query: dict[str, list[str]]) -> None:
+    """Promises 50 kB, sends 100 bytes, hangs up."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "image/png")
+    handler.send_header("Content-Length", "50000")
+    handler.end_headers()
+    handler.wfile.write(b"\x89PNG" + b"\x00" * 96)
+    handler.close_connection = True
+
+
+def _huge_declared(handler: Any, query: dict[str, list[str]]) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Type", "video/mp4")
+    handler.send_header("Content-Length", str(10**12))
+    handler.end_headers()
+    handler.close_connection = True
+
+
+class HostileHost(MediaHost):
+    """The attacker's media host on loopback (the plain host with every file and route
+    hostile)."""
 
     def __init__(self) -> None:
-        files = host_files()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                url = urlparse(self.path)
-                if url.path == "/redirect":
-                    self.send_response(302)
-                    self.send_header("Location", parse_qs(url.query).get("to", ["/"])[0])
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                elif url.path == "/drip":  # a byte now and then, never the whole body
-                    self.send_response(200)
-                    self.send_header("Content-Type", "image/png")
-                    self.send_header("Content-Length", "100000")
-                    self.end_headers()
-                    try:
-                        for _ in range(60):
-                            self.wfile.write(b"\x89")
-                            self.wfile.flush()
-                            time.sleep(0.25)
-                    except OSError:
-                        return
-                elif url.path == "/lying-length":  # promises 50 kB, sends 100 bytes, hangs up
-                    self.send_response(200)
-                    self.send_header("Content-Type", "image/png")
-                    self.send_header("Content-Length", "50000")
-                    self.end_headers()
-                    self.wfile.write(b"\x89PNG" + b"\x00" * 96)
-                    self.close_connection = True
-                elif url.path == "/huge-declared":
-                    self.send_response(200)
-                    self.send_header("Content-Type", "video/mp4")
-                    self.send_header("Content-Length", str(10**12))
-                    self.end_headers()
-                    self.close_connection = True
-                elif url.path in files:
-                    body, kind, extra = files[url.path]
-                    self.send_response(200)
-                    self.send_header("Content-Type", kind)
-                    self.send_header("Content-Length", str(len(body)))
-                    for key, value in extra.items():
-                        self.send_header(key, value)
-                    self.end_headers()
-                    self.wfile.write(body)
-                else:
-                    self.send_error(404)
-
-            def log_message(self, *args: Any) -> None:
-                return
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__(host_files(), routes={
+            "/redirect": _redirect, "/drip": _drip, "/lying-length": _lying_length,
+            "/huge-declared": _huge_declared})
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.stop()
 
 
 def hostile_catalogue(model: str, host: str) -> list[HostileCase]:
