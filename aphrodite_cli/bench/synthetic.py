@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -105,10 +106,21 @@ def make_video(
     # threads would make every frame decodable in parallel slices, which real clips rarely are).
     stream.codec_context.thread_type = "FRAME"
     count = len(frame_times) if frame_times is not None else round(fps * seconds)
-    for i in range(count):
-        frame = av.VideoFrame.from_ndarray(video_frame(i, width, height, seed), format="rgb24")
-        if frame_times is not None:
-            frame.pts, frame.time_base = round(frame_times[i] / time_base), time_base
+
+    def frames():
+        for i in range(count):
+            frame = av.VideoFrame.from_ndarray(video_frame(i, width, height, seed),
+                                               format="rgb24")
+            if frame_times is not None:
+                frame.pts, frame.time_base = round(frame_times[i] / time_base), time_base
+            yield frame
+
+    return _encode(out, stream, frames(), buf)
+
+
+def _encode(out: Any, stream: Any, frames: Any, buf: io.BytesIO) -> bytes:
+    """Encode ``frames`` into ``stream``, flush the encoder, close ``out``: the file's bytes."""
+    for frame in frames:
         for packet in stream.encode(frame):
             out.mux(packet)
     for packet in stream.encode(None):
@@ -135,14 +147,13 @@ def make_audio(
     out = av.open(buf, mode="w", format=fmt)
     stream = out.add_stream(codec, rate=out_rate, layout=layout)
     frame_size = stream.codec_context.frame_size or 1024
-    for start in range(0, n, frame_size):
-        chunk = np.ascontiguousarray(pcm[:, start:start + frame_size].T.reshape(1, -1))
-        frame = av.AudioFrame.from_ndarray(chunk, format="s16", layout=layout)
-        frame.rate = out_rate
-        frame.pts = start
-        for packet in stream.encode(frame):
-            out.mux(packet)
-    for packet in stream.encode(None):
-        out.mux(packet)
-    out.close()
-    return buf.getvalue()
+
+    def frames():
+        for start in range(0, n, frame_size):
+            chunk = np.ascontiguousarray(pcm[:, start:start + frame_size].T.reshape(1, -1))
+            frame = av.AudioFrame.from_ndarray(chunk, format="s16", layout=layout)
+            frame.rate = out_rate
+            frame.pts = start
+            yield frame
+
+    return _encode(out, stream, frames(), buf)

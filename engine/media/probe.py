@@ -110,7 +110,7 @@ def _decode_into(report: ProbeReport, data: bytes, limits: MediaLimits, rate: in
     else:
         start = time.perf_counter()
         scan = scan_video(data, limits)  # once: for the facts and for the decode
-        report.details = asdict(probe_video(data, limits, scan))
+        report.details = probe_video(data, limits, scan)
         clip = decode_planned(data, video, scan, plan_scanned(scan, video, limits),
                               time.perf_counter() - start)
         meta = clip.metadata

@@ -4,36 +4,23 @@
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from typing import Any
 
 from engine.config import MediaLimits
 from engine.media.video.scan import ContainerScan, scan_video
 
-
-@dataclass(frozen=True)
-class VideoInfo:
-    container: str
-    codec: str
-    width: int
-    height: int
-    pixel_format: str | None
-    header_frames: int | None
-    counted_frames: int
-    fps: float | None
-    duration_s: float | None
-    rotation: int
+#: the scan's facts ``media probe`` reports (the counted frames as ``counted_frames``)
+REPORTED = ("container", "codec", "width", "height", "pixel_format", "header_frames")
 
 
 def probe_video(data: bytes, limits: MediaLimits, scan: ContainerScan | None = None
-                ) -> VideoInfo:
+                ) -> dict[str, Any]:
     """The scan's facts (``scan``: one made already) and the rotation the first frame
     carries."""
     scan = scan or scan_video(data, limits)
-    return VideoInfo(
-        container=scan.container, codec=scan.codec, width=scan.width, height=scan.height,
-        pixel_format=scan.pixel_format, header_frames=scan.header_frames,
-        counted_frames=scan.frame_count, fps=scan.fps, duration_s=scan.duration_s,
-        rotation=first_frame_rotation(data))
+    return {**{name: getattr(scan, name) for name in REPORTED},
+            "counted_frames": scan.frame_count, "fps": scan.fps, "duration_s": scan.duration_s,
+            "rotation": first_frame_rotation(data)}
 
 
 def first_frame_rotation(data: bytes) -> int:
