@@ -52,15 +52,8 @@
 #   READY_TIMEOUT=900 (seconds per server start)  VLLM_ARGS / OURS_ARGS: extra server flags
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$ROOT"
-APHRODITE="$ROOT/.venv/bin/aphrodite"
-PY="$ROOT/.venv/bin/python"
-
-VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
-PEER_CACHE="${PEER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/aphrodite/peer-vllm}"
-VENV="$PEER_CACHE/venv"
-STUBS="$PEER_CACHE/stubs"
+# shellcheck source=scripts/peer_env.sh
+source "$(dirname "$0")/peer_env.sh"
 PEER_PYTHON="${PEER_PYTHON:-python3}"
 read -r PORT_VLLM PORT_OURS <<<"${PORTS:-18100 18101}"
 NUM_PROMPTS="${NUM_PROMPTS:-50}"

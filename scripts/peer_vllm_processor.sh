@@ -41,15 +41,8 @@
 #   under nice -n $NICE)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$ROOT"
-APHRODITE="$ROOT/.venv/bin/aphrodite"
-PY="$ROOT/.venv/bin/python"
-
-VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
-PEER_CACHE="${PEER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/aphrodite/peer-vllm}"
-VENV="$PEER_CACHE/venv"
-STUBS="$PEER_CACHE/stubs"
+# shellcheck source=scripts/peer_env.sh
+source "$(dirname "$0")/peer_env.sh"
 WARMUPS="${WARMUPS:-3}"
 ROUNDS="${ROUNDS:-5}"
 BATCH="${BATCH:-2}"
