@@ -509,3 +509,18 @@ def test_a_stream_cut_by_an_engine_failure_ends_with_an_error_event():
         conn.close()
     finally:
         server.stop(signal.SIGKILL)
+
+
+def test_an_inherited_prometheus_multiproc_dir_does_not_change_one_api_server(tmp_path):
+    """PROMETHEUS_MULTIPROC_DIR left in the environment (vLLM and gunicorn deployments set
+    it) is not this server's: one API server keeps its plain registry (before: it failed to
+    start on a missing folder, or merged other programs' files into its numbers)."""
+    server = ServerProcess("tiny:qwen2_vl", env={
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "no-such-folder")}).wait_ready()
+    try:
+        with urllib.request.urlopen(f"{server.base}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+        assert "process_resident_memory_bytes" in text  # the single-process collectors
+        assert not (tmp_path / "no-such-folder").exists()
+    finally:
+        assert server.stop() == 0

@@ -177,3 +177,11 @@ def test_one_command_line_syntax_for_a_backend_and_its_options():
     with pytest.raises(ConfigError, match="threads"):
         build_spec(parse_backend_choices("pyav:threads=-1", flag="--backends")[0], "opencv",
                    error=ConfigError)
+
+
+def test_a_backend_that_is_not_a_name_is_a_client_error():
+    server = server_video_spec({"video": {"backend": "pyav"}})
+    for bad in (["pyav"], {"x": 1}, 3, None):
+        with pytest.raises(InvalidRequestError) as info:
+            parse_video_io_kwargs({"backend": bad}, server)
+        assert info.value.status == 400 and info.value.code == "unknown_video_backend"

@@ -51,13 +51,22 @@ class ServerProcess:
         for line in self.proc.stdout:  # type: ignore[union-attr]
             self.lines.append(line)
             if READY_LINE in line:
+                self.is_ready = True
                 self.ready.set()
         self.ready.set()  # it exited: wait_ready sees that
 
+    is_ready = False
+
     def wait_ready(self, timeout: float = 240) -> ServerProcess:
         """Block until the ready line; a server that exits or never gets there is stopped
-        and reported with its last lines."""
-        if not self.ready.wait(timeout) or self.proc.poll() is not None:
+        and reported with its last lines, and so is one whose caller is interrupted while
+        waiting (it runs in a session of its own: a terminal's Ctrl-C does not reach it)."""
+        try:
+            arrived = self.ready.wait(timeout)
+        except BaseException:
+            self.stop(timeout=10)
+            raise
+        if not arrived or not self.is_ready or self.proc.poll() is not None:
             self.stop(timeout=10)
             raise ConfigError(f"the server did not start within {timeout:.0f} s:\n"
                               + "".join(self.lines[-40:]))

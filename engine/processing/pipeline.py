@@ -52,7 +52,7 @@ class Pipeline:
             self.server_kwargs = merge_processor_kwargs(loaded.processor,
                                                         config.mm_processor_kwargs, None)
         except InvalidRequestError as exc:  # the operator's setting, not a client's request
-            raise ConfigError(f"--mm-processor-kwargs: {exc.message}",
+            raise ConfigError(f"mm_processor_kwargs (--mm-processor-kwargs): {exc.message}",
                               hint=f"{exc.hint}; `aphrodite model list` names each family's "
                                    "own", code="invalid_mm_processor_kwargs") from None
         self.video = config.video

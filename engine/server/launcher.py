@@ -126,8 +126,17 @@ def api_server_main(config: ServerConfig, model_path: str, name: str, address: s
     and sets ``ready`` once it accepts connections. With ``metrics_dir`` (several API
     servers) its metrics go to that shared folder, which prometheus_client reads from the
     environment when it is first imported: set here, before anything imports it."""
+    for variable in ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir"):
+        os.environ.pop(variable, None)  # one inherited from the environment is not ours
     if metrics_dir is not None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    from prometheus_client import values
+
+    # prometheus_client picks its value class when first imported; a wrapper script may
+    # have imported it before this ran (spawn re-imports the parent's main module). Only a
+    # wrong one is replaced: two multiprocess classes would each map the same file.
+    if (metrics_dir is not None) == (values.ValueClass is values.MutexValue):
+        values.ValueClass = values.get_value_class()
     import asyncio
 
     from engine.lifetime import exit_with_parent

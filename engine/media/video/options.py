@@ -145,7 +145,7 @@ def _owner_of(key: str) -> str | None:
 
 
 def _check_backend(backend: Any, hint: str, error: type) -> type[BackendOptions]:
-    if backend not in OPTION_CLASSES:
+    if not isinstance(backend, str) or backend not in OPTION_CLASSES:
         raise error(
             f"unknown video backend {backend!r}; valid backends: {', '.join(NAMES)}",
             hint=f"set \"backend\" in {hint} to one of them", code="unknown_video_backend")
