@@ -414,3 +414,24 @@ def test_chunk_bounds_keep_the_media_span_whole():
     assert chunk_bounds(20, 4, (5, 11)) == [(0, 4), (4, 12), (12, 16), (16, 20)]
     assert chunk_bounds(20, 4, (4, 7)) == [(0, 4), (4, 8), (8, 12), (12, 16), (16, 20)]
     assert chunk_bounds(6, 64, (0, 5)) == [(0, 6)]
+
+
+def test_a_cache_layout_the_batch_cannot_merge_is_refused_when_the_engine_starts():
+    """Linear-attention (recurrent state) layers cannot be merged, selected or trimmed per
+    row: a model with them is a ConfigError naming the layer at start, not a 500 on every
+    request's first step. Every registered family's layout passes."""
+    import transformers as T
+
+    from engine.errors import ConfigError
+    from engine.executor import kv
+
+    config = T.Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=128)
+    kv.check_supported(config)
+    config.layer_types = ["linear_attention", "full_attention"]
+    with pytest.raises(ConfigError) as info:
+        kv.check_supported(config)
+    assert info.value.code == "unsupported_cache_layout"
+    assert "LinearAttentionLayer" in info.value.message
+    for arch in FAMILIES:  # what the engine checks when it starts on each family
+        kv.check_supported(llm(arch).engine.runner.model.config)

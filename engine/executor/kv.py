@@ -29,6 +29,21 @@ def _layers(cache: Any) -> list[Any]:
     return layers
 
 
+def check_supported(config: Any) -> None:
+    """At engine start: the model's cache layers are ones this module can merge, select and
+    trim (dynamic full-attention or sliding-window layers), else a ConfigError naming the
+    layer, instead of every request failing at its first step."""
+    from transformers import DynamicCache
+
+    from engine.errors import ConfigError
+
+    try:
+        _layers(DynamicCache(config=config))
+    except NotImplementedError as exc:
+        raise ConfigError(str(exc), hint="serve a registered family (aphrodite model list)",
+                          code="unsupported_cache_layout") from None
+
+
 def _sliding(layer: Any) -> bool:
     return bool(getattr(layer, "is_sliding", False))
 

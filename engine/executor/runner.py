@@ -121,6 +121,7 @@ class TransformersRunner:
         self.loaded = loaded
         self.device = device
         self.model = loaded.model(device, dtype)
+        kv.check_supported(self.model.config)
         self.tokenizer = loaded.tokenizer
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
