@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.errors import ConfigError
+
 
 def _layers(cache: Any) -> list[Any]:
     layers = list(cache.layers)
@@ -23,9 +25,10 @@ def _layers(cache: Any) -> list[Any]:
         sliding = getattr(layer, "is_sliding", False)
         if not hasattr(layer, "keys") or (sliding and (
                 not hasattr(layer, "cumulative_length") or getattr(layer, "record_past", False))):
-            raise NotImplementedError(f"continuous batching needs dynamic full-attention or "
-                                      f"sliding-window caches; this model has a "
-                                      f"{type(layer).__name__}")
+            raise ConfigError(f"continuous batching needs dynamic full-attention or "
+                              f"sliding-window caches; this model has a {type(layer).__name__}",
+                              hint="serve a registered family (aphrodite model list)",
+                              code="unsupported_cache_layout")
     return layers
 
 
@@ -35,13 +38,7 @@ def check_supported(config: Any) -> None:
     layer, instead of every request failing at its first step."""
     from transformers import DynamicCache
 
-    from engine.errors import ConfigError
-
-    try:
-        _layers(DynamicCache(config=config))
-    except NotImplementedError as exc:
-        raise ConfigError(str(exc), hint="serve a registered family (aphrodite model list)",
-                          code="unsupported_cache_layout") from None
+    _layers(DynamicCache(config=config))
 
 
 def _sliding(layer: Any) -> bool:
