@@ -393,10 +393,11 @@ def test_vllm_metric_names_count_what_was_served(server, client):
             r'^(vllm:[a-z0-9_]+)\{model_name="tiny-qwen2_5_vl"\} (\S+)$', text, re.M)}
 
     before = scrape()
+    # ignore_eos: the counts are the point, and a random-weight model may pick its EOS early
     one = client.chat.completions.create(model="tiny-qwen2_5_vl", max_tokens=3, messages=[
-        {"role": "user", "content": "one"}])
+        {"role": "user", "content": "one"}], extra_body={"ignore_eos": True})
     stream = client.chat.completions.create(
-        model="tiny-qwen2_5_vl", max_tokens=2, stream=True,
+        model="tiny-qwen2_5_vl", max_tokens=2, stream=True, extra_body={"ignore_eos": True},
         stream_options={"include_usage": True}, messages=[{"role": "user", "content": "two"}])
     usage = [c.usage for c in stream if c.usage][-1]
     after = scrape()

@@ -58,7 +58,7 @@ def test_llava_with_the_shipped_template(media):
         reply = client.chat.completions.create(
             model="tiny:llava", max_tokens=3, temperature=0, messages=[{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": f"{media.base}/cat.jpg"}},
-                {"type": "text", "text": "What is this?"}]}])
+                {"type": "text", "text": "What is this?"}]}], extra_body={"ignore_eos": True})
         assert reply.usage.completion_tokens == 3
         with pytest.raises(openai.BadRequestError) as info:  # LLaVA-1.5: one image per prompt
             client.chat.completions.create(model="tiny:llava", max_tokens=3, messages=[{
@@ -110,7 +110,7 @@ def test_image_and_video_families_over_http(media, arch):
                    {"type": "video_url", "video_url": {"url": f"{media.base}/clip.mp4"}},
                    {"type": "text", "text": "What happens?"}]
         replies = [client.chat.completions.create(
-            model=f"tiny:{arch}", max_tokens=3, temperature=0,
+            model=f"tiny:{arch}", max_tokens=3, temperature=0, extra_body={"ignore_eos": True},
             messages=[{"role": "user", "content": content}]) for _ in range(2)]
     finally:
         assert server.stop() == 0
@@ -199,7 +199,7 @@ def test_gemma3_image_with_pan_and_scan_over_http(media):
         content = [{"type": "image_url", "image_url": {"url": f"{media.base}/cat.jpg"}},
                    {"type": "text", "text": "What is it?"}]
         replies = [client.chat.completions.create(
-            model="tiny:gemma3", max_tokens=3, temperature=0,
+            model="tiny:gemma3", max_tokens=3, temperature=0, extra_body={"ignore_eos": True},
             messages=[{"role": "user", "content": content}]) for _ in range(2)]
     finally:
         assert server.stop() == 0
@@ -233,7 +233,7 @@ def test_qwen2_audio_parts_and_private_addresses_and_drain(media):
             model="tiny:qwen2_audio", max_tokens=3, temperature=0, messages=[{
                 "role": "user", "content": [
                     {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}},
-                    {"type": "text", "text": "What is it?"}]}])
+                    {"type": "text", "text": "What is it?"}]}], extra_body={"ignore_eos": True})
         assert reply.usage.completion_tokens == 3
         # Drain: a long stream in flight when SIGTERM arrives still completes.
         got: dict[str, object] = {}
@@ -378,7 +378,8 @@ def test_gpu_decode_budget_is_split_among_api_servers(media):
             return client.chat.completions.create(
                 model="tiny:qwen2_vl", max_tokens=2, messages=[{"role": "user", "content": [
                     {"type": "video_url", "video_url": {"url": url}}]}],
-                extra_body={"media_io_kwargs": {"video": {"num_frames": frames}}})
+                extra_body={"ignore_eos": True,
+                            "media_io_kwargs": {"video": {"num_frames": frames}}})
 
         # share = 0.0003 GiB / 2 = 161061 bytes; 4 frames of 128x96 RGB = 147456 bytes fit
         assert ask(4).usage.completion_tokens == 2
@@ -416,8 +417,8 @@ def test_decode_isolation_survives_a_killed_decoder():
             return client.chat.completions.create(
                 model="tiny:qwen2_vl", max_tokens=2, messages=[{"role": "user", "content": [
                     {"type": "video_url", "video_url": {"url": url}}]}],
-                extra_body={"media_io_kwargs": {"video": {"backend": "pyav",
-                                                          "skip_nonref": False,
+                extra_body={"ignore_eos": True,
+                            "media_io_kwargs": {"video": {"backend": "pyav", "skip_nonref": False,
                                                           "num_frames": frames}}})
 
         small = synthetic.make_video(width=96, height=64, seconds=1)
