@@ -89,6 +89,44 @@ def test_assembled_inputs_equal_one_processor_call(arch):
         assert stamps == ["0.2", "0.8", "0.2", "1.2", "2.0"]  # 30 fps: (0+10)/2/30...
 
 
+@pytest.mark.parametrize("arch", [a for a in FAMILIES if a != "qwen2_audio"])
+def test_images_are_resized_channels_last_and_equal_the_processor_on_the_pil_image(
+        arch, monkeypatch):
+    """An RGB image reaches the processor's resize in the layout torch resizes fastest (its
+    bytes as PIL holds them: height x width x 3), not copied into a contiguous (3, H, W)
+    tensor first; the tensors equal the processor called on the PIL image in a fresh copy
+    of the processor (its own path, untouched), and the processor stays picklable."""
+    import copy
+    import pickle
+
+    lm = loaded(arch)
+    pristine = copy.deepcopy(lm.processor)
+    pre = Preprocessor(lm, ProcessorCache(0))
+    cls = type(lm.processor.image_processor)
+    seen: list[tuple[bool, bool]] = []
+    resize = cls.resize
+
+    def spy(self, *args, **kwargs):
+        image = args[0] if args else kwargs.get("image", kwargs.get("images"))
+        out = resize(self, *args, **kwargs)
+        seen.append((image.is_contiguous(), image.stride()[-3] == 1))
+        return out
+
+    monkeypatch.setattr(cls, "resize", spy)
+    img = image(300, 200, 3)
+    placeholder = lm.spec.placeholders["image"]
+    got = pre.process(f"{placeholder}\nWhat?", [MediaItem("image", decoded=img)])
+    assert seen and seen[0] == (False, True), seen  # channels-last, no copy before the resize
+    monkeypatch.setattr(cls, "resize", resize)
+    ref = pristine(text=[f"{placeholder}\nWhat?"], images=[img], return_tensors="pt")
+    assert got.input_ids == ref["input_ids"][0].tolist()
+    for key, value in ref.items():
+        if key not in ("input_ids", "attention_mask"):
+            assert torch.equal(got.mm[key], value), key
+    again = pickle.loads(pickle.dumps(lm.processor))
+    assert again.image_processor.process_image.owner is again.image_processor
+
+
 def test_smolvlm_video_with_its_metadata_assembles_like_one_call():
     """SmolVLM's video prompt: an intro with the frame count in words and the clip's length,
     then each frame's mm:ss timestamp (from the metadata the engine keeps of its sample) and

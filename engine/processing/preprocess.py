@@ -24,6 +24,7 @@ from typing import Any
 from engine.errors import InvalidRequestError, MediaDecodeError, sanitize
 from engine.models.loader import LoadedModel
 from engine.processing.cache import ProcessorCache, content_hash, item_key
+from engine.processing.image_layout import channels_first_view, is_rgb_pil, keep_channels_last
 from engine.processing.limits import check_one_visual_modality
 from engine.processing.prompt import count_placeholders
 from engine.timings import zero_preprocess_timings
@@ -77,22 +78,6 @@ class ProcessedPrompt:
     modality_counts: dict[str, int]
 
 
-def _is_rgb_pil(data: Any) -> bool:
-    return getattr(data, "mode", None) == "RGB" and hasattr(data, "split")
-
-
-def channels_first(image: Any) -> Any:
-    """An RGB PIL image as the (3, H, W) uint8 tensor the processors' torchvision backend
-    works on, from PIL's own planes: the same values the processor makes from the image,
-    about twice as fast as its HWC -> CHW copy (transformers 5.24 transposes every image into
-    a contiguous CHW tensor; on 1280x720 that copy was most of the gap to vLLM's processor
-    stage). Outputs equal the processor's on the PIL image (test_preprocess, every family)."""
-    import numpy as np
-    import torch
-
-    return torch.from_numpy(np.stack([np.asarray(plane) for plane in image.split()]))
-
-
 def concat(values: list[Any], padded: bool = False) -> Any:
     """Items' tensors concatenated on the first dimension. ``padded`` (an ArchSpec
     ``padded_keys`` key: LLaVA-OneVision's tiles per image): items whose second dimension
@@ -113,6 +98,7 @@ class Preprocessor:
     def __init__(self, loaded: LoadedModel, cache: ProcessorCache | None = None) -> None:
         self.loaded = loaded
         self.cache = cache or ProcessorCache(0)
+        keep_channels_last(loaded.processor)
         tok = loaded.tokenizer
         self.expansion_ids = {m: tok.convert_tokens_to_ids(t)
                               for m, t in loaded.spec.expansion_tokens.items()}
@@ -155,8 +141,8 @@ class Preprocessor:
         if item.modality == "audio":
             data, rate = data
             extra.setdefault("sampling_rate", rate)
-        if item.modality == "image" and _is_rgb_pil(data):
-            data = channels_first(data)
+        if item.modality == "image" and is_rgb_pil(data):
+            data = channels_first_view(data)
             extra["input_data_format"] = "channels_first"
         if item.modality == "video" and (spec.video_timestamps or item.metadata is not None):
             extra["do_sample_frames"] = False  # the engine sampled them; metadata says which
