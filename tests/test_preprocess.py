@@ -127,6 +127,42 @@ def test_images_are_resized_channels_last_and_equal_the_processor_on_the_pil_ima
     assert again.image_processor.process_image.owner is again.image_processor
 
 
+@pytest.mark.parametrize("arch", [a for a in FAMILIES if "video" in loaded(a).spec.modalities])
+def test_video_frames_are_resized_channels_last_and_equal_the_processor_on_the_array(
+        arch, monkeypatch):
+    """A decoded clip ((frames, H, W, 3) uint8, as the decoders give it) reaches the video
+    processor's resize as a channels-last view of its memory, not a contiguous copy; the
+    tensors and prompt equal a fresh copy of the processor called on the same array."""
+    import copy
+
+    lm = loaded(arch)
+    pristine = copy.deepcopy(lm.processor)
+    pre = Preprocessor(lm, ProcessorCache(0))
+    cls = type(lm.processor.video_processor)
+    seen: list[tuple[bool, bool]] = []
+    resize = cls.resize
+
+    def spy(self, *args, **kwargs):
+        video = args[0] if args else kwargs.get("videos", kwargs.get("video",
+                                                                    kwargs.get("image")))
+        seen.append((video.is_contiguous(), video.stride()[-3] == 1))
+        return resize(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "resize", spy)
+    frames = np.stack([synthetic.video_frame(i, 96, 64) for i in range(4)])
+    meta = {"total_num_frames": 30, "fps": 30.0, "frames_indices": [0, 10, 19, 29]}
+    prompt = f"{lm.spec.placeholders['video']}\nWhat?"
+    got = pre.process(prompt, [MediaItem("video", decoded=frames, metadata=dict(meta))])
+    assert seen and seen[0] == (False, True), seen
+    monkeypatch.setattr(cls, "resize", resize)
+    ref = pristine(text=[prompt], videos=[frames], return_tensors="pt", do_sample_frames=False,
+                   video_metadata=[copy.deepcopy(meta)])
+    assert got.input_ids == ref["input_ids"][0].tolist()
+    for key, value in ref.items():
+        if key not in ("input_ids", "attention_mask"):
+            assert torch.equal(got.mm[key], value), key
+
+
 def test_smolvlm_video_with_its_metadata_assembles_like_one_call():
     """SmolVLM's video prompt: an intro with the frame count in words and the clip's length,
     then each frame's mm:ss timestamp (from the metadata the engine keeps of its sample) and

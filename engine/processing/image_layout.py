@@ -1,4 +1,4 @@
-"""Images handed to the HF image processors in the memory layout their resize is fastest on.
+"""Images and video frames handed to the HF processors in the layout their resize is fastest on.
 
 An RGB image arrives as height x width x 3 bytes (PIL, a decoder's frame). The processors'
 torchvision backend wants a (3, H, W) tensor and, in transformers 5.24, copies every image into
@@ -10,6 +10,10 @@ channels-first *view* of its bytes, and the loaded image processor keeps that vi
 copying it; every later step (resize, rescale, normalize, patching) gives the same values on
 either layout (test_preprocess compares every family with the processor called on the PIL
 image).
+
+Decoded video frames ((frames, H, W, 3) uint8 arrays) get the same: the video processors'
+``_prepare_input_videos`` also copies them into contiguous (frames, 3, H, W) tensors first
+(16 frames of 320x240: 0.41-0.69x the processor time per family without that copy).
 """
 
 from __future__ import annotations
@@ -83,16 +87,44 @@ class _ContiguousResize:
         return out
 
 
+class _KeepChannelsLastVideos:
+    """The video processor's ``_prepare_input_videos``: RGB frames as (frames, H, W, 3) uint8
+    arrays (what the decoders return) become (frames, 3, H, W) channels-last views of the same
+    memory, where the backend would copy them into a contiguous tensor; anything else goes to
+    the class's method."""
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import numpy as np
+        import torch
+
+        videos = args[0] if args else kwargs.get("videos")
+        if len(args) <= 1 and kwargs.get("device") is None and \
+                kwargs.get("input_data_format") in (None, "channels_last") and \
+                isinstance(videos, list) and videos and all(
+                    isinstance(v, np.ndarray) and v.dtype == np.uint8 and v.ndim == 4
+                    and v.shape[-1] == 3 and v.shape[1] > 4 for v in videos):
+            with warnings.catch_warnings():  # a read-only array: nothing writes into it
+                warnings.simplefilter("ignore", UserWarning)
+                return [torch.from_numpy(v).permute(0, 3, 1, 2) for v in videos]
+        return type(self.owner)._prepare_input_videos(self.owner, *args, **kwargs)
+
+
 def keep_channels_last(processor: Any) -> None:
     """Let ``processor``'s torchvision image processor take channels-last RGB views as they
     are (see the module's docstring). Other inputs, and processors without that backend, are
     untouched; a second call changes nothing."""
-    image_processor = getattr(processor, "image_processor", None)
-    cls = type(image_processor)
-    if not (callable(getattr(cls, "process_image", None)) and callable(getattr(cls, "resize",
-                                                                              None))):
-        return
-    if isinstance(vars(image_processor).get("process_image"), _KeepChannelsLast):
-        return
-    image_processor.process_image = _KeepChannelsLast(image_processor)
-    image_processor.resize = _ContiguousResize(image_processor)
+    for attr, method, wrapper in (("image_processor", "process_image", _KeepChannelsLast),
+                                  ("video_processor", "_prepare_input_videos",
+                                   _KeepChannelsLastVideos)):
+        part = getattr(processor, attr, None)
+        cls = type(part)
+        if part is None or not (callable(getattr(cls, method, None))
+                                and callable(getattr(cls, "resize", None))):
+            continue
+        if isinstance(vars(part).get(method), wrapper):
+            continue
+        setattr(part, method, wrapper(part))
+        part.resize = _ContiguousResize(part)
