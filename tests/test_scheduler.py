@@ -435,3 +435,57 @@ def test_a_cache_layout_the_batch_cannot_merge_is_refused_when_the_engine_starts
     assert "LinearAttentionLayer" in info.value.message
     for arch in FAMILIES:  # what the engine checks when it starts on each family
         kv.check_supported(llm(arch).engine.runner.model.config)
+
+
+def test_decode_steps_grow_the_cache_in_place_and_survive_merges_leaves_and_restores():
+    """A decode step writes its column into spare room of the layer's buffer (no copy of the
+    whole cache per token, as transformers' own concatenation makes); a merge, a row leaving,
+    a cut of unused columns or a restore after a failed step replace the tensors, and the next
+    step copies them into a new buffer. The keys and values always equal plain concatenation."""
+    import torch
+    import transformers as T
+
+    from engine.executor import kv
+
+    config = T.Qwen2Config(num_hidden_layers=1, hidden_size=64, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=128)
+    gen = torch.Generator().manual_seed(0)
+
+    def cols(rows: int, n: int):
+        return torch.randn(rows, 2, n, 16, generator=gen)
+
+    cache = T.DynamicCache(config=config)
+    first = cols(2, 5)
+    cache.layers[0].update(first, first.clone())
+    kv.reserve(cache)
+    layer = cache.layers[0]
+    expect = first
+    storage = None
+    for step in range(3):
+        col = cols(2, 1)
+        keys, values = layer.update(col, col.clone())
+        expect = torch.cat([expect, col], dim=-2)
+        assert torch.equal(keys, expect) and torch.equal(values, expect)
+        if step == 1:
+            storage = keys.untyped_storage().data_ptr()
+        if step == 2:
+            assert keys.untyped_storage().data_ptr() == storage  # written in place
+    saved = kv.snapshot(cache)
+    layer.update(cols(2, 1), cols(2, 1))  # a step that "fails" after this layer took it
+    kv.restore(cache, saved)
+    col = cols(2, 1)
+    keys, _ = layer.update(col, col.clone())
+    expect = torch.cat([expect, col], dim=-2)
+    assert torch.equal(keys, expect)
+    other = T.DynamicCache(config=config)
+    joined = cols(1, 3)
+    other.layers[0].update(joined, joined.clone())
+    kv.merge(cache, other)
+    kv.select(cache, [2, 0])  # the newcomer and the first row; the second leaves
+    kv.drop_left(cache, 2)
+    col = cols(2, 1)
+    keys, values = layer.update(col, col.clone())
+    pad = torch.zeros(1, 2, expect.shape[-2] - 3, 16)
+    merged = torch.cat([torch.cat([pad, joined], dim=-2), expect[:1]])[..., 2:, :]
+    assert torch.equal(keys, torch.cat([merged, col], dim=-2))
+    assert torch.equal(values, keys)

@@ -10,10 +10,15 @@ Sliding-window layers (``DynamicSlidingWindowLayer``: Gemma 3's local layers) ke
 frame's width (transformers sizes their part of the attention mask from it: the mask's last
 columns are theirs). Every operation here keeps both true: rows are right-aligned, so a row's
 kept columns are the frame's last ones, and its padding is masked by the batch's mask.
+
+Decode steps grow full-attention layers into spare capacity (:func:`reserve`) instead of
+concatenating the whole cache per token: on 8 rows of ~600 tokens of the tiny Qwen2.5-VL a
+decode step went from 2.8 to 1.7 ms. The room is a quarter of the columns (at least 64).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from engine.errors import ConfigError
@@ -103,6 +108,58 @@ def drop_left(cache: Any, columns: int) -> None:
         else:
             layer.keys = layer.keys[..., columns:, :]
             layer.values = layer.values[..., columns:, :]
+
+
+@functools.cache
+def _growing_layer() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A full-attention layer whose decode steps write into spare capacity: transformers'
+        ``DynamicLayer`` concatenates the whole cache with each step's column (a copy of every
+        key and value per token, the largest cost of a decode step at a few hundred tokens);
+        this one keeps a buffer with room for more columns and hands out views of its used
+        part. Anything else that replaced ``keys``/``values`` (a merge, a row leaving, a
+        restore after a failed step) is noticed by identity and copied into a new buffer."""
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any
+                   ) -> tuple[Any, Any]:
+            if not self.is_initialized or self.keys.numel() == 0:
+                return super().update(key_states, value_states, *args, **kwargs)
+            keys, values = self.keys, self.values
+            used, new = keys.shape[-2], key_states.shape[-2]
+            buffers = getattr(self, "_buffers", None)
+            if buffers is None or buffers[2] is not keys or buffers[3] is not values or \
+                    buffers[0].shape[-2] < used + new:
+                room = used + new + max(_SPARE_COLUMNS, (used + new) // 4)
+                kbuf = keys.new_empty(*keys.shape[:-2], room, keys.shape[-1])
+                vbuf = values.new_empty(*values.shape[:-2], room, values.shape[-1])
+                kbuf[..., :used, :] = keys
+                vbuf[..., :used, :] = values
+            else:
+                kbuf, vbuf = buffers[0], buffers[1]
+            kbuf[..., used:used + new, :] = key_states
+            vbuf[..., used:used + new, :] = value_states
+            self.keys, self.values = kbuf[..., :used + new, :], vbuf[..., :used + new, :]
+            self._buffers = (kbuf, vbuf, self.keys, self.values)
+            return self.keys, self.values
+
+    return GrowingLayer
+
+
+#: the least room a decode buffer keeps beyond its columns (besides a quarter of them)
+_SPARE_COLUMNS = 64
+
+
+def reserve(cache: Any) -> None:
+    """Turn ``cache``'s plain full-attention layers into ones that grow into spare capacity
+    (:func:`_growing_layer`); the others (sliding windows) are left as they are. Idempotent."""
+    from transformers.cache_utils import DynamicLayer
+
+    growing = _growing_layer()
+    for layer in _layers(cache):
+        if type(layer) is DynamicLayer:
+            layer.__class__ = growing
 
 
 def snapshot(cache: Any) -> list[tuple[Any, Any, int | None]]:

@@ -274,6 +274,7 @@ class TransformersRunner:
             deltas = torch.tensor([[r.rope_delta] for r in rows], dtype=torch.long,
                                   device=self.device)
             positions = (text + deltas).unsqueeze(0).expand(3, -1, -1)
+        kv.reserve(batch.cache)
         before = kv.snapshot(batch.cache)
         try:
             with torch.inference_mode():
