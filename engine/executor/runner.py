@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.executor import kv
+from engine.executor.detokenize import Detokenizer, StopStrings, byte_tokens
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
 from engine.models.loader import LoadedModel
 from engine.processing.preprocess import concat
@@ -29,7 +30,11 @@ class _Row:
     index: int
     generator: Any
     token_ids: list[int] = field(default_factory=list)
+    #: the output text (cut at a stop string) and how much of it the stream has been sent
     text: str = ""
+    sent: int = 0
+    detokenizer: Detokenizer | None = None
+    stops: StopStrings | None = None
     done: bool = False
     finish_reason: str | None = None
     first_token_at: float | None = None
@@ -123,6 +128,7 @@ class TransformersRunner:
         self.model = loaded.model(device, dtype)
         kv.check_supported(self.model.config)
         self.tokenizer = loaded.tokenizer
+        self.byte_ids = byte_tokens(self.tokenizer)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if self.tokenizer.eos_token_id is not None:
@@ -369,21 +375,24 @@ class TransformersRunner:
         if token in self.eos_ids and not params.ignore_eos:
             self.finish_row(row, "stop")
             return
+        if row.detokenizer is None:
+            row.detokenizer = Detokenizer(self.tokenizer, self.byte_ids)
+            row.stops = StopStrings(params.stop)
+            out.token_ids = row.token_ids  # one list, read when the request ends
         row.token_ids.append(token)
-        text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
-        reason = None
-        for stop in params.stop:
-            at = text.find(stop)
-            if at != -1:
-                text, reason = text[:at], "stop"
-        if len(row.token_ids) >= params.max_tokens and reason is None:
+        last = len(row.token_ids) >= params.max_tokens
+        grown_from = len(row.detokenizer.text)
+        row.detokenizer.add(token, final=last)
+        text, reason = row.detokenizer.text, None
+        at = row.stops.cut(text, grown_from)
+        if at is not None:
+            text, reason = text[:at], "stop"
+        elif last:
             reason = "length"
-        if text.endswith("\ufffd") and reason is None:
-            delta = ""  # a character split across tokens: wait for the rest of its bytes
-        else:
-            delta = text[len(row.text):] if text.startswith(row.text) else text
-            row.text = text
-        out.text, out.token_ids = row.text, list(row.token_ids)
+        end = len(text) if reason else row.stops.sendable(text)
+        delta = text[row.sent:end] if end > row.sent else ""
+        row.sent, row.text = max(row.sent, end), text
+        out.text = text
         if lp is not None:
             out.add_logprobs(token, lp)
         if req.on_event:
@@ -393,10 +402,13 @@ class TransformersRunner:
             out.finish_reason = reason
 
     def finish_row(self, row: _Row, reason: str) -> None:
+        """End ``row`` without a token of its own (EOS, abort); text a stop string could
+        still have taken back goes out with the end."""
         row.done = True
         out = row.request.outputs[row.index]
         if out.finish_reason is None:
             out.finish_reason = reason
+            held, row.sent = row.text[row.sent:], len(row.text)
             if row.request.on_event:
-                row.request.on_event(TokenEvent(row.request.request_id, row.index, None, "",
+                row.request.on_event(TokenEvent(row.request.request_id, row.index, None, held,
                                                 reason))

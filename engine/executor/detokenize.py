@@ -1,0 +1,99 @@
+"""A row's output text as its tokens arrive: incremental decoding and stop strings.
+
+Decoding all of a row's tokens at every step costs time in the length of its output (the
+tokenizer walks the whole list, twice over in transformers' argument conversion), so a long
+generation's steps got slower as it went. :class:`Detokenizer` decodes a short window instead:
+the tokens since the last emitted character plus the ones before them that their spelling may
+depend on, and emits what the window's text gained (the method vLLM and TGI use; the windows'
+texts are prefixes of the full decode, so the joined deltas equal decoding every token at once:
+test_detokenize checks it on every family's tokenizer). Bytes of a character split across
+tokens are held until the character is whole. Tokenizers whose decoder turns runs of byte
+tokens into text (SentencePiece's byte fallback: Gemma, Llama) rewrite a whole run as
+replacement characters when any byte in it is invalid, so there a run is held until a token
+that is not a byte ends it.
+
+:class:`StopStrings` holds back the last ``len(stop) - 1`` characters while a stop string may
+still be forming, so a stream never sends text that a stop string later cuts off; the held text
+goes out when the row ends for another reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def byte_tokens(tokenizer: Any) -> frozenset[int]:
+    """When ``tokenizer``'s decoder has a byte fallback: the ids of its ``<0xNN>`` byte tokens
+    (they decode as a run) and of its special tokens (skipped before decoding, so a run goes on
+    across them); empty otherwise (byte-level BPE decodes bytes one by one)."""
+    import json
+    import re
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or '"ByteFallback"' not in json.dumps(
+            json.loads(backend.to_str()).get("decoder")):
+        return frozenset()
+    byte = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+    return frozenset(i for t, i in tokenizer.get_vocab().items() if byte.fullmatch(t)) | \
+        frozenset(tokenizer.all_special_ids) | frozenset(
+            i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()
+            if getattr(t, "special", False))
+
+
+class Detokenizer:
+    """The text of one row's tokens, a delta per token. ``byte_ids``: :func:`byte_tokens`
+    of the tokenizer (computed once per tokenizer, not per row)."""
+
+    __slots__ = ("_bytes", "_decode", "_prefix", "_read", "ids", "text")
+
+    def __init__(self, tokenizer: Any, byte_ids: frozenset[int] = frozenset()) -> None:
+        self._decode = tokenizer.decode
+        self._bytes = byte_ids
+        self.ids: list[int] = []
+        self._prefix = 0  # the window starts here (context for the next tokens' spelling)
+        self._read = 0  # tokens before this one are in ``text``
+        self.text = ""
+
+    def add(self, token: int, final: bool = False) -> str:
+        """Append ``token``; the text it completes ("" while a character is split across
+        tokens, unless ``final``: then the replacement character goes out, as a full decode
+        writes it)."""
+        self.ids.append(token)
+        if token in self._bytes and not final:
+            return ""  # a byte run's text is known when a token that is not a byte ends it
+        window = self.ids[self._prefix:]
+        before = self._decode(window[:self._read - self._prefix], skip_special_tokens=True) \
+            if self._read > self._prefix else ""
+        now = self._decode(window, skip_special_tokens=True)
+        if len(now) <= len(before) and not final:
+            return ""  # a special token, or bytes of a character still to come
+        if now.endswith("\ufffd") and not final:
+            return ""
+        delta = now[len(before):]
+        self._prefix, self._read = self._read, len(self.ids)
+        self.text += delta
+        return delta
+
+
+class StopStrings:
+    """Cuts a row's text at the first stop string; says how much of it may be sent yet."""
+
+    __slots__ = ("_hold", "stops")
+
+    def __init__(self, stops: list[str] | tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self._hold = max((len(s) for s in self.stops), default=1) - 1
+
+    def cut(self, text: str, grown_from: int) -> int | None:
+        """Where the first stop string starts in ``text``, looking only where one could end
+        in the part that grew from ``grown_from`` on; None when none does."""
+        if not self.stops:
+            return None
+        start = max(0, grown_from - self._hold)
+        found = [at for s in self.stops if (at := text.find(s, start)) != -1]
+        return min(found) if found else None
+
+    def sendable(self, text: str) -> int:
+        """How many characters of an unfinished row's ``text`` may be sent: all but those
+        a stop string still forming could take back."""
+        return len(text) - self._hold if self.stops else len(text)
