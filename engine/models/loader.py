@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.errors import ConfigError
 from engine.models import hub
+from engine.models.patch_embed import convolutions_as_products
 from engine.models.registry import DEFAULT_ARCH, ArchSpec, arch_for_config, get_arch
 from engine.paths import cache_root
 
@@ -111,7 +112,9 @@ class LoadedModel:
 
                 cls = getattr(transformers, self.spec.model_class)
                 torch_dtype = ("auto" if dtype == "auto" else getattr(torch, dtype))
-                self._model = cls.from_pretrained(self.path, dtype=torch_dtype).to(device).eval()
+                model = cls.from_pretrained(self.path, dtype=torch_dtype).to(device).eval()
+                convolutions_as_products(model)
+                self._model = model
             return self._model
 
 
