@@ -145,7 +145,7 @@ def test_serve_downloads_a_hub_model_then_starts_offline_from_the_cache(tiny_rep
                 model="acme/tiny-vl", max_tokens=2, messages=[{"role": "user", "content": [
                     {"type": "image_url", "image_url": {
                         "url": "data:image/png;base64," + base64.b64encode(png).decode()}},
-                    {"type": "text", "text": "What is this?"}]}])
+                    {"type": "text", "text": "What is this?"}]}], extra_body={"ignore_eos": True})
             assert reply.usage.completion_tokens == 2
         finally:
             assert server.stop() == 0

@@ -11,6 +11,7 @@ import json
 import re
 import socket
 import urllib.request
+from pathlib import Path
 
 import openai
 import pytest
@@ -62,10 +63,13 @@ def client(server):
 
 
 def chat(client, parts, **kwargs):
+    """A greedy chat request; ignore_eos: tests count the tokens, and a random-weight model
+    may pick its EOS early on another machine's float rounding."""
+    extra = {"ignore_eos": True, **kwargs.pop("extra_body", {})}
     return client.chat.completions.create(
         model="tiny-qwen2_5_vl", max_tokens=kwargs.pop("max_tokens", 4), temperature=0,
         messages=[{"role": "user", "content": [*parts, {"type": "text", "text": "What?"}]}],
-        **kwargs)
+        extra_body=extra, **kwargs)
 
 
 def image_part(url: str) -> dict:
@@ -124,11 +128,14 @@ def assert_one_image_went_in(server, before: dict[str, float], reply, image: byt
 def test_image_by_http_url(server, client, media):
     before, metrics = media.hits["/cat.jpg"], scrape(server)
     raw = client.chat.completions.with_raw_response.create(
-        model="tiny-qwen2_5_vl", max_tokens=4, temperature=0,
+        model="tiny-qwen2_5_vl", max_tokens=4, temperature=0, extra_body={"ignore_eos": True},
         messages=[{"role": "user", "content": [image_part(f"{media.base}/cat.jpg"),
                                                {"type": "text", "text": "Describe."}]}])
     reply = raw.parse()
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 4
+    # its pixel values went to the engine through /dev/shm: the engine took the segment
+    api = raw.headers["x-aphrodite-api-server"]
+    assert not list(Path("/dev/shm").glob(f"aphrodite-media-{api}-in-*"))
     assert media.hits["/cat.jpg"] == before + 1
     assert_one_image_went_in(server, metrics, reply, media.files["/cat.jpg"][0], "Describe.")
     timings = json.loads(raw.headers["x-aphrodite-timings"])
@@ -195,7 +202,8 @@ def test_video_by_url_with_backend_choice(client, media):
         messages=[{"role": "user", "content": [
             {"type": "video_url", "video_url": {"url": f"{media.base}/clip.mp4"}},
             {"type": "text", "text": "What happens?"}]}],
-        extra_body={"media_io_kwargs": {"video": {"backend": "torchcodec", "num_frames": 4}}})
+        extra_body={"ignore_eos": True,
+                    "media_io_kwargs": {"video": {"backend": "torchcodec", "num_frames": 4}}})
     assert reply.usage.completion_tokens == 3
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
@@ -289,7 +297,7 @@ def test_models_health_version_metrics_and_text_completions(server, client):
     assert json.loads(get(server, "/version")) == {"version": __version__}
     before = scrape(server)
     text = client.completions.create(model="tiny-qwen2_5_vl", prompt="Once upon a time",
-                                     max_tokens=3, temperature=0)
+                                     max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
     assert text.usage.completion_tokens == 3
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.base}/v1", api_key="wrong", max_retries=0
@@ -367,7 +375,7 @@ def test_openai_parameters_not_implemented_are_refused_by_name(client, param, va
     reply = client.chat.completions.create(
         model="tiny-qwen2_5_vl", max_tokens=2, messages=[{"role": "user", "content": "hi"}],
         extra_body={"response_format": {"type": "text"}, "presence_penalty": 0,
-                    "logprobs": False, "tools": []})
+                    "logprobs": False, "tools": [], "ignore_eos": True})
     assert reply.usage.completion_tokens == 2
 
 

@@ -100,6 +100,23 @@ class SharedAllocator:
         self.segments.clear()
 
 
+def share(array: np.ndarray, tag: str) -> tuple[str, int] | None:
+    """A copy of ``array`` in a new segment named with ``tag`` (the caller's pid first, for
+    :func:`remove_orphans`), for another process to :func:`attach`: its name and size, or None
+    when ``/dev/shm`` has no room (then the caller sends the bytes another way)."""
+    size = max(array.nbytes, 1)
+    path = SHM_DIR / f"{PREFIX}{tag}"
+    try:
+        memory = _map(path, size, create=True)
+    except OSError:
+        path.unlink(missing_ok=True)
+        return None
+    with memory:
+        np.frombuffer(memory, dtype=array.dtype, count=array.size).reshape(array.shape)[...] = \
+            array
+    return path.name, size
+
+
 def attach(name: str, size: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     """Map a segment a worker handed over and remove its name; the array owns the memory."""
     if "/" in name or not name.startswith(PREFIX):

@@ -12,6 +12,7 @@ from multiprocessing.connection import Client
 from typing import Any
 
 from engine.errors import AphroditeError, ServiceUnavailableError
+from engine.server import shared_inputs
 
 
 @dataclass
@@ -49,6 +50,7 @@ class EngineClient:
                 message = self._conn.recv()
             except (EOFError, OSError):
                 self.alive = False
+                shared_inputs.discard_all()  # inputs the engine did not map: nobody will
                 for loop, queue in list(self._queues.values()):
                     loop.call_soon_threadsafe(queue.put_nowait, ("gone",))
                 return
@@ -88,7 +90,12 @@ class EngineClient:
             # numpy, not torch: torch's pickler would move every tensor into shared memory and
             # pass a file descriptor per storage, which the processor cache then keeps open.
             plain = {k: v.numpy() if hasattr(v, "numpy") else v for k, v in mm.items()}
-            await asyncio.to_thread(self._send, ("submit", rid, input_ids, plain, sampling))
+            plain, segments = shared_inputs.export(plain)
+            try:
+                await asyncio.to_thread(self._send, ("submit", rid, input_ids, plain, sampling))
+            except BaseException:
+                shared_inputs.discard(segments)  # no engine will map them
+                raise
             while True:
                 message = await queue.get()
                 if message[0] == "event":
@@ -130,6 +137,7 @@ class EngineClient:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._conn.close()
+        shared_inputs.discard_all()
 
 
 def _put_all(items: list[tuple[asyncio.Queue, tuple]]) -> None:

@@ -14,6 +14,7 @@ Protocol (pickled tuples over ``multiprocessing.connection``):
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -21,6 +22,9 @@ from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from engine.errors import AphroditeError
+from engine.server import shared_inputs
+
+logger = logging.getLogger("aphrodite.engine")
 
 
 def reserve_decode_memory(device: str, reserved: int) -> None:
@@ -144,6 +148,14 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
             send(("done", rid, outputs, req.timings, error))
 
         def submit(rid: str, input_ids: list[int], mm: dict, sampling: dict) -> None:
+            try:
+                mm = shared_inputs.attach(mm)
+            except (OSError, ValueError) as exc:
+                logger.error("request %s: its inputs could not be mapped: %s", rid, exc)
+                send(("done", rid, [], {}, ({"error": {
+                    "message": "the request's inputs were lost on the way to the engine",
+                    "type": "internal_error", "param": None, "code": "inputs_lost"}}, 503)))
+                return
             tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                        for k, v in mm.items()}
             prompt = ProcessedPrompt(input_ids, tensors, [], {}, {})
