@@ -89,3 +89,43 @@ def test_an_a_vs_b_report_opens_with_the_gates_verdict(tmp_path):
     assert re.search(r"- cold e2e_ms: B is \+0\.0% .*: no significant change", md)
     html = (tmp_path / "rep" / "report.html").read_text()
     assert 'alt="A vs B: cold latency"' in html and 'alt="A vs B: warm latency"' in html
+
+
+def test_every_batching_workload_reports_and_a_cut_result_is_refused_by_field(tmp_path):
+    """Each result kind has a model of what its readers use: a mixed-workload batching result
+    reports its static vs continuous table (it once raised KeyError: 'concurrency'), a copy
+    cut short is refused naming the field (no traceback), and a writer cannot write a file
+    the readers would refuse."""
+    from pydantic import ValidationError
+
+    from aphrodite_cli.bench.results import write_result
+
+    def stats(value: float) -> dict:
+        return {"median": value, "p99": value}
+
+    doc = {"workload": "mixed", "num_prompts": 32, "long_share": 0.25, "long_tokens": 256,
+           "short_tokens": 16, "max_num_seqs": 8,
+           "static": {"output_throughput": stats(600.0), "request_throughput": stats(8.0),
+                      "short_ttft_s": stats(1.5)},
+           "continuous": {"output_throughput": stats(1500.0), "request_throughput": stats(20.0),
+                          "short_ttft_s": stats(0.16)},
+           "continuous_over_static_output_throughput": 2.5}
+    path = write_result(doc, "batching", tmp_path)
+
+    def report(*paths: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN), "bench", "report", *map(str, paths), "--out-dir",
+                               str(tmp_path / "rep")], capture_output=True, text=True,
+                              timeout=120)
+
+    done = report(path)
+    assert done.returncode == 0, done.stderr
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert "| continuous | 1500.0 | 20.00 | 160 |" in md and "2.50x" in md
+    cut = json.loads(path.read_text())
+    del cut["continuous"]["request_throughput"]
+    (tmp_path / "cut.json").write_text(json.dumps(cut))
+    done = report(tmp_path / "cut.json")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "continuous.request_throughput" in done.stdout + done.stderr
+    with pytest.raises(ValidationError):
+        write_result({"workload": "mixed", "static": doc["static"]}, "batching", tmp_path)

@@ -134,7 +134,7 @@ def _sweep_plots(sweeps: list[tuple[Path, dict[str, Any]]], plt) -> list[tuple[s
     out = []
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for ax, metric in zip(axes, ("ttft_ms", "tpot_ms", "e2e_ms"), strict=True):
-        if not any(p["result"][metric].get("p50") is not None for _, doc in sweeps
+        if not any((p["result"].get(metric) or {}).get("p50") is not None for _, doc in sweeps
                    for r in doc["phases"].values() for p in r["points"]):
             ax.set_visible(False)  # the target reported nothing for it (e.g. 1-token answers)
             continue
@@ -149,14 +149,14 @@ def _sweep_plots(sweeps: list[tuple[Path, dict[str, Any]]], plt) -> list[tuple[s
                          and p.get("served_rate")]  # all at once: a marker, not on the curve
                 for pct, style in (("p50", ":"), ("p90", "--"), ("p99", "-")):
                     xs = [p["served_rate"] for p in points
-                          if p["result"][metric].get(pct) is not None]
+                          if (p["result"].get(metric) or {}).get(pct) is not None]
                     ys = [p["result"][metric][pct] for p in points
-                          if p["result"][metric].get(pct) is not None]
+                          if (p["result"].get(metric) or {}).get(pct) is not None]
                     if xs:
                         line = ax.plot(xs, ys, style, marker="o", markersize=3,
                                        label=f"{path.stem} {phase} {pct}")[0]
                         for p in burst:
-                            if p["result"][metric].get(pct) is not None:
+                            if (p["result"].get(metric) or {}).get(pct) is not None:
                                 ax.plot([p["served_rate"]], [p["result"][metric][pct]], "x",
                                         color=line.get_color())
                 cap = (result.get("capacity") or {}).get("rate")
@@ -238,6 +238,11 @@ def comparison(baseline: list[Path], candidate: list[Path]
     return "\n".join(lines), images
 
 
+def _num(value: Any, spec: str = "") -> str:
+    """A number in a table cell; "-" where the result has none."""
+    return "-" if value is None else format(value, spec)
+
+
 def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
     lines = ["# aphrodite benchmark report", ""]
     for path, doc in docs:
@@ -250,14 +255,15 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
             lines += ["| phase | ok | failed | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |"
                       " E2E p50 ms | cache hit rate |", "|---|---|---|---|---|---|---|---|---|"]
             for phase, r in doc["phases"].items():
-                hit = r["server_cache"]["hit_rate"]
-                lines.append(f"| {phase} | {r['completed']} | {r['failed']} | "
-                             f"{r['request_throughput']:.2f} | "
-                             f"{r['ttft_ms'].get('median', 0):.1f} | "
-                             f"{r['ttft_ms'].get('p99', 0):.1f} | "
-                             f"{r['tpot_ms'].get('median', 0):.2f} | "
-                             f"{r['e2e_ms'].get('median', 0):.1f} | "
-                             f"{'-' if hit is None else f'{hit:.0%}'} |")
+                ttft, tpot, e2e = (r.get(m) or {} for m in ("ttft_ms", "tpot_ms", "e2e_ms"))
+                lines.append(f"| {phase} | {_num(r.get('completed'))} | "
+                             f"{_num(r.get('failed'))} | "
+                             f"{_num(r.get('request_throughput'), '.2f')} | "
+                             f"{_num(ttft.get('median'), '.1f')} | "
+                             f"{_num(ttft.get('p99'), '.1f')} | "
+                             f"{_num(tpot.get('median'), '.2f')} | "
+                             f"{_num(e2e.get('median'), '.1f')} | "
+                             f"{_num((r.get('server_cache') or {}).get('hit_rate'), '.0%')} |")
         elif kind == "video-decode":
             lines += ["| backend | options | median s | x full decode | frames exact |",
                       "|---|---|---|---|---|"]
@@ -270,6 +276,22 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
                              f"{(b['median_s'] or 0):.3f} | "
                              f"{'' if ratio is None else f'{ratio:.2f}'} | "
                              f"{b['identical_to_exact']} |")
+        elif kind == "batching" and doc.get("workload") == "mixed":
+            lines += [f"{doc.get('num_prompts', '?')} requests, one in "
+                      f"{round(1 / doc['long_share']) if doc.get('long_share') else '?'} of "
+                      f"{doc.get('long_tokens', '?')} tokens, the others "
+                      f"{doc.get('short_tokens', '?')}; --max-num-seqs "
+                      f"{doc.get('max_num_seqs', '?')}", "",
+                      "| scheduling | output tok/s | req/s | short TTFT p50 ms |",
+                      "|---|---|---|---|"]
+            for name in ("static", "continuous"):
+                r = doc[name]
+                ttft = (r.get("short_ttft_s") or {}).get("median")
+                lines.append(f"| {name} | {r['output_throughput']['median']:.1f} | "
+                             f"{r['request_throughput']['median']:.2f} | "
+                             f"{_num(None if ttft is None else ttft * 1e3, '.0f')} |")
+            lines += ["", f"continuous / static output throughput: "
+                          f"{doc['continuous_over_static_output_throughput']:.2f}x"]
         elif kind == "batching":
             lines += ["| concurrent requests | together s | one after another s | speedup |",
                       "|---|---|---|---|",

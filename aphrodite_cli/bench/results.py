@@ -9,37 +9,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from aphrodite_cli.bench import environment
+from aphrodite_cli.bench.result_models import MODELS
 from engine.errors import ConfigError
 
 DEFAULT_DIR = Path("results")
 
-#: kind -> the schema version this code writes and reads. Bump a kind's version when a field
-#: it has changes meaning or goes away (new fields need no bump).
-SCHEMA_VERSIONS: dict[str, int] = {
-    "serve": 1,  # bench serve
-    "sweep": 1,  # bench sweep
-    "mm-processor": 1,  # bench mm-processor
-    "mm-processor-compare": 1,  # bench mm-processor --compare-models
-    "batching": 1,  # bench batching
-    "video-decode": 1,  # bench video-decode
-    "soak": 3,  # bench soak (3: valid latency, attackers)
-}
-
-
-#: kind -> the fields its readers (gate, report, soak baseline) rely on, and their type. A
-#: file without them (cut short, edited, written by something else) is refused by name.
-REQUIRED_FIELDS: dict[str, dict[str, type]] = {
-    "serve": {"phases": dict},
-    "sweep": {"phases": dict},
-    "mm-processor": {"phases": dict},
-    "mm-processor-compare": {"results": list},
-    "batching": {},
-    "video-decode": {},
-    "soak": {"valid_latency_s": dict},
-}
-#: kinds whose ``phases`` hold one dict per phase (cold, warm, ...) with ``samples`` lists
-PHASED = ("serve", "mm-processor")
+#: kind -> the schema version this code writes and reads (each kind's model holds it)
+SCHEMA_VERSIONS: dict[str, int] = {kind: model.VERSION for kind, model in MODELS.items()}
 
 
 def stamp(doc: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -56,6 +35,8 @@ def write_result(doc: dict[str, Any], kind: str, out_dir: Path | None = None, *,
     folder.mkdir(parents=True, exist_ok=True)
     doc = {**stamp(doc, kind), "environment": environment.capture(),
            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    text = json.dumps(doc, indent=2, default=str) + "\n"
+    MODELS[kind].model_validate(json.loads(text))  # never write a file readers would refuse
     if filename:
         path = folder / Path(filename).name
     else:
@@ -64,7 +45,7 @@ def write_result(doc: dict[str, Any], kind: str, out_dir: Path | None = None, *,
         while path.exists():
             n += 1
             path = folder / f"{kind}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{n}.json"
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    path.write_text(text)
     return path
 
 
@@ -97,17 +78,13 @@ def load_result(path: Path, kinds: tuple[str, ...] | None = None) -> dict[str, A
 
 
 def check_fields(doc: dict[str, Any], kind: str, path: Path | str) -> None:
-    """The fields :data:`REQUIRED_FIELDS` names, of their types; a phased kind's phases are
-    dicts whose ``samples`` (when present) map metric names to lists."""
-    problems = [f"{name!r} ({kind_of.__name__})" for name, kind_of in
-                REQUIRED_FIELDS[kind].items() if not isinstance(doc.get(name), kind_of)]
-    if kind in PHASED and isinstance(doc.get("phases"), dict):
-        for phase, result in doc["phases"].items():
-            samples = result.get("samples", {}) if isinstance(result, dict) else None
-            if not isinstance(samples, dict) or not all(
-                    isinstance(v, list | dict) for v in samples.values()):
-                problems.append(f"phases.{phase} (a dict with samples lists)")
-    if problems:
-        raise ConfigError(f"{path} is a {kind} result without {', '.join(problems)}: it was cut "
+    """``doc`` against its kind's model (:mod:`aphrodite_cli.bench.result_models`): a field a
+    reader relies on missing or of another type is a ConfigError naming it."""
+    try:
+        MODELS[kind].model_validate(doc)
+    except ValidationError as exc:
+        problems = [".".join(str(p) for p in e["loc"]) + f" ({e['msg']})" if e["loc"]
+                    else e["msg"] for e in exc.errors()[:5]]
+        raise ConfigError(f"{path} is a {kind} result with {'; '.join(problems)}: it was cut "
                           "short or edited", hint="re-run the benchmark that wrote it",
-                          code="result_incomplete")
+                          code="result_incomplete") from None
