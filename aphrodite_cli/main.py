@@ -7,6 +7,7 @@ import warnings
 from typing import Annotated
 
 import typer
+import typer.core
 import typer.rich_utils
 
 from aphrodite_cli import media, model, serve
@@ -16,6 +17,17 @@ from aphrodite_cli.bench import cli as bench
 # with "…": off a terminal (and unless TERMINAL_WIDTH says otherwise) it gets room.
 if typer.rich_utils.MAX_WIDTH is None and not sys.stdout.isatty():
     typer.rich_utils.MAX_WIDTH = 200
+
+# A flag takes no value, so help shows none (Typer writes "<bool>" in the value column, which
+# reads as if --flag true were the syntax); other options keep their "<int>", "<path>"...
+_display_type_rich = typer.core.TyperOption.display_type_rich
+
+
+def _no_value_for_flags(self: typer.core.TyperOption, ctx) -> str | None:
+    return None if self.is_flag and self.metavar is None else _display_type_rich(self, ctx)
+
+
+typer.core.TyperOption.display_type_rich = _no_value_for_flags  # type: ignore[method-assign]
 
 app = typer.Typer(
     name="aphrodite",
