@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 
 from engine.config import MediaLimits, MediaPolicy
 from tests import server_harness
-from tests.media_server import MediaServer, build_app
+from tests.media_server import MediaServer
 
 GPU_ENV = "APHRODITE_FAIL_WITHOUT_GPU"
 
@@ -178,12 +178,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-async def media_server(aiohttp_server) -> MediaServer:
-    """A real HTTP media server on 127.0.0.1 with a hit counter."""
-    state = MediaServer()
-    server = await aiohttp_server(build_app(state))
-    state.base_url = f"http://127.0.0.1:{server.port}"
-    return state
+def media_server():
+    """A real HTTP media server on 127.0.0.1 with a hit counter (tests/media_server.py)."""
+    host = MediaServer()
+    yield host
+    host.stop()
 
 
 @pytest.fixture

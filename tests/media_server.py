@@ -1,168 +1,156 @@
-"""A loopback media server for tests: real HTTP, and a hit counter per path.
-
-Routes cover the ways a media host can be slow, broken, large, lying or redirecting. The raw
-socket server at the bottom sends bytes no well-behaved framework would (a Content-Length
-that lies).
+"""The HTTP fetch's test host: the project's loopback media host
+(:class:`aphrodite_cli.bench.media_host.MediaHost`) with routes for the ways a media host can
+be slow, broken, large, lying or redirecting, writing the bytes no well-behaved framework
+would (a Content-Length that lies, headers and then nothing).
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import gzip
-from collections import Counter
-from dataclasses import dataclass, field
-
-from aiohttp import web
+import time
+from http.server import BaseHTTPRequestHandler
 
 from aphrodite_cli.bench import synthetic
+from aphrodite_cli.bench.media_host import MediaHost
+
+Query = dict[str, list[str]]
 
 
-@dataclass
-class MediaServer:
-    """State shared by the routes; ``hits`` counts requests per path."""
+def _arg(query: Query, name: str, default: float) -> float:
+    return float(query.get(name, [default])[0])
 
-    hits: Counter = field(default_factory=Counter)
-    flaky_failures: int = 2
-    files: dict[str, tuple[bytes, str]] = field(default_factory=dict)
-    base_url: str = ""
+
+def _body(handler: BaseHTTPRequestHandler, status: int, data: bytes, mime: str,
+          headers: dict[str, str] | None = None) -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Type", mime)
+    handler.send_header("Content-Length", str(len(data)))
+    for key, value in (headers or {}).items():
+        handler.send_header(key, value)
+    handler.end_headers()
+    with contextlib.suppress(ConnectionError):
+        handler.wfile.write(data)
+
+
+def _redirect(handler: BaseHTTPRequestHandler, location: str) -> None:
+    handler.send_response(302)
+    handler.send_header("Location", location)
+    handler.send_header("Content-Length", "0")
+    handler.end_headers()
+
+
+class MediaServer(MediaHost):
+    """Files (``files``), per-path hit counts (``hits``) and these routes:
+
+    /redirect/N  redirects N more times, then to /img.png; /redirect-to?to=URL redirects there
+    /big?size=   an honest Content-Length of ``size`` bytes (a JPEG header, then zeros)
+    /chunked?size=  ``size`` bytes in chunked framing, no Content-Length
+    /gzip-bomb?size=  a small gzip body that inflates to ``size`` bytes
+    /slow?every=  a byte every ``every`` seconds, until the client gives up
+    /flaky       503 for the first ``flaky_failures`` hits, then the PNG
+    /status/CODE  that status
+    /lying?claimed=N&repeat=K  claims N bytes, sends K times the PNG signature, closes
+    /headers-only?claimed=N  claims N bytes, sends nothing until the client goes away
+    """
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.flaky_failures = 2
+        jpeg = synthetic.make_image(320, 240, fmt="JPEG", seed=1)
+        png = synthetic.make_image(64, 48, fmt="PNG", seed=2)
+        files = {
+            "/img.jpg": (jpeg, "image/jpeg"),
+            "/img.png": (png, "image/png"),
+            "/tone.wav": (synthetic.make_audio(seconds=0.5), "audio/wav"),
+            "/page.html": (b"<!doctype html><html><body>not an image</body></html>",
+                           "text/html"),
+            "/mislabelled.png": (jpeg, "image/png"),
+        }
+
+        def redirect(handler: BaseHTTPRequestHandler, query: Query) -> None:
+            if "to" in query:
+                _redirect(handler, query["to"][0])
+                return
+            remaining = int(handler.path.split("?")[0].rsplit("/", 1)[1])
+            _redirect(handler, "/img.png" if remaining <= 0 else f"/redirect/{remaining - 1}")
+
+        def big(handler: BaseHTTPRequestHandler, query: Query) -> None:
+            size = int(_arg(query, "size", 1 << 20))
+            _body(handler, 200, jpeg[:16] + bytes(size - 16), "image/jpeg")
+
+        def chunked(handler: BaseHTTPRequestHandler, query: Query) -> None:
+            size = int(_arg(query, "size", 1 << 20))
+            handler.protocol_version = "HTTP/1.1"  # chunked framing is HTTP/1.1's
+            handler.send_response(200)
+            handler.send_header("Content-Type", "image/jpeg")
+            handler.send_header("Transfer-Encoding", "chunked")
+            handler.send_header("Connection", "close")
+            handler.end_headers()
+            sent = 0
+            try:
+                while sent < size:
+                    piece = min(65536, size - sent)
+                    handler.wfile.write(b"%x\r\n" % piece + bytes(piece) + b"\r\n")
+                    sent += piece
+                handler.wfile.write(b"0\r\n\r\n")
+            except ConnectionError:
+                pass
+            handler.close_connection = True
+
+        def gzip_bomb(handler: BaseHTTPRequestHandler, query: Query) -> None:
+            size = int(_arg(query, "size", 64 << 20))
+            body = gzip.compress(jpeg[:16] + bytes(size - 16), compresslevel=9)
+            _body(handler, 200, body, "image/jpeg", {"Content-Encoding": "gzip"})
+
+        def slow(handler: BaseHTTPRequestHandler, query: Query) -> None:
+            every = _arg(query, "every", 0.2)
+            handler.send_response(200)
+            handler.send_header("Content-Type", "image/png")
+            handler.end_headers()
+            try:
+                for _ in range(10_000):
+                    handler.wfile.write(b"\x89")
+                    handler.wfile.flush()
+                    time.sleep(every)
+            except (ConnectionError, OSError):
+                pass
+
+        def flaky(handler: BaseHTTPRequestHandler, query: Query) -> None:
+            if self.hits["/flaky"] <= self.flaky_failures:
+                _body(handler, 503, b"try later", "text/plain")
+            else:
+                _body(handler, 200, png, "image/png")
+
+        def status(handler: BaseHTTPRequestHandler, query: Query) -> None:
+            _body(handler, int(handler.path.split("?")[0].rsplit("/", 1)[1]), b"nope",
+                  "text/plain")
+
+        def lying(handler: BaseHTTPRequestHandler, query: Query) -> None:
+            sent = b"\x89PNG\r\n\x1a\n" * int(_arg(query, "repeat", 10))
+            handler.wfile.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\n"
+                + f"Content-Length: {int(_arg(query, 'claimed', 5000))}\r\n".encode()
+                + b"Connection: close\r\n\r\n" + sent)
+            handler.close_connection = True
+
+        def headers_only(handler: BaseHTTPRequestHandler, query: Query) -> None:
+            handler.wfile.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\n"
+                + f"Content-Length: {int(_arg(query, 'claimed', 5000))}\r\n\r\n".encode())
+            handler.wfile.flush()
+            with contextlib.suppress(OSError):
+                handler.rfile.read()  # returns once the client closes the connection
+            handler.close_connection = True
+
+        super().__init__(files, host=host, routes={
+            "/redirect/": redirect, "/redirect-to": redirect, "/big": big,
+            "/chunked": chunked, "/gzip-bomb": gzip_bomb, "/slow": slow, "/flaky": flaky,
+            "/status/": status, "/lying": lying, "/headers-only": headers_only})
+
+    @property
+    def base_url(self) -> str:
+        return self.base
 
     @property
     def total_hits(self) -> int:
-        return sum(self.hits.values())
-
-
-def build_app(state: MediaServer) -> web.Application:
-    jpeg = synthetic.make_image(320, 240, fmt="JPEG", seed=1)
-    png = synthetic.make_image(64, 48, fmt="PNG", seed=2)
-    wav = synthetic.make_audio(seconds=0.5)
-    state.files.update({
-        "/img.jpg": (jpeg, "image/jpeg"),
-        "/img.png": (png, "image/png"),
-        "/tone.wav": (wav, "audio/wav"),
-        "/page.html": (b"<!doctype html><html><body>not an image</body></html>", "text/html"),
-        "/mislabelled.png": (jpeg, "image/png"),
-    })
-
-    @web.middleware
-    async def count(request: web.Request, handler):
-        state.hits[request.path] += 1
-        return await handler(request)
-
-    async def static(request: web.Request) -> web.StreamResponse:
-        entry = state.files.get(request.path)
-        if entry is None:
-            raise web.HTTPNotFound()
-        return web.Response(body=entry[0], content_type=entry[1])
-
-    async def redirect(request: web.Request) -> web.StreamResponse:
-        """/redirect/N redirects N more times, then to /img.png; ?to= redirects there."""
-        if "to" in request.query:
-            raise web.HTTPFound(request.query["to"])
-        remaining = int(request.match_info["n"])
-        raise web.HTTPFound("/img.png" if remaining <= 0 else f"/redirect/{remaining - 1}")
-
-    async def big(request: web.Request) -> web.StreamResponse:
-        """Honest Content-Length of ?size= bytes (a JPEG header then zeros)."""
-        size = int(request.query.get("size", 1 << 20))
-        return web.Response(body=jpeg[:16] + bytes(size - 16), content_type="image/jpeg")
-
-    async def chunked(request: web.Request) -> web.StreamResponse:
-        """No Content-Length: streams ?size= bytes in chunks."""
-        size = int(request.query.get("size", 1 << 20))
-        resp = web.StreamResponse(headers={"Content-Type": "image/jpeg"})
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        sent = 0
-        try:
-            while sent < size:
-                piece = min(65536, size - sent)
-                await resp.write(bytes(piece))
-                sent += piece
-            await resp.write_eof()
-        except ConnectionError:
-            pass
-        return resp
-
-    async def gzip_bomb(request: web.Request) -> web.StreamResponse:
-        """A small gzip body that inflates to ?size= bytes."""
-        size = int(request.query.get("size", 64 << 20))
-        body = gzip.compress(jpeg[:16] + bytes(size - 16), compresslevel=9)
-        return web.Response(body=body, headers={"Content-Encoding": "gzip",
-                                                "Content-Type": "image/jpeg"})
-
-    async def slow(request: web.Request) -> web.StreamResponse:
-        """Drips a byte every ?every= seconds, forever (until the client gives up)."""
-        every = float(request.query.get("every", 0.2))
-        resp = web.StreamResponse(headers={"Content-Type": "image/png"})
-        await resp.prepare(request)
-        try:
-            for _ in range(10_000):
-                await resp.write(b"\x89")
-                await asyncio.sleep(every)
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        return resp
-
-    async def flaky(request: web.Request) -> web.StreamResponse:
-        """503 for the first ``flaky_failures`` hits, then the PNG."""
-        if state.hits[request.path] <= state.flaky_failures:
-            raise web.HTTPServiceUnavailable()
-        return web.Response(body=png, content_type="image/png")
-
-    async def status(request: web.Request) -> web.StreamResponse:
-        return web.Response(status=int(request.match_info["code"]), text="nope")
-
-    app = web.Application(middlewares=[count])
-    app.router.add_get("/redirect/{n}", redirect)
-    app.router.add_get("/redirect-to", redirect)
-    app.router.add_get("/big", big)
-    app.router.add_get("/chunked", chunked)
-    app.router.add_get("/gzip-bomb", gzip_bomb)
-    app.router.add_get("/slow", slow)
-    app.router.add_get("/flaky", flaky)
-    app.router.add_get("/status/{code}", status)
-    app.router.add_get("/{name:.*}", static)
-    return app
-
-
-async def start_lying_server(claimed: int, sent: bytes) -> tuple[asyncio.Server, int, Counter]:
-    """A raw HTTP server whose Content-Length claims ``claimed`` but sends ``sent`` and closes."""
-    hits: Counter = Counter()
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        hits["/"] += 1
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\n"
-            + f"Content-Length: {claimed}\r\nConnection: close\r\n\r\n".encode()
-            + sent
-        )
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1], hits
-
-
-async def start_headers_only_server(claimed: int) -> tuple[asyncio.Server, int, Counter]:
-    """A raw HTTP server that sends headers with ``Content-Length: claimed`` and then no body
-    at all: it waits, without sending a byte, until the client goes away."""
-    hits: Counter = Counter()
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await reader.readuntil(b"\r\n\r\n")
-            hits["/"] += 1
-            writer.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\n"
-                + f"Content-Length: {claimed}\r\n\r\n".encode()
-            )
-            await writer.drain()
-            await reader.read()  # returns b"" once the client closes the connection
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1], hits
+        return self.total

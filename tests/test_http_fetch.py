@@ -19,12 +19,7 @@ from engine.media import addresses
 from engine.media.connector import MediaConnector
 from engine.media.http_fetch import HttpFetcher
 from engine.media.inflight import InflightBytes, Ticket
-from tests.media_server import (
-    MediaServer,
-    build_app,
-    start_headers_only_server,
-    start_lying_server,
-)
+from tests.media_server import MediaServer
 
 #: A fetch deadline far longer than any of these tests needs. Tests whose refusal must come
 #: *before* a body is read use it so that a fetch which waits for the body instead ends in
@@ -151,7 +146,7 @@ PUBLIC_STAND_IN = "127.0.0.2"
 
 
 @pytest.fixture
-async def public_media_server(aiohttp_server, monkeypatch) -> MediaServer:
+def public_media_server(monkeypatch):
     """A media server on 127.0.0.2 that the policy judges public.
 
     Linux routes all of 127/8 to the loopback interface, so the server is reachable; only
@@ -161,10 +156,9 @@ async def public_media_server(aiohttp_server, monkeypatch) -> MediaServer:
     real = addresses.address_class
     monkeypatch.setattr(addresses, "address_class",
                         lambda ip: None if str(ip) == PUBLIC_STAND_IN else real(ip))
-    state = MediaServer()
-    server = await aiohttp_server(build_app(state), host=PUBLIC_STAND_IN)
-    state.base_url = f"http://{PUBLIC_STAND_IN}:{server.port}"
-    return state
+    host = MediaServer(host=PUBLIC_STAND_IN)
+    yield host
+    host.stop()
 
 
 async def test_public_stand_in_is_fetched_without_allow_list(public_media_server, limits):
@@ -227,20 +221,19 @@ async def test_body_over_cap_refused_413_with_hint(media_server, loopback_policy
     assert ok.size == 90_000
 
 
-async def test_content_length_over_cap_refused_before_reading(limits):
+async def test_content_length_over_cap_refused_before_reading(media_server, limits):
     """The headers claim cap+1 bytes and the body never comes: only a check of
     Content-Length can refuse it. A fetch that waited for the body would instead end, after
     GENEROUS_TIMEOUT_S, in media_fetch_timeout."""
     cap = 100_000
-    server, port, hits = await start_headers_only_server(claimed=cap + 1)
-    async with server:
-        policy = MediaPolicy.create(allowed_domains=["127.0.0.1"])
-        fetch_limits = small_image_limits(limits, cap, GENEROUS_TIMEOUT_S)
-        async with MediaConnector(policy, fetch_limits) as c:
-            with pytest.raises(AphroditeError) as info:
-                await c.load_bytes(f"http://127.0.0.1:{port}/x.png", "image")
+    policy = MediaPolicy.create(allowed_domains=["127.0.0.1"])
+    fetch_limits = small_image_limits(limits, cap, GENEROUS_TIMEOUT_S)
+    async with MediaConnector(policy, fetch_limits) as c:
+        with pytest.raises(AphroditeError) as info:
+            await c.load_bytes(f"{media_server.base_url}/headers-only?claimed={cap + 1}",
+                               "image")
     assert (info.value.code, info.value.status) == ("media_too_large", 413), info.value
-    assert hits["/"] == 1
+    assert media_server.hits["/headers-only"] == 1
 
 
 BOUNDARY_CAP = 100_003  # not a multiple of the 64 KiB read chunk
@@ -328,15 +321,15 @@ async def test_compressed_body_counted_after_decompression(media_server, loopbac
     assert ticket.peak <= cap + 64 * 1024, f"held {ticket.peak} bytes, cap {cap}"
 
 
-async def test_lying_content_length_is_a_fetch_error(limits):
-    server, port, hits = await start_lying_server(claimed=5000, sent=b"\x89PNG\r\n\x1a\n" * 10)
-    async with server:
-        policy = MediaPolicy.create(allowed_domains=["127.0.0.1"])
-        async with MediaConnector(policy, limits) as c:
-            with pytest.raises(MediaFetchError) as info:
-                await c.load_bytes(f"http://127.0.0.1:{port}/x.png", "image")
+async def test_lying_content_length_is_a_fetch_error(media_server, limits):
+    policy = MediaPolicy.create(allowed_domains=["127.0.0.1"])
+    async with MediaConnector(policy, limits) as c:
+        with pytest.raises(MediaFetchError) as info:  # claims 5000 bytes, sends 80
+            await c.load_bytes(f"{media_server.base_url}/lying?claimed=5000&repeat=10",
+                               "image")
     assert "broken body" in info.value.message
-    assert hits["/"] == limits.fetch_retries + 1  # a broken body is retried, boundedly
+    # a broken body is retried, boundedly
+    assert media_server.hits["/lying"] == limits.fetch_retries + 1
 
 
 async def test_slow_server_hits_the_total_deadline(media_server, loopback_policy, limits):

@@ -2,13 +2,14 @@
 download. Used by the benchmarks (``--media-delivery http``) and the end-to-end tests.
 
 Files live in a dict (path -> bytes, MIME type[, extra headers]) that can grow while it
-serves; every GET is counted per path (``hits``). A test can make a path slow to answer
-(``delays``) or stall halfway through its body (``stalls``: a slow-drip host holding the
-server's bytes), and ``routes`` answer paths their own way (the attacker's host in
-:mod:`aphrodite_cli.bench.hostile`: redirects, drips, lying lengths). It runs in a daemon
-thread of its own, so synchronous tests and the benchmarks' event loop use it alike. (The
-unit tests of the HTTP fetch have their own aiohttp host, ``tests/media_server.py``, for
-bytes a threaded server cannot send: a Content-Length that lies mid-stream, gzip framing.)
+serves; every GET is counted per path, query left out (``hits``). A test can make a path slow
+to answer (``delays``) or stall halfway through its body (``stalls``: a slow-drip host holding
+the server's bytes), and ``routes`` answer paths (or, for a key ending in "/", every path under
+it) their own way, writing whatever bytes they like: the attacker's host in
+:mod:`aphrodite_cli.bench.hostile` (redirects, drips, lying lengths) and the HTTP fetch's
+unit-test host in ``tests/media_server.py`` (chunked and gzip framing, lying lengths, retries)
+are routes on this host. It runs in a daemon thread of its own, so synchronous tests, async
+tests and the benchmarks' event loop use it alike.
 """
 
 from __future__ import annotations
@@ -36,15 +37,15 @@ class MediaHost(http.server.ThreadingHTTPServer):
     def __init__(self, files: dict[str, tuple] | None = None, *,
                  delays: dict[str, float] | None = None,
                  stalls: dict[str, float] | None = None,
-                 routes: dict[str, Route] | None = None) -> None:
+                 routes: dict[str, Route] | None = None, host: str = "127.0.0.1") -> None:
         self.files: dict[str, tuple] = files if files is not None else {}
         self.hits: Counter[str] = Counter()
         self._hits_lock = threading.Lock()  # handler threads count concurrently
         self.delays = delays or {}
         self.stalls = stalls or {}
         self.routes = routes or {}
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.base = f"http://127.0.0.1:{self.server_address[1]}"
+        super().__init__((host, 0), _Handler)
+        self.base = f"http://{host}:{self.server_address[1]}"
         threading.Thread(target=self.serve_forever, name="media host", daemon=True).start()
 
     def add(self, path: str, data: bytes, mime: str) -> str:
@@ -62,6 +63,15 @@ class MediaHost(http.server.ThreadingHTTPServer):
         with self._hits_lock:
             self.hits[path] += 1
 
+    def route(self, path: str) -> Route | None:
+        """The route answering ``path``: the one registered for it, else the longest one
+        registered as a folder (a key ending in "/") that holds it."""
+        found = self.routes.get(path)
+        if found is None:
+            folders = [k for k in self.routes if k.endswith("/") and path.startswith(k)]
+            found = self.routes[max(folders, key=len)] if folders else None
+        return found
+
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
@@ -72,10 +82,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         host = self.server
-        host.count(self.path)
-        time.sleep(host.delays.get(self.path, 0))  # a slow media host, on request
         url = urlsplit(self.path)
-        route = host.routes.get(url.path)
+        host.count(url.path)
+        time.sleep(host.delays.get(self.path, 0))  # a slow media host, on request
+        route = host.route(url.path)
         if route is not None:
             route(self, parse_qs(url.query))
             return
