@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import time
 from http.server import BaseHTTPRequestHandler
 
 from aphrodite_cli.bench import synthetic
-from aphrodite_cli.bench.media_host import MediaHost
+from aphrodite_cli.bench.media_host import MediaHost, drip
 
 Query = dict[str, list[str]]
 
@@ -103,17 +102,7 @@ class MediaServer(MediaHost):
             _body(handler, 200, body, "image/jpeg", {"Content-Encoding": "gzip"})
 
         def slow(handler: BaseHTTPRequestHandler, query: Query) -> None:
-            every = _arg(query, "every", 0.2)
-            handler.send_response(200)
-            handler.send_header("Content-Type", "image/png")
-            handler.end_headers()
-            try:
-                for _ in range(10_000):
-                    handler.wfile.write(b"\x89")
-                    handler.wfile.flush()
-                    time.sleep(every)
-            except (ConnectionError, OSError):
-                pass
+            drip(handler, every_s=_arg(query, "every", 0.2), times=10_000)
 
         def flaky(handler: BaseHTTPRequestHandler, query: Query) -> None:
             if self.hits["/flaky"] <= self.flaky_failures:

@@ -89,6 +89,21 @@ def test_assembled_inputs_equal_one_processor_call(arch):
         assert stamps == ["0.2", "0.8", "0.2", "1.2", "2.0"]  # 30 fps: (0+10)/2/30...
 
 
+def resize_inputs(monkeypatch, cls) -> list[tuple[bool, bool]]:
+    """Per call of ``cls.resize`` from now on: (input contiguous, input channels-last)."""
+    seen: list[tuple[bool, bool]] = []
+    resize = cls.resize
+
+    def spy(self, *args, **kwargs):
+        x = args[0] if args else next(kwargs[k] for k in ("image", "images", "videos", "video")
+                                      if k in kwargs)
+        seen.append((x.is_contiguous(), x.stride()[-3] == 1))
+        return resize(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "resize", spy)
+    return seen
+
+
 @pytest.mark.parametrize("arch", [a for a in FAMILIES if a != "qwen2_audio"])
 def test_images_are_resized_channels_last_and_equal_the_processor_on_the_pil_image(
         arch, monkeypatch):
@@ -102,22 +117,11 @@ def test_images_are_resized_channels_last_and_equal_the_processor_on_the_pil_ima
     lm = loaded(arch)
     pristine = copy.deepcopy(lm.processor)
     pre = Preprocessor(lm, ProcessorCache(0))
-    cls = type(lm.processor.image_processor)
-    seen: list[tuple[bool, bool]] = []
-    resize = cls.resize
-
-    def spy(self, *args, **kwargs):
-        image = args[0] if args else kwargs.get("image", kwargs.get("images"))
-        out = resize(self, *args, **kwargs)
-        seen.append((image.is_contiguous(), image.stride()[-3] == 1))
-        return out
-
-    monkeypatch.setattr(cls, "resize", spy)
+    seen = resize_inputs(monkeypatch, type(lm.processor.image_processor))
     img = image(300, 200, 3)
     placeholder = lm.spec.placeholders["image"]
     got = pre.process(f"{placeholder}\nWhat?", [MediaItem("image", decoded=img)])
     assert seen and seen[0] == (False, True), seen  # channels-last, no copy before the resize
-    monkeypatch.setattr(cls, "resize", resize)
     ref = pristine(text=[f"{placeholder}\nWhat?"], images=[img], return_tensors="pt")
     assert got.input_ids == ref["input_ids"][0].tolist()
     for key, value in ref.items():
@@ -138,23 +142,12 @@ def test_video_frames_are_resized_channels_last_and_equal_the_processor_on_the_a
     lm = loaded(arch)
     pristine = copy.deepcopy(lm.processor)
     pre = Preprocessor(lm, ProcessorCache(0))
-    cls = type(lm.processor.video_processor)
-    seen: list[tuple[bool, bool]] = []
-    resize = cls.resize
-
-    def spy(self, *args, **kwargs):
-        video = args[0] if args else kwargs.get("videos", kwargs.get("video",
-                                                                    kwargs.get("image")))
-        seen.append((video.is_contiguous(), video.stride()[-3] == 1))
-        return resize(self, *args, **kwargs)
-
-    monkeypatch.setattr(cls, "resize", spy)
+    seen = resize_inputs(monkeypatch, type(lm.processor.video_processor))
     frames = np.stack([synthetic.video_frame(i, 96, 64) for i in range(4)])
     meta = {"total_num_frames": 30, "fps": 30.0, "frames_indices": [0, 10, 19, 29]}
     prompt = f"{lm.spec.placeholders['video']}\nWhat?"
     got = pre.process(prompt, [MediaItem("video", decoded=frames, metadata=dict(meta))])
     assert seen and seen[0] == (False, True), seen
-    monkeypatch.setattr(cls, "resize", resize)
     ref = pristine(text=[prompt], videos=[frames], return_tensors="pt", do_sample_frames=False,
                    video_metadata=[copy.deepcopy(meta)])
     assert got.input_ids == ref["input_ids"][0].tolist()

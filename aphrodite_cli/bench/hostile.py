@@ -15,12 +15,11 @@ import gzip
 import json
 import os
 import struct
-import time
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from aphrodite_cli.bench.media_host import MediaHost
+from aphrodite_cli.bench.media_host import MediaHost, drip
 
 SERVER_ARGS = ["--limit-mm-per-prompt", '{"image": 4, "video": 1}', "--max-request-body-mb", "2",
                "--media-io-kwargs", '{"video": {"num_frames": 4}}']
@@ -95,17 +94,7 @@ def _redirect(handler: Any, query: dict[str, list[str]]) -> None:
 
 def _drip(handler: Any, query: dict[str, list[str]]) -> None:
     """A byte now and then, never the whole body."""
-    handler.send_response(200)
-    handler.send_header("Content-Type", "image/png")
-    handler.send_header("Content-Length", "100000")
-    handler.end_headers()
-    try:
-        for _ in range(60):
-            handler.wfile.write(b"\x89")
-            handler.wfile.flush()
-            time.sleep(0.25)
-    except OSError:
-        return
+    drip(handler, every_s=0.25, times=60, claimed=100_000)
 
 
 def _lying_length(handler: Any, query: dict[str, list[str]]) -> None:

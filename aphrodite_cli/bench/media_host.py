@@ -77,6 +77,25 @@ class MediaHost(http.server.ThreadingHTTPServer):
         self.server_close()
 
 
+def drip(handler: http.server.BaseHTTPRequestHandler, *, every_s: float, times: int,
+         claimed: int | None = None, mime: str = "image/png") -> None:
+    """A route's answer that sends one byte every ``every_s`` seconds, ``times`` times (a
+    host holding its client's connection), under a Content-Length of ``claimed`` bytes if
+    given; stops when the client goes away."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", mime)
+    if claimed is not None:
+        handler.send_header("Content-Length", str(claimed))
+    handler.end_headers()
+    try:
+        for _ in range(times):
+            handler.wfile.write(b"\x89")
+            handler.wfile.flush()
+            time.sleep(every_s)
+    except OSError:
+        return
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: MediaHost
 
