@@ -97,3 +97,36 @@ class StopStrings:
         """How many characters of an unfinished row's ``text`` may be sent: all but those
         a stop string still forming could take back."""
         return len(text) - self._hold if self.stops else len(text)
+
+
+class OutputText:
+    """A row's output text as its stream sees it: decoded incrementally, cut at the first stop
+    string, and how much of it has been sent."""
+
+    __slots__ = ("_detokenizer", "_stops", "sent", "text")
+
+    def __init__(self, tokenizer: Any, byte_ids: frozenset[int],
+                 stops: list[str] | tuple[str, ...]) -> None:
+        self._detokenizer = Detokenizer(tokenizer, byte_ids)
+        self._stops = StopStrings(stops)
+        self.text = ""
+        self.sent = 0
+
+    def add(self, token: int, last: bool) -> tuple[str, bool]:
+        """Append ``token`` (``last``: the row's final one); the text to send now, and
+        whether a stop string ended the row."""
+        grown_from = len(self._detokenizer.text)
+        self._detokenizer.add(token, final=last)
+        text, stopped = self._detokenizer.text, False
+        at = self._stops.cut(text, grown_from)
+        if at is not None:
+            text, stopped = text[:at], True
+        end = len(text) if stopped or last else self._stops.sendable(text)
+        delta = text[self.sent:end] if end > self.sent else ""
+        self.sent, self.text = max(self.sent, end), text
+        return delta, stopped
+
+    def flush(self) -> str:
+        """The text held back (for a stop string that never came): the row ended."""
+        held, self.sent = self.text[self.sent:], len(self.text)
+        return held

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.executor import kv
-from engine.executor.detokenize import Detokenizer, StopStrings, byte_tokens
+from engine.executor.detokenize import OutputText, byte_tokens
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
 from engine.models.loader import LoadedModel
 from engine.processing.preprocess import concat
@@ -30,11 +30,7 @@ class _Row:
     index: int
     generator: Any
     token_ids: list[int] = field(default_factory=list)
-    #: the output text (cut at a stop string) and how much of it the stream has been sent
-    text: str = ""
-    sent: int = 0
-    detokenizer: Detokenizer | None = None
-    stops: StopStrings | None = None
+    output: OutputText | None = None
     done: bool = False
     finish_reason: str | None = None
     first_token_at: float | None = None
@@ -375,24 +371,14 @@ class TransformersRunner:
         if token in self.eos_ids and not params.ignore_eos:
             self.finish_row(row, "stop")
             return
-        if row.detokenizer is None:
-            row.detokenizer = Detokenizer(self.tokenizer, self.byte_ids)
-            row.stops = StopStrings(params.stop)
+        if row.output is None:
+            row.output = OutputText(self.tokenizer, self.byte_ids, params.stop)
             out.token_ids = row.token_ids  # one list, read when the request ends
         row.token_ids.append(token)
         last = len(row.token_ids) >= params.max_tokens
-        grown_from = len(row.detokenizer.text)
-        row.detokenizer.add(token, final=last)
-        text, reason = row.detokenizer.text, None
-        at = row.stops.cut(text, grown_from)
-        if at is not None:
-            text, reason = text[:at], "stop"
-        elif last:
-            reason = "length"
-        end = len(text) if reason else row.stops.sendable(text)
-        delta = text[row.sent:end] if end > row.sent else ""
-        row.sent, row.text = max(row.sent, end), text
-        out.text = text
+        delta, stopped = row.output.add(token, last)
+        reason = "stop" if stopped else "length" if last else None
+        out.text = row.output.text
         if lp is not None:
             out.add_logprobs(token, lp)
         if req.on_event:
@@ -408,7 +394,7 @@ class TransformersRunner:
         out = row.request.outputs[row.index]
         if out.finish_reason is None:
             out.finish_reason = reason
-            held, row.sent = row.text[row.sent:], len(row.text)
+            held = row.output.flush() if row.output is not None else ""
             if row.request.on_event:
                 row.request.on_event(TokenEvent(row.request.request_id, row.index, None, held,
                                                 reason))
