@@ -454,3 +454,50 @@ def test_qwen2_5_vl_video_gets_its_clips_seconds_per_temporal_patch():
                           torch.tensor([0.25]))
     assert torch.equal(torch.as_tensor(got.mm["second_per_grid_ts"]),
                        torch.as_tensor(ref["second_per_grid_ts"]))
+
+
+@pytest.mark.parametrize("arch", [a for a in FAMILIES if a != "qwen2_audio"])
+def test_an_image_of_a_known_size_runs_the_image_processor_alone_with_the_same_inputs(
+        arch, monkeypatch):
+    """The first image of a size runs the whole processor; the second too, and proves for
+    these kwargs that the image processor alone gives the same tensors; from the third on
+    only the image processor runs and the expansion is remembered. Every one equals a fresh
+    copy of the processor called on the whole prompt. A processor whose image processor
+    alone gives other values never takes the short path."""
+    import copy
+
+    lm = loaded(arch)
+    pristine = copy.deepcopy(lm.processor)
+    calls: list[int] = []
+    whole = type(lm.processor).__call__
+
+    def counting(self, *args, **kwargs):
+        if self is lm.processor:
+            calls.append(1)
+        return whole(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(lm.processor), "__call__", counting)
+    prompt = f"{lm.spec.placeholders['image']}\nWhat?"
+
+    def check(pre: Preprocessor, img) -> None:
+        got = pre.process(prompt, [MediaItem("image", decoded=img)])
+        ref = pristine(text=[prompt], images=[img], return_tensors="pt")
+        assert got.input_ids == ref["input_ids"][0].tolist()
+        for key, value in ref.items():
+            if key not in ("input_ids", "attention_mask"):
+                assert torch.equal(got.mm[key], value), key
+
+    pre = Preprocessor(lm, ProcessorCache(0))
+    for seed in range(4):
+        check(pre, image(300, 200, seed))
+    assert len(calls) == 2 and all(pre.shapes.proven.values()) and pre.shapes.proven
+    check(pre, image(200, 300, 9))  # a new size: the whole processor, once
+    assert len(calls) == 3
+    calls.clear()
+    other = Preprocessor(lm, ProcessorCache(0))
+    run = other.shapes.run
+    monkeypatch.setattr(other.shapes, "run", lambda *args: {  # other pixels than the whole's
+        k: torch.zeros_like(v) if k == "pixel_values" else v for k, v in run(*args).items()})
+    for seed in range(4):
+        check(other, image(300, 200, seed))
+    assert len(calls) == 4 and list(other.shapes.proven.values()) == [None]

@@ -13,6 +13,7 @@ prompt, so a cache hit gives the model exactly what a miss gives it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 import time
@@ -25,6 +26,13 @@ from engine.errors import InvalidRequestError, MediaDecodeError, sanitize
 from engine.models.loader import LoadedModel
 from engine.processing.cache import ProcessorCache, content_hash, item_key
 from engine.processing.image_layout import channels_first_view, is_rgb_pil, keep_channels_last
+from engine.processing.image_shapes import (
+    Expansion,
+    ShapeExpansions,
+    kwargs_key,
+    proof,
+    size_key,
+)
 from engine.processing.limits import check_one_visual_modality
 from engine.processing.prompt import count_placeholders
 from engine.timings import zero_preprocess_timings
@@ -78,6 +86,23 @@ class ProcessedPrompt:
     modality_counts: dict[str, int]
 
 
+@contextlib.contextmanager
+def _processor_errors(modality: str):
+    """A processor's refusal of an item (an image too small to patch...) as a 422."""
+    try:
+        yield
+    except (ValueError, TypeError, RuntimeError, IndexError) as exc:
+        raise MediaDecodeError(f"the {modality} could not be processed for this model: "
+                               f"{sanitize(exc)}", code="processor_failed") from None
+
+
+def _item(tensors: dict[str, Any], expansion: list[int], count: int, text: str | None
+          ) -> ProcessedItem:
+    nbytes = sum(int(v.numel() * v.element_size()) for v in tensors.values()
+                 if hasattr(v, "numel")) + 8 * len(expansion) + len((text or "").encode())
+    return ProcessedItem(tensors, count, nbytes, expansion, text)
+
+
 def concat(values: list[Any], padded: bool = False) -> Any:
     """Items' tensors concatenated on the first dimension. ``padded`` (an ArchSpec
     ``padded_keys`` key: LLaVA-OneVision's tiles per image): items whose second dimension
@@ -115,6 +140,9 @@ class Preprocessor:
             re.escape(t) for t in sorted(set(loaded.spec.expansion_tokens.values()), key=len,
                                          reverse=True)))
         self._token_modality = {t: m for m, t in loaded.spec.expansion_tokens.items()}
+        self.shapes = (ShapeExpansions(loaded.processor)
+                       if getattr(loaded.processor, "image_processor", None) is not None
+                       else None)
 
     def _encode(self, text: str) -> list[int]:
         """A text's token ids. One that starts with the BOS token (Gemma 3's chat template
@@ -141,9 +169,11 @@ class Preprocessor:
         if item.modality == "audio":
             data, rate = data
             extra.setdefault("sampling_rate", rate)
+        size = size_key(data) if item.modality == "image" and self.shapes is not None else None
         if item.modality == "image" and is_rgb_pil(data):
             data = channels_first_view(data)
             extra["input_data_format"] = "channels_first"
+        known = (size, kwargs_key(extra)) if size is not None else None
         if item.modality == "video" and (spec.video_timestamps or item.metadata is not None):
             extra["do_sample_frames"] = False  # the engine sampled them; metadata says which
             if item.metadata is not None:
@@ -152,27 +182,43 @@ class Preprocessor:
                 # come from them; without, the processor assumes 24 fps. A copy: the processor
                 # extends an odd frames_indices list in place.
                 extra["video_metadata"] = [copy.deepcopy(item.metadata)]
+        remembered = None
+        if known is not None:
+            remembered = self.shapes.lookup(*known)
+            names = self.shapes.proven.get(known[1])
+            if remembered is not None and names:
+                # a size seen before, and the image processor alone proven for these kwargs
+                with _processor_errors(item.modality):
+                    alone = self.shapes.run(data, known[1], extra)
+                return _item({k: alone[k] for k in names}, list(remembered.ids),
+                             remembered.count, remembered.text)
         if spec.assemble_text:
             extra["return_text_replacement_offsets"] = True
-        try:
+        with _processor_errors(item.modality):
             out = self.loaded.processor(text=[spec.placeholders[item.modality]],
                                         **{_ARG[item.modality]: [data]}, return_tensors="pt",
                                         **extra)
-        except (ValueError, TypeError, RuntimeError, IndexError) as exc:
-            raise MediaDecodeError(f"the {item.modality} could not be processed for this model:"
-                                   f" {sanitize(exc)}", code="processor_failed") from None
         ids = out["input_ids"][0].tolist()
         expansion = self._expansion(item.modality, ids)
         count = expansion.count(self.feature_ids[item.modality])
         tensors = {k: v for k, v in out.items() if k not in _TEXT_KEYS}
-        nbytes = sum(int(v.numel() * v.element_size()) for v in tensors.values()
-                     if hasattr(v, "numel")) + 8 * len(expansion)
         text = None
         if spec.assemble_text:
             (replaced,) = out["text_replacement_offsets"][0]
             text = replaced["replacement"]
-            nbytes += len(text.encode())
-        return ProcessedItem(tensors, count, nbytes, expansion, text)
+        if known is not None:
+            self.shapes.remember(*known, Expansion(tuple(expansion), count, text))
+            if remembered is not None and known[1] not in self.shapes.proven:
+                # the second image of a size: prove (once per kwargs set) that the image
+                # processor alone gives the tensors the whole processor gave
+                extra.pop("return_text_replacement_offsets", None)
+                try:
+                    alone = self.shapes.run(data, known[1], extra)
+                except (ValueError, TypeError, RuntimeError, IndexError, AttributeError,
+                        KeyError):
+                    alone = None  # this processor's call cannot be reproduced: keep it
+                self.shapes.proven[known[1]] = proof(alone, tensors)
+        return _item(tensors, expansion, count, text)
 
     def _expansion(self, modality: str, ids: list[int]) -> list[int]:
         """What the processor put in place of the placeholder's expansion token: the ids of
