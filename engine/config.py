@@ -142,6 +142,9 @@ class PipelineConfig:
     mm_processor_kwargs: dict[str, Any] | None = None
     mm_processor_cache_gb: float = 4.0
     request_kwargs: RequestKwargs = "any"
+    #: rescale + normalize pixels on the model's device where the family allows (vLLM's
+    #: --mm-device-do-normalize, on by default as there)
+    mm_device_do_normalize: bool = True
 
     @classmethod
     def create(cls, *, allowed_media_domains: tuple[str, ...] | list[str] | None = None,
@@ -150,7 +153,8 @@ class PipelineConfig:
                limit_mm_per_prompt: dict[str, int] | None = None,
                mm_processor_kwargs: dict[str, Any] | None = None,
                mm_processor_cache_gb: float = 4.0,
-               request_kwargs: RequestKwargs = "any") -> PipelineConfig:
+               request_kwargs: RequestKwargs = "any",
+               mm_device_do_normalize: bool = True) -> PipelineConfig:
         """From the flags' values; a bad one is a :class:`ConfigError` naming its flag."""
         from engine.media.video.options import server_video_spec
         from engine.processing.limits import check_limit_flag
@@ -164,4 +168,5 @@ class PipelineConfig:
                    video=server_video_spec(media_io_kwargs),
                    limit_mm_per_prompt=limit_mm_per_prompt,
                    mm_processor_kwargs=mm_processor_kwargs,
-                   mm_processor_cache_gb=mm_processor_cache_gb, request_kwargs=request_kwargs)
+                   mm_processor_cache_gb=mm_processor_cache_gb, request_kwargs=request_kwargs,
+                   mm_device_do_normalize=mm_device_do_normalize)

@@ -95,14 +95,16 @@ class LLM:
                  device: str = "cpu", dtype: str = "auto", max_batch_size: int = 8,
                  revision: str | None = None, download_dir: str | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 scheduling: Scheduling = "continuous") -> None:
+                 scheduling: Scheduling = "continuous",
+                 mm_device_do_normalize: bool = True) -> None:
         self.loaded = load_model(model, chat_template=chat_template, revision=revision,
                                  download_dir=download_dir)
         self.pipeline = Pipeline(self.loaded, PipelineConfig.create(
             limit_mm_per_prompt=limit_mm_per_prompt, mm_processor_kwargs=mm_processor_kwargs,
             mm_processor_cache_gb=mm_processor_cache_gb, media_io_kwargs=media_io_kwargs,
             allowed_media_domains=tuple(allowed_media_domains or ()),
-            allowed_local_media_path=allowed_local_media_path))
+            allowed_local_media_path=allowed_local_media_path,
+            mm_device_do_normalize=mm_device_do_normalize))
         self.cache = self.pipeline.cache
         # max_num_seqs is vLLM's name; max_batch_size the older one here
         self.engine = Engine(self.loaded, device=device, dtype=dtype,

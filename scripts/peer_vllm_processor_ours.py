@@ -118,12 +118,16 @@ class VllmWorker:
 
 class Ours:
     def __init__(self, folder: str) -> None:
+        from engine.config import PipelineConfig
         from engine.models.loader import load_model
-        from engine.processing.cache import ProcessorCache
-        from engine.processing.preprocess import Preprocessor
+        from engine.processing.pipeline import Pipeline
 
         self.loaded = load_model(folder)
-        self.pre = Preprocessor(self.loaded, ProcessorCache(0))
+        # as `aphrodite serve` runs it: no cache, the server's processor kwargs (for Qwen-VL
+        # families --mm-device-do-normalize, on by default as in vLLM: uint8 pixels)
+        pipeline = Pipeline(self.loaded, PipelineConfig(mm_processor_cache_gb=0))
+        self.pre, self.kwargs = pipeline.preprocessor, pipeline.server_kwargs
+        self.deferred = pipeline.device_normalize
         self.cases: dict[str, dict] = {}
 
     def classes(self) -> dict:
@@ -140,7 +144,7 @@ class Ours:
 
         item = MediaItem(case["modality"], decoded=case["data"],
                          metadata=case["metadata"])
-        return self.pre.process(case["prompt"], [item])
+        return self.pre.process(case["prompt"], [item], self.kwargs)
 
     def reference(self, case: dict) -> list[int]:
         data, extra = case["data"], {}
@@ -275,6 +279,7 @@ def run(args) -> None:
                 fam["vllm_classes"] = loaded["classes"]
                 fam["vllm_mm_device_do_normalize"] = loaded["mm_device_do_normalize"]
                 results["versions"]["vllm"] = loaded["versions"]
+            fam["ours_mm_device_do_normalize"] = ours.deferred
             for case in cases_for(spec, media):
                 res = fam["cases"][case["label"]] = {"prompt": case["prompt"]}
                 cid = case["id"]
@@ -379,13 +384,17 @@ def summary(results: dict) -> str:
         "busy machine). Ratios: ours/vLLM of the CPU medians (of the wall medians).",
         "",
         "- vLLM: tokenize + parse_mm_data + processor.apply (processor cache off, request-id "
-        "UUIDs: no hashing). Ours: Preprocessor(loaded, ProcessorCache(0)).process.",
-        "- vLLM host-norm: the same with mm_device_do_normalize=False. vLLM's default for "
-        "Qwen2/2.5/3-VL defers rescale + normalize to the model on the device (its processor "
-        "returns uint8 pixels), so only host-norm does the work ours does (float pixels).",
+        "UUIDs: no hashing). Ours: the server's pipeline without its cache "
+        "(Pipeline(loaded, PipelineConfig(mm_processor_cache_gb=0)).preprocessor.process with "
+        "the server's processor kwargs).",
+        "- vLLM host-norm: the same with mm_device_do_normalize=False. Both sides' default for "
+        "Qwen2/2.5/3-VL defers rescale + normalize to the model on the device (the processor "
+        "returns uint8 pixels): ours/vLLM compares the same work; host-norm is vLLM "
+        "normalizing on the host.",
         "- ref: the HF processor called once on the whole prompt (our venv's transformers). "
         "vLLM = ref / ours = ref: the prompt ids equal ref's.",
-        "- tensors: vLLM host-norm's (else default's) per-item tensors against ours.",
+        "- tensors: the vLLM variant doing ours' work (default where both defer, else "
+        "host-norm) against ours.",
         "",
         "| family | media | vLLM ms | vLLM host-norm ms | ours ms | ours/vLLM | "
         "ours/host-norm | tokens vLLM / ours | ids identical | vLLM = ref / ours = ref | tensors |",
@@ -415,7 +424,8 @@ def summary(results: dict) -> str:
                         else "-")
 
             d = vl["default"]
-            main = vl.get("host_norm", d)
+            # the variant doing the work ours does: deferred normalization (uint8) or not
+            main = d if fam.get("ours_mm_device_do_normalize") else vl.get("host_norm", d)
             bad = {k: v for k, v in main["tensors"].items() if v != "identical"}
             tensors = "identical" if not bad else "; ".join(f"{k}: {v}" for k, v in bad.items())
             ident = yn(all(r["ids_identical"] for r in vl.values()))

@@ -46,8 +46,9 @@ def test_request_kwargs_are_bounded_for_a_server_and_free_for_the_offline_llm():
     """A client of a server may only lower the pixel budget or set fps; the offline caller
     (the operator) may set any key the processor takes. Unknown keys fail both ways."""
     lm = loaded("qwen2_5_vl")
-    served = Pipeline(lm, PipelineConfig(request_kwargs="bounded"))
-    offline = Pipeline(lm, PipelineConfig())
+    # (pixels normalized in the processor: the kwargs are the request's and nothing else)
+    served = Pipeline(lm, PipelineConfig(request_kwargs="bounded", mm_device_do_normalize=False))
+    offline = Pipeline(lm, PipelineConfig(mm_device_do_normalize=False))
     with pytest.raises(InvalidRequestError) as info:
         served.kwargs_for({"do_resize": False})
     assert "do_resize" in str(info.value)

@@ -60,9 +60,13 @@ def hf_logits(engine: Engine, prompt, tokens: int):
     reproduce. (Tiny random models repeat one token, so comparing tokens would prove little.)"""
     import torch
 
-    ids = torch.tensor([prompt.input_ids], dtype=torch.long)
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **prompt.mm}
+    from engine.processing import device_normalize
+
     runner = engine.runner
+    ids = torch.tensor([prompt.input_ids], dtype=torch.long)
+    # pixels the engine normalizes on the model's device, normalized the same way
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+              **device_normalize.apply(prompt.mm, runner.normalizers)}
     with torch.inference_mode():
         out = runner.model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens,
                                     do_sample=False, pad_token_id=runner.pad_id,

@@ -48,6 +48,8 @@ def _encoder_timer(loaded):
     audio encoder took (forward hooks), or None when the model has no such module."""
     import torch
 
+    from engine.processing import device_normalize
+
     model = loaded.model()
     attr = loaded.spec.encoder_attr
     module = getattr(model, attr, None) or getattr(getattr(model, "model", None), attr, None)
@@ -58,11 +60,14 @@ def _encoder_timer(loaded):
     module.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter()))
     module.register_forward_hook(lambda *_: spent.append(time.perf_counter() - starts.pop()))
 
+    norms = device_normalize.normalizers(loaded)
+
     def run(processed) -> float:
         spent.clear()
         ids = torch.tensor([processed.input_ids])
         with torch.inference_mode():
-            model(input_ids=ids, attention_mask=torch.ones_like(ids), **processed.mm)
+            model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                  **device_normalize.apply(processed.mm, norms))
         return sum(spent)
 
     return run

@@ -21,6 +21,7 @@ from engine.executor import kv
 from engine.executor.detokenize import OutputText, byte_tokens
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
 from engine.models.loader import LoadedModel
+from engine.processing import device_normalize
 from engine.processing.preprocess import concat
 
 
@@ -125,6 +126,7 @@ class TransformersRunner:
         kv.check_supported(self.model.config)
         self.tokenizer = loaded.tokenizer
         self.byte_ids = byte_tokens(self.tokenizer)
+        self.normalizers = device_normalize.normalizers(loaded)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if self.tokenizer.eos_token_id is not None:
@@ -176,6 +178,7 @@ class TransformersRunner:
         padded = self.loaded.spec.padded_keys
         for key, values in merged.items():
             inputs[key] = concat(values, key in padded).to(self.device)
+        inputs = device_normalize.apply(inputs, self.normalizers)  # on the model's device
         if any(types_key in r.request.prompt.mm for r in rows):
             types = torch.zeros((len(rows), width), dtype=torch.long)
             for i, r in enumerate(rows):

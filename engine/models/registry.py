@@ -65,6 +65,9 @@ class ArchSpec:
     assemble_text: bool = False
     row_item_keys: tuple[str, ...] = ()
     one_visual_modality: bool = False
+    #: pixel tensors whose rescale + normalize may run on the model's device (vLLM's
+    #: --mm-device-do-normalize): tensor name -> the processor part whose statistics apply
+    normalize_on_device: dict[str, str] = field(default_factory=dict)
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -84,22 +87,25 @@ _QWEN_PLACEHOLDERS = {"image": "<|vision_start|><|image_pad|><|vision_end|>",
                       "video": "<|vision_start|><|video_pad|><|vision_end|>"}
 _QWEN_EXPANSION = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
 _QWEN_TYPES = {"image": 1, "video": 2}
+_QWEN_DEVICE_NORM = {"pixel_values": "image_processor", "pixel_values_videos": "video_processor"}
 
 REGISTRY: dict[str, ArchSpec] = {
     spec.name: spec for spec in (
         ArchSpec("qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), ("qwen2_5_vl",),
                  "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor",
                  {"image": 32, "video": 8}, _QWEN_PLACEHOLDERS, _QWEN_EXPANSION, True,
-                 "visual", "engine.models.tiny:build_qwen2_5_vl", token_types=_QWEN_TYPES),
+                 "visual", "engine.models.tiny:build_qwen2_5_vl", token_types=_QWEN_TYPES,
+                 normalize_on_device=_QWEN_DEVICE_NORM),
         ArchSpec("qwen2_vl", ("Qwen2VLForConditionalGeneration",), ("qwen2_vl",),
                  "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor",
                  {"image": 32, "video": 8}, _QWEN_PLACEHOLDERS, _QWEN_EXPANSION, True,
-                 "visual", "engine.models.tiny:build_qwen2_vl", token_types=_QWEN_TYPES),
+                 "visual", "engine.models.tiny:build_qwen2_vl", token_types=_QWEN_TYPES,
+                 normalize_on_device=_QWEN_DEVICE_NORM),
         ArchSpec("qwen3_vl", ("Qwen3VLForConditionalGeneration",), ("qwen3_vl",),
                  "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor",
                  {"image": 32, "video": 8}, _QWEN_PLACEHOLDERS, _QWEN_EXPANSION, True,
                  "visual", "engine.models.tiny:build_qwen3_vl", token_types=_QWEN_TYPES,
-                 video_timestamps=True,
+                 video_timestamps=True, normalize_on_device=_QWEN_DEVICE_NORM,
                  notes="Qwen3-VL: a video expands to <t seconds><|vision_start|>...<|vision_end|> "
                        "per temporal patch; timestamps come from the clip's fps"),
         ArchSpec("llava", ("LlavaForConditionalGeneration",), ("llava",),

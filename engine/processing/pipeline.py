@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from engine.config import MediaLimits, PipelineConfig
 from engine.errors import ConfigError, InvalidRequestError
 from engine.media.video.options import VideoLoadSpec, parse_video_io_kwargs
+from engine.processing import device_normalize
 from engine.processing.cache import ProcessorCache
 from engine.processing.kwargs import check_request_kwargs, merge_processor_kwargs
 from engine.processing.limits import check_item_counts, effective_limits
@@ -55,6 +56,11 @@ class Pipeline:
             raise ConfigError(f"mm_processor_kwargs (--mm-processor-kwargs): {exc.message}",
                               hint=f"{exc.hint}; `aphrodite model list` names each family's "
                                    "own", code="invalid_mm_processor_kwargs") from None
+        #: pixels left uint8 for the engine to normalize on the model's device
+        self.device_normalize = config.mm_device_do_normalize and bool(
+            loaded.spec.normalize_on_device)
+        if self.device_normalize:
+            self.server_kwargs = {**self.server_kwargs, **device_normalize.processor_kwargs()}
         self.video = config.video
         self.policy = config.policy
         self.media_limits = MediaLimits.from_env()
@@ -72,7 +78,12 @@ class Pipeline:
         """The processor kwargs of one request: the server's, with the request's on top."""
         if self.config.request_kwargs == "bounded":
             check_request_kwargs(self.loaded.processor, self.server_kwargs, request)
-        return merge_processor_kwargs(self.loaded.processor, self.server_kwargs, request)
+        merged = merge_processor_kwargs(self.loaded.processor, self.server_kwargs, request)
+        if self.device_normalize:
+            # the engine normalizes: a request's own setting would normalize twice or not at
+            # all (vLLM ignores it too)
+            merged.update(device_normalize.processor_kwargs())
+        return merged
 
     def video_for(self, media_io_kwargs: dict[str, Any] | None) -> VideoLoadSpec:
         """The video options of one request: the server's, with the request's on top."""
