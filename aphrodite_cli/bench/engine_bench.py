@@ -48,17 +48,13 @@ def _encoder_timer(loaded):
     audio encoder took (forward hooks), or None when the model has no such module."""
     import torch
 
+    from engine.models.encoder import time_encoder
     from engine.processing import device_normalize
 
     model = loaded.model()
-    attr = loaded.spec.encoder_attr
-    module = getattr(model, attr, None) or getattr(getattr(model, "model", None), attr, None)
-    if module is None:
-        return None
     spent: list[float] = []
-    starts: list[float] = []
-    module.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter()))
-    module.register_forward_hook(lambda *_: spent.append(time.perf_counter() - starts.pop()))
+    if not time_encoder(model, loaded.spec.encoder_attr, spent.append):
+        return None
 
     norms = device_normalize.normalizers(loaded)
 

@@ -20,6 +20,7 @@ from typing import Any
 from engine.executor import kv
 from engine.executor.detokenize import OutputText, byte_tokens
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
+from engine.models.encoder import time_encoder
 from engine.models.loader import LoadedModel
 from engine.processing import device_normalize
 from engine.processing.preprocess import concat
@@ -134,7 +135,7 @@ class TransformersRunner:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else next(iter(self.eos_ids), 0)
         self.encoder_s = 0.0
-        self._hook_encoder()
+        time_encoder(self.model, loaded.spec.encoder_attr, self._add_encoder_time)
         tok = self.tokenizer
         self.media_token_ids = {tok.convert_tokens_to_ids(loaded.spec.feature_token(m))
                                 for m in loaded.spec.expansion_tokens}
@@ -142,20 +143,8 @@ class TransformersRunner:
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
-    def _hook_encoder(self) -> None:
-        attr = self.loaded.spec.encoder_attr
-        module = getattr(self.model, attr, None) or getattr(getattr(self.model, "model", None),
-                                                            attr, None)
-        if module is None:
-            return
-        starts: list[float] = []
-        module.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter()))
-
-        def after(*_: Any) -> None:
-            if starts:
-                self.encoder_s += time.perf_counter() - starts.pop()
-
-        module.register_forward_hook(after)
+    def _add_encoder_time(self, seconds: float) -> None:
+        self.encoder_s += seconds
 
     def _inputs(self, rows: list[_Row]) -> dict[str, Any]:
         import torch
