@@ -55,6 +55,8 @@ class ServePhase(_Open):
 
 
 class ServeResult(_Result):
+    """``bench serve``: per phase (cold, warm) the client's per-request samples and summary."""
+
     KIND = "serve"
     VERSION = 1
     phases: dict[str, ServePhase]
@@ -76,6 +78,9 @@ class VideoBackendRow(_Open):
 
 
 class ProcessorResult(_Result):
+    """``bench mm-processor``: per phase the preprocessing stages per request, and the video
+    decode time per backend on the same clips."""
+
     KIND = "mm-processor"
     VERSION = 1
     phases: dict[str, ProcessorPhase]
@@ -83,6 +88,8 @@ class ProcessorResult(_Result):
 
 
 class ProcessorCompareResult(_Result):
+    """``bench mm-processor --compare-models``: one entry per model on the same media."""
+
     KIND = "mm-processor-compare"
     VERSION = 1
     results: list[dict[str, Any]]
@@ -116,6 +123,8 @@ class SweepPhase(_Open):
 
 
 class SweepResult(_Result):
+    """``bench sweep``: per phase the measured load points and the capacity under the SLOs."""
+
     KIND = "sweep"
     VERSION = 1
     phases: dict[str, SweepPhase]
@@ -182,6 +191,8 @@ class BackendRow(_Open):
 
 
 class VideoDecodeResult(_Result):
+    """``bench video-decode``: each backend's sampled decode against a full ffmpeg decode."""
+
     KIND = "video-decode"
     VERSION = 1
     reference: Reference
@@ -192,6 +203,8 @@ class VideoDecodeResult(_Result):
 
 # --- bench soak -------------------------------------------------------------------------------
 class SoakResult(_Result):
+    """``bench soak``: valid requests' latency under attack, and the resources over time."""
+
     KIND = "soak"
     VERSION = 3  # 3: valid latency, attackers
     valid_latency_s: Stats
