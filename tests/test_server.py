@@ -176,7 +176,8 @@ def test_async_client(server, media):
     async def run() -> str:
         async with openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key=KEY) as c:
             replies = await asyncio.gather(*(c.chat.completions.create(
-                model="tiny-qwen2_5_vl", max_tokens=3, temperature=0, messages=[{
+                model="tiny-qwen2_5_vl", max_tokens=3, temperature=0,
+                extra_body={"ignore_eos": True}, messages=[{
                     "role": "user", "content": [image_part(f"{media.base}/cat.jpg"),
                                                 {"type": "text", "text": f"Q{i}"}]}])
                 for i in range(3)))
