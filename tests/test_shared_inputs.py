@@ -31,6 +31,10 @@ def test_large_arrays_travel_by_name_and_the_name_goes_when_mapped():
     np.testing.assert_array_equal(got["pixel_values"], pixels)
     assert got["pixel_values"].flags.writeable
     np.testing.assert_array_equal(got["image_grid_thw"], grid)
+    strided = pixels[:, ::2].T  # not contiguous: copied straight into the segment's layout
+    back = shared_inputs.attach(shared_inputs.export({"p": strided})[0])["p"]
+    np.testing.assert_array_equal(back, strided)
+    assert segments() == before
 
 
 def test_unsent_segments_are_removed_and_a_lost_one_is_an_error_that_removes_the_rest():

@@ -42,14 +42,16 @@ def byte_tokens(tokenizer: Any) -> frozenset[int]:
 
 class Detokenizer:
     """The text of one row's tokens, a delta per token. ``byte_ids``: :func:`byte_tokens`
-    of the tokenizer (computed once per tokenizer, not per row)."""
+    of the tokenizer (computed once per tokenizer, not per row); ``ids``: the list the tokens
+    go into (the row's own, so it is kept once)."""
 
     __slots__ = ("_bytes", "_decode", "_prefix", "_read", "ids", "text")
 
-    def __init__(self, tokenizer: Any, byte_ids: frozenset[int] = frozenset()) -> None:
+    def __init__(self, tokenizer: Any, byte_ids: frozenset[int] = frozenset(),
+                 ids: list[int] | None = None) -> None:
         self._decode = tokenizer.decode
         self._bytes = byte_ids
-        self.ids: list[int] = []
+        self.ids: list[int] = ids if ids is not None else []
         self._prefix = 0  # the window starts here (context for the next tokens' spelling)
         self._read = 0  # tokens before this one are in ``text``
         self.text = ""
@@ -101,13 +103,13 @@ class StopStrings:
 
 class OutputText:
     """A row's output text as its stream sees it: decoded incrementally, cut at the first stop
-    string, and how much of it has been sent."""
+    string, and how much of it has been sent. The tokens go into ``ids``."""
 
     __slots__ = ("_detokenizer", "_stops", "sent", "text")
 
     def __init__(self, tokenizer: Any, byte_ids: frozenset[int],
-                 stops: list[str] | tuple[str, ...]) -> None:
-        self._detokenizer = Detokenizer(tokenizer, byte_ids)
+                 stops: list[str] | tuple[str, ...], ids: list[int]) -> None:
+        self._detokenizer = Detokenizer(tokenizer, byte_ids, ids)
         self._stops = StopStrings(stops)
         self.text = ""
         self.sent = 0

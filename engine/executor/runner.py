@@ -363,12 +363,11 @@ class TransformersRunner:
         if token in self.eos_ids and not params.ignore_eos:
             self.finish_row(row, "stop")
             return
-        if row.output is None:
-            row.output = OutputText(self.tokenizer, self.byte_ids, params.stop)
-            out.token_ids = row.token_ids  # one list, read when the request ends
-        row.token_ids.append(token)
-        last = len(row.token_ids) >= params.max_tokens
-        delta, stopped = row.output.add(token, last)
+        if row.output is None:  # the tokens go into one list, read when the request ends
+            row.output = OutputText(self.tokenizer, self.byte_ids, params.stop, row.token_ids)
+            out.token_ids = row.token_ids
+        last = len(row.token_ids) + 1 >= params.max_tokens
+        delta, stopped = row.output.add(token, last)  # appends the token to row.token_ids
         reason = "stop" if stopped else "length" if last else None
         out.text = row.output.text
         if lp is not None:

@@ -14,6 +14,7 @@ class, not its weights: the state dict and every other input shape keep the conv
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 
@@ -30,6 +31,7 @@ def _product(module: Any, x: Any) -> Any:
     return out.view(x.shape[0], module.out_channels, *([1] * len(module.kernel_size)))
 
 
+@functools.cache
 def _classes() -> dict[type, type]:
     import torch
 
@@ -46,9 +48,6 @@ def _classes() -> dict[type, type]:
     return made
 
 
-_CLASSES: dict[type, type] | None = None
-
-
 def _eligible(module: Any) -> bool:
     return (all(k == s for k, s in zip(module.kernel_size, module.stride, strict=True))
             and not any(module.padding if isinstance(module.padding, tuple) else (1,))
@@ -59,12 +58,9 @@ def _eligible(module: Any) -> bool:
 def convolutions_as_products(model: Any) -> int:
     """Switch ``model``'s patch-embedding convolutions (kernel = stride, no padding, dilation
     or groups) to the matrix product for one-kernel inputs; how many were switched."""
-    global _CLASSES
-    if _CLASSES is None:
-        _CLASSES = _classes()
     switched = 0
     for module in model.modules():
-        made = _CLASSES.get(type(module))
+        made = _classes().get(type(module))
         if made is not None and _eligible(module):
             module.__class__ = made
             switched += 1

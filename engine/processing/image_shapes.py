@@ -95,6 +95,30 @@ class ShapeExpansions:
         out = self.processor.image_processor([data], **self.image_kwargs(key, kwargs))
         return dict(out.items())
 
+    def shortcut(self, size: tuple, key: str, data: Any, kwargs: dict[str, Any]
+                 ) -> tuple[dict[str, Any], Expansion] | None:
+        """An image of a size seen before, its kwargs set proven: the image processor alone's
+        tensors and the remembered expansion; None when the whole processor must run."""
+        remembered, names = self.lookup(size, key), self.proven.get(key)
+        if remembered is None or not names:
+            return None
+        alone = self.run(data, key, kwargs)
+        return {k: alone[k] for k in names}, remembered
+
+    def learn(self, size: tuple, key: str, data: Any, kwargs: dict[str, Any],
+              expansion: Expansion, whole: dict[str, Any]) -> None:
+        """After the whole processor ran on an image: remember its expansion; on the second
+        image of a size, prove (once per kwargs set) that the image processor alone gives the
+        tensors the whole processor gave (``whole``)."""
+        seen = self.lookup(size, key) is not None
+        self.remember(size, key, expansion)
+        if seen and key not in self.proven:
+            try:
+                alone = self.run(data, key, kwargs)
+            except (ValueError, TypeError, RuntimeError, IndexError, AttributeError, KeyError):
+                alone = None  # this processor's call cannot be reproduced: keep it
+            self.proven[key] = proof(alone, whole)
+
 
 def proof(alone: dict[str, Any] | None, whole: dict[str, Any]) -> frozenset[str] | None:
     """The whole processor's tensor names when the image processor alone gave each of them

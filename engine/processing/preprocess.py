@@ -30,7 +30,6 @@ from engine.processing.image_shapes import (
     Expansion,
     ShapeExpansions,
     kwargs_key,
-    proof,
     size_key,
 )
 from engine.processing.limits import check_one_visual_modality
@@ -182,16 +181,12 @@ class Preprocessor:
                 # come from them; without, the processor assumes 24 fps. A copy: the processor
                 # extends an odd frames_indices list in place.
                 extra["video_metadata"] = [copy.deepcopy(item.metadata)]
-        remembered = None
         if known is not None:
-            remembered = self.shapes.lookup(*known)
-            names = self.shapes.proven.get(known[1])
-            if remembered is not None and names:
-                # a size seen before, and the image processor alone proven for these kwargs
-                with _processor_errors(item.modality):
-                    alone = self.shapes.run(data, known[1], extra)
-                return _item({k: alone[k] for k in names}, list(remembered.ids),
-                             remembered.count, remembered.text)
+            with _processor_errors(item.modality):
+                short = self.shapes.shortcut(*known, data, extra)
+            if short is not None:
+                tensors, remembered = short
+                return _item(tensors, list(remembered.ids), remembered.count, remembered.text)
         if spec.assemble_text:
             extra["return_text_replacement_offsets"] = True
         with _processor_errors(item.modality):
@@ -207,17 +202,8 @@ class Preprocessor:
             (replaced,) = out["text_replacement_offsets"][0]
             text = replaced["replacement"]
         if known is not None:
-            self.shapes.remember(*known, Expansion(tuple(expansion), count, text))
-            if remembered is not None and known[1] not in self.shapes.proven:
-                # the second image of a size: prove (once per kwargs set) that the image
-                # processor alone gives the tensors the whole processor gave
-                extra.pop("return_text_replacement_offsets", None)
-                try:
-                    alone = self.shapes.run(data, known[1], extra)
-                except (ValueError, TypeError, RuntimeError, IndexError, AttributeError,
-                        KeyError):
-                    alone = None  # this processor's call cannot be reproduced: keep it
-                self.shapes.proven[known[1]] = proof(alone, tensors)
+            self.shapes.learn(*known, data, extra, Expansion(tuple(expansion), count, text),
+                              tensors)
         return _item(tensors, expansion, count, text)
 
     def _expansion(self, modality: str, ids: list[int]) -> list[int]:

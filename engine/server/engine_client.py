@@ -76,6 +76,18 @@ class EngineClient:
         with self._send_lock:
             self._conn.send(message)
 
+    def _submit(self, rid: str, input_ids: list[int], mm: dict[str, Any],
+                sampling: dict[str, Any]) -> None:
+        """Large inputs into shared memory, then the request to the engine: in a worker
+        thread, so the megabytes of copying stay off the event loop. Segments of a message
+        that was not sent are removed (no engine will map them)."""
+        message, segments = shared_inputs.export(mm)
+        try:
+            self._send(("submit", rid, input_ids, message, sampling))
+        except BaseException:
+            shared_inputs.discard(segments)
+            raise
+
     async def generate(self, input_ids: list[int], mm: dict[str, Any], sampling: dict[str, Any]):
         """Yields ("event", rid, index, token, delta, reason, logprobs) tuples (logprobs:
         None or (logprob, rank, top_ids, top_logprobs)), then a Completion."""
@@ -90,12 +102,7 @@ class EngineClient:
             # numpy, not torch: torch's pickler would move every tensor into shared memory and
             # pass a file descriptor per storage, which the processor cache then keeps open.
             plain = {k: v.numpy() if hasattr(v, "numpy") else v for k, v in mm.items()}
-            plain, segments = shared_inputs.export(plain)
-            try:
-                await asyncio.to_thread(self._send, ("submit", rid, input_ids, plain, sampling))
-            except BaseException:
-                shared_inputs.discard(segments)  # no engine will map them
-                raise
+            await asyncio.to_thread(self._submit, rid, input_ids, plain, sampling)
             while True:
                 message = await queue.get()
                 if message[0] == "event":

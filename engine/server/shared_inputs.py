@@ -40,15 +40,15 @@ class SharedArray:
 
 
 def export(mm: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """``mm`` with its large contiguous arrays moved to segments, and the segments' names
+    """``mm`` with its large arrays copied into segments (a strided array straight into its
+    segment's contiguous layout), and the segments' names
     (for :func:`discard` if the message never reaches the engine)."""
     out: dict[str, Any] = {}
     names: list[str] = []
     for key, value in mm.items():
         if isinstance(value, np.ndarray) and value.nbytes >= MIN_BYTES and \
                 not value.dtype.hasobject:
-            shared = frame_memory.share(np.ascontiguousarray(value),
-                                        f"{os.getpid()}-in-{next(_ids)}")
+            shared = frame_memory.share(value, f"{os.getpid()}-in-{next(_ids)}")
             if shared is not None:
                 names.append(shared[0])
                 out[key] = SharedArray(shared[0], shared[1], tuple(value.shape), value.dtype.str)
