@@ -17,8 +17,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Literal
 
+from engine.config import EngineConfig
 from engine.errors import AphroditeError, InternalError
 from engine.executor.request import CompletionOutput, EngineRequest
 from engine.executor.runner import ChunkedPrefill, RunningBatch, TransformersRunner, _Row
@@ -26,23 +26,23 @@ from engine.models.loader import LoadedModel
 
 logger = logging.getLogger("aphrodite.engine")
 
-Scheduling = Literal["continuous", "static"]
-
 
 class Engine:
-    """Owns a :class:`TransformersRunner` and a queue; ``submit`` is thread-safe."""
+    """Owns a :class:`TransformersRunner` and a queue; ``submit`` is thread-safe. Its settings
+    are ``config`` (read at every step: a benchmark may swap in another scheduling)."""
 
-    def __init__(self, loaded: LoadedModel, *, device: str = "cpu", dtype: str = "auto",
-                 max_batch_size: int = 8, batch_wait_s: float = 0.005,
-                 max_num_batched_tokens: int | None = None,
-                 scheduling: Scheduling = "continuous") -> None:
-        if max_batch_size < 1:
-            raise ValueError("max_num_seqs must be at least 1")
-        self.runner = TransformersRunner(loaded, device, dtype)
-        self.max_batch_size = max_batch_size
-        self.max_num_batched_tokens = max_num_batched_tokens
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, *,
+                 batch_wait_s: float = 0.005) -> None:
+        from engine.memory import reserve_gpu_memory
+
+        self.config = config if config is not None else EngineConfig()
+        if self.config.num_threads:
+            import torch
+
+            torch.set_num_threads(self.config.num_threads)
+        reserve_gpu_memory(self.config.device, self.config.reserved_gpu_bytes)
+        self.runner = TransformersRunner(loaded, self.config.device, self.config.dtype)
         self.batch_wait_s = batch_wait_s
-        self.scheduling = scheduling
         self._queue: queue.Queue[EngineRequest | None] = queue.Queue()
         self.waiting: collections.deque[_Row] = collections.deque()
         self.running: RunningBatch | None = None
@@ -150,12 +150,13 @@ class Engine:
             self._prefill_chunk(self.prefilling)
             return
         running = self._running_rows()
-        if not self.waiting or (self.scheduling == "static" and running):
+        config = self.config
+        if not self.waiting or (config.scheduling == "static" and running):
             return
-        budget = self.max_num_batched_tokens
+        budget = config.max_num_batched_tokens
         chosen: list[_Row] = []
         tokens = 0
-        while self.waiting and running + len(chosen) < self.max_batch_size:
+        while self.waiting and running + len(chosen) < config.max_num_seqs:
             size = len(self.waiting[0].request.prompt.input_ids)
             if budget is not None and tokens + size > budget:
                 if not chosen and size > budget:
