@@ -1,6 +1,8 @@
-"""Continuous batching: rows join a running batch between decode steps and leave it when they
-end, every family gives the greedy tokens it gives alone, --max-num-seqs counts rows and is never
-exceeded, a prefill token budget splits joins, and one request's failure fails it alone."""
+"""Continuous batching on real (tiny) models: rows join a running batch between decode steps and
+leave it when they end, every family gives the greedy tokens it gives alone, --max-num-seqs
+counts rows and is never exceeded, a prefill token budget splits joins, and one request's
+failure fails it alone. The scheduling rules themselves (FCFS, budgets, chunks, static mode)
+are checked model-free in tests/test_scheduler_plan.py."""
 
 from __future__ import annotations
 
@@ -226,23 +228,6 @@ def test_a_short_request_behind_a_long_generation_finishes_first():
         engine.close()
 
 
-def test_static_scheduling_holds_a_newcomer_until_the_batch_ends():
-    """The baseline ``bench batching`` compares against: with scheduling="static" the same
-    short request waits for the whole long generation."""
-    model = llm("qwen2_5_vl")
-    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8, scheduling="static"))
-    try:
-        prompts = prompts_of("qwen2_5_vl")
-        on_event, started = after_tokens(2)
-        long = engine.submit(EngineRequest(prompts[1], greedy(48), on_event=on_event))
-        assert started.wait(120)
-        short = engine.submit(EngineRequest(prompts[0], greedy(4)))
-        assert short.done.wait(120) and long.done.is_set()
-        assert len(long.outputs[0].token_ids) == 48
-    finally:
-        engine.close()
-
-
 def test_max_num_seqs_counts_rows_and_n_rows_sample_like_single_requests():
     """n=16 with --max-num-seqs 8: never more than 8 rows in a step; row i samples with seed + i,
     exactly as a lone n=1 request with that seed does."""
@@ -369,7 +354,7 @@ def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks_between_decode_st
     model's own generate gives it alone."""
     import torch
 
-    from engine.executor.runner import chunk_bounds
+    from engine.executor.scheduler import chunk_bounds
 
     model = llm(arch)
     spec = model.loaded.spec
@@ -381,9 +366,9 @@ def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks_between_decode_st
     log: list[str] = []
     chunk = engine.runner.prefill_chunk
 
-    def logged_chunk(plan):
+    def logged_chunk(plan, start, end):
         log.append("chunk")
-        return chunk(plan)
+        return chunk(plan, start, end)
 
     engine.runner.prefill_chunk = logged_chunk
     logits = record_logits(engine)
@@ -410,15 +395,6 @@ def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks_between_decode_st
 def media_span(engine: Engine, prompt) -> tuple[int, int]:
     at = [i for i, t in enumerate(prompt.input_ids) if t in engine.runner.media_token_ids]
     return at[0], at[-1]
-
-
-def test_chunk_bounds_keep_the_media_span_whole():
-    from engine.executor.runner import chunk_bounds
-
-    assert chunk_bounds(10, 4, None) == [(0, 4), (4, 8), (8, 10)]
-    assert chunk_bounds(20, 4, (5, 11)) == [(0, 4), (4, 12), (12, 16), (16, 20)]
-    assert chunk_bounds(20, 4, (4, 7)) == [(0, 4), (4, 8), (8, 12), (12, 16), (16, 20)]
-    assert chunk_bounds(6, 64, (0, 5)) == [(0, 6)]
 
 
 def test_a_cache_layout_the_batch_cannot_merge_is_refused_when_the_engine_starts():
