@@ -87,3 +87,20 @@ def test_serve_refuses_max_num_seqs_0_in_one_line():
     assert done.returncode == 2, done.stderr
     assert "--max-num-seqs must be a whole number of at least 1, not 0" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+def test_the_engine_sets_its_thread_count():
+    """``--num-threads`` (and ``LLM(num_threads=...)``) reach torch in the engine's process."""
+    import torch
+
+    from engine.executor.engine import Engine
+    from tests.engine_fixtures import llm
+
+    before = torch.get_num_threads()
+    want = 2 if before == 1 else 1
+    engine = Engine(llm("qwen2_5_vl").loaded, EngineConfig(num_threads=want))
+    try:
+        assert torch.get_num_threads() == want
+    finally:
+        engine.close()
+        torch.set_num_threads(before)

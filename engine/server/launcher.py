@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +236,8 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     address = str(folder / "engine.sock")
     authkey = secrets.token_bytes(32)
     ready, ready_child = ctx.Pipe(duplex=False)
+    from dataclasses import replace
+
     from engine.server.engine_proc import serve_engine
 
     # the engine leaves the API servers' video decode budget free on the GPU
