@@ -97,7 +97,8 @@ def serve(
     ] = EngineConfig.max_num_batched_tokens,
     num_threads: Annotated[int | None, typer.Option(
         help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "
-             "which pins one core; default: torch's (one per core). API servers use "
+             "which pins one core; default: the CPUs the process may use (its affinity and cgroup "
+             "quota; torch's own default counts every core). API servers use "
              "APHRODITE_API_SERVER_TORCH_THREADS.")] = EngineConfig.num_threads,
     max_model_len: Annotated[int, typer.Option(
         min=16, help="Prompt plus output tokens per request, e.g. 8192.")

@@ -200,7 +200,8 @@ class EngineConfig:
     prefilled alone, a chunk per step. ``None``: no cap.
     ``scheduling``: see :data:`Scheduling`.
     ``device``, ``dtype``: where the model runs, and its weights' type.
-    ``num_threads``: torch threads of the engine's process; ``None``: torch's default.
+    ``num_threads``: torch threads of the engine's process; ``None``: the CPUs the process
+    may use (its affinity, at most its cgroup's CPU quota; torch itself counts all cores).
     ``reserved_gpu_bytes``: GPU memory the engine leaves to others (the API servers' video
     decoders): its allocator is capped at the device's total minus this.
     """

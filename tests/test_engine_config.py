@@ -104,3 +104,47 @@ def test_the_engine_sets_its_thread_count():
     finally:
         engine.close()
         torch.set_num_threads(before)
+
+
+def test_without_num_threads_the_engine_uses_the_cpus_the_process_may_use():
+    """No ``--num-threads``: torch gets the process's CPU affinity (what ``taskset`` and
+    container cpusets allow), not the machine's core count."""
+    import os
+
+    import torch
+
+    from engine.cpus import usable_cpus
+    from engine.executor.engine import Engine
+    from tests.engine_fixtures import llm
+
+    before = torch.get_num_threads()
+    allowed = os.sched_getaffinity(0)
+    torch.set_num_threads(len(allowed) + 3)  # a wrong count the engine must replace
+    try:
+        engine = Engine(llm("qwen2_5_vl").loaded, EngineConfig())
+        try:
+            assert torch.get_num_threads() == usable_cpus() <= len(allowed)
+        finally:
+            engine.close()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_usable_cpus_follow_affinity_and_a_cgroup_quota(tmp_path):
+    """The affinity mask counts; a cgroup v2 ``cpu.max`` quota lowers it (rounded up);
+    ``max`` or an unreadable file leaves it."""
+    import os
+
+    from engine.cpus import quota_cpus, usable_cpus
+
+    affinity = len(os.sched_getaffinity(0))
+    cpu_max = tmp_path / "cpu.max"
+    assert usable_cpus(cpu_max) == affinity  # no file
+    cpu_max.write_text("max 100000\n")
+    assert quota_cpus(cpu_max) is None and usable_cpus(cpu_max) == affinity
+    cpu_max.write_text("150000 100000\n")
+    assert quota_cpus(cpu_max) == 2 and usable_cpus(cpu_max) == min(affinity, 2)
+    cpu_max.write_text("50000 100000\n")
+    assert usable_cpus(cpu_max) == 1
+    cpu_max.write_text("garbage\n")
+    assert quota_cpus(cpu_max) is None

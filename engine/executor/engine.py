@@ -35,10 +35,12 @@ class Engine:
         from engine.memory import reserve_gpu_memory
 
         self.config = config if config is not None else EngineConfig()
-        if self.config.num_threads:
-            import torch
+        import torch
 
-            torch.set_num_threads(self.config.num_threads)
+        from engine.cpus import usable_cpus
+
+        # torch's own default counts the machine's cores, not the ones this process may use
+        torch.set_num_threads(self.config.num_threads or usable_cpus())
         reserve_gpu_memory(self.config.device, self.config.reserved_gpu_bytes)
         self.runner = TransformersRunner(loaded, self.config.device, self.config.dtype)
         self.batch_wait_s = batch_wait_s
