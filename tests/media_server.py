@@ -10,8 +10,7 @@ import contextlib
 import gzip
 from http.server import BaseHTTPRequestHandler
 
-from aphrodite_cli.bench import synthetic
-from aphrodite_cli.bench.media_host import MediaHost, drip
+from tests.fixtures import MediaHost, drip, synthetic
 
 Query = dict[str, list[str]]
 

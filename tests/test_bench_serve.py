@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from aphrodite_cli.bench.datasets import parse_buckets, random_mm
-from aphrodite_cli.bench.media_host import MediaHost
 from aphrodite_cli.bench.metrics import RequestRecord, compute
 from aphrodite_cli.bench.mock_server import create_app
 from aphrodite_cli.bench.serve_bench import (
@@ -26,6 +25,7 @@ from aphrodite_cli.bench.serve_bench import (
 )
 from aphrodite_cli.bench.stats import percentile
 from engine.errors import ConfigError
+from tests.fixtures import MediaHost
 from tests.server_harness import free_port, wait_exit
 
 
@@ -193,8 +193,8 @@ def test_cold_and_warm_phases_against_the_real_server(tmp_path):
 
 
 def test_jsonl_dataset_with_a_media_folder(tmp_path):
-    from aphrodite_cli.bench import synthetic
     from aphrodite_cli.bench.datasets import load_jsonl
+    from tests.fixtures import synthetic
 
     (tmp_path / "media").mkdir()
     (tmp_path / "media" / "a.png").write_bytes(synthetic.make_image(8, 8, fmt="PNG"))

@@ -18,10 +18,10 @@ from pathlib import Path
 import openai
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.errors import ConfigError
 from engine.models.loader import load_model, resolve_model_path
 from tests.fake_hub import FakeHub
+from tests.fixtures import synthetic
 from tests.server_harness import ServerProcess
 
 BIN = Path(sys.executable).with_name("aphrodite")

@@ -39,3 +39,33 @@ def test_typer_is_imported_only_by_the_cli_and_the_benchmark_runners_do_not():
         if not wiring:
             assert "typer" not in {m.split(".")[0] for m in imported_modules(path)}, path.name
     assert modules_under("engine") and modules_under("aphrodite_cli/bench")
+
+
+#: The product's local harness the tests share with the benchmarks (see tests/fixtures.py).
+HARNESS = ("aphrodite_cli.bench.synthetic", "aphrodite_cli.bench.media_host",
+           "aphrodite_cli.bench.server_process")
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module a file imports, and every ``from module import name`` as module.name."""
+    names = imported_modules(path)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def test_the_product_never_imports_the_tests():
+    modules = modules_under("aphrodite_cli") + modules_under("engine")
+    bad = {str(path.relative_to(ROOT)) for path in modules
+           if any(m.split(".")[0] == "tests" for m in imported_modules(path))}
+    assert len(modules) > 80 and not bad
+
+
+def test_the_tests_take_the_harness_from_the_fixtures_module_alone():
+    """Synthetic media, the media host and the server process reach the tests through
+    tests/fixtures.py, so a move in the product changes one test file."""
+    users = {path.name for path in modules_under("tests")
+             if any(m == h or m.startswith(h + ".") for m in imported_names(path)
+                    for h in HARNESS)}
+    assert users == {"fixtures.py"}
