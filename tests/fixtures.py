@@ -12,7 +12,7 @@ file alone.
 
 from __future__ import annotations
 
-from aphrodite_cli.bench import server_process, synthetic
-from aphrodite_cli.bench.media_host import MediaHost, drip
+from aphrodite_cli.bench.harness import server_process, synthetic
+from aphrodite_cli.bench.harness.media_host import MediaHost, drip
 
 __all__ = ["MediaHost", "drip", "server_process", "synthetic"]

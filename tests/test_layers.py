@@ -32,18 +32,18 @@ def test_engine_imports_neither_the_cli_nor_typer():
 
 
 def test_typer_is_imported_only_by_the_cli_and_the_benchmark_runners_do_not():
-    """Benchmark runners (aphrodite_cli/bench, not its cmd_* modules and app wiring) are
+    """Benchmark runners (aphrodite_cli/bench, not its commands/ and the group's wiring) are
     plain functions a test or a script can call."""
+    bench = ROOT / "aphrodite_cli" / "bench"
     for path in modules_under("aphrodite_cli/bench"):
-        wiring = path.name.startswith("cmd_") or path.name in ("app.py", "cli.py")
+        wiring = path.parent == bench / "commands" or path.name in ("app.py", "cli.py")
         if not wiring:
             assert "typer" not in {m.split(".")[0] for m in imported_modules(path)}, path.name
     assert modules_under("engine") and modules_under("aphrodite_cli/bench")
 
 
 #: The product's local harness the tests share with the benchmarks (see tests/fixtures.py).
-HARNESS = ("aphrodite_cli.bench.synthetic", "aphrodite_cli.bench.media_host",
-           "aphrodite_cli.bench.server_process")
+HARNESS = ("aphrodite_cli.bench.harness",)
 
 
 def imported_names(path: Path) -> set[str]:

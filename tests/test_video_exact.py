@@ -99,7 +99,7 @@ def test_edit_list_clip(tmp_path, backend):
 
 
 def test_the_recipes_hold_the_test_clips_and_the_benchmark_clip_is_defined_once():
-    from aphrodite_cli.bench.video_decode import STANDARD_CLIP
+    from aphrodite_cli.bench.offline.video_decode import STANDARD_CLIP
 
     assert len(CLIPS) == 12 and STANDARD_CLIP not in CLIPS.values()
 

@@ -9,14 +9,14 @@ import importlib
 from aphrodite_cli.bench.app import app
 
 COMMAND_MODULES = (
-    "cmd_offline",  # video-decode, mm-processor, batching
-    "cmd_serve",  # serve
-    "cmd_sweep",  # sweep
-    "cmd_soak",  # soak
-    "cmd_results",  # gate, report
-    "cmd_mock",  # mock-server
+    "offline",  # video-decode, mm-processor, batching
+    "serve",  # serve
+    "sweep",  # sweep
+    "soak",  # soak
+    "results",  # gate, report
+    "mock_server",  # mock-server
 )
 for _name in COMMAND_MODULES:
-    importlib.import_module(f"aphrodite_cli.bench.{_name}")
+    importlib.import_module(f"aphrodite_cli.bench.commands.{_name}")
 
 __all__ = ["app"]

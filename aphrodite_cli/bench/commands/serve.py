@@ -129,11 +129,11 @@ def serve_cmd(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from aphrodite_cli.bench import vllm_compat
-    from aphrodite_cli.bench.datasets import parse_buckets
-    from aphrodite_cli.bench.results import write_result
-    from aphrodite_cli.bench.serve_bench import LoadConfig
-    from aphrodite_cli.bench.serve_run import ServeArgs, run
+    from aphrodite_cli.bench.load import vllm_compat
+    from aphrodite_cli.bench.load.client import LoadConfig
+    from aphrodite_cli.bench.load.datasets import parse_buckets
+    from aphrodite_cli.bench.load.serve import ServeArgs, run
+    from aphrodite_cli.bench.results.files import write_result
     from engine.errors import ConfigError
 
     say = err if output_format == "json" else out  # stdout carries only the JSON then
@@ -186,7 +186,7 @@ def serve_cmd(
                      embedded=embedded, model=model, percentile_metrics=tuple(pct_metrics),
                      metric_percentiles=tuple(pcts),
                      tokenizer=vllm_compat.load_tokenizer(tokenizer) if tokenizer else None)
-    from aphrodite_cli.bench.serve_bench import TargetRefused
+    from aphrodite_cli.bench.load.client import TargetRefused
     from engine.errors import BenchmarkFailed
 
     try:

@@ -69,12 +69,12 @@ def soak(
 ) -> None:
     """Valid, hostile and attacking traffic against the server for a set time; checks that
     valid requests are served, every attack is refused by its rule and nothing leaks."""
-    from aphrodite_cli.bench.attackers import Attackers
-    from aphrodite_cli.bench.datasets import parse_buckets
-    from aphrodite_cli.bench.hostile import SERVER_ARGS, SERVER_ENV, HostileHost
-    from aphrodite_cli.bench.results import write_result
-    from aphrodite_cli.bench.serve_run import EmbeddedServer
-    from aphrodite_cli.bench.soak import run_soak, server_roles
+    from aphrodite_cli.bench.load.attackers import Attackers
+    from aphrodite_cli.bench.load.datasets import parse_buckets
+    from aphrodite_cli.bench.load.hostile import SERVER_ARGS, SERVER_ENV, HostileHost
+    from aphrodite_cli.bench.load.serve import EmbeddedServer
+    from aphrodite_cli.bench.load.soak import run_soak, server_roles
+    from aphrodite_cli.bench.results.files import write_result
     from engine.errors import ConfigError
 
     if not embedded:
@@ -82,7 +82,7 @@ def soak(
                           "server's processes)", hint="leave --embedded on")
     quiet_p99 = None
     if baseline is not None:
-        from aphrodite_cli.bench.results import load_result
+        from aphrodite_cli.bench.results.files import load_result
 
         quiet_p99 = (load_result(baseline, ("soak",)).get("valid_latency_s") or {}).get("p99")
         if not quiet_p99:

@@ -41,7 +41,7 @@ def mock_server(
     """A mock OpenAI-compatible endpoint streaming tokens with a set TTFT and ITL."""
     from aiohttp import web
 
-    from aphrodite_cli.bench.mock_server import create_app
+    from aphrodite_cli.bench.load.mock_server import create_app
 
     out.print(f"mock server on http://{host}:{port}/v1 (ttft {ttft_ms} ms, itl {itl_ms} ms)",
               markup=False)

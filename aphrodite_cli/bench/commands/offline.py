@@ -47,8 +47,8 @@ def video_decode(
                        ] = Path("results"),
 ) -> None:
     """Time sampled decoding per backend against a full ffmpeg decode of the same clip."""
-    from aphrodite_cli.bench import video_decode as runner
-    from aphrodite_cli.bench.results import write_result
+    from aphrodite_cli.bench.offline import video_decode as runner
+    from aphrodite_cli.bench.results.files import write_result
 
     path = clip or runner.standard_clip()
     choices = parse_backend_choices(backends, flag="--backends")
@@ -129,9 +129,9 @@ def mm_processor(
 ) -> None:
     """Preprocessing per stage (fetch, decode, hash, cache lookup, HF processor, encoder),
     cold (media never seen) and warm (processor cache hits), offline."""
-    from aphrodite_cli.bench.datasets import parse_buckets
-    from aphrodite_cli.bench.engine_bench import STAGES, run_mm_processor
-    from aphrodite_cli.bench.results import write_result
+    from aphrodite_cli.bench.load.datasets import parse_buckets
+    from aphrodite_cli.bench.offline.mm_processor import STAGES, run_mm_processor
+    from aphrodite_cli.bench.results.files import write_result
 
     if compare_models:
         models = [m.strip() for m in compare_models.split(",") if m.strip()]
@@ -226,10 +226,10 @@ def batching(
 ) -> None:
     """Batching: N concurrent requests vs one after another, or (--workload mixed) static vs
     continuous batching on short and long outputs interleaved."""
-    from aphrodite_cli.bench.results import write_result
+    from aphrodite_cli.bench.results.files import write_result
 
     if workload == "mixed":
-        from aphrodite_cli.bench.scheduling_bench import MODES, run_mixed
+        from aphrodite_cli.bench.offline.batching import MODES, run_mixed
 
         max_tokens = max_tokens or 256
         doc = run_mixed(model, concurrency=concurrency, max_tokens=max_tokens, repeats=repeats,
@@ -255,7 +255,7 @@ def batching(
                   f"{doc['continuous_over_static_output_throughput']:.2f}x", markup=False)
         out.print(f"result: {path}", markup=False)
         return
-    from aphrodite_cli.bench.engine_bench import run_batching
+    from aphrodite_cli.bench.offline.mm_processor import run_batching
 
     max_tokens = max_tokens or 32
     doc = run_batching(model, concurrency=concurrency, max_tokens=max_tokens, repeats=repeats)

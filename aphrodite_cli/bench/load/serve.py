@@ -9,13 +9,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from aphrodite_cli.bench.datasets import (
-    BenchRequest,
-    load_jsonl,
-    random_mm,
-)
-from aphrodite_cli.bench.media_host import MediaHost
-from aphrodite_cli.bench.serve_bench import (
+from aphrodite_cli.bench.harness.media_host import MediaHost
+from aphrodite_cli.bench.harness.server_process import ServerProcess
+from aphrodite_cli.bench.load.client import (
     LoadConfig,
     build_payload,
     document,
@@ -25,8 +21,12 @@ from aphrodite_cli.bench.serve_bench import (
     run_phase,
     server_root,
 )
-from aphrodite_cli.bench.server_process import ServerProcess
-from aphrodite_cli.bench.vllm_compat import count_tokens, flat_fields
+from aphrodite_cli.bench.load.datasets import (
+    BenchRequest,
+    load_jsonl,
+    random_mm,
+)
+from aphrodite_cli.bench.load.vllm_compat import count_tokens, flat_fields
 from aphrodite_cli.options import DatasetName, Mode
 from engine.errors import ConfigError
 from engine.timings import SERVED_STAGES

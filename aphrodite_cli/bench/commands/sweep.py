@@ -82,16 +82,16 @@ def sweep_cmd(
     output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
 ) -> None:
     """Latency against load, and the capacity at an SLO, cold media and warm cache."""
-    from aphrodite_cli.bench import sweep as sw
-    from aphrodite_cli.bench.datasets import parse_buckets, random_mm
-    from aphrodite_cli.bench.results import write_result
-    from aphrodite_cli.bench.serve_bench import (
+    from aphrodite_cli.bench.load import sweep as sw
+    from aphrodite_cli.bench.load.client import (
         LoadConfig,
         TargetRefused,
         first_model,
         server_root,
     )
-    from aphrodite_cli.bench.serve_run import EmbeddedServer
+    from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
+    from aphrodite_cli.bench.load.serve import EmbeddedServer
+    from aphrodite_cli.bench.results.files import write_result
     from engine.errors import BenchmarkFailed, ConfigError
 
     if base_url is None and (host or port):

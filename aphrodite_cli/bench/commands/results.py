@@ -40,7 +40,7 @@ def gate(
     ] = "markdown",
 ) -> None:
     """Decide whether a candidate run regressed against a baseline, with noise in mind."""
-    from aphrodite_cli.bench import gate as g
+    from aphrodite_cli.bench.results import gate as g
 
     if all(g.is_sweep(p) for p in [*baseline, *candidate]):
         limits = g.parse_thresholds(threshold)
@@ -92,7 +92,7 @@ def report(
     out_dir: Annotated[Path | None, typer.Option("--out-dir")] = None,
 ) -> None:
     """Plots, a self-contained HTML report and a Markdown summary for pull requests."""
-    from aphrodite_cli.bench.report import write_report
+    from aphrodite_cli.bench.results.report import write_report
     from engine.errors import ConfigError
 
     if bool(baseline) != bool(candidate):
