@@ -9,7 +9,6 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.app import app
 from aphrodite_cli.options import (
     OUTPUT_FORMAT_HELP,
     BatchingWorkload,
@@ -24,9 +23,8 @@ DEFAULT_BACKENDS = \
     "opencv,pyav,pyav:isolation=process,pyav:skip_nonref=false,torchcodec,deepstream"
 
 
-@app.command(
-    "video-decode",
-    epilog="""Examples:
+#: ``aphrodite bench video-decode --help``'s epilog.
+VIDEO_DECODE_EXAMPLES = """Examples:
 
   aphrodite bench video-decode                      # the standard 10 s 1080p30 H.264 clip
 
@@ -34,8 +32,9 @@ DEFAULT_BACKENDS = \
 
 Backend options follow the name: NAME:KEY=VALUE:KEY=VALUE. isolation=process runs the decode
 in a decode worker process, as `serve --decode-isolation process` does (frames handed back
-through shared memory), so the row beside the plain one is the isolation's overhead.""",
-)
+through shared memory), so the row beside the plain one is the isolation's overhead."""
+
+
 def video_decode(
     clip: Annotated[Path | None, typer.Argument(help="Video file; default: the standard clip, "
                                                 "generated once into the cache.")] = None,
@@ -82,9 +81,8 @@ def _print_table(doc: dict) -> None:
     out.print(table)
 
 
-@app.command(
-    "mm-processor",
-    epilog="""Examples:
+#: ``aphrodite bench mm-processor --help``'s epilog.
+MM_PROCESSOR_EXAMPLES = """Examples:
 
   aphrodite bench mm-processor                       # 1280x720 JPEGs on the tiny Qwen2.5-VL
 
@@ -94,8 +92,9 @@ def _print_table(doc: dict) -> None:
   aphrodite bench mm-processor --model /models/qwen2.5-vl-7b --num-prompts 50
 
   aphrodite bench mm-processor --no-encoder  # two real processors, same media, no weights
-  --compare-models Qwen/Qwen2.5-VL-3B-Instruct,Qwen/Qwen3-VL-4B-Instruct""",
-)
+  --compare-models Qwen/Qwen2.5-VL-3B-Instruct,Qwen/Qwen3-VL-4B-Instruct"""
+
+
 def mm_processor(
     model: Annotated[str | None, typer.Option(help="Model folder, hub id or tiny:ARCH (with "
                                                 "--no-encoder a hub model's weights are not "
@@ -199,7 +198,6 @@ def _print_comparison(docs: list[dict], fmt: str) -> None:
                  "tokens/audio", "total ms", "processor ms", "encoder ms"], rows, fmt)
 
 
-@app.command("batching")
 def batching(
     model: Annotated[str | None, typer.Option(help="Model; default: the tiny Qwen2.5-VL.")
                      ] = None,

@@ -7,16 +7,13 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.app import app
 from aphrodite_cli.options import (
     OutputFormat,
 )
 from aphrodite_cli.output import out
 
-
-@app.command(
-    "gate",
-    epilog="""Examples:
+#: ``aphrodite bench gate --help``'s epilog.
+GATE_EXAMPLES = """Examples:
 
   aphrodite bench gate --baseline results/baselines/serve-tiny.json --candidate results/serve-*.json
 
@@ -26,8 +23,9 @@ from aphrodite_cli.output import out
 Sweeps (bench sweep with --slo) are compared on capacity: a drop of more than the threshold
 (--threshold capacity:10%) is a regression.
 
-Exit status: 1 when a metric regressed beyond its threshold with 95% confidence, else 0.""",
-)
+Exit status: 1 when a metric regressed beyond its threshold with 95% confidence, else 0."""
+
+
 def gate(
     baseline: Annotated[list[Path], typer.Option(help="Baseline result file(s); repeat.")],
     candidate: Annotated[list[Path], typer.Option(help="Candidate result file(s); repeat.")],
@@ -72,15 +70,15 @@ def gate(
     raise typer.Exit(1 if regressed else 0)
 
 
-@app.command(
-    "report",
-    epilog="""Examples:
+#: ``aphrodite bench report --help``'s epilog.
+REPORT_EXAMPLES = """Examples:
 
   aphrodite bench report results/serve-*.json results/mm-processor-*.json \\
       results/video-decode-*.json --out-dir results/report
 
-  aphrodite bench report --baseline results/serve-A.json --candidate results/serve-B.json""",
-)
+  aphrodite bench report --baseline results/serve-A.json --candidate results/serve-B.json"""
+
+
 def report(
     results: Annotated[list[Path] | None, typer.Argument(help="Result JSON files.")] = None,
     baseline: Annotated[list[Path] | None, typer.Option(

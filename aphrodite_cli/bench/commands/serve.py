@@ -10,7 +10,6 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.app import app
 from aphrodite_cli.options import (
     OUTPUT_FORMAT_HELP,
     DatasetName,
@@ -20,10 +19,8 @@ from aphrodite_cli.options import (
 )
 from aphrodite_cli.output import err, out, print_table
 
-
-@app.command(
-    "serve",
-    epilog="""Examples:
+#: ``aphrodite bench serve --help``'s epilog.
+EXAMPLES = """Examples:
 
   aphrodite bench serve --embedded --num-prompts 50 --mode both
 
@@ -36,9 +33,9 @@ from aphrodite_cli.output import err, out, print_table
 
 vLLM's flags work as given (--dataset-name, --result-dir, --result-filename, --save-result,
 --percentile-metrics, --metric-percentiles, --goodput ttft:500 tpot:50, --tokenizer,
---ignore-eos, --temperature, --host/--port, --endpoint); see the README's table.""",
-    context_settings={"allow_extra_args": True},
-)
+--ignore-eos, --temperature, --host/--port, --endpoint); see the README's table."""
+
+
 def serve_cmd(
     ctx: typer.Context,
     base_url: Annotated[str | None, typer.Option(

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.app import app
 from aphrodite_cli.options import (
     OUTPUT_FORMAT_HELP,
     DecodeIsolation,
@@ -15,10 +14,8 @@ from aphrodite_cli.options import (
 )
 from aphrodite_cli.output import err, out, print_table
 
-
-@app.command(
-    "soak",
-    epilog="""Examples (the README's 10-minute runs: a quiet baseline, then under attack):
+#: ``aphrodite bench soak --help``'s epilog.
+EXAMPLES = """Examples (the README's 10-minute runs: a quiet baseline, then under attack):
 
   aphrodite bench soak --duration 120 --hostile-share 0 --slow-bodies 0 --drip-flood 0
   aphrodite bench soak --duration 600 --hostile-share 0.25 --concurrency 4 \\
@@ -26,8 +23,9 @@ from aphrodite_cli.output import err, out, print_table
 
 Exit status 1 when a valid request got a 5xx, a hostile request or an attack got another
 status than its rule's, memory grew more than --max-rss-growth after warm-up, temp files were
-left, or valid requests' p99 latency was over --max-p99-ratio times the baseline's.""",
-)
+left, or valid requests' p99 latency was over --max-p99-ratio times the baseline's."""
+
+
 def soak(
     embedded: Annotated[bool, typer.Option(help="Start this project's server for the run.")
                         ] = True,

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.app import app
 from aphrodite_cli.options import (
     OUTPUT_FORMAT_HELP,
     MediaDelivery,
@@ -17,10 +16,8 @@ from aphrodite_cli.options import (
 )
 from aphrodite_cli.output import err, out, print_table
 
-
-@app.command(
-    "sweep",
-    epilog="""Examples:
+#: ``aphrodite bench sweep --help``'s epilog.
+EXAMPLES = """Examples:
 
   aphrodite bench sweep --embedded --mode both --slo ttft:p99:300 --slo e2el:p90:2000
 
@@ -29,8 +26,9 @@ from aphrodite_cli.output import err, out, print_table
   aphrodite bench sweep --base-url http://gpu-box:8000 --profile sweep --num-points 6
 
 Each point is a bench serve measurement; the result holds every point, the curve and, with
---slo, the capacity per phase (the highest rate meeting every SLO).""",
-)
+--slo, the capacity per phase (the highest rate meeting every SLO)."""
+
+
 def sweep_cmd(
     base_url: Annotated[str | None, typer.Option(
         help="The target's root (http://host:8000) or a base URL ending in /v1.")] = None,
