@@ -10,27 +10,7 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.commands.flags import (
-    ApiKeyOpt,
-    BaseUrlOpt,
-    BucketConfigOpt,
-    BurstinessOpt,
-    EmbeddedOpt,
-    EndpointOpt,
-    HostOpt,
-    ItemsPerRequestOpt,
-    MaxFailureRateOpt,
-    MediaDeliveryOpt,
-    ModelOpt,
-    ModeOpt,
-    NumWarmupsOpt,
-    OutDirOpt,
-    OutputFormatOpt,
-    OutputLenOpt,
-    PortOpt,
-    PromptLenOpt,
-    SeedOpt,
-)
+from aphrodite_cli.bench.commands import flags
 from aphrodite_cli.options import DatasetName
 from aphrodite_cli.output import err, out, print_table
 
@@ -53,16 +33,16 @@ vLLM's flags work as given (--dataset-name, --result-dir, --result-filename, --s
 
 def serve_cmd(
     ctx: typer.Context,
-    base_url: BaseUrlOpt = None,
-    host: HostOpt = None,
-    port: PortOpt = None,
-    endpoint: EndpointOpt = None,
+    base_url: flags.BaseUrl = None,
+    host: flags.Host = None,
+    port: flags.Port = None,
+    endpoint: flags.Endpoint = None,
     backend: Annotated[str | None, typer.Option(
         help="vLLM's --backend: openai-chat (/v1/chat/completions) or openai/vllm "
              "(/v1/completions), when --endpoint is not given.")] = None,
-    embedded: EmbeddedOpt = False,
-    model: ModelOpt = None,
-    api_key: ApiKeyOpt = None,
+    embedded: flags.Embedded = False,
+    model: flags.Model = None,
+    api_key: flags.ApiKey = None,
     dataset: Annotated[DatasetName, typer.Option(
         "--dataset", "--dataset-name",
         help="random-mm, jsonl, or vLLM's random (text only: random-mm with no media).")
@@ -72,17 +52,17 @@ def serve_cmd(
     media_dir: Annotated[Path | None, typer.Option(help="Folder for media paths in JSONL.")
                          ] = None,
     num_prompts: Annotated[int, typer.Option(min=1)] = 50,
-    num_warmups: NumWarmupsOpt = 2,
+    num_warmups: flags.NumWarmups = 2,
     request_rate: Annotated[str, typer.Option(help="Requests/s, or inf.")] = "inf",
-    burstiness: BurstinessOpt = 1.0,
+    burstiness: flags.Burstiness = 1.0,
     max_concurrency: Annotated[int | None, typer.Option(min=1)] = None,
-    seed: SeedOpt = 0,
-    mode: ModeOpt = "both",
-    media_delivery: MediaDeliveryOpt = "data-url",
-    items_per_request: ItemsPerRequestOpt = 1,
-    bucket_config: BucketConfigOpt = None,
-    prompt_len: PromptLenOpt = 32,
-    output_len: OutputLenOpt = 16,
+    seed: flags.Seed = 0,
+    mode: flags.Mode = "both",
+    media_delivery: flags.MediaDelivery = "data-url",
+    items_per_request: flags.ItemsPerRequest = 1,
+    bucket_config: flags.BucketConfig = None,
+    prompt_len: flags.PromptLen = 32,
+    output_len: flags.OutputLen = 16,
     image_format: Annotated[str, typer.Option(help="JPEG, PNG or WEBP.")] = "JPEG",
     image_quality: Annotated[int, typer.Option(min=1, max=100)] = 90,
     video_codec: Annotated[str, typer.Option()] = "libx264",
@@ -110,12 +90,12 @@ def serve_cmd(
     jsonl: Annotated[bool, typer.Option(
         "--jsonl", help="Also write per-request rows as JSON lines (pandas.read_json(path, "
                         "lines=True) gives one row per request).")] = False,
-    output_format: OutputFormatOpt = "table",
-    max_failure_rate: MaxFailureRateOpt = 0.0,
+    output_format: flags.OutputFormat = "table",
+    max_failure_rate: flags.MaxFailureRate = 0.0,
     abort_after_failures: Annotated[int, typer.Option(
         min=0, help="Stop at once (exit 1) when the first this-many answers are all the same "
                     "4xx, as a wrong URL, model or key gives; 0: never.")] = 5,
-    out_dir: OutDirOpt = Path("results"),
+    out_dir: flags.OutDir = Path("results"),
 ) -> None:
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
     import math

@@ -7,13 +7,7 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.commands.flags import (
-    BucketConfigOpt,
-    EmbeddedOpt,
-    OutDirOpt,
-    OutputFormatOpt,
-    SeedOpt,
-)
+from aphrodite_cli.bench.commands import flags
 from aphrodite_cli.options import DecodeIsolation
 from aphrodite_cli.output import err, out, print_table
 
@@ -33,7 +27,7 @@ left, or valid requests' p99 latency was over --max-p99-ratio times the baseline
 
 
 def soak(
-    embedded: EmbeddedOpt = True,
+    embedded: flags.Embedded = True,
     duration: Annotated[float, typer.Option(min=1, help="Seconds to run.")] = 60.0,
     hostile_share: Annotated[float, typer.Option(min=0, max=1)] = 0.25,
     concurrency: Annotated[int, typer.Option(min=1)] = 4,
@@ -43,7 +37,7 @@ def soak(
                               ] = 0.25,
     decode_isolation: Annotated[DecodeIsolation, typer.Option(help="thread or process.")
                                 ] = "process",
-    bucket_config: BucketConfigOpt = None,
+    bucket_config: flags.BucketConfig = None,
     valid_pool: Annotated[int, typer.Option(
         min=1, help="Distinct valid requests, rendered before the run and drawn at random "
                     "(a share hit the processor cache).")] = 128,
@@ -64,9 +58,9 @@ def soak(
     ] = None,
     max_p99_ratio: Annotated[float, typer.Option(
         min=1, help="With --baseline: most valid p99 latency may grow, e.g. 3.")] = 3.0,
-    seed: SeedOpt = 0,
-    out_dir: OutDirOpt = Path("results"),
-    output_format: OutputFormatOpt = "table",
+    seed: flags.Seed = 0,
+    out_dir: flags.OutDir = Path("results"),
+    output_format: flags.OutputFormat = "table",
 ) -> None:
     """Valid, hostile and attacking traffic against the server for a set time; checks that
     valid requests are served, every attack is refused by its rule and nothing leaks."""

@@ -7,27 +7,7 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.commands.flags import (
-    ApiKeyOpt,
-    BaseUrlOpt,
-    BucketConfigOpt,
-    BurstinessOpt,
-    EmbeddedOpt,
-    EndpointOpt,
-    HostOpt,
-    ItemsPerRequestOpt,
-    MaxFailureRateOpt,
-    MediaDeliveryOpt,
-    ModelOpt,
-    ModeOpt,
-    NumWarmupsOpt,
-    OutDirOpt,
-    OutputFormatOpt,
-    OutputLenOpt,
-    PortOpt,
-    PromptLenOpt,
-    SeedOpt,
-)
+from aphrodite_cli.bench.commands import flags
 from aphrodite_cli.options import SweepProfile
 from aphrodite_cli.output import err, out, print_table
 
@@ -45,14 +25,14 @@ Each point is a bench serve measurement; the result holds every point, the curve
 
 
 def sweep_cmd(
-    base_url: BaseUrlOpt = None,
-    host: HostOpt = None,
-    port: PortOpt = None,
-    endpoint: EndpointOpt = None,
-    embedded: EmbeddedOpt = False,
-    model: ModelOpt = None,
-    api_key: ApiKeyOpt = None,
-    mode: ModeOpt = "cold",
+    base_url: flags.BaseUrl = None,
+    host: flags.Host = None,
+    port: flags.Port = None,
+    endpoint: flags.Endpoint = None,
+    embedded: flags.Embedded = False,
+    model: flags.Model = None,
+    api_key: flags.ApiKey = None,
+    mode: flags.Mode = "cold",
     rates: Annotated[str | None, typer.Option(help="Request rates to measure, e.g. 1,2,4,8.")
                      ] = None,
     concurrencies: Annotated[str | None, typer.Option(
@@ -69,19 +49,19 @@ def sweep_cmd(
                           ] = 10.0,
     min_requests: Annotated[int, typer.Option(min=2, help="Requests per point at least.")
                             ] = 20,
-    num_warmups: NumWarmupsOpt = 2,
-    burstiness: BurstinessOpt = 1.0,
+    num_warmups: flags.NumWarmups = 2,
+    burstiness: flags.Burstiness = 1.0,
     num_prompts: Annotated[int, typer.Option(
         min=1, help="Requests in the warm phase's pool (sent once before its points).")] = 50,
-    items_per_request: ItemsPerRequestOpt = 1,
-    bucket_config: BucketConfigOpt = None,
-    prompt_len: PromptLenOpt = 32,
-    output_len: OutputLenOpt = 16,
-    media_delivery: MediaDeliveryOpt = "data-url",
-    max_failure_rate: MaxFailureRateOpt = 0.0,
-    seed: SeedOpt = 0,
-    out_dir: OutDirOpt = Path("results"),
-    output_format: OutputFormatOpt = "table",
+    items_per_request: flags.ItemsPerRequest = 1,
+    bucket_config: flags.BucketConfig = None,
+    prompt_len: flags.PromptLen = 32,
+    output_len: flags.OutputLen = 16,
+    media_delivery: flags.MediaDelivery = "data-url",
+    max_failure_rate: flags.MaxFailureRate = 0.0,
+    seed: flags.Seed = 0,
+    out_dir: flags.OutDir = Path("results"),
+    output_format: flags.OutputFormat = "table",
 ) -> None:
     """Latency against load, and the capacity at an SLO, cold media and warm cache."""
     from aphrodite_cli.bench.load import sweep as sw
