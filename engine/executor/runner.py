@@ -87,34 +87,19 @@ class RunningBatch:
 
 @dataclass(eq=False)
 class ChunkedPrefill:
-    """A prompt longer than the step's token budget, prefilled a chunk per step while the
-    running batch keeps decoding. Chunks never cut the prompt's media span (the first to the
-    last media token): the encoder's output must land in one forward pass."""
+    """A prompt longer than the step's token budget, prefilled a chunk per step (the chunks
+    the scheduler plans) while the running batch keeps decoding."""
 
     row: _Row
     inputs: dict[str, Any]
     positions: Any
     cache: Any
-    bounds: list[tuple[int, int]]
     mrope: bool
     rope_delta: int
+    #: prompt tokens prefilled so far: the next chunk starts here
+    done: int = 0
     #: when the first chunk was planned: the prefill's start in the stage timings
     started: float = field(default_factory=time.perf_counter)
-
-
-def chunk_bounds(length: int, budget: int, media: tuple[int, int] | None
-                 ) -> list[tuple[int, int]]:
-    """[start, end) chunks of at most ``budget`` tokens covering ``length``, except the one
-    holding the whole media span [first, last], which is as long as it must be."""
-    bounds: list[tuple[int, int]] = []
-    start = 0
-    while start < length:
-        end = min(start + budget, length)
-        if media is not None and start <= media[1] and end <= media[1] and end > media[0]:
-            end = media[1] + 1  # do not cut the media span
-        bounds.append((start, end))
-        start = end
-    return bounds
 
 
 class TransformersRunner:
@@ -204,9 +189,9 @@ class TransformersRunner:
         self._advance(rows, out.logits[:, -1, :])
         return batch
 
-    def start_chunked(self, row: _Row, budget: int) -> ChunkedPrefill:
-        """Plan the chunked prefill of one row's prompt (positions computed once, for the whole
-        prompt, by the model's own rule)."""
+    def start_chunked(self, row: _Row) -> ChunkedPrefill:
+        """Set up the chunked prefill of one row's prompt (positions computed once, for the
+        whole prompt, by the model's own rule)."""
         from transformers import DynamicCache
 
         inputs = self._inputs([row])
@@ -214,19 +199,15 @@ class TransformersRunner:
                                                                    dict(inputs))
         deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
         mrope = deltas is not None and positions.ndim == 3
-        ids = inputs["input_ids"][0].tolist()
-        at = [i for i, t in enumerate(ids) if t in self.media_token_ids]
-        media = (at[0], at[-1]) if at else None
         return ChunkedPrefill(row, inputs, positions, DynamicCache(config=self.model.config),
-                              chunk_bounds(len(ids), budget, media), mrope,
-                              int(deltas[0, 0]) if mrope else 0)
+                              mrope, int(deltas[0, 0]) if mrope else 0)
 
-    def prefill_chunk(self, plan: ChunkedPrefill) -> RunningBatch | None:
-        """Prefill the next chunk; after the last one, the row (its first token handed on)
-        as a batch of one, ready to join."""
+    def prefill_chunk(self, plan: ChunkedPrefill, start: int, end: int) -> RunningBatch | None:
+        """Prefill prompt tokens ``[start, end)`` (the chunk with media holds all of it);
+        after the last chunk, the row (its first token handed on) as a batch of one, ready to
+        join."""
         import torch
 
-        start, end = plan.bounds.pop(0)
         if start == 0:
             self.encoder_s = 0.0
         inputs = plan.inputs
@@ -245,7 +226,8 @@ class TransformersRunner:
         with torch.inference_mode():
             out = self.model(**chunk, position_ids=plan.positions[..., start:end],
                              **{self._cache_arg: plan.cache}, use_cache=True, logits_to_keep=1)
-        if plan.bounds:
+        plan.done = end
+        if end < inputs["input_ids"].shape[1]:
             return None
         row = plan.row
         row.position = int(inputs["attention_mask"].sum())

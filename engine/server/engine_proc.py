@@ -21,22 +21,11 @@ import threading
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
+from engine.config import EngineConfig
 from engine.errors import AphroditeError
 from engine.server import shared_inputs
 
 logger = logging.getLogger("aphrodite.engine")
-
-
-def reserve_decode_memory(device: str, reserved: int) -> None:
-    """Plan the engine's GPU memory without the video decode budget: cap this process's
-    allocator at (total - reserved), leaving the budget to the API servers' decoders."""
-    if reserved <= 0 or not device.startswith("cuda"):
-        return
-    import torch
-
-    index = torch.device(device).index or 0
-    total = torch.cuda.get_device_properties(index).total_memory
-    torch.cuda.set_per_process_memory_fraction(max(1 - reserved / total, 0.05), index)
 
 
 def process_stats(live_requests: int, scheduler: dict[str, float] | None = None
@@ -55,11 +44,9 @@ def process_stats(live_requests: int, scheduler: dict[str, float] | None = None
             "requests_in_flight": live_requests, **(scheduler or {})}
 
 
-def serve_engine(address: str, authkey: bytes, model: str | None, chat_template: str | None,
-                 max_num_seqs: int, device: str, dtype: str, ready: Any,
-                 api_servers: int, reserved_gpu_bytes: int = 0,
-                 max_num_batched_tokens: int | None = None,
-                 num_threads: int | None = None) -> None:
+def serve_engine(*, address: str, authkey: bytes, model: str | None,
+                 chat_template: str | None, config: EngineConfig, ready: Any,
+                 api_servers: int) -> None:
     """Entry point of the engine process (blocks until every API server disconnected)."""
     from engine.lifetime import exit_with_parent
 
@@ -71,14 +58,8 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
     from engine.models.loader import load_model
 
     tune_allocator()
-    if num_threads:
-        import torch
-
-        torch.set_num_threads(num_threads)
-    reserve_decode_memory(device, reserved_gpu_bytes)
     loaded = load_model(model, chat_template=chat_template)
-    engine = Engine(loaded, device=device, dtype=dtype, max_batch_size=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens)
+    engine = Engine(loaded, config)
     listener = Listener(address, authkey=authkey)
     try:
         ready.send(os.getpid())

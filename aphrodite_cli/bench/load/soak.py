@@ -67,12 +67,14 @@ def decode_worker_restarts(base: str) -> int | None:
 
 
 def _shm_segments(owners: set[int]) -> set[str]:
-    """The server's shared-memory segments: named by its API server pids (another server
-    on the same machine has segments of its own that are none of this soak's business)."""
+    """The server's shared-memory segments held by something: named by its API server pids
+    (another server on the same machine has segments of its own that are none of this soak's
+    business); the free ones each decode worker keeps to decode into are not leftovers."""
     from engine.media import frame_memory
 
     return {p.name for p in frame_memory.SHM_DIR.glob(f"{frame_memory.PREFIX}*")
-            if frame_memory.owner_pid(p.name) in owners}
+            if frame_memory.owner_pid(p.name) in owners
+            and not p.name.endswith(frame_memory.FREE)}
 
 
 def _children(pid: int) -> list[int]:

@@ -86,6 +86,8 @@ def _behind_long_once(llm: Any, long_prompt: Any, short_prompt: Any, long_tokens
 def run_mixed(model: str | None, *, concurrency: int, max_tokens: int, repeats: int,
               num_prompts: int | None = None, short_tokens: int | None = None,
               behind_long_tokens: int = 512) -> dict[str, Any]:
+    from dataclasses import replace
+
     from engine import LLM
 
     llm = LLM(model, max_num_seqs=concurrency, mm_processor_cache_gb=0)
@@ -97,7 +99,7 @@ def run_mixed(model: str | None, *, concurrency: int, max_tokens: int, repeats: 
     behind: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     for _ in range(repeats):
         for mode in MODES:  # interleaved, so drift on a shared machine hits both alike
-            llm.engine.scheduling = mode
+            llm.engine.config = replace(llm.engine.config, scheduling=mode)
             runs[mode].append(_mixed_once(llm, prompts, max_tokens, short_tokens))
             behind[mode].append(_behind_long_once(llm, prompts[0], prompts[1],
                                                   behind_long_tokens, 4))

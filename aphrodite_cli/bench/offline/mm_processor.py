@@ -218,7 +218,7 @@ def run_batching(model: str | None, *, concurrency: int, max_tokens: int, repeat
     from engine.executor.request import EngineRequest
     from engine.llm import to_items
 
-    llm = LLM(model, max_batch_size=concurrency, mm_processor_cache_gb=0)
+    llm = LLM(model, max_num_seqs=concurrency, mm_processor_cache_gb=0)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     prompts = [{"prompt": f"Describe picture {i}.", "multi_modal_data": {
         "image": Image.fromarray(synthetic.image_array(320, 240, i))}} for i in range(concurrency)]
