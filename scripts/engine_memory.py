@@ -68,7 +68,7 @@ def _serve_with_heap_stats(stats_path: str, trim_every_s: float, trace_after_s: 
 async def main(requests: int, every: int, trim_every_s: float, trace_after_s: float) -> dict:
     from PIL import Image
 
-    from aphrodite_cli.bench import synthetic
+    from aphrodite_cli.bench.harness import synthetic
     from engine import LLM
     from engine.config import EngineConfig
     from engine.processing.preprocess import MediaItem

@@ -14,18 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aphrodite_cli.bench.datasets import parse_buckets, random_mm
-from aphrodite_cli.bench.media_host import MediaHost
-from aphrodite_cli.bench.metrics import RequestRecord, compute
-from aphrodite_cli.bench.mock_server import create_app
-from aphrodite_cli.bench.serve_bench import (
+from aphrodite_cli.bench.load.client import (
     LoadConfig,
     arrival_times,
     build_payload,
     run_phase,
 )
-from aphrodite_cli.bench.stats import percentile
+from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
+from aphrodite_cli.bench.load.metrics import RequestRecord, compute
+from aphrodite_cli.bench.load.mock_server import create_app
+from aphrodite_cli.bench.results.stats import percentile
 from engine.errors import ConfigError
+from tests.fixtures import MediaHost
 from tests.server_harness import free_port, wait_exit
 
 
@@ -193,8 +193,8 @@ def test_cold_and_warm_phases_against_the_real_server(tmp_path):
 
 
 def test_jsonl_dataset_with_a_media_folder(tmp_path):
-    from aphrodite_cli.bench import synthetic
-    from aphrodite_cli.bench.datasets import load_jsonl
+    from aphrodite_cli.bench.load.datasets import load_jsonl
+    from tests.fixtures import synthetic
 
     (tmp_path / "media").mkdir()
     (tmp_path / "media" / "a.png").write_bytes(synthetic.make_image(8, 8, fmt="PNG"))
@@ -217,7 +217,7 @@ def test_jsonl_dataset_with_a_media_folder(tmp_path):
 
 
 def test_gate_accepts_the_committed_baseline_against_itself():
-    from aphrodite_cli.bench.gate import compare
+    from aphrodite_cli.bench.results.gate import compare
 
     baseline = Path(__file__).resolve().parents[1] / "results" / "baselines" / \
         "serve-tiny-embedded.json"
@@ -231,7 +231,7 @@ def test_gate_accepts_the_committed_baseline_against_itself():
     ("http://h/proxy/v1", "http://h/proxy"),
     ("http://h:8000/v1/chat/completions", "http://h:8000")])
 def test_base_url_as_vllm_or_as_openai_clients_take_it(given, root):
-    from aphrodite_cli.bench.serve_bench import server_root
+    from aphrodite_cli.bench.load.client import server_root
 
     assert server_root(given) == root
 

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from aphrodite_cli.bench.hostile import SERVER_ARGS, SERVER_ENV, HostileHost, hostile_catalogue
-from aphrodite_cli.bench.soak import post
+from aphrodite_cli.bench.load.hostile import SERVER_ARGS, SERVER_ENV, HostileHost, hostile_catalogue
+from aphrodite_cli.bench.load.soak import post
 from engine.media import frame_memory
 from tests.server_harness import ServerProcess
 

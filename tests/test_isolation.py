@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.config import MediaLimits
 from engine.errors import ConfigError, MediaDecodeError, OverloadedError, UnsupportedMediaError
 from engine.media import frame_memory
@@ -22,6 +21,7 @@ from engine.media.image import decode_image
 from engine.media.isolation import DecodeWorkers
 from engine.media.video import load_video
 from engine.media.video.options import build_spec
+from tests.fixtures import synthetic
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from aphrodite_cli.bench import synthetic
 from engine.config import MediaPolicy, PipelineConfig
 from engine.errors import ConfigError, InvalidRequestError
 from engine.media.video.options import PyAVOptions
@@ -18,6 +17,7 @@ from engine.processing.pipeline import Pipeline
 from engine.processing.preprocess import MediaItem
 from engine.server.config import ServerConfig
 from tests.engine_fixtures import llm, loaded
+from tests.fixtures import synthetic
 
 
 def test_the_flags_become_typed_objects_once_and_cross_processes_as_they_are():

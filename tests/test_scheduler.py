@@ -11,7 +11,6 @@ import threading
 import numpy as np
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.config import EngineConfig
 from engine.errors import AphroditeError
 from engine.executor.engine import Engine
@@ -19,6 +18,7 @@ from engine.executor.request import EngineRequest
 from engine.executor.sampling import SamplingParams
 from engine.processing.preprocess import MediaItem
 from tests.engine_fixtures import FAMILIES, llm
+from tests.fixtures import synthetic
 
 
 def greedy(tokens: int) -> SamplingParams:

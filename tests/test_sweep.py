@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from aphrodite_cli.bench.datasets import parse_buckets, random_mm
-from aphrodite_cli.bench.mock_server import create_app
-from aphrodite_cli.bench.serve_bench import LoadConfig
-from aphrodite_cli.bench.sweep import Payloads, Slo, Sweep, SweepSettings, percentile_interval
+from aphrodite_cli.bench.load.client import LoadConfig
+from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
+from aphrodite_cli.bench.load.mock_server import create_app
+from aphrodite_cli.bench.load.sweep import Payloads, Slo, Sweep, SweepSettings, percentile_interval
 from engine.errors import ConfigError
 
 K, D_MS = 4, 100.0
@@ -117,7 +117,7 @@ def test_the_command_writes_every_point_and_the_capacity(tmp_path):
     assert point["kind"] == "synchronous" and point["result"]["completed"] >= 20
     assert all(math.isfinite(p["result"]["e2e_ms"]["p90"]) for p in cold["points"])
     # the report draws the curve and lists the capacity
-    from aphrodite_cli.bench.report import write_report
+    from aphrodite_cli.bench.results.report import write_report
 
     html_path, md_path = write_report([next(tmp_path.glob("sweep-*.json"))], tmp_path / "r")
     assert 'alt="sweep: latency against served rate"' in html_path.read_text()

@@ -6,7 +6,7 @@ serves; every GET is counted per path, query left out (``hits``). A test can mak
 to answer (``delays``) or stall halfway through its body (``stalls``: a slow-drip host holding
 the server's bytes), and ``routes`` answer paths (or, for a key ending in "/", every path under
 it) their own way, writing whatever bytes they like: the attacker's host in
-:mod:`aphrodite_cli.bench.hostile` (redirects, drips, lying lengths) and the HTTP fetch's
+:mod:`aphrodite_cli.bench.load.hostile` (redirects, drips, lying lengths) and the HTTP fetch's
 unit-test host in ``tests/media_server.py`` (chunked and gzip framing, lying lengths, retries)
 are routes on this host. It runs in a daemon thread of its own, so synchronous tests, async
 tests and the benchmarks' event loop use it alike.

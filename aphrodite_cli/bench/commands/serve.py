@@ -10,20 +10,12 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.app import app
-from aphrodite_cli.options import (
-    OUTPUT_FORMAT_HELP,
-    DatasetName,
-    MediaDelivery,
-    Mode,
-    OutputFormat,
-)
+from aphrodite_cli.bench.commands import flags
+from aphrodite_cli.options import DatasetName
 from aphrodite_cli.output import err, out, print_table
 
-
-@app.command(
-    "serve",
-    epilog="""Examples:
+#: ``aphrodite bench serve --help``'s epilog.
+EXAMPLES = """Examples:
 
   aphrodite bench serve --embedded --num-prompts 50 --mode both
 
@@ -36,30 +28,21 @@ from aphrodite_cli.output import err, out, print_table
 
 vLLM's flags work as given (--dataset-name, --result-dir, --result-filename, --save-result,
 --percentile-metrics, --metric-percentiles, --goodput ttft:500 tpot:50, --tokenizer,
---ignore-eos, --temperature, --host/--port, --endpoint); see the README's table.""",
-    context_settings={"allow_extra_args": True},
-)
+--ignore-eos, --temperature, --host/--port, --endpoint); see the README's table."""
+
+
 def serve_cmd(
     ctx: typer.Context,
-    base_url: Annotated[str | None, typer.Option(
-        help="The target: its root as vLLM takes it (http://localhost:8000) or an OpenAI "
-             "base URL ending in /v1; requests go to --endpoint under the root.")] = None,
-    host: Annotated[str | None, typer.Option(help="Target host, with --port, instead of "
-                                             "--base-url (vLLM's flags).")] = None,
-    port: Annotated[int | None, typer.Option(help="Target port (with --host, default "
-                                             "127.0.0.1).")] = None,
-    endpoint: Annotated[str | None, typer.Option(
-        help="Path posted to under the root (default /v1/chat/completions; /v1/completions "
-             "sends text prompts).")] = None,
+    base_url: flags.BaseUrl = None,
+    host: flags.Host = None,
+    port: flags.Port = None,
+    endpoint: flags.Endpoint = None,
     backend: Annotated[str | None, typer.Option(
         help="vLLM's --backend: openai-chat (/v1/chat/completions) or openai/vllm "
              "(/v1/completions), when --endpoint is not given.")] = None,
-    embedded: Annotated[bool, typer.Option(help="Start this project's server (tiny default "
-                                           "model) for the run.")] = False,
-    model: Annotated[str | None, typer.Option(
-        help="Model name to send (and to serve with --embedded); default: the first of the "
-             "target's GET /v1/models.")] = None,
-    api_key: Annotated[str | None, typer.Option(help="Bearer key for the target.")] = None,
+    embedded: flags.Embedded = False,
+    model: flags.Model = None,
+    api_key: flags.ApiKey = None,
     dataset: Annotated[DatasetName, typer.Option(
         "--dataset", "--dataset-name",
         help="random-mm, jsonl, or vLLM's random (text only: random-mm with no media).")
@@ -69,25 +52,17 @@ def serve_cmd(
     media_dir: Annotated[Path | None, typer.Option(help="Folder for media paths in JSONL.")
                          ] = None,
     num_prompts: Annotated[int, typer.Option(min=1)] = 50,
-    num_warmups: Annotated[int, typer.Option(min=0, help="Unmeasured requests first.")] = 2,
+    num_warmups: flags.NumWarmups = 2,
     request_rate: Annotated[str, typer.Option(help="Requests/s, or inf.")] = "inf",
-    burstiness: Annotated[float, typer.Option(min=0.01, help="Gamma shape; 1 = Poisson.")
-                          ] = 1.0,
+    burstiness: flags.Burstiness = 1.0,
     max_concurrency: Annotated[int | None, typer.Option(min=1)] = None,
-    seed: Annotated[int, typer.Option()] = 0,
-    mode: Annotated[Mode, typer.Option(help="cold, warm or both.")] = "both",
-    media_delivery: Annotated[MediaDelivery, typer.Option(
-        help="data-url or http (a built-in loopback media server).")] = "data-url",
-    items_per_request: Annotated[int, typer.Option(min=0)] = 1,
-    bucket_config: Annotated[str | None, typer.Option(
-        metavar="JSON", help='"height,width,frames": probability; frames > 1 is a video.')
-    ] = None,
-    prompt_len: Annotated[int, typer.Option(
-        "--prompt-len", "--random-input-len", min=1,
-        help="Words of text per prompt (vLLM's --random-input-len counts tokens; a word is "
-             "about one token).")] = 32,
-    output_len: Annotated[int, typer.Option(
-        "--output-len", "--random-output-len", min=1, help="Tokens per answer.")] = 16,
+    seed: flags.Seed = 0,
+    mode: flags.Mode = "both",
+    media_delivery: flags.MediaDelivery = "data-url",
+    items_per_request: flags.ItemsPerRequest = 1,
+    bucket_config: flags.BucketConfig = None,
+    prompt_len: flags.PromptLen = 32,
+    output_len: flags.OutputLen = 16,
     image_format: Annotated[str, typer.Option(help="JPEG, PNG or WEBP.")] = "JPEG",
     image_quality: Annotated[int, typer.Option(min=1, max=100)] = 90,
     video_codec: Annotated[str, typer.Option()] = "libx264",
@@ -115,33 +90,29 @@ def serve_cmd(
     jsonl: Annotated[bool, typer.Option(
         "--jsonl", help="Also write per-request rows as JSON lines (pandas.read_json(path, "
                         "lines=True) gives one row per request).")] = False,
-    output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
-    max_failure_rate: Annotated[float, typer.Option(
-        min=0, max=1, help="Exit 1 when more than this share of a phase's requests failed.")
-    ] = 0.0,
+    output_format: flags.OutputFormat = "table",
+    max_failure_rate: flags.MaxFailureRate = 0.0,
     abort_after_failures: Annotated[int, typer.Option(
         min=0, help="Stop at once (exit 1) when the first this-many answers are all the same "
                     "4xx, as a wrong URL, model or key gives; 0: never.")] = 5,
-    out_dir: Annotated[Path, typer.Option("--out-dir", "--result-dir")] = Path("results"),
+    out_dir: flags.OutDir = Path("results"),
 ) -> None:
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
     import math
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from aphrodite_cli.bench import vllm_compat
-    from aphrodite_cli.bench.datasets import parse_buckets
-    from aphrodite_cli.bench.results import write_result
-    from aphrodite_cli.bench.serve_bench import LoadConfig
-    from aphrodite_cli.bench.serve_run import ServeArgs, run
+    from aphrodite_cli.bench.load import vllm_compat
+    from aphrodite_cli.bench.load.client import LoadConfig
+    from aphrodite_cli.bench.load.datasets import parse_buckets
+    from aphrodite_cli.bench.load.serve import ServeArgs, run
+    from aphrodite_cli.bench.load.target import Target
+    from aphrodite_cli.bench.results.files import write_result
     from engine.errors import ConfigError
 
     say = err if output_format == "json" else out  # stdout carries only the JSON then
-    if base_url is None and (host or port):
-        base_url = f"http://{host or '127.0.0.1'}:{port or 8000}"
-    if embedded == bool(base_url):
-        raise ConfigError("pass exactly one of --base-url URL (or --host/--port) or --embedded",
-                          code="invalid_flag")
+    target = Target(base_url, host=host, port=port, embedded=embedded, model=model,
+                    api_key=api_key, announce=lambda msg: say.print(msg, markup=False))
     if dataset == "random":  # vLLM's text-only random dataset
         dataset, items_per_request = "random-mm", 0
     if endpoint is None:
@@ -172,9 +143,10 @@ def serve_cmd(
     pct_metrics = vllm_compat.parse_list("--percentile-metrics", percentile_metrics,
                                          set(vllm_compat.METRICS))
     pcts = vllm_compat.parse_percentiles(metric_percentiles)
-    cfg = LoadConfig(base_url=base_url or "", endpoint="/" + endpoint.lstrip("/"),
-                     abort_after=abort_after_failures, model=model if not embedded else None,
-                     api_key=api_key, request_rate=rate, burstiness=burstiness,
+    # base_url and model: the target's, once it is open (run)
+    cfg = LoadConfig(base_url="", endpoint="/" + endpoint.lstrip("/"),
+                     abort_after=abort_after_failures, api_key=api_key, request_rate=rate,
+                     burstiness=burstiness,
                      max_concurrency=max_concurrency, seed=seed, media_delivery=media_delivery,
                      image_format=image_format.upper(), image_quality=image_quality,
                      video_codec=video_codec, video_fps=video_fps, video_gop=video_gop,
@@ -183,10 +155,10 @@ def serve_cmd(
                      num_prompts=num_prompts, num_warmups=num_warmups, mode=mode,
                      items_per_request=items_per_request, buckets=parse_buckets(bucket_config),
                      prompt_len=prompt_len, output_len=output_len, seed=seed,
-                     embedded=embedded, model=model, percentile_metrics=tuple(pct_metrics),
+                     embedded=embedded, percentile_metrics=tuple(pct_metrics),
                      metric_percentiles=tuple(pcts),
                      tokenizer=vllm_compat.load_tokenizer(tokenizer) if tokenizer else None)
-    from aphrodite_cli.bench.serve_bench import TargetRefused
+    from aphrodite_cli.bench.load.client import TargetRefused
     from engine.errors import BenchmarkFailed
 
     try:
@@ -194,8 +166,7 @@ def serve_cmd(
         with Progress("[progress.description]{task.description}", BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                       disable=not err.is_terminal) as progress:
-            doc, rows = run(cfg, args, progress,
-                            announce=lambda msg: say.print(msg, markup=False))
+            doc, rows = run(cfg, args, target, progress)
     except TargetRefused as refused:
         first = refused.records[0]
         raise BenchmarkFailed(

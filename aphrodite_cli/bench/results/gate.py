@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from aphrodite_cli.bench.results import load_result
+from aphrodite_cli.bench.results.files import load_result
 from engine.errors import ConfigError
 
 DEFAULT_THRESHOLD = 0.05

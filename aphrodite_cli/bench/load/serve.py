@@ -9,47 +9,25 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from aphrodite_cli.bench.datasets import (
+from aphrodite_cli.bench.harness.media_host import MediaHost
+from aphrodite_cli.bench.load.client import (
+    LoadConfig,
+    build_payload,
+    document,
+    nonce,
+    phase_result,
+    run_phase,
+)
+from aphrodite_cli.bench.load.datasets import (
     BenchRequest,
     load_jsonl,
     random_mm,
 )
-from aphrodite_cli.bench.media_host import MediaHost
-from aphrodite_cli.bench.serve_bench import (
-    LoadConfig,
-    build_payload,
-    document,
-    first_model,
-    nonce,
-    phase_result,
-    run_phase,
-    server_root,
-)
-from aphrodite_cli.bench.server_process import ServerProcess
-from aphrodite_cli.bench.vllm_compat import count_tokens, flat_fields
+from aphrodite_cli.bench.load.target import Target
+from aphrodite_cli.bench.load.vllm_compat import count_tokens, flat_fields
 from aphrodite_cli.options import DatasetName, Mode
 from engine.errors import ConfigError
 from engine.timings import SERVED_STAGES
-
-
-class EmbeddedServer:
-    """This project's server (the tiny default model unless ``model``), for the length of a
-    run: media from the loopback host allowed, stage timings exposed."""
-
-    def __init__(self, model: str | None, extra: list[str],
-                 env: dict[str, str] | None = None) -> None:
-        self.server = ServerProcess(*([model] if model else []), "--allowed-media-domains",
-                                    "127.0.0.1", "--expose-request-timings", *extra,
-                                    env=env).wait_ready(300)
-        self.port = self.server.port
-        self.base_url = f"{self.server.base}/v1"
-
-    @property
-    def lines(self) -> list[str]:
-        return self.server.lines
-
-    def stop(self) -> None:
-        self.server.stop()
 
 
 @dataclass(frozen=True)
@@ -68,10 +46,8 @@ class ServeArgs:
     prompt_len: int = 8
     output_len: int = 16
     seed: int = 0
-    #: start this project's server (tiny default model unless ``model``) for the run
+    #: the target is this project's server, started for the run (see :class:`Target`)
     embedded: bool = False
-    model: str | None = None
-    server_args: tuple[str, ...] = ()
     percentile_metrics: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
     metric_percentiles: tuple[float, ...] = (99.0,)
     #: counts tokens client-side when the target reports no usage
@@ -184,24 +160,10 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
     return doc, rows
 
 
-def run(cfg: LoadConfig, args: ServeArgs, progress: Any, announce: Any = None
+def run(cfg: LoadConfig, args: ServeArgs, target: Target, progress: Any
         ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
-    """Start the embedded server if asked, settle the target's root URL and the model (the
-    first of ``GET /v1/models`` when none was given), then run the phases."""
-    server = None
-    model_source = "--model"
-    if args.embedded:
-        server = EmbeddedServer(args.model, list(args.server_args))
-        cfg.base_url = server.base_url
-    try:
-        cfg.base_url = server_root(cfg.base_url)
-        if not cfg.model:
-            cfg.model = first_model(cfg.base_url, cfg.api_key)
-            model_source = "first of GET /v1/models"
-            if announce:
-                announce(f"model: {cfg.model} (the first of GET {cfg.base_url}/v1/models; "
-                         "--model picks another)")
-        return asyncio.run(run_serve(cfg, args, progress, model_source))
-    finally:
-        if server:
-            server.stop()
+    """Open the target (the embedded server, when asked, runs for the phases alone), point
+    ``cfg`` at its root and model, then run the phases."""
+    with target:
+        cfg.base_url, cfg.model = target.root, target.model
+        return asyncio.run(run_serve(cfg, args, progress, target.model_source))

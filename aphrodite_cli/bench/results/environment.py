@@ -30,7 +30,7 @@ def _run(*cmd: str) -> str | None:
 
 
 def git_revision() -> str | None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     rev = _run("git", "-C", str(root), "rev-parse", "--short=12", "HEAD")
     dirty = _run("git", "-C", str(root), "status", "--porcelain", "--untracked-files=no")
     return f"{rev}{'-dirty' if dirty else ''}" if rev else None

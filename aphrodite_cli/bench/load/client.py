@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from aphrodite_cli.bench.datasets import BenchRequest, MediaSpec, render_media
-from aphrodite_cli.bench.media_host import MediaHost
-from aphrodite_cli.bench.metrics import FORMULAS, RequestRecord, compute
+from aphrodite_cli.bench.harness.media_host import MediaHost
+from aphrodite_cli.bench.load.datasets import BenchRequest, MediaSpec, render_media
+from aphrodite_cli.bench.load.metrics import FORMULAS, RequestRecord, compute
 
 #: Where a chat benchmark posts, relative to the server's root (vLLM's --endpoint default).
 CHAT_ENDPOINT = "/v1/chat/completions"

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from aphrodite_cli.bench.stats import summary
+from aphrodite_cli.bench.results.stats import summary
 
 MODES = ("static", "continuous")
 
@@ -24,7 +24,7 @@ MODES = ("static", "continuous")
 def _prepared(llm: Any, count: int) -> list[Any]:
     from PIL import Image
 
-    from aphrodite_cli.bench import synthetic
+    from aphrodite_cli.bench.harness import synthetic
     from engine.llm import to_items
 
     out = []

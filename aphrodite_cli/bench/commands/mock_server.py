@@ -6,16 +6,14 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.app import app
 from aphrodite_cli.output import out
 
+#: ``aphrodite bench mock-server --help``'s epilog.
+EXAMPLES = """Example:
 
-@app.command(
-    "mock-server",
-    epilog="""Example:
+  aphrodite bench mock-server --port 9000 --ttft-ms 50 --itl-ms 10"""
 
-  aphrodite bench mock-server --port 9000 --ttft-ms 50 --itl-ms 10""",
-)
+
 def mock_server(
     port: Annotated[int, typer.Option(min=1, max=65535)] = 9000,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
@@ -41,7 +39,7 @@ def mock_server(
     """A mock OpenAI-compatible endpoint streaming tokens with a set TTFT and ITL."""
     from aiohttp import web
 
-    from aphrodite_cli.bench.mock_server import create_app
+    from aphrodite_cli.bench.load.mock_server import create_app
 
     out.print(f"mock server on http://{host}:{port}/v1 (ttft {ttft_ms} ms, itl {itl_ms} ms)",
               markup=False)

@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from aphrodite_cli.bench.media_host import MediaHost, drip
+from aphrodite_cli.bench.harness.media_host import MediaHost, drip
 
 SERVER_ARGS = ["--limit-mm-per-prompt", '{"image": 4, "video": 1}', "--max-request-body-mb", "2",
                "--media-io-kwargs", '{"video": {"num_frames": 4}}']
@@ -50,7 +50,7 @@ def png_header(width: int, height: int) -> bytes:
 
 def eight_k_clip() -> bytes:
     """One real 7680x4320 H.264 frame (generated once into the cache: ~6 s to encode)."""
-    from aphrodite_cli.bench import synthetic
+    from aphrodite_cli.bench.harness import synthetic
     from engine.paths import cache_root
 
     path = cache_root() / "media" / "hostile-8k.mp4"
@@ -65,7 +65,7 @@ def eight_k_clip() -> bytes:
 
 def host_files() -> dict[str, tuple[bytes, str, dict[str, str]]]:
     """path -> (body, content type, extra headers) for :class:`HostileHost`."""
-    from aphrodite_cli.bench import synthetic
+    from aphrodite_cli.bench.harness import synthetic
 
     clip = synthetic.make_video(width=96, height=64, seconds=1, gop=10)
     mkv = synthetic.make_video(width=96, height=64, seconds=1, gop=10, container="matroska")
@@ -131,7 +131,7 @@ class HostileHost(MediaHost):
 def hostile_catalogue(model: str, host: str) -> list[HostileCase]:
     """Every hostile request, for a server started with SERVER_ARGS/SERVER_ENV and allowed to
     fetch from ``host`` (the :class:`HostileHost` base URL, on 127.0.0.1)."""
-    from aphrodite_cli.bench import synthetic
+    from aphrodite_cli.bench.harness import synthetic
 
     jpeg = synthetic.make_image(64, 48, fmt="JPEG")
     b64 = base64.b64encode

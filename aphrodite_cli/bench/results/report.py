@@ -16,7 +16,7 @@ from engine.timings import SERVED_STAGES as STAGES
 
 
 def _load(paths: list[Path]) -> list[tuple[Path, dict[str, Any]]]:
-    from aphrodite_cli.bench.results import load_result
+    from aphrodite_cli.bench.results.files import load_result
 
     return [(path, load_result(path)) for path in paths]
 
@@ -196,8 +196,8 @@ def comparison(baseline: list[Path], candidate: list[Path]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from aphrodite_cli.bench import gate
-    from aphrodite_cli.bench.results import load_result
+    from aphrodite_cli.bench.results import gate
+    from aphrodite_cli.bench.results.files import load_result
 
     verdicts = gate.compare(baseline, candidate)
     regressed = [v for v in verdicts if v.regressed]

@@ -9,7 +9,6 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.app import app
 from aphrodite_cli.options import (
     OUTPUT_FORMAT_HELP,
     BatchingWorkload,
@@ -24,9 +23,8 @@ DEFAULT_BACKENDS = \
     "opencv,pyav,pyav:isolation=process,pyav:skip_nonref=false,torchcodec,deepstream"
 
 
-@app.command(
-    "video-decode",
-    epilog="""Examples:
+#: ``aphrodite bench video-decode --help``'s epilog.
+VIDEO_DECODE_EXAMPLES = """Examples:
 
   aphrodite bench video-decode                      # the standard 10 s 1080p30 H.264 clip
 
@@ -34,8 +32,9 @@ DEFAULT_BACKENDS = \
 
 Backend options follow the name: NAME:KEY=VALUE:KEY=VALUE. isolation=process runs the decode
 in a decode worker process, as `serve --decode-isolation process` does (frames handed back
-through shared memory), so the row beside the plain one is the isolation's overhead.""",
-)
+through shared memory), so the row beside the plain one is the isolation's overhead."""
+
+
 def video_decode(
     clip: Annotated[Path | None, typer.Argument(help="Video file; default: the standard clip, "
                                                 "generated once into the cache.")] = None,
@@ -47,8 +46,8 @@ def video_decode(
                        ] = Path("results"),
 ) -> None:
     """Time sampled decoding per backend against a full ffmpeg decode of the same clip."""
-    from aphrodite_cli.bench import video_decode as runner
-    from aphrodite_cli.bench.results import write_result
+    from aphrodite_cli.bench.offline import video_decode as runner
+    from aphrodite_cli.bench.results.files import write_result
 
     path = clip or runner.standard_clip()
     choices = parse_backend_choices(backends, flag="--backends")
@@ -82,9 +81,8 @@ def _print_table(doc: dict) -> None:
     out.print(table)
 
 
-@app.command(
-    "mm-processor",
-    epilog="""Examples:
+#: ``aphrodite bench mm-processor --help``'s epilog.
+MM_PROCESSOR_EXAMPLES = """Examples:
 
   aphrodite bench mm-processor                       # 1280x720 JPEGs on the tiny Qwen2.5-VL
 
@@ -94,8 +92,9 @@ def _print_table(doc: dict) -> None:
   aphrodite bench mm-processor --model /models/qwen2.5-vl-7b --num-prompts 50
 
   aphrodite bench mm-processor --no-encoder  # two real processors, same media, no weights
-  --compare-models Qwen/Qwen2.5-VL-3B-Instruct,Qwen/Qwen3-VL-4B-Instruct""",
-)
+  --compare-models Qwen/Qwen2.5-VL-3B-Instruct,Qwen/Qwen3-VL-4B-Instruct"""
+
+
 def mm_processor(
     model: Annotated[str | None, typer.Option(help="Model folder, hub id or tiny:ARCH (with "
                                                 "--no-encoder a hub model's weights are not "
@@ -129,9 +128,9 @@ def mm_processor(
 ) -> None:
     """Preprocessing per stage (fetch, decode, hash, cache lookup, HF processor, encoder),
     cold (media never seen) and warm (processor cache hits), offline."""
-    from aphrodite_cli.bench.datasets import parse_buckets
-    from aphrodite_cli.bench.engine_bench import STAGES, run_mm_processor
-    from aphrodite_cli.bench.results import write_result
+    from aphrodite_cli.bench.load.datasets import parse_buckets
+    from aphrodite_cli.bench.offline.mm_processor import STAGES, run_mm_processor
+    from aphrodite_cli.bench.results.files import write_result
 
     if compare_models:
         models = [m.strip() for m in compare_models.split(",") if m.strip()]
@@ -199,7 +198,6 @@ def _print_comparison(docs: list[dict], fmt: str) -> None:
                  "tokens/audio", "total ms", "processor ms", "encoder ms"], rows, fmt)
 
 
-@app.command("batching")
 def batching(
     model: Annotated[str | None, typer.Option(help="Model; default: the tiny Qwen2.5-VL.")
                      ] = None,
@@ -226,10 +224,10 @@ def batching(
 ) -> None:
     """Batching: N concurrent requests vs one after another, or (--workload mixed) static vs
     continuous batching on short and long outputs interleaved."""
-    from aphrodite_cli.bench.results import write_result
+    from aphrodite_cli.bench.results.files import write_result
 
     if workload == "mixed":
-        from aphrodite_cli.bench.scheduling_bench import MODES, run_mixed
+        from aphrodite_cli.bench.offline.batching import MODES, run_mixed
 
         max_tokens = max_tokens or 256
         doc = run_mixed(model, concurrency=concurrency, max_tokens=max_tokens, repeats=repeats,
@@ -255,7 +253,7 @@ def batching(
                   f"{doc['continuous_over_static_output_throughput']:.2f}x", markup=False)
         out.print(f"result: {path}", markup=False)
         return
-    from aphrodite_cli.bench.engine_bench import run_batching
+    from aphrodite_cli.bench.offline.mm_processor import run_batching
 
     max_tokens = max_tokens or 32
     doc = run_batching(model, concurrency=concurrency, max_tokens=max_tokens, repeats=repeats)

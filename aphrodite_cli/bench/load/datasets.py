@@ -86,7 +86,7 @@ def random_mm(num: int, *, items: int, buckets: dict[tuple[int, int, int], float
 
 def render_media(spec: MediaSpec, *, image_format: str = "JPEG", quality: int = 90,
                  codec: str = "libx264", fps: int = 30, gop: int = 30) -> bytes:
-    from aphrodite_cli.bench import synthetic
+    from aphrodite_cli.bench.harness import synthetic
 
     if spec.kind == "image":
         return synthetic.make_image(spec.width, spec.height, fmt=image_format, seed=spec.seed,

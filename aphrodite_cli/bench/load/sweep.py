@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from aphrodite_cli.bench.media_host import MediaHost
-from aphrodite_cli.bench.metrics import RequestRecord
-from aphrodite_cli.bench.serve_bench import (
+from aphrodite_cli.bench.harness.media_host import MediaHost
+from aphrodite_cli.bench.load.client import (
     LoadConfig,
     build_payload,
     nonce,
@@ -40,6 +39,7 @@ from aphrodite_cli.bench.serve_bench import (
     run_phase,
     scheduled_rate,
 )
+from aphrodite_cli.bench.load.metrics import RequestRecord
 from engine.errors import BenchmarkFailed, ConfigError
 
 #: SLO metric names (vLLM's ``e2el`` too) -> the per-request sample list they read.

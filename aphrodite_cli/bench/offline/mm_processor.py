@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from aphrodite_cli.bench.stats import summary
+from aphrodite_cli.bench.results.stats import summary
 from engine.timings import PREPROCESSING_STAGES as STAGES
 
 
@@ -14,7 +14,7 @@ def run_video_backends(backends: list[dict[str, Any]], *, clips: int = 3, width:
                        num_frames: int = 16, seed: int = 0) -> list[dict[str, Any]]:
     """The same videos decoded by each backend (a ``video`` kwargs dict: backend and its
     options): decode time per backend and clip."""
-    from aphrodite_cli.bench import synthetic
+    from aphrodite_cli.bench.harness import synthetic
     from engine.config import MediaLimits
     from engine.errors import AphroditeError, ConfigError
     from engine.media.video import load_video
@@ -81,9 +81,9 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
     seen), then warm (the same media again)."""
     import asyncio
 
-    from aphrodite_cli.bench.datasets import parse_buckets, random_mm, render_media
-    from aphrodite_cli.bench.media_host import MediaHost
-    from aphrodite_cli.bench.serve_bench import media_url, nonce
+    from aphrodite_cli.bench.harness.media_host import MediaHost
+    from aphrodite_cli.bench.load.client import media_url, nonce
+    from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm, render_media
     from engine.config import PipelineConfig
     from engine.errors import InternalError
     from engine.models.loader import load_model
@@ -97,7 +97,7 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
     cache, video = pipeline.cache, pipeline.video
     timer = _encoder_timer(loaded) if encoder else None
     if jsonl is not None:
-        from aphrodite_cli.bench.datasets import load_jsonl
+        from aphrodite_cli.bench.load.datasets import load_jsonl
 
         rows = load_jsonl(jsonl, media_dir)
         dataset = (rows * (num_prompts // max(len(rows), 1) + 1))[:num_prompts]
@@ -213,7 +213,7 @@ def run_batching(model: str | None, *, concurrency: int, max_tokens: int, repeat
     """``concurrency`` image requests submitted together vs the same run one after another."""
     from PIL import Image
 
-    from aphrodite_cli.bench import synthetic
+    from aphrodite_cli.bench.harness import synthetic
     from engine import LLM, SamplingParams
     from engine.executor.request import EngineRequest
     from engine.llm import to_items

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from aphrodite_cli.bench import synthetic
+from aphrodite_cli.bench.harness import synthetic
 from engine.config import MediaLimits
 from engine.errors import AphroditeError, ConfigError
 from engine.media.video.loader import load_video

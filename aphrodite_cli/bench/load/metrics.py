@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from aphrodite_cli.bench.stats import percentile, summary
+from aphrodite_cli.bench.results.stats import percentile, summary
 
 FORMULAS = {
     "ttft": "first content chunk time - send time",

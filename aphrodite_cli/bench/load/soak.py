@@ -22,11 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aphrodite_cli.bench.stats import summary
+from aphrodite_cli.bench.results.stats import summary
 from engine.memory import rss_bytes
 
 if TYPE_CHECKING:
-    from aphrodite_cli.bench.attackers import Attackers
+    from aphrodite_cli.bench.load.attackers import Attackers
 
 
 def post(base: str, body: bytes, content_type: str = "application/json"
@@ -156,8 +156,8 @@ def valid_requests(model: str, buckets: dict[tuple[int, int, int], float], count
     (its dataset and media generator; one item each, images and videos by ``buckets``),
     rendered once. Non-streaming, so a failure shows in the status. Named valid-image /
     valid-video."""
-    from aphrodite_cli.bench.datasets import random_mm, render_media
-    from aphrodite_cli.bench.serve_bench import media_url
+    from aphrodite_cli.bench.load.client import media_url
+    from aphrodite_cli.bench.load.datasets import random_mm, render_media
 
     pool = []
     for req in random_mm(count, items=1, buckets=buckets, prompt_len=6, output_len=4,
@@ -181,8 +181,8 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
     hostile catalogue (each checked against its status and rule), while ``attackers`` run
     alongside from their own address (each answer checked against its rule); server
     processes sampled every 2 s; valid requests' latency reported."""
-    from aphrodite_cli.bench.attackers import EXPECTED
-    from aphrodite_cli.bench.hostile import hostile_catalogue
+    from aphrodite_cli.bench.load.attackers import EXPECTED
+    from aphrodite_cli.bench.load.hostile import hostile_catalogue
 
     catalogue = hostile_catalogue(model, media_base)
     valid = valid_requests(model, buckets or SOAK_BUCKETS, valid_pool, seed)

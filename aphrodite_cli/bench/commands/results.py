@@ -7,16 +7,13 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.app import app
 from aphrodite_cli.options import (
     OutputFormat,
 )
 from aphrodite_cli.output import out
 
-
-@app.command(
-    "gate",
-    epilog="""Examples:
+#: ``aphrodite bench gate --help``'s epilog.
+GATE_EXAMPLES = """Examples:
 
   aphrodite bench gate --baseline results/baselines/serve-tiny.json --candidate results/serve-*.json
 
@@ -26,8 +23,9 @@ from aphrodite_cli.output import out
 Sweeps (bench sweep with --slo) are compared on capacity: a drop of more than the threshold
 (--threshold capacity:10%) is a regression.
 
-Exit status: 1 when a metric regressed beyond its threshold with 95% confidence, else 0.""",
-)
+Exit status: 1 when a metric regressed beyond its threshold with 95% confidence, else 0."""
+
+
 def gate(
     baseline: Annotated[list[Path], typer.Option(help="Baseline result file(s); repeat.")],
     candidate: Annotated[list[Path], typer.Option(help="Candidate result file(s); repeat.")],
@@ -40,7 +38,7 @@ def gate(
     ] = "markdown",
 ) -> None:
     """Decide whether a candidate run regressed against a baseline, with noise in mind."""
-    from aphrodite_cli.bench import gate as g
+    from aphrodite_cli.bench.results import gate as g
 
     if all(g.is_sweep(p) for p in [*baseline, *candidate]):
         limits = g.parse_thresholds(threshold)
@@ -72,15 +70,15 @@ def gate(
     raise typer.Exit(1 if regressed else 0)
 
 
-@app.command(
-    "report",
-    epilog="""Examples:
+#: ``aphrodite bench report --help``'s epilog.
+REPORT_EXAMPLES = """Examples:
 
   aphrodite bench report results/serve-*.json results/mm-processor-*.json \\
       results/video-decode-*.json --out-dir results/report
 
-  aphrodite bench report --baseline results/serve-A.json --candidate results/serve-B.json""",
-)
+  aphrodite bench report --baseline results/serve-A.json --candidate results/serve-B.json"""
+
+
 def report(
     results: Annotated[list[Path] | None, typer.Argument(help="Result JSON files.")] = None,
     baseline: Annotated[list[Path] | None, typer.Option(
@@ -92,7 +90,7 @@ def report(
     out_dir: Annotated[Path | None, typer.Option("--out-dir")] = None,
 ) -> None:
     """Plots, a self-contained HTML report and a Markdown summary for pull requests."""
-    from aphrodite_cli.bench.report import write_report
+    from aphrodite_cli.bench.results.report import write_report
     from engine.errors import ConfigError
 
     if bool(baseline) != bool(candidate):

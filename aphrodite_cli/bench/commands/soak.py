@@ -7,30 +7,27 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.app import app
-from aphrodite_cli.options import (
-    OUTPUT_FORMAT_HELP,
-    DecodeIsolation,
-    OutputFormat,
-)
+from aphrodite_cli.bench.commands import flags
+from aphrodite_cli.options import DecodeIsolation
 from aphrodite_cli.output import err, out, print_table
 
-
-@app.command(
-    "soak",
-    epilog="""Examples (the README's 10-minute runs: a quiet baseline, then under attack):
+#: ``aphrodite bench soak --help``'s epilog.
+EXAMPLES = """Examples (the README's 10-minute runs: a quiet baseline, then under attack):
 
   aphrodite bench soak --duration 120 --hostile-share 0 --slow-bodies 0 --drip-flood 0
   aphrodite bench soak --duration 600 --hostile-share 0.25 --concurrency 4 \\
       --baseline results/soak-QUIET.json
 
+Valid requests' media are drawn as bench serve draws them (--bucket-config); the default is
+{"64,96,1": 0.5, "240,320,1": 0.25, "240,320,30": 0.25}.
+
 Exit status 1 when a valid request got a 5xx, a hostile request or an attack got another
 status than its rule's, memory grew more than --max-rss-growth after warm-up, temp files were
-left, or valid requests' p99 latency was over --max-p99-ratio times the baseline's.""",
-)
+left, or valid requests' p99 latency was over --max-p99-ratio times the baseline's."""
+
+
 def soak(
-    embedded: Annotated[bool, typer.Option(help="Start this project's server for the run.")
-                        ] = True,
+    embedded: flags.Embedded = True,
     duration: Annotated[float, typer.Option(min=1, help="Seconds to run.")] = 60.0,
     hostile_share: Annotated[float, typer.Option(min=0, max=1)] = 0.25,
     concurrency: Annotated[int, typer.Option(min=1)] = 4,
@@ -40,9 +37,7 @@ def soak(
                               ] = 0.25,
     decode_isolation: Annotated[DecodeIsolation, typer.Option(help="thread or process.")
                                 ] = "process",
-    bucket_config: Annotated[str | None, typer.Option(
-        help='Valid media as in bench serve: "height,width,frames": probability; default '
-             '{"64,96,1": 0.5, "240,320,1": 0.25, "240,320,30": 0.25}.')] = None,
+    bucket_config: flags.BucketConfig = None,
     valid_pool: Annotated[int, typer.Option(
         min=1, help="Distinct valid requests, rendered before the run and drawn at random "
                     "(a share hit the processor cache).")] = 128,
@@ -63,18 +58,18 @@ def soak(
     ] = None,
     max_p99_ratio: Annotated[float, typer.Option(
         min=1, help="With --baseline: most valid p99 latency may grow, e.g. 3.")] = 3.0,
-    seed: Annotated[int, typer.Option()] = 0,
-    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
-    output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
+    seed: flags.Seed = 0,
+    out_dir: flags.OutDir = Path("results"),
+    output_format: flags.OutputFormat = "table",
 ) -> None:
     """Valid, hostile and attacking traffic against the server for a set time; checks that
     valid requests are served, every attack is refused by its rule and nothing leaks."""
-    from aphrodite_cli.bench.attackers import Attackers
-    from aphrodite_cli.bench.datasets import parse_buckets
-    from aphrodite_cli.bench.hostile import SERVER_ARGS, SERVER_ENV, HostileHost
-    from aphrodite_cli.bench.results import write_result
-    from aphrodite_cli.bench.serve_run import EmbeddedServer
-    from aphrodite_cli.bench.soak import run_soak, server_roles
+    from aphrodite_cli.bench.load.attackers import Attackers
+    from aphrodite_cli.bench.load.datasets import parse_buckets
+    from aphrodite_cli.bench.load.hostile import SERVER_ARGS, SERVER_ENV, HostileHost
+    from aphrodite_cli.bench.load.soak import run_soak, server_roles
+    from aphrodite_cli.bench.load.target import Target
+    from aphrodite_cli.bench.results.files import write_result
     from engine.errors import ConfigError
 
     if not embedded:
@@ -82,32 +77,34 @@ def soak(
                           "server's processes)", hint="leave --embedded on")
     quiet_p99 = None
     if baseline is not None:
-        from aphrodite_cli.bench.results import load_result
+        from aphrodite_cli.bench.results.files import load_result
 
         quiet_p99 = (load_result(baseline, ("soak",)).get("valid_latency_s") or {}).get("p99")
         if not quiet_p99:
             raise ConfigError(f"--baseline {baseline} has no valid requests' latency",
                               hint="pass a soak result whose run had valid traffic",
                               code="result_wrong_kind")
+    target = Target(embedded=True, server_args=[
+        "--decode-isolation", decode_isolation, *SERVER_ARGS,
+        # a small cache: it fills during warm-up, so growth after warm-up is a leak, not the
+        # cache doing its job
+        "--mm-processor-cache-gb", "0.02",
+        "--request-body-timeout-s", f"{request_body_timeout_s:g}"], server_env=SERVER_ENV)
     host = HostileHost()
-    server = EmbeddedServer(None, ["--decode-isolation", decode_isolation, *SERVER_ARGS,
-                                   # a small cache: it fills during warm-up, so growth after
-                                   # warm-up is a leak, not the cache doing its job
-                                   "--mm-processor-cache-gb", "0.02",
-                                   "--request-body-timeout-s", f"{request_body_timeout_s:g}"],
-                            env=SERVER_ENV)
     try:
-        doc = run_soak(server.base_url, "tiny-qwen2_5_vl", server_roles("".join(server.lines)),
-                       duration_s=duration, hostile_share=hostile_share,
-                       concurrency=concurrency, seed=seed, media_base=host.base,
-                       warmup_s=min(warmup, duration / 2),
-                       buckets=parse_buckets(bucket_config) if bucket_config else None,
-                       valid_pool=valid_pool, attackers=Attackers(
-                           server.base_url, "tiny-qwen2_5_vl", slow_bodies=slow_bodies,
-                           drip_flood=drip_flood, drip_url=f"{host.base}/drip",
-                           source=attacker_address or None))
+        with target:
+            base, server = f"{target.root}/v1", target.server
+            assert server is not None  # embedded
+            doc = run_soak(base, target.model, server_roles("".join(server.lines)),
+                           duration_s=duration, hostile_share=hostile_share,
+                           concurrency=concurrency, seed=seed, media_base=host.base,
+                           warmup_s=min(warmup, duration / 2),
+                           buckets=parse_buckets(bucket_config) if bucket_config else None,
+                           valid_pool=valid_pool, attackers=Attackers(
+                               base, target.model, slow_bodies=slow_bodies,
+                               drip_flood=drip_flood, drip_url=f"{host.base}/drip",
+                               source=attacker_address or None))
     finally:
-        server.stop()
         host.close()
     latency = doc["valid_latency_s"]
     doc["baseline"] = None if quiet_p99 is None else {

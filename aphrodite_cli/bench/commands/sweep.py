@@ -7,20 +7,12 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.bench.app import app
-from aphrodite_cli.options import (
-    OUTPUT_FORMAT_HELP,
-    MediaDelivery,
-    Mode,
-    OutputFormat,
-    SweepProfile,
-)
+from aphrodite_cli.bench.commands import flags
+from aphrodite_cli.options import SweepProfile
 from aphrodite_cli.output import err, out, print_table
 
-
-@app.command(
-    "sweep",
-    epilog="""Examples:
+#: ``aphrodite bench sweep --help``'s epilog.
+EXAMPLES = """Examples:
 
   aphrodite bench sweep --embedded --mode both --slo ttft:p99:300 --slo e2el:p90:2000
 
@@ -29,21 +21,18 @@ from aphrodite_cli.output import err, out, print_table
   aphrodite bench sweep --base-url http://gpu-box:8000 --profile sweep --num-points 6
 
 Each point is a bench serve measurement; the result holds every point, the curve and, with
---slo, the capacity per phase (the highest rate meeting every SLO).""",
-)
+--slo, the capacity per phase (the highest rate meeting every SLO)."""
+
+
 def sweep_cmd(
-    base_url: Annotated[str | None, typer.Option(
-        help="The target's root (http://host:8000) or a base URL ending in /v1.")] = None,
-    host: Annotated[str | None, typer.Option(help="Target host, with --port.")] = None,
-    port: Annotated[int | None, typer.Option(help="Target port.")] = None,
-    endpoint: Annotated[str, typer.Option(help="Path posted to under the root.")
-                        ] = "/v1/chat/completions",
-    embedded: Annotated[bool, typer.Option(help="Start this project's server for the run.")
-                        ] = False,
-    model: Annotated[str | None, typer.Option(
-        help="Model name to send; default: the first of GET /v1/models.")] = None,
-    api_key: Annotated[str | None, typer.Option(help="Bearer key for the target.")] = None,
-    mode: Annotated[Mode, typer.Option(help="cold, warm or both.")] = "cold",
+    base_url: flags.BaseUrl = None,
+    host: flags.Host = None,
+    port: flags.Port = None,
+    endpoint: flags.Endpoint = None,
+    embedded: flags.Embedded = False,
+    model: flags.Model = None,
+    api_key: flags.ApiKey = None,
+    mode: flags.Mode = "cold",
     rates: Annotated[str | None, typer.Option(help="Request rates to measure, e.g. 1,2,4,8.")
                      ] = None,
     concurrencies: Annotated[str | None, typer.Option(
@@ -60,45 +49,30 @@ def sweep_cmd(
                           ] = 10.0,
     min_requests: Annotated[int, typer.Option(min=2, help="Requests per point at least.")
                             ] = 20,
-    num_warmups: Annotated[int, typer.Option(min=0, help="Unmeasured requests per point.")
-                           ] = 2,
-    burstiness: Annotated[float, typer.Option(min=0.01, help="Gamma shape; 1 = Poisson.")
-                          ] = 1.0,
+    num_warmups: flags.NumWarmups = 2,
+    burstiness: flags.Burstiness = 1.0,
     num_prompts: Annotated[int, typer.Option(
         min=1, help="Requests in the warm phase's pool (sent once before its points).")] = 50,
-    items_per_request: Annotated[int, typer.Option(min=0)] = 1,
-    bucket_config: Annotated[str | None, typer.Option(
-        metavar="JSON", help='"height,width,frames": probability; frames > 1 is a video.')
-    ] = None,
-    prompt_len: Annotated[int, typer.Option(min=1)] = 32,
-    output_len: Annotated[int, typer.Option(min=1)] = 16,
-    media_delivery: Annotated[MediaDelivery, typer.Option(help="data-url or http.")
-                              ] = "data-url",
-    max_failure_rate: Annotated[float, typer.Option(
-        min=0, max=1, help="Exit 1 when more than this share of a point's requests failed.")
-    ] = 0.0,
-    seed: Annotated[int, typer.Option()] = 0,
-    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
-    output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
+    items_per_request: flags.ItemsPerRequest = 1,
+    bucket_config: flags.BucketConfig = None,
+    prompt_len: flags.PromptLen = 32,
+    output_len: flags.OutputLen = 16,
+    media_delivery: flags.MediaDelivery = "data-url",
+    max_failure_rate: flags.MaxFailureRate = 0.0,
+    seed: flags.Seed = 0,
+    out_dir: flags.OutDir = Path("results"),
+    output_format: flags.OutputFormat = "table",
 ) -> None:
     """Latency against load, and the capacity at an SLO, cold media and warm cache."""
-    from aphrodite_cli.bench import sweep as sw
-    from aphrodite_cli.bench.datasets import parse_buckets, random_mm
-    from aphrodite_cli.bench.results import write_result
-    from aphrodite_cli.bench.serve_bench import (
-        LoadConfig,
-        TargetRefused,
-        first_model,
-        server_root,
-    )
-    from aphrodite_cli.bench.serve_run import EmbeddedServer
+    from aphrodite_cli.bench.load import sweep as sw
+    from aphrodite_cli.bench.load.client import CHAT_ENDPOINT, LoadConfig, TargetRefused
+    from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
+    from aphrodite_cli.bench.load.target import Target
+    from aphrodite_cli.bench.results.files import write_result
     from engine.errors import BenchmarkFailed, ConfigError
 
-    if base_url is None and (host or port):
-        base_url = f"http://{host or '127.0.0.1'}:{port or 8000}"
-    if embedded == bool(base_url):
-        raise ConfigError("pass exactly one of --base-url URL (or --host/--port) or --embedded",
-                          code="invalid_flag")
+    target = Target(base_url, host=host, port=port, embedded=embedded, model=model,
+                    api_key=api_key)
     try:
         rate_list = [float(r) for r in (rates or "").split(",") if r.strip()]
         conc_list = [int(c) for c in (concurrencies or "").split(",") if c.strip()]
@@ -130,12 +104,10 @@ def sweep_cmd(
         say.print(f"  {phase} {point['kind']:<12} {what:<18} served "
                   f"{served or 0:.3g}/s, e2e p90 {e2e or 0:.1f} ms{verdict}", markup=False)
 
-    server = EmbeddedServer(model, []) if embedded else None
-    try:
-        root = server_root(server.base_url if server else base_url or "")
-        name = model or first_model(root, api_key)
-        cfg = LoadConfig(base_url=root, endpoint="/" + endpoint.lstrip("/"), model=name,
-                         api_key=api_key, burstiness=burstiness, seed=seed,
+    with target:
+        root, name = target.root, target.model
+        cfg = LoadConfig(base_url=root, endpoint="/" + (endpoint or CHAT_ENDPOINT).lstrip("/"),
+                         model=name, api_key=api_key, burstiness=burstiness, seed=seed,
                          media_delivery=media_delivery)
         modes = ("cold", "warm") if mode == "both" else (mode,)
         try:
@@ -149,9 +121,6 @@ def sweep_cmd(
                 f"{first.status} ({first.error}); the sweep was stopped. The target said: "
                 f"{(first.error_body or '').strip()[:300]}",
                 hint="check --base-url/--endpoint, --model and --api-key") from None
-    finally:
-        if server:
-            server.stop()
     doc = {"kind": "sweep",
            "target": {"base_url": root, "endpoint": cfg.endpoint, "model": name,
                       "embedded": embedded},

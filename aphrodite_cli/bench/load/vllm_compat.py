@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from aphrodite_cli.bench.stats import percentile
+from aphrodite_cli.bench.results.stats import percentile
 from engine.errors import ConfigError
 
 #: vLLM's metric names -> the sample list of a phase that holds them (ms).

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from aphrodite_cli.bench import environment
-from aphrodite_cli.bench.result_models import MODELS
+from aphrodite_cli.bench.results import environment
+from aphrodite_cli.bench.results.models import MODELS
 from engine.errors import ConfigError
 
 DEFAULT_DIR = Path("results")
@@ -78,7 +78,7 @@ def load_result(path: Path, kinds: tuple[str, ...] | None = None) -> dict[str, A
 
 
 def check_fields(doc: dict[str, Any], kind: str, path: Path | str) -> None:
-    """``doc`` against its kind's model (:mod:`aphrodite_cli.bench.result_models`): a field a
+    """``doc`` against its kind's model (:mod:`aphrodite_cli.bench.results.models`): a field a
     reader relies on missing or of another type is a ConfigError naming it."""
     try:
         MODELS[kind].model_validate(doc)
