@@ -1,7 +1,7 @@
 """The aiohttp application of one API server process.
 
-Work inside one request, in DESIGN.md's steps ("One request, end to end"; nothing is fetched
-before steps 1-3 pass):
+Work inside one request, in the steps of CONTRIBUTING.md's "One request, as folders" (nothing
+is fetched before steps 1-3 pass):
   1 auth from the headers (401), admission (503), the body under a deadline and size cap
     (408/413, JSON only: 415), its JSON shape (400): see :mod:`engine.server.front_door`;
     model (404), fields (400)

@@ -1,4 +1,4 @@
-"""An API server's steps 2-7 (DESIGN.md's "One request, end to end"): a chat's parts,
+"""An API server's steps 2-7 (CONTRIBUTING.md's "One request, as folders"): a chat's parts,
 limits, media policy, fetch (under a fetch slot), decode (GPU videos under this process's
 budget share) and the HF processor, or a completion's prompts; everything before the engine,
 raising before any response byte. The stages themselves are the

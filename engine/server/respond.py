@@ -1,4 +1,4 @@
-"""Step 8 of a request (CONTRIBUTING's "One request, as folders"): its prompts through the
+"""Step 8 of a request (CONTRIBUTING.md's "One request, as folders"): its prompts through the
 engine, answered as OpenAI's JSON (:func:`respond_json`) or SSE (:func:`respond_stream`); the
 two build their choices, usage and extension with one :class:`~engine.server.reply.Reply`.
 """
