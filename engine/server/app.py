@@ -193,7 +193,7 @@ async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamRe
 @admitted
 async def completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
     """``prompt``: a string, a list of strings, a list of token ids or a list of lists of
-    token ids; one engine request per prompt (see :mod:`engine.server.respond`)."""
+    token ids; one engine request per prompt (see :mod:`engine.server.reply`)."""
     state: State = request.app[STATE]
     data = await read_json(request, ticket)
     start = time.perf_counter()
