@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from engine.processing.preprocess import ProcessedPrompt
 from engine.server.logprobs import ChatLogprobs, CompletionLogprobs
+from engine.server.protocol import GenerationFields
 from engine.server.wire import Done
 from engine.timings import SERVED_STAGES
+
+if TYPE_CHECKING:
+    from engine.server.app import State
 
 
 def finish_reason(reason: str | None) -> str | None:
@@ -28,8 +33,8 @@ class Reply:
     object names, the choices' shapes and logprobs, usage, and the server-side extension
     (stage timings, cache hits; metrics are observed as each prompt finishes)."""
 
-    def __init__(self, state: Any, fields: Any, prompts: list, start: float, *,
-                 chat: bool) -> None:
+    def __init__(self, state: State, fields: GenerationFields, prompts: list[ProcessedPrompt],
+                 start: float, *, chat: bool) -> None:
         self.state = state
         self.fields = fields
         self.prompts = prompts
