@@ -143,4 +143,3 @@ class PipelineConfig:
     #: rescale + normalize pixels on the model's device where the family allows (vLLM's
     #: --mm-device-do-normalize, on by default as there)
     mm_device_do_normalize: bool = True
-
