@@ -140,6 +140,7 @@ def serve(
 ) -> None:
     """Serve a multimodal model with an OpenAI-compatible API (alias: aphrodite run)."""
     from engine import envs
+    from engine.processing.pipeline import pipeline_config
     from engine.server.launcher import run
 
     limits = parse_json_flag("--limit-mm-per-prompt", limit_mm_per_prompt)
@@ -149,7 +150,7 @@ def serve(
         chat_template=str(chat_template) if chat_template else None,
         api_key=api_key or envs.APHRODITE_API_KEY or None,
         # the request pipeline's settings, parsed and checked here once
-        pipeline=PipelineConfig.create(
+        pipeline=pipeline_config(
             allowed_media_domains=tuple(split_hosts(allowed_media_domains)),
             allowed_local_media_path=str(allowed_local_media_path)
             if allowed_local_media_path else None,
