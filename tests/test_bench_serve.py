@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +24,7 @@ from aphrodite_cli.bench.load.mock_server import create_app
 from aphrodite_cli.bench.results.stats import percentile
 from engine.errors import ConfigError
 from tests.fixtures import MediaHost
-from tests.server_harness import free_port, wait_exit
+from tests.server_harness import free_port, wait_exit, wait_listening
 
 
 def test_percentiles_interpolate_linearly():
@@ -247,12 +245,7 @@ def mock_process():
                              "--itl-ms", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     proc.stdout.readline()  # "mock server on ...": printed once it is about to listen
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.1)
+    wait_listening(port)
     yield port
     proc.terminate()
     assert wait_exit(proc, 30) is not None
