@@ -24,14 +24,19 @@ def print_json(data: Any) -> None:
 
 
 def print_error(error: AphroditeError) -> None:
-    """``Error: message`` plus the hint on its own line, on stderr."""
-    err.print(f"[bold red]Error:[/] {error.message}", markup=True, emoji=False)
+    """``Error: message`` plus the hint on its own line, on stderr. The message is text, not
+    markup: it may quote what a benchmark target or a file said (``[/code]`` included)."""
+    from rich.markup import escape
+
+    err.print(f"[bold red]Error:[/] {escape(error.message)}", markup=True, emoji=False)
     if error.hint:
-        err.print(f"  [dim]hint:[/] {error.hint}", markup=True, emoji=False)
+        err.print(f"  [dim]hint:[/] {escape(error.hint)}", markup=True, emoji=False)
 
 
 def warn(message: str) -> None:
-    err.print(f"[yellow]Warning:[/] {message}", markup=True, emoji=False)
+    from rich.markup import escape
+
+    err.print(f"[yellow]Warning:[/] {escape(message)}", markup=True, emoji=False)
 
 
 def print_table(title: str, columns: list[str], rows: list[list[Any]],

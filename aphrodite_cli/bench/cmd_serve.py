@@ -123,6 +123,12 @@ def serve_cmd(
         min=0, help="Stop at once (exit 1) when the first this-many answers are all the same "
                     "4xx, as a wrong URL, model or key gives; 0: never.")] = 5,
     out_dir: Annotated[Path, typer.Option("--out-dir", "--result-dir")] = Path("results"),
+    request_timeout: Annotated[float, typer.Option(
+        min=0.001, help="Seconds one request may take, from send to its answer's last byte; "
+                        "a slower one is a request_timeout failure.")] = 300.0,
+    max_response_mb: Annotated[float, typer.Option(
+        min=0.001, help="Megabytes one answer may hold; a larger (or endless) one is a "
+                        "response_too_large failure.")] = 64.0,
 ) -> None:
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
     import math
@@ -131,6 +137,7 @@ def serve_cmd(
 
     from aphrodite_cli.bench import vllm_compat
     from aphrodite_cli.bench.datasets import parse_buckets
+    from aphrodite_cli.bench.escape import printable
     from aphrodite_cli.bench.results import write_result
     from aphrodite_cli.bench.serve_bench import LoadConfig
     from aphrodite_cli.bench.serve_run import ServeArgs, run
@@ -178,7 +185,9 @@ def serve_cmd(
                      max_concurrency=max_concurrency, seed=seed, media_delivery=media_delivery,
                      image_format=image_format.upper(), image_quality=image_quality,
                      video_codec=video_codec, video_fps=video_fps, video_gop=video_gop,
-                     goodput=slos, temperature=temperature, ignore_eos=ignore_eos)
+                     goodput=slos, temperature=temperature, ignore_eos=ignore_eos,
+                     timeout_s=request_timeout,
+                     max_response_bytes=int(max_response_mb * (1 << 20)))
     args = ServeArgs(dataset=dataset, dataset_path=dataset_path, media_dir=media_dir,
                      num_prompts=num_prompts, num_warmups=num_warmups, mode=mode,
                      items_per_request=items_per_request, buckets=parse_buckets(bucket_config),
@@ -195,7 +204,7 @@ def serve_cmd(
                       MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                       disable=not err.is_terminal) as progress:
             doc, rows = run(cfg, args, progress,
-                            announce=lambda msg: say.print(msg, markup=False))
+                            announce=lambda msg: say.print(printable(msg), markup=False))
     except TargetRefused as refused:
         first = refused.records[0]
         raise BenchmarkFailed(
