@@ -49,7 +49,8 @@ def sweep_cmd(
     concurrencies: Annotated[str | None, typer.Option(
         help="Concurrencies to measure (closed loop), e.g. 1,4,16.")] = None,
     profile: Annotated[SweepProfile | None, typer.Option(
-        help="sweep: one at a time, all at once, then --num-points rates between.")] = None,
+        help="sweep: one at a time, all at once, then --num-points rates between (with "
+             "--slo, then the capacity search too).")] = None,
     num_points: Annotated[int, typer.Option(min=1)] = 5,
     slo: Annotated[list[str] | None, typer.Option(
         help="metric:percentile:ms, repeatable, e.g. ttft:p99:300 (metrics ttft, tpot, itl, "
@@ -84,6 +85,7 @@ def sweep_cmd(
     """Latency against load, and the capacity at an SLO, cold media and warm cache."""
     from aphrodite_cli.bench import sweep as sw
     from aphrodite_cli.bench.datasets import parse_buckets, random_mm
+    from aphrodite_cli.bench.escape import printable
     from aphrodite_cli.bench.results import write_result
     from aphrodite_cli.bench.serve_bench import (
         LoadConfig,
@@ -106,9 +108,10 @@ def sweep_cmd(
         raise ConfigError("--rates and --concurrencies are comma-separated numbers",
                           code="invalid_flag") from None
     slos = [sw.Slo.parse(s) for s in slo or []]
-    if sum(map(bool, (rate_list or conc_list, profile, slos))) > 1:
-        raise ConfigError("pick one of --rates/--concurrencies, --profile sweep or --slo",
-                          code="invalid_flag")
+    if (rate_list or conc_list) and (profile or slos):
+        raise ConfigError("--rates/--concurrencies measure the given points only: drop them "
+                          "for --profile sweep or --slo (which go together: the profile's "
+                          "points, then the capacity search)", code="invalid_flag")
     buckets = parse_buckets(bucket_config)
     settings = sw.SweepSettings(duration_s=duration_s, min_requests=min_requests,
                                 num_warmups=num_warmups, num_points=num_points,
@@ -141,7 +144,8 @@ def sweep_cmd(
         try:
             doc = sw.run(cfg, make, modes=modes, settings=settings, slos=slos,
                          rates=rate_list, concurrencies=conc_list, pool_size=num_prompts,
-                         seed=seed, media_delivery=media_delivery, on_point=on_point)
+                         seed=seed, media_delivery=media_delivery,
+                         profile=profile == "sweep", on_point=on_point)
         except TargetRefused as refused:
             first = refused.records[0]
             raise BenchmarkFailed(
@@ -163,11 +167,15 @@ def sweep_cmd(
            "noise": "an SLO is met only when the upper end of its percentile's 95% bootstrap "
                     "interval is within the limit: the capacity is conservative", **doc}
     path = write_result(doc, "sweep", out_dir)
-    print_table(f"{name}: every point", ["phase", "kind", "offered", "served/s",
-                                         "TTFT p50 ms", "TTFT p90 ms", "E2E p90 ms", "failed",
-                                         "meets SLOs"],
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3g}"
+
+    print_table(f"{printable(name)}: every point",
+                ["phase", "kind", "offered", "scheduled/s", "sent/s", "served/s",
+                 "TTFT p50 ms", "TTFT p90 ms", "E2E p90 ms", "failed", "meets SLOs"],
                 [[phase, p["kind"], f"{p['offered_rate']:.3g}/s" if p["offered_rate"] else
                   f"concurrency {p['concurrency']}" if p["concurrency"] else "all at once",
+                  rate(p.get("scheduled_rate")), rate(p.get("sent_rate")),
                   f"{p['served_rate'] or 0:.3g}",
                   *(f"{p['result'][m].get(q, 0) or 0:.1f}" for m, q in (
                       ("ttft_ms", "median"), ("ttft_ms", "p90"), ("e2e_ms", "p90"))),
@@ -178,8 +186,11 @@ def sweep_cmd(
     for phase, result in doc["phases"].items():
         cap = result["capacity"]
         if cap is not None:
-            rate = f"{cap['rate']:.3g} requests/s" if cap["rate"] else "none"
-            say.print(f"{phase} capacity: {rate} (limited by {cap['limited_by']}: "
+            value = f"{cap['rate']:.3g} requests/s" if cap["rate"] else "none"
+            where = (f", sustained at the point offered {cap['offered_rate']:.3g}/s "
+                     f"(scheduled {rate(cap['scheduled_rate'])}, sent {rate(cap['sent_rate'])}"
+                     f", served {rate(cap['served_rate'])})" if cap.get("offered_rate") else "")
+            say.print(f"{phase} capacity: {value}{where} (limited by {cap['limited_by']}: "
                       f"{cap['why']}); {len(result['points'])} points in "
                       f"{result['seconds']:.0f} s", markup=False)
     say.print(f"result: {path}", markup=False)
