@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from aphrodite_cli.bench.metrics import stage_ms
 from engine.timings import SERVED_STAGES as STAGES
 
 
@@ -72,7 +73,8 @@ def plots(docs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[str, bytes]]:
             bottom = np.zeros(len(phases))
             for stage in STAGES:
                 medians = [float(np.median(r.get("samples", {}).get("stages_ms", {})
-                                           .get(stage, [0]) or [0])) for r in phases.values()]
+                                           .get(stage_ms(stage), [0]) or [0]))
+                           for r in phases.values()]
                 ax.bar(list(phases), medians, bottom=bottom, label=stage[:-2])
                 bottom += np.array(medians)
             ax.set_ylabel("median ms per request")

@@ -15,6 +15,7 @@ from aphrodite_cli.bench.datasets import (
     random_mm,
 )
 from aphrodite_cli.bench.media_host import MediaHost
+from aphrodite_cli.bench.metrics import stage_ms
 from aphrodite_cli.bench.serve_bench import (
     LoadConfig,
     build_payload,
@@ -155,8 +156,8 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                 "e2e_ms": [r.e2e * 1e3 for r in records if r.ok and r.e2e is not None],
                 "pixels": [sum(m.width * m.height * m.frames for m in req.media)
                            for req, r in zip(dataset, records, strict=True) if r.ok],
-                "stages_ms": {k: [float(((r.server or {}).get("timings") or {}).get(k, 0)) * 1e3
-                                  for r in records if r.ok]
+                "stages_ms": {stage_ms(k): [float(((r.server or {}).get("timings") or {})
+                                                  .get(k, 0)) * 1e3 for r in records if r.ok]
                               for k in SERVED_STAGES},
             }
             result.update(flat_fields(result, list(args.percentile_metrics),
