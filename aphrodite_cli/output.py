@@ -54,10 +54,37 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]],
         sys.stdout.write("\n".join(lines) + "\n")
         return
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title)
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    # The narrowest each column can be without cutting a word or a number (a header wraps at
+    # its spaces, a cell never); one row per block when even that is wider than the terminal.
+    narrowest = [max([len(w) for w in col.split()] + [len(c[i]) for c in cells] + [1])
+                 for i, col in enumerate(columns)]
+    widths = [max([len(col)] + [len(c[i]) for c in cells]) for i, col in enumerate(columns)]
+    room = out.size.width - 3 * len(columns) - 1  # borders and padding
+    if sum(narrowest) > room:
+        _print_blocks(title, columns, cells)
+        return
+    while sum(widths) > room:  # narrow the widest header that can wrap, one column at a time
+        i = max((i for i in range(len(widths)) if widths[i] > narrowest[i]),
+                key=lambda i: widths[i] - narrowest[i])
+        widths[i] = max(narrowest[i], widths[i] - (sum(widths) - room))
+    # Text, not markup: cells and titles may hold what a benchmark target sent
+    table = Table(title=Text(title))
+    for col, width in zip(columns, widths, strict=True):
+        table.add_column(Text(col), width=width, overflow="fold")
+    for row in cells:
+        table.add_row(*(Text(c) for c in row))
     out.print(table)
+
+
+def _print_blocks(title: str, columns: list[str], cells: list[list[str]]) -> None:
+    """A table too wide for the terminal, one block per row: its first cell as the block's
+    heading, then ``column  value`` lines; every number whole."""
+    label = max(len(c) for c in columns[1:]) if len(columns) > 1 else 0
+    out.print(title, markup=False, highlight=False)
+    for row in cells:
+        out.print(f"{columns[0]} {row[0]}", markup=False, highlight=False)
+        for col, value in zip(columns[1:], row[1:], strict=True):
+            out.print(f"  {col:<{label}}  {value}", markup=False, highlight=False)
