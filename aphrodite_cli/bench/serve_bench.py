@@ -103,6 +103,11 @@ class LoadConfig:
     goodput: dict[str, float] = field(default_factory=dict)
     temperature: float = 0.0
     ignore_eos: bool = True  # every answer as long as asked, so runs compare
+    # vLLM's ramp-up: the rate goes from start to end over the phase's requests (linear or
+    # exponential); request_rate is inf then
+    ramp_up_strategy: str | None = None
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
     # Stop the phase when the first this-many answers are all the same 4xx (a wrong URL,
     # model or key fails every request alike); 0: never.
     abort_after: int = 5
@@ -177,15 +182,33 @@ def _refused_alike(records: list[RequestRecord]) -> bool:
                                       and r.status not in (408, 429) for r in records)
 
 
-def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+def arrival_times(n: int, rate: float, burstiness: float, seed: int,
+                  ramp: tuple[str, float, float] | None = None) -> list[float]:
     """Seconds after start when each request is sent: all at once for an infinite rate,
-    else gamma-distributed gaps (shape = burstiness; 1 is Poisson) with mean 1/rate."""
-    if math.isinf(rate):
+    else gamma-distributed gaps (shape = burstiness; 1 is Poisson) with mean 1/rate.
+    ``ramp`` (vLLM's --ramp-up-strategy, --ramp-up-start-rps, --ramp-up-end-rps): request i
+    of n arrives at its own rate, from start to end as i / (n - 1) goes from 0 to 1, linearly
+    (start + (end - start) x progress) or exponentially (start x (end / start) ^ progress)."""
+    if ramp is None and math.isinf(rate):
         return [0.0] * n
     rng = np.random.default_rng(seed)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
-    gaps[0] = 0.0
+    if ramp is None:
+        rates = np.full(n, rate)
+    else:
+        strategy, start, end = ramp
+        progress = np.arange(n) / max(n - 1, 1)
+        rates = (start + (end - start) * progress if strategy == "linear"
+                 else start * (end / start) ** progress)
+    gaps = rng.gamma(shape=burstiness, size=n) / (np.maximum(rates, 1e-9) * burstiness)
+    gaps[0] = 0.0  # the first request at once (a linear ramp may start at 0 requests/s)
     return list(np.cumsum(gaps))
+
+
+def schedule(n: int, cfg: LoadConfig) -> list[float]:
+    """``cfg``'s arrival times for n requests (its rate, or its ramp when it has one)."""
+    ramp = ((cfg.ramp_up_strategy, cfg.ramp_up_start_rps, cfg.ramp_up_end_rps)
+            if cfg.ramp_up_strategy else None)
+    return arrival_times(n, cfg.request_rate, cfg.burstiness, cfg.seed, ramp)
 
 
 async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
@@ -205,7 +228,7 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
             timeout=aiohttp.ClientTimeout(total=cfg.timeout_s))
     slots = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
     records = [RequestRecord(i, encode_s=enc) for i, (_, enc) in enumerate(payloads)]
-    times = arrival_times(len(payloads), cfg.request_rate, cfg.burstiness, cfg.seed)
+    times = schedule(len(payloads), cfg)
     sent: list[float] = []
 
     finished: list[RequestRecord] = []
@@ -258,7 +281,7 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
 def scheduled_rate(n: int, cfg: LoadConfig) -> float:
     """The rate the seeded schedule itself asks for ((n - 1) / last arrival): a Poisson
     schedule of n requests deviates from the nominal rate by about 1/sqrt(n)."""
-    times = arrival_times(n, cfg.request_rate, cfg.burstiness, cfg.seed)
+    times = schedule(n, cfg)
     return (n - 1) / times[-1] if n > 1 and times[-1] > 0 else math.inf
 
 

@@ -133,10 +133,12 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
             ] if args.num_warmups else []
             if warmups:  # server warm-up (JIT, pools): never measured
                 await run_phase(warmups, LoadConfig(**{**cfg.__dict__,
-                                                       "request_rate": math.inf}))
+                                                       "request_rate": math.inf,
+                                                       "ramp_up_strategy": None}))
             if mode == "warm":  # the same media, sent once before measuring: never measured
                 await run_phase(payloads, LoadConfig(**{**cfg.__dict__,
-                                                        "request_rate": math.inf}))
+                                                        "request_rate": math.inf,
+                                                       "ramp_up_strategy": None}))
             task = progress.add_task(f"{mode} phase", total=len(payloads))
             records, duration, send_rate = await run_phase(
                 payloads, cfg, on_done=lambda t=task: progress.advance(t))
