@@ -81,6 +81,12 @@ def sweep_cmd(
     seed: Annotated[int, typer.Option()] = 0,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
     output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
+    request_timeout: Annotated[float, typer.Option(
+        min=0.001, help="Seconds one request may take, from send to its answer's last byte; "
+                        "a slower one is a request_timeout failure.")] = 300.0,
+    max_response_mb: Annotated[float, typer.Option(
+        min=0.001, help="Megabytes one answer may hold; a larger (or endless) one is a "
+                        "response_too_large failure.")] = 64.0,
 ) -> None:
     """Latency against load, and the capacity at an SLO, cold media and warm cache."""
     from aphrodite_cli.bench import sweep as sw
@@ -139,7 +145,8 @@ def sweep_cmd(
         name = model or first_model(root, api_key)
         cfg = LoadConfig(base_url=root, endpoint="/" + endpoint.lstrip("/"), model=name,
                          api_key=api_key, burstiness=burstiness, seed=seed,
-                         media_delivery=media_delivery)
+                         media_delivery=media_delivery, timeout_s=request_timeout,
+                         max_response_bytes=int(max_response_mb * (1 << 20)))
         modes = ("cold", "warm") if mode == "both" else (mode,)
         try:
             doc = sw.run(cfg, make, modes=modes, settings=settings, slos=slos,
@@ -157,7 +164,7 @@ def sweep_cmd(
         if server:
             server.stop()
     doc = {"kind": "sweep",
-           "target": {"base_url": root, "endpoint": cfg.endpoint, "model": name,
+           "target": {"base_url": root, "endpoint": cfg.endpoint, "model": printable(name),
                       "embedded": embedded},
            "slos": [s.label for s in slos], "keep_up_share": sw.KEEP_UP,
            "settings": settings.__dict__, "burstiness": burstiness,
