@@ -57,10 +57,10 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]],
     from rich.text import Text
 
     cells = [["" if v is None else str(v) for v in row] for row in rows]
-    # The narrowest each column can be without cutting a word or a number (a header wraps at
-    # its spaces, a cell never); one row per block when even that is wider than the terminal.
-    narrowest = [max([len(w) for w in col.split()] + [len(c[i]) for c in cells] + [1])
-                 for i, col in enumerate(columns)]
+    # The narrowest each column can be without cutting a word or a number (text wraps at its
+    # spaces only); one row per block when even that is wider than the terminal.
+    narrowest = [max([len(w) for text in [col, *(c[i] for c in cells)] for w in text.split()]
+                     + [1]) for i, col in enumerate(columns)]
     widths = [max([len(col)] + [len(c[i]) for c in cells]) for i, col in enumerate(columns)]
     room = out.size.width - 3 * len(columns) - 1  # borders and padding
     if sum(narrowest) > room:

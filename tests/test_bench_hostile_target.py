@@ -83,6 +83,13 @@ def hostile_app() -> web.Application:
         await resp.write(_token() + _sse({"choices": {"0": "tok"}}) + b"data: [DONE]\n\n")
         return resp
 
+    @route("bad-extension")
+    async def bad_extension(request):  # stage timings as text: no crash in the metrics
+        resp = await _stream(request)
+        await resp.write(_token() + _sse({"choices": [], "aphrodite": {
+            "timings": {"decode_s": "fast"}, "cache_hits": 3}}) + b"data: [DONE]\n\n")
+        return resp
+
     @route("endless")
     async def endless(request):  # valid tokens, fast, forever
         resp = await _stream(request)
@@ -176,6 +183,7 @@ async def _run(port: int, route: str, n: int = 3, **cfg_args) -> dict:
     ("invalid-json", "invalid_json", '{"choices"'),
     ("string-usage", "invalid_usage", '"completion_tokens": "2"'),
     ("wrong-shape", "invalid_chunk", "choices is a dict"),
+    ("bad-extension", "invalid_chunk", '"decode_s": "fast"'),
     ("hang-up", "disconnected", ""),
     ("no-done", "stream_incomplete", "without data: [DONE]"),
     ("error-event", "stream_error:internal_error", "engine died"),

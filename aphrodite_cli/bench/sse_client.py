@@ -119,8 +119,21 @@ class _Stream:
                                       f"integers: {json.dumps(usage)[:200]}")
             record.output_tokens, record.prompt_tokens = completion, prompt
             record.token_source = "usage"
-        if isinstance(chunk.get("aphrodite"), dict):
-            record.server = chunk["aphrodite"]
+        if "aphrodite" in chunk:  # this project's extension: stage timings, cache hits
+            record.server = _extension(chunk["aphrodite"])
+
+
+def _extension(ext: object) -> dict[str, Any]:
+    """The ``aphrodite`` extension, checked: timings a dict of numbers, cache hits a list."""
+    timings = ext.get("timings", {}) if isinstance(ext, dict) else None
+    hits = ext.get("cache_hits", []) if isinstance(ext, dict) else None
+    if not isinstance(timings, dict) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in timings.values()) \
+            or not isinstance(hits, list):
+        raise ResponseProblem("invalid_chunk", "the aphrodite extension is not timings (a "
+                              "dict of numbers) and cache_hits (a list): "
+                              f"{json.dumps(ext)[:200]}")
+    return ext
 
 
 async def _error_answer(resp: aiohttp.ClientResponse, record: RequestRecord) -> None:
