@@ -76,6 +76,7 @@ MediaDelivery = Literal["data-url", "http"]
 DatasetName = Literal["random-mm", "jsonl", "random"]
 DecodeIsolation = Literal["process", "thread"]
 SweepProfile = Literal["sweep"]
+RampUpStrategy = Literal["linear", "exponential"]
 BatchingWorkload = Literal["uniform", "mixed"]
 OutputFormat = Literal["table", "markdown", "json"]
 OUTPUT_FORMAT_HELP = ("How results are printed: table, markdown (for pull requests and CI "
