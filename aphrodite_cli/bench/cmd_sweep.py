@@ -86,7 +86,7 @@ def sweep_cmd(
                         "a slower one is a request_timeout failure.")] = 300.0,
     max_response_mb: Annotated[float, typer.Option(
         min=0.001, help="Megabytes one answer may hold; a larger (or endless) one is a "
-                        "response_too_large failure.")] = 64.0,
+                        "response_too_large failure.")] = 16.0,
 ) -> None:
     """Latency against load, and the capacity at an SLO, cold media and warm cache."""
     from aphrodite_cli.bench import sweep as sw
