@@ -174,6 +174,7 @@ def sweep_cmd(
            "noise": "an SLO is met only when the upper end of its percentile's 95% bootstrap "
                     "interval is within the limit: the capacity is conservative", **doc}
     path = write_result(doc, "sweep", out_dir)
+
     def rate(value: float | None) -> str:
         return "-" if value is None else f"{value:.3g}"
 
