@@ -105,7 +105,7 @@ def serve_cmd(
         help="The ramp's first rate (requests/s; above 0 for exponential).")] = None,
     ramp_up_end_rps: Annotated[float | None, typer.Option(
         help="The ramp's last rate (requests/s).")] = None,
-    max_response_mb: flags.MaxResponseMb = 64.0,
+    max_response_mb: flags.MaxResponseMb = 16.0,
 ) -> None:
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
     import math
@@ -163,7 +163,8 @@ def serve_cmd(
                      image_format=image_format.upper(), image_quality=image_quality,
                      video_codec=video_codec, video_fps=video_fps, video_gop=video_gop,
                      goodput=slos, temperature=temperature, ignore_eos=ignore_eos,
-                     timeout_s=request_timeout, ramp_up_strategy=ramp_up_strategy,
+                     timeout_s=request_timeout, keep_text=tokenizer is not None,
+                     ramp_up_strategy=ramp_up_strategy,
                      ramp_up_start_rps=ramp_up_start_rps, ramp_up_end_rps=ramp_up_end_rps,
                      max_response_bytes=int(max_response_mb * (1 << 20)))
     args = ServeArgs(dataset=dataset, dataset_path=dataset_path, media_dir=media_dir,

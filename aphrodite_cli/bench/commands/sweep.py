@@ -64,7 +64,7 @@ def sweep_cmd(
     out_dir: flags.OutDir = Path("results"),
     output_format: flags.OutputFormat = "table",
     request_timeout: flags.RequestTimeout = 300.0,
-    max_response_mb: flags.MaxResponseMb = 64.0,
+    max_response_mb: flags.MaxResponseMb = 16.0,
 ) -> None:
     """Latency against load, and the capacity at an SLO, cold media and warm cache."""
     from aphrodite_cli.bench.load import sweep as sw
@@ -139,6 +139,7 @@ def sweep_cmd(
            "noise": "an SLO is met only when the upper end of its percentile's 95% bootstrap "
                     "interval is within the limit: the capacity is conservative", **doc}
     path = write_result(doc, "sweep", out_dir)
+
     def rate(value: float | None) -> str:
         return "-" if value is None else f"{value:.3g}"
 

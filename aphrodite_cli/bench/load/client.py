@@ -99,7 +99,8 @@ class LoadConfig:
     video_fps: int = 30
     video_gop: int = 30
     timeout_s: float = 300.0  # --request-timeout: one request, from send to its last byte
-    max_response_bytes: int = 64 << 20  # --max-response-mb: one answer's bytes at most
+    max_response_bytes: int = 16 << 20  # --max-response-mb: one answer's bytes at most
+    keep_text: bool = False  # keep each answer's text (--tokenizer counts its tokens)
     goodput: dict[str, float] = field(default_factory=dict)
     temperature: float = 0.0
     ignore_eos: bool = True  # every answer as long as asked, so runs compare
@@ -163,7 +164,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
     :mod:`aphrodite_cli.bench.load.sse_client` for how every answer is read and judged."""
     cfg = cfg or LoadConfig(base_url=url)
     await sse_client.one_request(session, url, headers, body, record, timeout_s=cfg.timeout_s,
-                                 max_bytes=cfg.max_response_bytes)
+                                 max_bytes=cfg.max_response_bytes, keep_text=cfg.keep_text)
 
 
 class TargetRefused(Exception):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from array import array
 from typing import Any
 
 import aiohttp
@@ -53,9 +54,13 @@ def _count(value: object) -> bool:
 class _Stream:
     """The parsed stream of one answer, chunk by chunk, into ``record``."""
 
-    def __init__(self, record: RequestRecord) -> None:
-        self.record, self.done = record, False
+    def __init__(self, record: RequestRecord, keep_text: bool) -> None:
+        self.record, self.done, self.keep_text = record, False, keep_text
         self.last = record.sent_at
+        # the gaps as packed doubles while the answer streams: 8 bytes each, not a float
+        # object's 32 (a hostile stream of tiny chunks up to the size cap, times the
+        # concurrency, is what the client holds)
+        self.itl = array("d")
 
     def line(self, raw: bytes) -> None:
         line = raw.rstrip(b"\r")
@@ -101,12 +106,13 @@ class _Stream:
             # A chunk with no text (the role chunk many servers send first, an empty delta)
             # is not a token: it starts no TTFT and adds no ITL sample.
             if piece:
-                record.text.append(piece)
+                if self.keep_text:  # only --tokenizer reads it
+                    record.text.append(piece)
                 now = time.perf_counter()
                 if record.ttft is None:
                     record.ttft = now - record.sent_at
                 else:
-                    record.itl.append(now - self.last)
+                    self.itl.append(now - self.last)
                 self.last = now
                 record.output_tokens += 1
         usage = chunk.get("usage")
@@ -153,8 +159,8 @@ async def _error_answer(resp: aiohttp.ClientResponse, record: RequestRecord) -> 
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord,
-                       max_bytes: int) -> None:
-    stream = _Stream(record)
+                       max_bytes: int, keep_text: bool) -> None:
+    stream = _Stream(record, keep_text)
     pending = bytearray()
     total = 0
     async for piece in resp.content.iter_any():
@@ -169,6 +175,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord,
             stream.line(bytes(pending[start:end]))
             start = end + 1
             if stream.done:
+                record.itl = stream.itl.tolist()
                 return
         del pending[:start]
         if len(pending) > MAX_SSE_LINE_BYTES:
@@ -180,14 +187,16 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord,
     if not stream.done:
         raise ResponseProblem("stream_incomplete", f"the stream ended after {total} bytes "
                               "without data: [DONE]")
+    record.itl = stream.itl.tolist()
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
                       body: bytes, record: RequestRecord, *, timeout_s: float = 300.0,
-                      max_bytes: int = 64 << 20) -> None:
+                      max_bytes: int = 16 << 20, keep_text: bool = False) -> None:
     """Send ``body`` and read the streamed answer into ``record``: timed (TTFT, ITL, E2E)
     when it is sound, else failed with a type and an escaped example. At most ``timeout_s``
-    seconds and ``max_bytes`` bytes of answer."""
+    seconds and ``max_bytes`` bytes of answer; the answer's text is kept only with
+    ``keep_text`` (for counting its tokens), and nothing of a failed answer's."""
     record.request_bytes = len(body)
     record.sent_at = time.perf_counter()
     try:
@@ -197,7 +206,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
             if resp.status != 200:
                 await _error_answer(resp, record)
                 return
-            await _read_stream(resp, record, max_bytes)
+            await _read_stream(resp, record, max_bytes, keep_text)
         record.e2e = time.perf_counter() - record.sent_at
         record.ok = record.ttft is not None
         if not record.ok:
@@ -218,3 +227,6 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
                                                     | aiohttp.ClientPayloadError
                                                     | ConnectionError) else "bad_http"
         record.error_body = printable(f"{type(exc).__name__}: {exc}", EXAMPLE_CHARS)
+    finally:
+        if not record.ok:  # a failed answer's gaps and text are never read: let them go
+            record.itl, record.text = [], []
