@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 
 from engine.errors import (
-    AphroditeError,
     MediaDecodeError,
     OverloadedError,
     ServiceUnavailableError,
 )
 from engine.media import frame_memory
+from engine.media.decode_errors import as_decode_error
 
 _CTX = multiprocessing.get_context("spawn")
 
@@ -99,9 +99,9 @@ def _worker_main(conn, memory_limit_bytes: int) -> None:
                 conn.send(("pipe", None, array.shape, array.dtype.str, meta))
                 conn.send_bytes(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
             allocator.discard(keep=segment[0] if segment else None)
-        except AphroditeError as err:
+        except Exception as exc:  # any decoder failure is the item's 4xx
             allocator.discard()
-            conn.send(("error", err, None, None, None))
+            conn.send(("error", as_decode_error(kind, exc), None, None, None))
         del message, args
 
 
