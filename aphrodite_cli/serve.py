@@ -71,6 +71,23 @@ def serve(
     request_body_timeout_s: Annotated[float, typer.Option(
         min=0.1, help="Seconds a client has to send its whole request body (else 408), "
                       "e.g. 30.")] = 30.0,
+    header_read_timeout_s: Annotated[float, typer.Option(
+        min=0.1, help="Seconds a new connection has to send its first request's headers "
+                      "(else it is closed), e.g. 10.")] = 10.0,
+    keep_alive_timeout_s: Annotated[float, typer.Option(
+        min=0.1, help="Seconds an idle connection stays open between requests, e.g. 15.")
+    ] = 15.0,
+    max_connections_per_client: Annotated[int, typer.Option(
+        min=0, help="Open connections one client (its peer address) may hold per API server; "
+                    "past it 503 and close; 0: no per-client cap (behind a reverse proxy), "
+                    "e.g. 256.")] = 256,
+    max_prompt_bytes: Annotated[int | None, typer.Option(
+        min=1, help="Most bytes of text in one request's messages or prompt, checked before "
+                    "templating (400 prompt_too_long); default: what cannot fit "
+                    "--max-model-len tokens.")] = None,
+    max_messages: Annotated[int | None, typer.Option(
+        min=1, help="Most messages in one chat request, checked before templating (400 "
+                    "too_many_messages); default: --max-model-len.")] = None,
     metrics_without_auth: Annotated[bool, typer.Option(
         help="With --api-key, still serve /metrics without the key (for a scraper).")
     ] = False,
@@ -148,6 +165,9 @@ def serve(
         mm_ipc_gpu_memory_gb=mm_ipc_gpu_memory_gb,
         api_server_count=api_server_count, max_request_body_mb=max_request_body_mb,
         request_body_timeout_s=request_body_timeout_s,
+        header_read_timeout_s=header_read_timeout_s, keep_alive_timeout_s=keep_alive_timeout_s,
+        max_connections_per_client=max_connections_per_client,
+        max_prompt_bytes=max_prompt_bytes, max_messages=max_messages,
         metrics_without_auth=metrics_without_auth,
         expose_request_timings=expose_request_timings,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

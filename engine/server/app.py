@@ -44,11 +44,17 @@ from engine.processing.preprocess import ProcessedPrompt
 from engine.server.config import ServerConfig
 from engine.server.engine_client import EngineClient
 from engine.server.fetch_slots import FetchSlots, client_key
-from engine.server.front_door import auth_middleware, parse_body, read_body
+from engine.server.front_door import (
+    auth_middleware,
+    check_declared_length,
+    parse_body,
+    read_body,
+)
 from engine.server.logprobs import TokenStrings
 from engine.server.metrics import REFRESH_S, Metrics
 from engine.server.protocol import parse_generation_fields, parse_prompts
 from engine.server.respond import respond
+from engine.server.text_limits import TextLimits
 from engine.timings import zero_preprocess_timings
 from engine.version import __version__
 
@@ -56,6 +62,8 @@ logger = logging.getLogger("aphrodite.server")
 
 
 STATE = web.AppKey("state", object)
+#: bodies larger than this are parsed on a worker thread, not on the event loop
+OFF_LOOP_BYTES = 64 << 10
 
 
 class State:
@@ -73,6 +81,8 @@ class State:
         self.vocab_size = min(len(loaded.tokenizer), loaded.config.get("vocab_size") or (
             loaded.config.get("text_config") or {}).get("vocab_size") or 1 << 62)
         self.media_limits = self.pipeline.media_limits
+        self.text_limits = TextLimits.derive(loaded.tokenizer, config.max_model_len,
+                                             config.max_prompt_bytes, config.max_messages)
         self.connector = self.pipeline.connector()
         self.fetch_slots = FetchSlots(config.max_concurrent_fetches,
                                       config.max_fetches_per_client)
@@ -106,6 +116,11 @@ class State:
         self.metrics.vllm_waiting.labels(self.name).set(self.preprocessing)
         self.metrics.vllm_running.labels(self.name).set(max(self.pending - self.preprocessing,
                                                             0))
+
+
+def body_cap(config: ServerConfig) -> int:
+    """--max-request-body-mb in bytes."""
+    return int(config.max_request_body_mb * (1 << 20))
 
 
 def error_response(err: AphroditeError) -> web.Response:
@@ -157,7 +172,13 @@ async def errors_middleware(request: web.Request, handler):
 async def read_json(request: web.Request, ticket: Ticket) -> dict[str, Any]:
     """The admitted request's body, read and shape-checked (front_door), then its model."""
     state: State = request.app[STATE]
-    data = parse_body(await read_body(request, state.config.request_body_timeout_s, ticket))
+    body = await read_body(request, state.config.request_body_timeout_s, ticket,
+                           body_cap(state.config))
+    if len(body) > OFF_LOOP_BYTES:  # parsing and shape-checking a big body takes a while
+        data = await asyncio.get_running_loop().run_in_executor(decode_executor(),
+                                                                parse_body, body)
+    else:
+        data = parse_body(body)
     model = data.get("model")
     if model is not None and model != state.name:
         raise ModelNotFoundError(f"model {model!r} is not served here; this server serves "
@@ -176,7 +197,8 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
     pipeline.check_counts(counts)
     video = pipeline.video_for(fields.media_io_kwargs)
     kwargs = pipeline.kwargs_for(fields.mm_processor_kwargs)
-    text = pipeline.render(parsed.messages)
+    text = await asyncio.get_running_loop().run_in_executor(  # templating: off the loop
+        decode_executor(), pipeline.render, parsed.messages)
     items, fetch_s = [], 0.0
     # Only requests with media take a decode-queue slot: text never waits behind video.
     with preprocess_slot(state) if parsed.media else contextlib.nullcontext():
@@ -256,6 +278,7 @@ def admitted(handler):
     end."""
     async def wrapper(request: web.Request) -> web.StreamResponse:
         state: State = request.app[STATE]
+        check_declared_length(request, body_cap(state.config))  # 413 before any charge
         if state.pending >= state.config.max_pending_requests:
             raise OverloadedError(
                 f"this API server already has {state.pending} requests in flight",
@@ -275,6 +298,7 @@ def admitted(handler):
 async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
     state: State = request.app[STATE]
     data = await read_json(request, ticket)
+    state.text_limits.check_chat(data.get("messages"))  # before templating and tokenizing
     start = time.perf_counter()
     fields, processed = await prepare_chat(state, data, ticket, client_key(request.remote))
     return await respond(request, state, fields, [processed], start, chat=True)
@@ -286,6 +310,7 @@ async def completions(request: web.Request, ticket: Ticket) -> web.StreamRespons
     token ids; one engine request per prompt (see :mod:`engine.server.respond`)."""
     state: State = request.app[STATE]
     data = await read_json(request, ticket)
+    state.text_limits.check_prompt(data.get("prompt"), state.config.max_model_len)
     start = time.perf_counter()
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
                                      chat=False)
