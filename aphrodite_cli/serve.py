@@ -121,6 +121,9 @@ def serve(
                     "e.g. 4.")] = 2,
     decode_timeout_s: Annotated[float, typer.Option(
         min=0.1, help="Wall-clock limit of one isolated decode in seconds, e.g. 60.")] = 60.0,
+    decode_cpu_budget_s: Annotated[float, typer.Option(
+        min=0, help="CPU seconds (all threads) one isolated decode may use before it is "
+                    "stopped with a 422, e.g. 30; 0: no budget.")] = 30.0,
     decode_memory_gb: Annotated[float, typer.Option(
         min=0.25, help="Address-space limit of one decode worker in GB, e.g. 8.")] = 8.0,
     max_concurrent_fetches: Annotated[int, typer.Option(
@@ -175,6 +178,7 @@ def serve(
         max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,
+        decode_cpu_budget_s=decode_cpu_budget_s,
         decode_memory_gb=decode_memory_gb, max_decode_queue=max_decode_queue,
         max_concurrent_fetches=max_concurrent_fetches,
         max_fetches_per_client=max_fetches_per_client,

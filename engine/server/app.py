@@ -95,7 +95,7 @@ class State:
             self.decoders = DecodeWorkers(
                 config.decode_workers, timeout_s=config.decode_timeout_s,
                 memory_limit_bytes=int(config.decode_memory_gb * (1 << 30)),
-                max_waiting=config.max_decode_queue)
+                max_waiting=config.max_decode_queue, cpu_budget_s=config.decode_cpu_budget_s)
         self.inflight = InflightBytes(int(config.max_inflight_media_mb * (1 << 20)))
         self.preprocessing = 0  # requests fetching, decoding or in the HF processor
         self.metrics.sample(self.metrics.inflight_bytes, lambda: self.inflight.in_use)
@@ -208,7 +208,8 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
             async with fetch_slot(state, sources, started, client):
                 items, fetch_s = await pipeline.fetch(
                     state.connector, parsed.media, video, sources=sources,
-                    decoders=state.decoders, ticket=ticket, started=started)
+                    decoders=None if state.decoders is None else state.decoders.for_client(client),
+                    ticket=ticket, started=started)
             for item in items:
                 state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
             if state.gpu_budget is not None and BACKENDS[video.backend].gpu:

@@ -47,6 +47,7 @@ class ServerConfig:
     decode_isolation: str = "process"  # decode worker processes; or "thread" (in-process)
     decode_workers: int = 2
     decode_timeout_s: float = 60.0
+    decode_cpu_budget_s: float = 30.0  # CPU seconds of one isolated decode; 0: none
     decode_memory_gb: float = 8.0
     max_decode_queue: int = 64
     max_inflight_media_mb: float = 2048.0
