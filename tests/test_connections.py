@@ -63,7 +63,25 @@ def test_the_total_cap_stays_under_the_open_file_limit():
     assert total_connection_cap() <= max(soft - RESERVED_FDS, 64)
 
 
-def test_the_served_process_runs_at_the_hard_open_file_limit():
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()
+            if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()
+            and b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_a_default_serve_decodes_in_worker_processes_at_the_hard_open_file_limit():
+    import base64
+    import json
+    import urllib.request
+
+    import numpy as np
+
     from tests.server_harness import ServerProcess
 
     server = ServerProcess().wait_ready()
@@ -73,5 +91,28 @@ def test_the_served_process_runs_at_the_hard_open_file_limit():
         line = next(x for x in limits if x.startswith("Max open files"))
         served_soft, served_hard = line.split()[3:5]
         assert served_soft == served_hard, line
+        workers = _children(pid)
+        assert len(workers) == 2  # --decode-isolation process, --decode-workers 2
+        before = sum(_cpu_ticks(w) for w in workers)
+        noise = np.random.default_rng(0).integers(0, 256, (1500, 1500, 3), dtype=np.uint8)
+        png = _png(noise)
+        body = json.dumps({"max_tokens": 1, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {
+                "url": "data:image/png;base64," + base64.b64encode(png).decode()}}]}]})
+        req = urllib.request.Request(f"{server.base}/v1/chat/completions", data=body.encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            assert resp.status == 200
+        assert sum(_cpu_ticks(w) for w in workers) > before  # the PNG decoded there
     finally:
         assert server.stop() == 0
+
+
+def _png(pixels) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
