@@ -181,3 +181,60 @@ def test_a_freed_worker_goes_to_the_client_that_waited_without_one():
     finally:
         os.kill(worker, signal.SIGCONT)
         pool.close()
+
+
+def test_served_a_costly_decode_is_stopped_while_another_client_is_served():
+    """End to end, one decode worker: two attackers (127.0.0.2) send the many-scan JPEG with
+    the estimate lifted, so each decode runs into the CPU budget (422 naming the flag); a
+    client on 127.0.0.1 is served meanwhile."""
+    import base64
+    import http.client
+    import json
+
+    from tests.server_harness import ServerProcess
+
+    server = ServerProcess("--decode-workers", "1", "--decode-cpu-budget-s", "0.3",
+                           "--mm-processor-cache-gb", "0",
+                           env={"APHRODITE_MAX_JPEG_SCAN_PIXELS": str(1 << 60)}).wait_ready()
+
+    class FromAddress(http.client.HTTPConnection):
+        def __init__(self, source: str) -> None:
+            super().__init__("127.0.0.1", server.port, timeout=120,
+                             source_address=(source, 0))
+
+    def ask(image: bytes, source: str) -> tuple[int, dict]:
+        body = json.dumps({"max_tokens": 1, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {
+                "url": "data:image/jpeg;base64," + base64.b64encode(image).decode()}}]}]})
+        conn = FromAddress(source)
+        try:
+            conn.request("POST", "/v1/chat/completions", body=body,
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+        finally:
+            conn.close()
+
+    costly = many_scan_jpeg(4000, 4000)
+    stop = threading.Event()
+    attacks: list[tuple[int, str]] = []
+
+    def attacker() -> None:
+        while not stop.is_set():
+            status, doc = ask(costly, "127.0.0.2")
+            attacks.append((status, doc["error"]["code"] if status != 200 else ""))
+
+    threads = [threading.Thread(target=attacker) for _ in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        while not attacks:  # the attack is under way
+            time.sleep(0.05)
+        served = [ask(synthetic.make_image(64, 48), "127.0.0.1") for _ in range(3)]
+        assert [status for status, _ in served] == [200, 200, 200], served
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+        assert server.stop() == 0
+    assert attacks and all(a == (422, "media_decode_cpu_budget") for a in attacks), attacks
