@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -88,16 +89,15 @@ def count_jpeg_scans(data: bytes, stop_after: int) -> int:
         if marker != 0xDA:
             continue
         scans += 1
-        while True:  # entropy-coded data: up to the next marker that is not stuffing/RST
-            i = data.find(b"\xff", i)
-            if i < 0 or i + 1 >= end:
-                return scans
-            following = data[i + 1]
-            if following == 0 or 0xD0 <= following <= 0xD7:
-                i += 2
-                continue
-            break
+        found = _NEXT_MARKER.search(data, i)  # entropy-coded data: skip stuffing and RSTs
+        if found is None:
+            return scans
+        i = found.start()
     return scans
+
+
+#: a marker inside entropy-coded data: 0xFF not followed by stuffing (0x00) or an RST
+_NEXT_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7]")
 
 
 def check_jpeg_scans(data: bytes, pixels: int, max_scan_pixels: int) -> None:
