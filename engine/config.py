@@ -89,6 +89,8 @@ class MediaLimits:
     max_video_frames: int = 100_000
     max_video_decoded_bytes: int = 2 << 30
     fetch_retries: int = 2
+    max_jpeg_scan_pixels: int = 16 * 40_000_000
+    max_audio_decode_samples: int = 600 * 48_000 * 2
     image_background: tuple[int, int, int] = field(default=(255, 255, 255))
 
     def for_modality(self, modality: Modality) -> ModalityLimits:
@@ -110,6 +112,8 @@ class MediaLimits:
             max_video_frames=envs.APHRODITE_MAX_VIDEO_FRAMES,
             max_video_decoded_bytes=envs.APHRODITE_MAX_VIDEO_DECODED_BYTES,
             fetch_retries=envs.APHRODITE_MEDIA_FETCH_RETRIES,
+            max_jpeg_scan_pixels=envs.APHRODITE_MAX_JPEG_SCAN_PIXELS,
+            max_audio_decode_samples=envs.APHRODITE_MAX_AUDIO_DECODE_SAMPLES,
             image_background=envs.APHRODITE_IMAGE_BACKGROUND,
         )
         return replace(limits, **overrides) if overrides else limits  # type: ignore[arg-type]

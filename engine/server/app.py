@@ -32,23 +32,32 @@ from engine.errors import (
     RequestTooLargeError,
 )
 from engine.media.inflight import InflightBytes, Ticket
+from engine.media.pool import decode_executor
 from engine.media.video.budget import GpuDecodeBudget
 from engine.models.loader import LoadedModel
 from engine.processing.pipeline import Pipeline
 from engine.server.config import ServerConfig
 from engine.server.engine_client import EngineClient
 from engine.server.fetch_slots import FetchSlots, client_key
-from engine.server.front_door import auth_middleware, parse_body, read_body
+from engine.server.front_door import (
+    auth_middleware,
+    check_declared_length,
+    parse_body,
+    read_body,
+)
 from engine.server.logprobs import TokenStrings
 from engine.server.metrics import REFRESH_S, Metrics
 from engine.server.prepare import prepare_chat, prepare_prompts
 from engine.server.respond import respond
+from engine.server.text_limits import TextLimits
 from engine.version import __version__
 
 logger = logging.getLogger("aphrodite.server")
 
 
 STATE = web.AppKey("state", object)
+#: bodies larger than this are parsed on a worker thread, not on the event loop
+OFF_LOOP_BYTES = 64 << 10
 
 
 class State:
@@ -66,6 +75,8 @@ class State:
         self.vocab_size = min(len(loaded.tokenizer), loaded.config.get("vocab_size") or (
             loaded.config.get("text_config") or {}).get("vocab_size") or 1 << 62)
         self.media_limits = self.pipeline.media_limits
+        self.text_limits = TextLimits.derive(loaded.tokenizer, config.max_model_len,
+                                             config.max_prompt_bytes, config.max_messages)
         self.connector = self.pipeline.connector()
         self.fetch_slots = FetchSlots(config.max_concurrent_fetches,
                                       config.max_fetches_per_client)
@@ -78,7 +89,7 @@ class State:
             self.decoders = DecodeWorkers(
                 config.decode_workers, timeout_s=config.decode_timeout_s,
                 memory_limit_bytes=int(config.decode_memory_gb * (1 << 30)),
-                max_waiting=config.max_decode_queue)
+                max_waiting=config.max_decode_queue, cpu_budget_s=config.decode_cpu_budget_s)
         self.inflight = InflightBytes(int(config.max_inflight_media_mb * (1 << 20)))
         self.preprocessing = 0  # requests fetching, decoding or in the HF processor
         self.metrics.sample(self.metrics.inflight_bytes, lambda: self.inflight.in_use)
@@ -99,6 +110,11 @@ class State:
         self.metrics.vllm_waiting.labels(self.name).set(self.preprocessing)
         self.metrics.vllm_running.labels(self.name).set(max(self.pending - self.preprocessing,
                                                             0))
+
+
+def body_cap(config: ServerConfig) -> int:
+    """--max-request-body-mb in bytes."""
+    return int(config.max_request_body_mb * (1 << 20))
 
 
 def error_response(err: AphroditeError) -> web.Response:
@@ -150,7 +166,13 @@ async def errors_middleware(request: web.Request, handler):
 async def read_json(request: web.Request, ticket: Ticket) -> dict[str, Any]:
     """The admitted request's body, read and shape-checked (front_door), then its model."""
     state: State = request.app[STATE]
-    data = parse_body(await read_body(request, state.config.request_body_timeout_s, ticket))
+    body = await read_body(request, state.config.request_body_timeout_s, ticket,
+                           body_cap(state.config))
+    if len(body) > OFF_LOOP_BYTES:  # parsing and shape-checking a big body takes a while
+        data = await asyncio.get_running_loop().run_in_executor(decode_executor(),
+                                                                parse_body, body)
+    else:
+        data = parse_body(body)
     model = data.get("model")
     if model is not None and model != state.name:
         raise ModelNotFoundError(f"model {model!r} is not served here; this server serves "
@@ -166,6 +188,7 @@ def admitted(handler):
     end."""
     async def wrapper(request: web.Request) -> web.StreamResponse:
         state: State = request.app[STATE]
+        check_declared_length(request, body_cap(state.config))  # 413 before any charge
         if state.pending >= state.config.max_pending_requests:
             raise OverloadedError(
                 f"this API server already has {state.pending} requests in flight",
@@ -185,6 +208,7 @@ def admitted(handler):
 async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
     state: State = request.app[STATE]
     data = await read_json(request, ticket)
+    state.text_limits.check_chat(data.get("messages"))  # before templating and tokenizing
     start = time.perf_counter()
     fields, processed = await prepare_chat(state, data, ticket, client_key(request.remote))
     return await respond(request, state, fields, [processed], start, chat=True)
@@ -196,6 +220,7 @@ async def completions(request: web.Request, ticket: Ticket) -> web.StreamRespons
     token ids; one engine request per prompt (see :mod:`engine.server.reply`)."""
     state: State = request.app[STATE]
     data = await read_json(request, ticket)
+    state.text_limits.check_prompt(data.get("prompt"), state.config.max_model_len)
     start = time.perf_counter()
     fields, processed = await prepare_prompts(state, data)
     return await respond(request, state, fields, processed, start, chat=False)

@@ -40,7 +40,8 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
     pipeline.check_counts(counts)
     video = pipeline.video_for(fields.media_io_kwargs)
     kwargs = pipeline.kwargs_for(fields.mm_processor_kwargs)
-    text = pipeline.render(parsed.messages)
+    text = await asyncio.get_running_loop().run_in_executor(  # templating: off the loop
+        decode_executor(), pipeline.render, parsed.messages)
     items, fetch_s = [], 0.0
     # Only requests with media take a decode-queue slot: text never waits behind video.
     with preprocess_slot(state) if parsed.media else contextlib.nullcontext():
@@ -50,7 +51,8 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
             async with fetch_slot(state, sources, started, client):
                 items, fetch_s = await pipeline.fetch(
                     state.connector, parsed.media, video, sources=sources,
-                    decoders=state.decoders, ticket=ticket, started=started)
+                    decoders=None if state.decoders is None
+                    else state.decoders.for_client(client), ticket=ticket, started=started)
             for item in items:
                 state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
             if state.gpu_budget is not None and BACKENDS[video.backend].gpu:
