@@ -89,48 +89,45 @@ _QWEN_EXPANSION = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
 _QWEN_TYPES = {"image": 1, "video": 2}
 _QWEN_DEVICE_NORM = {"pixel_values": "image_processor", "pixel_values_videos": "video_processor"}
 
+
+def _hf(name: str, prefix: str) -> dict[str, Any]:
+    """A family's Hugging Face names as transformers spells them: ``<prefix>ForConditional
+    Generation`` is its architecture and model class, ``<prefix>Processor`` its processor
+    class, ``name`` its model type."""
+    model = f"{prefix}ForConditionalGeneration"
+    return {"name": name, "architectures": (model,), "model_types": (name,),
+            "model_class": model, "processor_class": f"{prefix}Processor"}
+
+
 REGISTRY: dict[str, ArchSpec] = {
     spec.name: spec for spec in (
-        ArchSpec(name="qwen2_5_vl", architectures=("Qwen2_5_VLForConditionalGeneration",),
-                 model_types=("qwen2_5_vl",), model_class="Qwen2_5_VLForConditionalGeneration",
-                 processor_class="Qwen2_5_VLProcessor", max_items={"image": 32, "video": 8},
+        ArchSpec(**_hf("qwen2_5_vl", "Qwen2_5_VL"), max_items={"image": 32, "video": 8},
                  placeholders=_QWEN_PLACEHOLDERS, expansion_tokens=_QWEN_EXPANSION,
                  ships_chat_template=True, encoder_attr="visual",
                  builder="engine.models.tiny:build_qwen2_5_vl", token_types=_QWEN_TYPES,
                  normalize_on_device=_QWEN_DEVICE_NORM),
-        ArchSpec(name="qwen2_vl", architectures=("Qwen2VLForConditionalGeneration",),
-                 model_types=("qwen2_vl",), model_class="Qwen2VLForConditionalGeneration",
-                 processor_class="Qwen2VLProcessor", max_items={"image": 32, "video": 8},
+        ArchSpec(**_hf("qwen2_vl", "Qwen2VL"), max_items={"image": 32, "video": 8},
                  placeholders=_QWEN_PLACEHOLDERS, expansion_tokens=_QWEN_EXPANSION,
                  ships_chat_template=True, encoder_attr="visual",
                  builder="engine.models.tiny:build_qwen2_vl", token_types=_QWEN_TYPES,
                  normalize_on_device=_QWEN_DEVICE_NORM),
-        ArchSpec(name="qwen3_vl", architectures=("Qwen3VLForConditionalGeneration",),
-                 model_types=("qwen3_vl",), model_class="Qwen3VLForConditionalGeneration",
-                 processor_class="Qwen3VLProcessor", max_items={"image": 32, "video": 8},
+        ArchSpec(**_hf("qwen3_vl", "Qwen3VL"), max_items={"image": 32, "video": 8},
                  placeholders=_QWEN_PLACEHOLDERS, expansion_tokens=_QWEN_EXPANSION,
                  ships_chat_template=True, encoder_attr="visual",
                  builder="engine.models.tiny:build_qwen3_vl", token_types=_QWEN_TYPES,
                  video_timestamps=True, normalize_on_device=_QWEN_DEVICE_NORM,
                  notes="Qwen3-VL: a video expands to <t seconds><|vision_start|>...<|vision_end|> "
                        "per temporal patch; timestamps come from the clip's fps"),
-        ArchSpec(name="llava", architectures=("LlavaForConditionalGeneration",),
-                 model_types=("llava",), model_class="LlavaForConditionalGeneration",
-                 processor_class="LlavaProcessor", max_items={"image": 1},
+        ArchSpec(**_hf("llava", "Llava"), max_items={"image": 1},
                  placeholders={"image": "<image>"}, expansion_tokens={"image": "<image>"},
                  ships_chat_template=False, encoder_attr="vision_tower",
                  builder="engine.models.tiny:build_llava",
                  notes="LLaVA-1.5: its tokenizer ships no chat template; pass --chat-template"),
-        ArchSpec(name="qwen2_audio", architectures=("Qwen2AudioForConditionalGeneration",),
-                 model_types=("qwen2_audio",), model_class="Qwen2AudioForConditionalGeneration",
-                 processor_class="Qwen2AudioProcessor", max_items={"audio": 8},
+        ArchSpec(**_hf("qwen2_audio", "Qwen2Audio"), max_items={"audio": 8},
                  placeholders={"audio": "<|audio_bos|><|AUDIO|><|audio_eos|>"},
                  expansion_tokens={"audio": "<|AUDIO|>"}, ships_chat_template=True,
                  encoder_attr="audio_tower", builder="engine.models.tiny:build_qwen2_audio"),
-        ArchSpec(name="llava_onevision", architectures=("LlavaOnevisionForConditionalGeneration",),
-                 model_types=("llava_onevision",),
-                 model_class="LlavaOnevisionForConditionalGeneration",
-                 processor_class="LlavaOnevisionProcessor", max_items={"image": 16, "video": 4},
+        ArchSpec(**_hf("llava_onevision", "LlavaOnevision"), max_items={"image": 16, "video": 4},
                  placeholders={"image": "<image>", "video": "<video>"},
                  expansion_tokens={"image": "<image>", "video": "<video>"},
                  ships_chat_template=True, encoder_attr="vision_tower",
@@ -138,9 +135,7 @@ REGISTRY: dict[str, ArchSpec] = {
                  padded_keys=("pixel_values",),
                  notes="LLaVA-OneVision: each image tiled (anyres_max_9) as a single image; "
                        "video frames pooled"),
-        ArchSpec(name="internvl", architectures=("InternVLForConditionalGeneration",),
-                 model_types=("internvl",), model_class="InternVLForConditionalGeneration",
-                 processor_class="InternVLProcessor", max_items={"image": 16, "video": 4},
+        ArchSpec(**_hf("internvl", "InternVL"), max_items={"image": 16, "video": 4},
                  placeholders={"image": "<IMG_CONTEXT>", "video": "<video>"},
                  expansion_tokens={"image": "<IMG_CONTEXT>", "video": "<video>"},
                  ships_chat_template=True, encoder_attr="vision_tower",
@@ -148,9 +143,7 @@ REGISTRY: dict[str, ArchSpec] = {
                  feature_tokens={"video": "<IMG_CONTEXT>"},
                  notes="InternVL3: an image is up to 12 tiles and a thumbnail; a video frame is "
                        "one tile, written Frame<i>: <img>...</img>"),
-        ArchSpec(name="gemma3", architectures=("Gemma3ForConditionalGeneration",),
-                 model_types=("gemma3",), model_class="Gemma3ForConditionalGeneration",
-                 processor_class="Gemma3Processor", max_items={"image": 16},
+        ArchSpec(**_hf("gemma3", "Gemma3"), max_items={"image": 16},
                  placeholders={"image": "<start_of_image>"},
                  expansion_tokens={"image": "<start_of_image>"}, ships_chat_template=True,
                  encoder_attr="vision_tower", builder="engine.models.tiny_vlm:build_gemma3",
@@ -158,9 +151,7 @@ REGISTRY: dict[str, ArchSpec] = {
                  token_types_key="token_type_ids", bidirectional_media=True, assemble_text=True,
                  notes="Gemma 3: sliding-window and global layers; an image is 256 tokens, "
                        "more with pan-and-scan crops (do_pan_and_scan)"),
-        ArchSpec(name="smolvlm", architectures=("SmolVLMForConditionalGeneration",),
-                 model_types=("smolvlm",), model_class="SmolVLMForConditionalGeneration",
-                 processor_class="SmolVLMProcessor", max_items={"image": 8, "video": 1},
+        ArchSpec(**_hf("smolvlm", "SmolVLM"), max_items={"image": 8, "video": 1},
                  placeholders={"image": "<image>", "video": "<video>"},
                  expansion_tokens={"image": "<image>", "video": "<video>"},
                  ships_chat_template=True, encoder_attr="vision_model",
