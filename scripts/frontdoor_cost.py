@@ -112,7 +112,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(args.after).resolve()))
-    from aphrodite_cli.bench.server_process import ServerProcess
+    from aphrodite_cli.bench.harness.server_process import ServerProcess
 
     servers = {}
     for name, tree in (("before", args.before), ("after", args.after)):

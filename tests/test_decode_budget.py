@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from aphrodite_cli.bench import synthetic
 from engine.config import MediaLimits
 from engine.errors import MediaDecodeError, MediaTooLargeError
 from engine.media.audio import decode_audio
 from engine.media.image import count_jpeg_scans, decode_image
 from engine.media.isolation import DecodeWorkers
+from tests.fixtures import synthetic
 
 pytestmark = pytest.mark.timeout(300)
 LIMITS = MediaLimits.from_env()

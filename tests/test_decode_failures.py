@@ -18,7 +18,6 @@ from collections.abc import Callable
 
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.config import MediaLimits
 from engine.errors import AphroditeError, ConfigError, MediaDecodeError
 from engine.media.audio import decode_audio
@@ -27,6 +26,7 @@ from engine.media.isolation import DecodeWorkers
 from engine.media.video import load_video
 from engine.media.video.options import build_spec
 from engine.processing.media_items import InProcessDecoders
+from tests.fixtures import synthetic
 from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.config import MediaLimits
 from engine.errors import ConfigError, MediaDecodeError
 from engine.media.isolation import DecodeWorkers
 from engine.media.video import load_video
 from engine.media.video.options import build_spec
 from engine.media.video.scan import scan_video
+from tests.fixtures import synthetic
 
 pytestmark = pytest.mark.timeout(180)
 
