@@ -90,6 +90,16 @@ def serve(
         min=1, help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "
                     "which pins one core; default: torch's (one per core). API servers use "
                     "APHRODITE_API_SERVER_TORCH_THREADS.")] = None,
+    enable_prefix_caching: Annotated[bool, typer.Option(
+        help="Keep the keys and values of prompts' leading blocks (text, and media by their "
+             "content) and reuse them for later prompts that start the same way (vLLM's "
+             "flag and default).")] = True,
+    prefix_cache_gb: Annotated[float, typer.Option(
+        min=0, help="Prefix cache size in GB, on the model's device, e.g. 4.")] = 0.5,
+    encoder_cache_gb: Annotated[float, typer.Option(
+        min=0, help="Encoder output cache size in GB (0 disables), on the model's device: "
+                    "a media item seen before skips the encoder when its prefix misses, "
+                    "e.g. 1.")] = 0.25,
     max_model_len: Annotated[int, typer.Option(
         min=16, help="Prompt plus output tokens per request, e.g. 8192.")] = 8192,
     max_pending_requests: Annotated[int, typer.Option(
@@ -151,7 +161,8 @@ def serve(
         metrics_without_auth=metrics_without_auth,
         expose_request_timings=expose_request_timings,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        num_threads=num_threads,
+        num_threads=num_threads, enable_prefix_caching=enable_prefix_caching,
+        prefix_cache_gb=prefix_cache_gb, encoder_cache_gb=encoder_cache_gb,
         max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,

@@ -40,6 +40,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     metrics: dict[str, Any] = field(default_factory=dict)
     finished: bool = True
+    #: prompt tokens whose keys and values came from the prefix cache (vLLM's name)
+    num_cached_tokens: int = 0
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -96,7 +98,8 @@ class LLM:
                  revision: str | None = None, download_dir: str | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  scheduling: Scheduling = "continuous",
-                 mm_device_do_normalize: bool = True) -> None:
+                 mm_device_do_normalize: bool = True, enable_prefix_caching: bool = True,
+                 prefix_cache_gb: float = 0.5, encoder_cache_gb: float = 0.25) -> None:
         self.loaded = load_model(model, chat_template=chat_template, revision=revision,
                                  download_dir=download_dir)
         self.pipeline = Pipeline(self.loaded, PipelineConfig.create(
@@ -110,7 +113,9 @@ class LLM:
         self.engine = Engine(self.loaded, device=device, dtype=dtype,
                              max_batch_size=max_num_seqs or max_batch_size,
                              max_num_batched_tokens=max_num_batched_tokens,
-                             scheduling=scheduling)
+                             scheduling=scheduling, enable_prefix_caching=enable_prefix_caching,
+                             prefix_cache_bytes=int(prefix_cache_gb * (1 << 30)),
+                             encoder_cache_bytes=int(encoder_cache_gb * (1 << 30)))
 
     def prepare(self, prompt: str, items: list[MediaItem], kwargs: dict[str, Any] | None,
                 raw: bool) -> Any:
@@ -128,7 +133,7 @@ class LLM:
             self._decode_logprobs(req.outputs)
             metrics = {**processed.timings, **req.timings, "item_cache_hits": processed.item_hits}
             results.append(RequestOutput(req.request_id, text, processed.input_ids, req.outputs,
-                                         metrics))
+                                         metrics, num_cached_tokens=req.num_cached_tokens))
         return results
 
     def _decode_logprobs(self, outputs: list[CompletionOutput]) -> None:

@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from engine.errors import AphroditeError, InternalError
 from engine.executor.request import CompletionOutput, EngineRequest
@@ -35,10 +35,11 @@ class Engine:
     def __init__(self, loaded: LoadedModel, *, device: str = "cpu", dtype: str = "auto",
                  max_batch_size: int = 8, batch_wait_s: float = 0.005,
                  max_num_batched_tokens: int | None = None,
-                 scheduling: Scheduling = "continuous") -> None:
+                 scheduling: Scheduling = "continuous", **cache: Any) -> None:
         if max_batch_size < 1:
             raise ValueError("max_num_seqs must be at least 1")
-        self.runner = TransformersRunner(loaded, device, dtype)
+        # cache settings (enable_prefix_caching, prefix_cache_bytes, encoder_cache_bytes)
+        self.runner = TransformersRunner(loaded, device, dtype, **cache)
         self.max_batch_size = max_batch_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.batch_wait_s = batch_wait_s
@@ -73,7 +74,8 @@ class Engine:
     def scheduler_stats(self) -> dict[str, float]:
         """Rows running and waiting now, and the step counters (for /metrics)."""
         return {"num_rows_running": self._running_rows() + (self.prefilling is not None),
-                "num_rows_waiting": len(self.waiting) + self._queue.qsize(), **self.stats}
+                "num_rows_waiting": len(self.waiting) + self._queue.qsize(), **self.stats,
+                **self.runner.cache_stats()}
 
     # -- the loop ---------------------------------------------------------------------------
 

@@ -12,13 +12,16 @@ separately.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.executor import kv
+from engine.executor import kv, prefix_kv
 from engine.executor.detokenize import OutputText, byte_tokens
+from engine.executor.encoder_cache import EncoderCache
+from engine.executor.prefix_cache import PrefixCache
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
 from engine.models.encoder import time_encoder
 from engine.models.loader import LoadedModel
@@ -100,14 +103,16 @@ class ChunkedPrefill:
     rope_delta: int
     #: when the first chunk was planned: the prefill's start in the stage timings
     started: float = field(default_factory=time.perf_counter)
+    #: the prompt's block hashes (prefix caching): its blocks are stored after the last chunk
+    hashes: list[bytes] = field(default_factory=list)
 
 
-def chunk_bounds(length: int, budget: int, media: tuple[int, int] | None
+def chunk_bounds(length: int, budget: int, media: tuple[int, int] | None, start: int = 0
                  ) -> list[tuple[int, int]]:
-    """[start, end) chunks of at most ``budget`` tokens covering ``length``, except the one
-    holding the whole media span [first, last], which is as long as it must be."""
+    """[start, end) chunks of at most ``budget`` tokens covering ``length`` from ``start``
+    (the tokens before it are cached), except the one holding the whole media span [first,
+    last], which is as long as it must be."""
     bounds: list[tuple[int, int]] = []
-    start = 0
     while start < length:
         end = min(start + budget, length)
         if media is not None and start <= media[1] and end <= media[1] and end > media[0]:
@@ -117,14 +122,28 @@ def chunk_bounds(length: int, budget: int, media: tuple[int, int] | None
     return bounds
 
 
+#: the prefix and encoder caches' default bounds (``--prefix-cache-gb``,
+#: ``--encoder-cache-gb``)
+DEFAULT_PREFIX_CACHE_BYTES = 512 << 20
+DEFAULT_ENCODER_CACHE_BYTES = 256 << 20
+
+
 class TransformersRunner:
     """Prefills and steps rows of :class:`EngineRequest` on a Hugging Face model."""
 
-    def __init__(self, loaded: LoadedModel, device: str = "cpu", dtype: str = "auto") -> None:
+    def __init__(self, loaded: LoadedModel, device: str = "cpu", dtype: str = "auto", *,
+                 enable_prefix_caching: bool = True,
+                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+                 encoder_cache_bytes: int = DEFAULT_ENCODER_CACHE_BYTES) -> None:
         self.loaded = loaded
         self.device = device
         self.model = loaded.model(device, dtype)
         kv.check_supported(self.model.config)
+        #: None when off, or for a family whose cache layers cannot be cut into blocks
+        #: (sliding windows: Gemma 3)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if (
+            enable_prefix_caching and prefix_cache_bytes > 0
+            and prefix_kv.supported(self.model.config)) else None
         self.tokenizer = loaded.tokenizer
         self.byte_ids = byte_tokens(self.tokenizer)
         self.normalizers = device_normalize.normalizers(loaded)
@@ -136,6 +155,12 @@ class TransformersRunner:
             else next(iter(self.eos_ids), 0)
         self.encoder_s = 0.0
         time_encoder(self.model, loaded.spec.encoder_attr, self._add_encoder_time)
+        encoder = getattr(self.model, loaded.spec.encoder_attr, None) or getattr(
+            getattr(self.model, "model", None), loaded.spec.encoder_attr, None)
+        self.encoder_cache = EncoderCache(encoder_cache_bytes) if (
+            encoder is not None and encoder_cache_bytes > 0) else None
+        if self.encoder_cache is not None:
+            self.encoder_cache.install(encoder)
         tok = self.tokenizer
         self.media_token_ids = {tok.convert_tokens_to_ids(loaded.spec.feature_token(m))
                                 for m in loaded.spec.expansion_tokens}
@@ -177,36 +202,111 @@ class TransformersRunner:
             inputs[types_key] = types.to(self.device)
         return inputs
 
+    def cache_stats(self) -> dict[str, float]:
+        """The prefix cache's counters (tokens queried and hit, blocks and bytes held) for
+        /metrics; nothing when it is off."""
+        out: dict[str, float] = {}
+        if self.prefix_cache is not None:
+            st = self.prefix_cache.stats
+            out.update(prefix_cache_queries=st.queries, prefix_cache_hits=st.hits,
+                       prefix_cache_blocks=st.blocks, prefix_cache_bytes=st.bytes)
+        if self.encoder_cache is not None:
+            enc = self.encoder_cache.stats
+            out.update(encoder_cache_hits=enc.hits, encoder_cache_misses=enc.misses,
+                       encoder_cache_bytes=enc.bytes)
+        return out
+
+    def _encoder_keyed(self, rows: list[_Row]) -> Any:
+        """The encoder cache's lookups named by the content keys of the rows' items, in the
+        order their tensors are concatenated (nothing cached when a row with media tokens
+        came without keys)."""
+        if self.encoder_cache is None:
+            return contextlib.nullcontext()
+        keys: list[str] = []
+        for row in rows:
+            prompt = row.request.prompt
+            if not prompt.mm_hashes and prefix_kv.media_span(prompt.input_ids,
+                                                             self.media_token_ids):
+                return contextlib.nullcontext()
+            keys += prompt.mm_hashes
+        return self.encoder_cache.keyed(tuple(keys))
+
+    def _lookup(self, row: _Row) -> tuple[list[bytes], int]:
+        """The row's prompt's block hashes and its cached prefix length (0 without a prefix
+        cache); the request's first row counts the lookup and reports its cached tokens."""
+        if self.prefix_cache is None:
+            return [], 0
+        hashes, length = prefix_kv.lookup(self.prefix_cache, row.request.prompt,
+                                          self.media_token_ids, count=row.index == 0)
+        if row.index == 0:
+            row.request.num_cached_tokens = length
+        return hashes, length
+
     def prefill(self, rows: list[_Row]) -> RunningBatch:
-        """One forward pass over the prompts of ``rows`` (left-padded, media concatenated in
-        order): their caches, each row's first token (sampled and handed on) and the positions
-        their next tokens take. On an exception nothing was handed on."""
+        """The prompts of ``rows`` prefilled: those with no cached prefix in one forward pass
+        (left-padded, media concatenated in order), each of the others alone from the end of
+        its cached prefix; their caches joined, each row's first token (sampled and handed
+        on) and the positions their next tokens take. On an exception nothing was handed
+        on."""
+        self.encoder_s = 0.0
+        found = [self._lookup(row) for row in rows]
+        parts: list[tuple[RunningBatch, Any]] = []
+        plain = [(r, h) for r, (h, length) in zip(rows, found, strict=True) if not length]
+        if plain:
+            parts.append(self._forward_rows([r for r, _ in plain], [h for _, h in plain]))
+        for row, (hashes, length) in zip(rows, found, strict=True):
+            if length:
+                plan = self._plan(row, None, hashes, length)
+                while (logits := self._forward_chunk(plan)) is None:
+                    pass
+                parts.append((RunningBatch([row], plan.cache, plan.inputs["attention_mask"],
+                                           plan.mrope), logits))
+        groups = [(list(b.rows), logits) for b, logits in parts]
+        batch = parts[0][0]
+        for other, _ in parts[1:]:
+            batch.join(other)
+        for group, logits in groups:
+            self._advance(group, logits)
+        return batch
+
+    def _forward_rows(self, rows: list[_Row], hashes: list[list[bytes]]
+                      ) -> tuple[RunningBatch, Any]:
+        """One forward pass over the whole prompts of ``rows``: their batch and last logits
+        (nothing handed on); their blocks go into the prefix cache."""
         import torch
         from transformers import DynamicCache
 
-        self.encoder_s = 0.0
         inputs = self._inputs(rows)
         # The model's own rule for prompt positions (3-D M-RoPE for Qwen-VL: vision tokens
         # by their grid, text after them), as ``generate`` computes them.
         positions = self.model._prepare_position_ids_for_generation(inputs["input_ids"],
                                                                    dict(inputs))
         cache = DynamicCache(config=self.model.config)
-        with torch.inference_mode():
+        with torch.inference_mode(), self._encoder_keyed(rows):
             out = self.model(**inputs, position_ids=positions, **{self._cache_arg: cache},
                              use_cache=True, logits_to_keep=1)
         deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
         mrope = deltas is not None and positions.ndim == 3
         lengths = inputs["attention_mask"].sum(dim=1).tolist()
+        width = inputs["input_ids"].shape[1]
         for i, row in enumerate(rows):
             row.position = int(lengths[i])
             row.rope_delta = int(deltas[i, 0]) if mrope else 0
-        batch = RunningBatch(rows, cache, inputs["attention_mask"], mrope)
-        self._advance(rows, out.logits[:, -1, :])
-        return batch
+            if self.prefix_cache is not None:
+                prefix_kv.store(self.prefix_cache, cache, i, width - int(lengths[i]), hashes[i])
+        return RunningBatch(rows, cache, inputs["attention_mask"], mrope), out.logits[:, -1, :]
 
     def start_chunked(self, row: _Row, budget: int) -> ChunkedPrefill:
         """Plan the chunked prefill of one row's prompt (positions computed once, for the whole
-        prompt, by the model's own rule)."""
+        prompt, by the model's own rule), from the end of its cached prefix."""
+        self.encoder_s = 0.0
+        hashes, length = self._lookup(row)
+        return self._plan(row, budget, hashes, length)
+
+    def _plan(self, row: _Row, budget: int | None, hashes: list[bytes], cached: int
+              ) -> ChunkedPrefill:
+        """A row's prefill in chunks of ``budget`` tokens (None: one chunk) after its first
+        ``cached`` tokens, whose keys and values the cache starts with."""
         from transformers import DynamicCache
 
         inputs = self._inputs([row])
@@ -215,20 +315,31 @@ class TransformersRunner:
         deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
         mrope = deltas is not None and positions.ndim == 3
         ids = inputs["input_ids"][0].tolist()
-        at = [i for i, t in enumerate(ids) if t in self.media_token_ids]
-        media = (at[0], at[-1]) if at else None
-        return ChunkedPrefill(row, inputs, positions, DynamicCache(config=self.model.config),
-                              chunk_bounds(len(ids), budget, media), mrope,
-                              int(deltas[0, 0]) if mrope else 0)
+        cache = DynamicCache(config=self.model.config)
+        if cached:
+            prefix_kv.fill(cache, self.prefix_cache.get(  # type: ignore[union-attr]
+                hashes[:cached // self.prefix_cache.block_size]))  # type: ignore[union-attr]
+        media = prefix_kv.media_span(ids, self.media_token_ids)
+        return ChunkedPrefill(row, inputs, positions, cache,
+                              chunk_bounds(len(ids), budget or len(ids), media, cached), mrope,
+                              int(deltas[0, 0]) if mrope else 0, hashes=hashes)
 
     def prefill_chunk(self, plan: ChunkedPrefill) -> RunningBatch | None:
         """Prefill the next chunk; after the last one, the row (its first token handed on)
         as a batch of one, ready to join."""
+        logits = self._forward_chunk(plan)
+        if logits is None:
+            return None
+        batch = RunningBatch([plan.row], plan.cache, plan.inputs["attention_mask"], plan.mrope)
+        self._advance([plan.row], logits)
+        return batch
+
+    def _forward_chunk(self, plan: ChunkedPrefill) -> Any:
+        """Forward the next chunk of ``plan``; after the last one, the row's last logits
+        (nothing handed on; its blocks go into the prefix cache), else None."""
         import torch
 
         start, end = plan.bounds.pop(0)
-        if start == 0:
-            self.encoder_s = 0.0
         inputs = plan.inputs
         chunk = {"input_ids": inputs["input_ids"][:, start:end],
                  "attention_mask": inputs["attention_mask"][:, :end]}
@@ -239,10 +350,12 @@ class TransformersRunner:
             chunk[spec.token_types_key] = inputs[spec.token_types_key][
                 :, 0 if spec.bidirectional_media else start:end]
         ids = chunk["input_ids"][0].tolist()
+        keyed: Any = contextlib.nullcontext()
         if any(t in self.media_token_ids for t in ids):  # the chunk with the media span
             chunk.update({k: v for k, v in inputs.items() if k not in (
                 "input_ids", "attention_mask", spec.token_types_key)})
-        with torch.inference_mode():
+            keyed = self._encoder_keyed([plan.row])
+        with torch.inference_mode(), keyed:
             out = self.model(**chunk, position_ids=plan.positions[..., start:end],
                              **{self._cache_arg: plan.cache}, use_cache=True, logits_to_keep=1)
         if plan.bounds:
@@ -250,9 +363,9 @@ class TransformersRunner:
         row = plan.row
         row.position = int(inputs["attention_mask"].sum())
         row.rope_delta = plan.rope_delta
-        batch = RunningBatch([row], plan.cache, inputs["attention_mask"], plan.mrope)
-        self._advance([row], out.logits[:, -1, :])
-        return batch
+        if self.prefix_cache is not None:
+            prefix_kv.store(self.prefix_cache, plan.cache, 0, 0, plan.hashes)
+        return out.logits[:, -1, :]
 
     def decode(self, batch: RunningBatch) -> None:
         """One decode step for every row of ``batch``: each row's last token goes in, its next

@@ -31,6 +31,9 @@ class ServerConfig:
     max_num_seqs: int = 8
     max_num_batched_tokens: int | None = None  # prompt tokens prefilled per step; None: no cap
     num_threads: int | None = None  # torch threads of the engine process; None: torch's default
+    enable_prefix_caching: bool = True  # vLLM's flag and default (V1)
+    prefix_cache_gb: float = 0.5  # bound of the engine's prefix cache (keys and values)
+    encoder_cache_gb: float = 0.25  # bound of the engine's encoder output cache
     max_model_len: int = 8192
     max_tokens_cap: int = 4096
     max_concurrent_fetches: int = 16

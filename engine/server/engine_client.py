@@ -19,6 +19,8 @@ from engine.server import shared_inputs
 class Completion:
     outputs: list[tuple[int, str, list[int], str | None]] = field(default_factory=list)
     timings: dict[str, Any] = field(default_factory=dict)
+    #: prompt tokens the engine's prefix cache supplied
+    num_cached_tokens: int = 0
 
 
 class EngineError(AphroditeError):
@@ -77,20 +79,23 @@ class EngineClient:
             self._conn.send(message)
 
     def _submit(self, rid: str, input_ids: list[int], mm: dict[str, Any],
-                sampling: dict[str, Any]) -> None:
+                sampling: dict[str, Any], mm_items: tuple = ([], [])) -> None:
         """Large inputs into shared memory, then the request to the engine: in a worker
         thread, so the megabytes of copying stay off the event loop. Segments of a message
         that was not sent are removed (no engine will map them)."""
         message, segments = shared_inputs.export(mm)
         try:
-            self._send(("submit", rid, input_ids, message, sampling))
+            self._send(("submit", rid, input_ids, message, sampling, mm_items))
         except BaseException:
             shared_inputs.discard(segments)
             raise
 
-    async def generate(self, input_ids: list[int], mm: dict[str, Any], sampling: dict[str, Any]):
+    async def generate(self, input_ids: list[int], mm: dict[str, Any], sampling: dict[str, Any],
+                       mm_items: tuple = ([], [])):
         """Yields ("event", rid, index, token, delta, reason, logprobs) tuples (logprobs:
-        None or (logprob, rank, top_ids, top_logprobs)), then a Completion."""
+        None or (logprob, rank, top_ids, top_logprobs)), then a Completion. ``mm_items``:
+        the prompt's items' content keys and token ranges (``ProcessedPrompt.mm_hashes``,
+        ``mm_positions``), which the engine's prefix cache names the media by."""
         if not self.alive:
             raise ServiceUnavailableError("the engine process is not running",
                                     hint="check the server log; restart the server")
@@ -102,18 +107,18 @@ class EngineClient:
             # numpy, not torch: torch's pickler would move every tensor into shared memory and
             # pass a file descriptor per storage, which the processor cache then keeps open.
             plain = {k: v.numpy() if hasattr(v, "numpy") else v for k, v in mm.items()}
-            await asyncio.to_thread(self._submit, rid, input_ids, plain, sampling)
+            await asyncio.to_thread(self._submit, rid, input_ids, plain, sampling, mm_items)
             while True:
                 message = await queue.get()
                 if message[0] == "event":
                     yield message
                 elif message[0] == "done":
                     finished = True
-                    _, _, outputs, timings, error = message
+                    _, _, outputs, timings, error, cached = message
                     if error is not None:
                         body, status = error
                         raise EngineError(body["error"], status)
-                    yield Completion(outputs, timings)
+                    yield Completion(outputs, timings, cached)
                     return
                 else:
                     raise ServiceUnavailableError("the engine process stopped during the request")

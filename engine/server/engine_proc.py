@@ -2,12 +2,14 @@
 it over local connections (one per API server).
 
 Protocol (pickled tuples over ``multiprocessing.connection``):
-  API -> engine: ("submit", rid, input_ids, mm_tensors, sampling_kwargs) | ("cancel", rid)
+  API -> engine: ("submit", rid, input_ids, mm_tensors, sampling_kwargs, mm_items)
+                 (mm_items: (content keys, (offset, length) of their tokens), prompt order)
+                 ("cancel", rid)
                  ("stats", rid)
   engine -> API: ("event", rid, index, token_id, text_delta, finish_reason, logprobs)
                  (logprobs: None, or (logprob, rank, top_ids, top_logprobs) when the request
                  asked: ids and numbers only, the API server decodes the token strings)
-                 ("done", rid, outputs, timings, error_body_or_None)
+                 ("done", rid, outputs, timings, error_body_or_None, num_cached_tokens)
                  ("stats", rid, {name: number})
 """
 
@@ -59,7 +61,7 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
                  max_num_seqs: int, device: str, dtype: str, ready: Any,
                  api_servers: int, reserved_gpu_bytes: int = 0,
                  max_num_batched_tokens: int | None = None,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, cache: dict[str, Any] | None = None) -> None:
     """Entry point of the engine process (blocks until every API server disconnected)."""
     from engine.lifetime import exit_with_parent
 
@@ -78,7 +80,7 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
     reserve_decode_memory(device, reserved_gpu_bytes)
     loaded = load_model(model, chat_template=chat_template)
     engine = Engine(loaded, device=device, dtype=dtype, max_batch_size=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens)
+                    max_num_batched_tokens=max_num_batched_tokens, **(cache or {}))
     listener = Listener(address, authkey=authkey)
     try:
         ready.send(os.getpid())
@@ -145,20 +147,22 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                                                                 "param": None,
                                                                 "code": "internal_error"}}, 500)
             outputs = [(o.index, o.text, o.token_ids, o.finish_reason) for o in req.outputs]
-            send(("done", rid, outputs, req.timings, error))
+            send(("done", rid, outputs, req.timings, error, req.num_cached_tokens))
 
-        def submit(rid: str, input_ids: list[int], mm: dict, sampling: dict) -> None:
+        def submit(rid: str, input_ids: list[int], mm: dict, sampling: dict,
+                   mm_items: tuple[list[str], list[tuple[int, int]]] = ([], [])) -> None:
             try:
                 mm = shared_inputs.attach(mm)
             except (OSError, ValueError) as exc:
                 logger.error("request %s: its inputs could not be mapped: %s", rid, exc)
                 send(("done", rid, [], {}, ({"error": {
                     "message": "the request's inputs were lost on the way to the engine",
-                    "type": "internal_error", "param": None, "code": "inputs_lost"}}, 503)))
+                    "type": "internal_error", "param": None, "code": "inputs_lost"}}, 503), 0))
                 return
             tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                        for k, v in mm.items()}
-            prompt = ProcessedPrompt(input_ids, tensors, [], {}, {})
+            prompt = ProcessedPrompt(input_ids, tensors, [], {}, {}, list(mm_items[0]),
+                                     [tuple(p) for p in mm_items[1]])
 
             def on_event(event) -> None:
                 lp = event.logprobs

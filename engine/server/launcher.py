@@ -250,7 +250,9 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
         address, authkey, model_path, config.chat_template, config.max_num_seqs,
         config.device, config.dtype, ready_child, config.api_server_count,
         int(config.mm_ipc_gpu_memory_gb * (1 << 30)), config.max_num_batched_tokens,
-        config.num_threads))
+        config.num_threads, {"enable_prefix_caching": config.enable_prefix_caching,
+                             "prefix_cache_bytes": int(config.prefix_cache_gb * (1 << 30)),
+                             "encoder_cache_bytes": int(config.encoder_cache_gb * (1 << 30))}))
     engine.start()
     ready_child.close()
     stopping = {"flag": False}

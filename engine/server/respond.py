@@ -83,11 +83,20 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
     params = [fields.sampling_for(len(p.input_ids), state.config.max_model_len, param)
               for p in prompts]
     n = fields.sampling.n
-    generations = [state.engine.generate(p.input_ids, p.mm, sp.__dict__)
+    generations = [state.engine.generate(p.input_ids, p.mm, sp.__dict__,
+                                         (p.mm_hashes, p.mm_positions))
                    for p, sp in zip(prompts, params, strict=True)]
     obj = "chat.completion" if chat else "text_completion"
     usage_prompt = sum(len(p.input_ids) for p in prompts)
     strings: TokenStrings = state.token_strings
+    cached_tokens: dict[int, int] = {}  # per prompt, from the prefix cache
+
+    def usage(completion_tokens: int) -> dict[str, Any]:
+        """OpenAI's usage, with the prompt tokens the prefix cache supplied (as OpenAI and
+        vLLM report them)."""
+        return {"prompt_tokens": usage_prompt, "completion_tokens": completion_tokens,
+                "total_tokens": usage_prompt + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": sum(cached_tokens.values())}}
 
     def extension(i: int, completion: Completion | None) -> dict[str, Any]:
         processed = prompts[i]
@@ -98,7 +107,9 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
                 state.name, e2e_s=timings["server_total_s"],
                 decode_s=float(timings.get("decode_s", 0.0)),
                 prompt=len(processed.input_ids),
-                generated=sum(len(ids) for _, _, ids, _ in completion.outputs))
+                generated=sum(len(ids) for _, _, ids, _ in completion.outputs),
+                cached=completion.num_cached_tokens)
+            cached_tokens[i] = completion.num_cached_tokens
         for name in SERVED_STAGES:
             if name in timings:
                 state.metrics.stage.labels(name[:-2]).observe(float(timings[name]))
@@ -146,9 +157,7 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
                                    else {"text": text}), "logprobs": lps})
         choices.sort(key=lambda c: c["index"])
         body = {"id": rid, "object": obj, "created": created, "model": state.name,
-                "choices": choices, "usage": {"prompt_tokens": usage_prompt,
-                                              "completion_tokens": total,
-                                              "total_tokens": usage_prompt + total}}
+                "choices": choices, "usage": usage(total)}
         if not state.config.expose_request_timings:
             return web.json_response(body)
         body["aphrodite"] = ext = ext or extension(0, None)
@@ -204,9 +213,7 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
                 if state.config.expose_request_timings:
                     tail["aphrodite"] = ext
                 if fields.include_usage:
-                    tail["usage"] = {"prompt_tokens": usage_prompt,
-                                     "completion_tokens": completion_tokens,
-                                     "total_tokens": usage_prompt + completion_tokens}
+                    tail["usage"] = usage(completion_tokens)
                 if "aphrodite" in tail or "usage" in tail:
                     await send(tail)
                 continue
