@@ -18,11 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.executor import kv, prefix_kv
+from engine.executor import kv
 from engine.executor.detokenize import OutputText, byte_tokens
-from engine.executor.encoder_cache import EncoderCache
-from engine.executor.prefix_cache import PrefixCache
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
+from engine.executor.warm_cache import WarmCaches, media_span
 from engine.models.encoder import time_encoder
 from engine.models.loader import LoadedModel
 from engine.processing import device_normalize
@@ -139,11 +138,6 @@ class TransformersRunner:
         self.device = device
         self.model = loaded.model(device, dtype)
         kv.check_supported(self.model.config)
-        #: None when off, or for a family whose cache layers cannot be cut into blocks
-        #: (sliding windows: Gemma 3)
-        self.prefix_cache = PrefixCache(prefix_cache_bytes) if (
-            enable_prefix_caching and prefix_cache_bytes > 0
-            and prefix_kv.supported(self.model.config)) else None
         self.tokenizer = loaded.tokenizer
         self.byte_ids = byte_tokens(self.tokenizer)
         self.normalizers = device_normalize.normalizers(loaded)
@@ -155,18 +149,19 @@ class TransformersRunner:
             else next(iter(self.eos_ids), 0)
         self.encoder_s = 0.0
         time_encoder(self.model, loaded.spec.encoder_attr, self._add_encoder_time)
-        encoder = getattr(self.model, loaded.spec.encoder_attr, None) or getattr(
-            getattr(self.model, "model", None), loaded.spec.encoder_attr, None)
-        self.encoder_cache = EncoderCache(encoder_cache_bytes) if (
-            encoder is not None and encoder_cache_bytes > 0) else None
-        if self.encoder_cache is not None:
-            self.encoder_cache.install(encoder)
         tok = self.tokenizer
         self.media_token_ids = {tok.convert_tokens_to_ids(loaded.spec.feature_token(m))
                                 for m in loaded.spec.expansion_tokens}
         # transformers 5 names the cache argument ``cache`` (``past_key_values`` before)
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        encoder = getattr(self.model, loaded.spec.encoder_attr, None) or getattr(
+            getattr(self.model, "model", None), loaded.spec.encoder_attr, None)
+        self.caches = WarmCaches(self.model, encoder, self.media_token_ids,
+                                 enable_prefix_caching=enable_prefix_caching,
+                                 prefix_cache_bytes=prefix_cache_bytes,
+                                 encoder_cache_bytes=encoder_cache_bytes)
+        self.prefix_cache, self.encoder_cache = self.caches.prefix, self.caches.encoder
 
     def _add_encoder_time(self, seconds: float) -> None:
         self.encoder_s += seconds
@@ -203,44 +198,8 @@ class TransformersRunner:
         return inputs
 
     def cache_stats(self) -> dict[str, float]:
-        """The prefix cache's counters (tokens queried and hit, blocks and bytes held) for
-        /metrics; nothing when it is off."""
-        out: dict[str, float] = {}
-        if self.prefix_cache is not None:
-            st = self.prefix_cache.stats
-            out.update(prefix_cache_queries=st.queries, prefix_cache_hits=st.hits,
-                       prefix_cache_blocks=st.blocks, prefix_cache_bytes=st.bytes)
-        if self.encoder_cache is not None:
-            enc = self.encoder_cache.stats
-            out.update(encoder_cache_hits=enc.hits, encoder_cache_misses=enc.misses,
-                       encoder_cache_bytes=enc.bytes)
-        return out
-
-    def _encoder_keyed(self, rows: list[_Row]) -> Any:
-        """The encoder cache's lookups named by the content keys of the rows' items, in the
-        order their tensors are concatenated (nothing cached when a row with media tokens
-        came without keys)."""
-        if self.encoder_cache is None:
-            return contextlib.nullcontext()
-        keys: list[str] = []
-        for row in rows:
-            prompt = row.request.prompt
-            if not prompt.mm_hashes and prefix_kv.media_span(prompt.input_ids,
-                                                             self.media_token_ids):
-                return contextlib.nullcontext()
-            keys += prompt.mm_hashes
-        return self.encoder_cache.keyed(tuple(keys))
-
-    def _lookup(self, row: _Row) -> tuple[list[bytes], int]:
-        """The row's prompt's block hashes and its cached prefix length (0 without a prefix
-        cache); the request's first row counts the lookup and reports its cached tokens."""
-        if self.prefix_cache is None:
-            return [], 0
-        hashes, length = prefix_kv.lookup(self.prefix_cache, row.request.prompt,
-                                          self.media_token_ids, count=row.index == 0)
-        if row.index == 0:
-            row.request.num_cached_tokens = length
-        return hashes, length
+        """The prefix and encoder caches' counters for /metrics."""
+        return self.caches.stats()
 
     def prefill(self, rows: list[_Row]) -> RunningBatch:
         """The prompts of ``rows`` prefilled: those with no cached prefix in one forward pass
@@ -249,7 +208,7 @@ class TransformersRunner:
         on) and the positions their next tokens take. On an exception nothing was handed
         on."""
         self.encoder_s = 0.0
-        found = [self._lookup(row) for row in rows]
+        found = [self.caches.lookup(row.request, row.index == 0) for row in rows]
         parts: list[tuple[RunningBatch, Any]] = []
         plain = [(r, h) for r, (h, length) in zip(rows, found, strict=True) if not length]
         if plain:
@@ -282,7 +241,7 @@ class TransformersRunner:
         positions = self.model._prepare_position_ids_for_generation(inputs["input_ids"],
                                                                    dict(inputs))
         cache = DynamicCache(config=self.model.config)
-        with torch.inference_mode(), self._encoder_keyed(rows):
+        with torch.inference_mode(), self.caches.keyed([r.request.prompt for r in rows]):
             out = self.model(**inputs, position_ids=positions, **{self._cache_arg: cache},
                              use_cache=True, logits_to_keep=1)
         deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
@@ -292,15 +251,14 @@ class TransformersRunner:
         for i, row in enumerate(rows):
             row.position = int(lengths[i])
             row.rope_delta = int(deltas[i, 0]) if mrope else 0
-            if self.prefix_cache is not None:
-                prefix_kv.store(self.prefix_cache, cache, i, width - int(lengths[i]), hashes[i])
+            self.caches.store(cache, i, width - int(lengths[i]), hashes[i])
         return RunningBatch(rows, cache, inputs["attention_mask"], mrope), out.logits[:, -1, :]
 
     def start_chunked(self, row: _Row, budget: int) -> ChunkedPrefill:
         """Plan the chunked prefill of one row's prompt (positions computed once, for the whole
         prompt, by the model's own rule), from the end of its cached prefix."""
         self.encoder_s = 0.0
-        hashes, length = self._lookup(row)
+        hashes, length = self.caches.lookup(row.request, row.index == 0)
         return self._plan(row, budget, hashes, length)
 
     def _plan(self, row: _Row, budget: int | None, hashes: list[bytes], cached: int
@@ -316,10 +274,8 @@ class TransformersRunner:
         mrope = deltas is not None and positions.ndim == 3
         ids = inputs["input_ids"][0].tolist()
         cache = DynamicCache(config=self.model.config)
-        if cached:
-            prefix_kv.fill(cache, self.prefix_cache.get(  # type: ignore[union-attr]
-                hashes[:cached // self.prefix_cache.block_size]))  # type: ignore[union-attr]
-        media = prefix_kv.media_span(ids, self.media_token_ids)
+        self.caches.fill(cache, hashes, cached)
+        media = media_span(ids, self.media_token_ids)
         return ChunkedPrefill(row, inputs, positions, cache,
                               chunk_bounds(len(ids), budget or len(ids), media, cached), mrope,
                               int(deltas[0, 0]) if mrope else 0, hashes=hashes)
@@ -354,7 +310,7 @@ class TransformersRunner:
         if any(t in self.media_token_ids for t in ids):  # the chunk with the media span
             chunk.update({k: v for k, v in inputs.items() if k not in (
                 "input_ids", "attention_mask", spec.token_types_key)})
-            keyed = self._encoder_keyed([plan.row])
+            keyed = self.caches.keyed([plan.row.request.prompt])
         with torch.inference_mode(), keyed:
             out = self.model(**chunk, position_ids=plan.positions[..., start:end],
                              **{self._cache_arg: plan.cache}, use_cache=True, logits_to_keep=1)
@@ -363,8 +319,7 @@ class TransformersRunner:
         row = plan.row
         row.position = int(inputs["attention_mask"].sum())
         row.rope_delta = plan.rope_delta
-        if self.prefix_cache is not None:
-            prefix_kv.store(self.prefix_cache, plan.cache, 0, 0, plan.hashes)
+        self.caches.store(plan.cache, 0, 0, plan.hashes)
         return out.logits[:, -1, :]
 
     def decode(self, batch: RunningBatch) -> None:
