@@ -177,6 +177,8 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
                 if usage and "completion_tokens" in usage:
                     record.output_tokens = usage["completion_tokens"]
                     record.prompt_tokens = usage.get("prompt_tokens", 0)
+                    record.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
+                        "cached_tokens") or 0
                     record.token_source = "usage"
                 if chunk.get("aphrodite"):
                     record.server = chunk["aphrodite"]

@@ -121,6 +121,10 @@ def chunk_bounds(length: int, budget: int, media: tuple[int, int] | None, start:
     return bounds
 
 
+#: the media tensors a prefill whose media are cached leaves out (what the encoders read; the
+#: position rules read only the grids and token types)
+_MEDIA_TENSORS = frozenset({"pixel_values", "pixel_values_videos", "input_features"})
+
 #: the prefix and encoder caches' default bounds (``--prefix-cache-gb``,
 #: ``--encoder-cache-gb``)
 DEFAULT_PREFIX_CACHE_BYTES = 512 << 20
@@ -166,7 +170,10 @@ class TransformersRunner:
     def _add_encoder_time(self, seconds: float) -> None:
         self.encoder_s += seconds
 
-    def _inputs(self, rows: list[_Row]) -> dict[str, Any]:
+    def _inputs(self, rows: list[_Row], pixels: bool = True) -> dict[str, Any]:
+        """The rows' model inputs (``pixels`` False: without the media's pixel and audio
+        tensors, for a prefill whose media the prefix cache covers: nothing is moved to the
+        device or normalized for it)."""
         import torch
 
         seqs = [r.request.prompt.input_ids for r in rows]
@@ -182,7 +189,7 @@ class TransformersRunner:
         merged: dict[str, list[Any]] = {}
         for r in rows:
             for key, value in r.request.prompt.mm.items():
-                if key != types_key:
+                if key != types_key and (pixels or key not in _MEDIA_TENSORS):
                     merged.setdefault(key, []).append(value)
         padded = self.loaded.spec.padded_keys
         for key, values in merged.items():
@@ -267,15 +274,15 @@ class TransformersRunner:
         ``cached`` tokens, whose keys and values the cache starts with."""
         from transformers import DynamicCache
 
-        inputs = self._inputs([row])
+        ids = row.request.prompt.input_ids
+        media = media_span(ids, self.media_token_ids)
+        inputs = self._inputs([row], pixels=media is None or cached <= media[1])
         positions = self.model._prepare_position_ids_for_generation(inputs["input_ids"],
                                                                    dict(inputs))
         deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
         mrope = deltas is not None and positions.ndim == 3
-        ids = inputs["input_ids"][0].tolist()
         cache = DynamicCache(config=self.model.config)
         self.caches.fill(cache, hashes, cached)
-        media = media_span(ids, self.media_token_ids)
         return ChunkedPrefill(row, inputs, positions, cache,
                               chunk_bounds(len(ids), budget or len(ids), media, cached), mrope,
                               int(deltas[0, 0]) if mrope else 0, hashes=hashes)
