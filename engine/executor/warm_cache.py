@@ -40,6 +40,8 @@ def store(store_in: PrefixCache, cache: Any, row: int, start: int, hashes: Seque
     size = store_in.block_size
     first, end = missing[0], missing[-1] + 1
     layers = kv._layers(cache)
+    if len({(layer.keys.shape[1], layer.keys.shape[-1]) for layer in layers}) > 1:
+        return  # layers of different shapes: not stacked into blocks (none such registered)
     span = slice(start + first * size, start + end * size)
     with torch.inference_mode():
         stacked = torch.stack([layer.keys[row, :, span] for layer in layers]
