@@ -150,7 +150,7 @@ def generate(
     """Write synthetic media with structure and motion (every video frame distinct)."""
     from pathlib import Path
 
-    from aphrodite_cli.bench import synthetic
+    from aphrodite_cli.bench.harness import synthetic
 
     path = Path(out_path)
     suffix = path.suffix.lower().lstrip(".")

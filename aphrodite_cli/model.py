@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from aphrodite_cli.options import OUTPUT_FORMAT_HELP, OutputFormat
+from aphrodite_cli.options import OUTPUT_FORMAT_HELP, ModelSizeName, OutputFormat
 from aphrodite_cli.output import out, print_table
 
 app = typer.Typer(help="Registered model families and tiny random-weight models.",
@@ -45,17 +45,22 @@ def list_models(
 
   aphrodite model make-tiny llava --out /tmp/tiny-llava --seed 1
 
-  aphrodite model make-tiny qwen2_5_vl --head-dim 16 --out /tmp/tiny-like-tests""",
+  aphrodite model make-tiny qwen2_5_vl --head-dim 16 --out /tmp/tiny-like-tests
+
+  aphrodite model make-tiny qwen2_5_vl --size medium --out /tmp/medium-qwen   # ~150 M""",
 )
 def make_tiny(
     arch: Annotated[str, typer.Argument(help="A registered family (aphrodite model list).")],
     out_dir: Annotated[Path, typer.Option("--out", help="Folder to write the model into.")],
     seed: Annotated[int, typer.Option(help="Weight seed; same seed, same weights.")] = 0,
-    head_dim: Annotated[int, typer.Option(
+    head_dim: Annotated[int | None, typer.Option(
         min=8, help="Attention head size of the text model (even; the width follows: 4 heads "
                     "x head_dim), e.g. 64. 32 by default because vLLM's CPU attention refuses "
                     "16 (it takes 32, 64, 80 and up); the cached tiny:ARCH models the tests "
-                    "serve use 16.")] = 32,
+                    "serve use 16. --size small/medium have 64.")] = None,
+    size: Annotated[ModelSizeName, typer.Option(
+        help="tiny (the default), or small (~43 M parameters) / medium (~150 M) for "
+             "measuring how cost grows with the model (qwen2_5_vl; head_dim 64).")] = "tiny",
 ) -> None:
     """Build a tiny random-weight instance of a family (real config and processor classes)."""
     import time
@@ -65,8 +70,10 @@ def make_tiny(
 
     spec = get_arch(arch)
     start = time.perf_counter()
-    build_tiny(spec.name, out_dir, seed, head_dim=head_dim)
-    out.print(f"built tiny {spec.name} (head_dim {head_dim}) in "
+    if head_dim is None and size == "tiny":
+        head_dim = 32
+    build_tiny(spec.name, out_dir, seed, head_dim=head_dim, size=size)
+    out.print(f"built {size} {spec.name} (head_dim {head_dim or 64}) in "
               f"{time.perf_counter() - start:.1f} s -> {out_dir}", markup=False)
 
 

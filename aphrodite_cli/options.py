@@ -76,7 +76,9 @@ MediaDelivery = Literal["data-url", "http"]
 DatasetName = Literal["random-mm", "jsonl", "random"]
 DecodeIsolation = Literal["process", "thread"]
 SweepProfile = Literal["sweep"]
+RampUpStrategy = Literal["linear", "exponential"]
 BatchingWorkload = Literal["uniform", "mixed"]
 OutputFormat = Literal["table", "markdown", "json"]
+ModelSizeName = Literal["tiny", "small", "medium"]  # engine.models.sizes.SIZES
 OUTPUT_FORMAT_HELP = ("How results are printed: table, markdown (for pull requests and CI "
                       "summaries) or json (for scripts); the result file is the same.")

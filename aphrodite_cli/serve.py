@@ -16,6 +16,8 @@ from aphrodite_cli.options import (
     split_hosts,
 )
 from aphrodite_cli.output import out
+from engine.config import EngineConfig, PipelineConfig
+from engine.server.config import ServerConfig
 
 EPILOG = """Examples:
 
@@ -37,18 +39,21 @@ def serve(
         help="Model folder, Hugging Face Hub id (downloaded into the Hugging Face cache when "
              "missing) or tiny:ARCH; default: the tiny Qwen2.5-VL.")] = None,
     revision: Annotated[str | None, typer.Option(
-        help="Branch, tag or commit of a hub model, e.g. main.")] = None,
+        help="Branch, tag or commit of a hub model, e.g. main.")] = ServerConfig.revision,
     download_dir: Annotated[str | None, typer.Option(
-        help="Folder to download hub models into instead of the Hugging Face cache.")] = None,
+        help="Folder to download hub models into instead of the Hugging Face cache.")
+    ] = ServerConfig.download_dir,
     host: Annotated[str, typer.Option(help="Address to listen on, e.g. 0.0.0.0.")
-                    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port, e.g. 8000.")] = 2242,
+                    ] = ServerConfig.host,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port, e.g. 8000.")
+    ] = ServerConfig.port,
     served_model_name: Annotated[str | None, typer.Option(
-        help="Name clients use in 'model', e.g. my-vlm.")] = None,
+        help="Name clients use in 'model', e.g. my-vlm.")] = ServerConfig.served_model_name,
     chat_template: Annotated[Path | None, typer.Option(
         help="Jinja chat template file, e.g. engine/models/templates/llava.jinja.")] = None,
     api_key: Annotated[str | None, typer.Option(
-        help="Require 'Authorization: Bearer KEY' (or set APHRODITE_API_KEY).")] = None,
+        help="Require 'Authorization: Bearer KEY' (or set APHRODITE_API_KEY).")
+    ] = ServerConfig.api_key,
     allowed_media_domains: AllowedMediaDomains = None,
     allowed_local_media_path: AllowedLocalMediaPath = None,
     limit_mm_per_prompt: Annotated[str | None, typer.Option(
@@ -57,86 +62,85 @@ def serve(
         metavar="JSON", help='Processor settings, e.g. \'{"max_pixels": 802816}\'.')] = None,
     media_io_kwargs: MediaIoKwargs = None,
     mm_processor_cache_gb: Annotated[float, typer.Option(
-        min=0, help="Processor cache size per API server in GB (0 disables), e.g. 4.")] = 4.0,
+        min=0, help="Processor cache size per API server in GB (0 disables), e.g. 4.")
+    ] = PipelineConfig.mm_processor_cache_gb,
     mm_device_do_normalize: Annotated[bool, typer.Option(
         help="Rescale and normalize pixels on the model's device, not in the API server "
              "(vLLM's flag; Qwen2/2.5/3-VL): a quarter of the bytes through the cache and "
-             "to the engine.")] = True,
+             "to the engine.")] = PipelineConfig.mm_device_do_normalize,
     mm_ipc_gpu_memory_gb: Annotated[float, typer.Option(
-        min=0, help="GPU memory for video decoding, split among API servers, e.g. 4.")] = 0.0,
+        min=0, help="GPU memory for video decoding, split among API servers, e.g. 4.")
+    ] = ServerConfig.mm_ipc_gpu_memory_gb,
     api_server_count: Annotated[int, typer.Option(
-        min=1, max=64, help="API server processes sharing the port, e.g. 2.")] = 1,
+        min=1, max=64, help="API server processes sharing the port, e.g. 2.")
+    ] = ServerConfig.api_server_count,
     max_request_body_mb: Annotated[float, typer.Option(
-        min=0.001, help="Largest request body in MB, e.g. 64.")] = 64.0,
+        min=0.001, help="Largest request body in MB, e.g. 64.")] = ServerConfig.max_request_body_mb,
     request_body_timeout_s: Annotated[float, typer.Option(
         min=0.1, help="Seconds a client has to send its whole request body (else 408), "
-                      "e.g. 30.")] = 30.0,
+                      "e.g. 30.")] = ServerConfig.request_body_timeout_s,
     metrics_without_auth: Annotated[bool, typer.Option(
         help="With --api-key, still serve /metrics without the key (for a scraper).")
-    ] = False,
+    ] = ServerConfig.metrics_without_auth,
     expose_request_timings: Annotated[bool, typer.Option(
         help="Send each request's server-side stage timings and cache hits to its client "
              "(header x-aphrodite-timings, body field 'aphrodite'; bench serve reads them). "
              "Off by default: a cache hit tells a client that someone sent the same media.")
-    ] = False,
+    ] = ServerConfig.expose_request_timings,
     max_num_seqs: Annotated[int, typer.Option(
-        min=1, help="Sequences in the running batch (a request's n counts n), e.g. 8: between "
-                    "decode steps finished ones leave and waiting ones join.")] = 8,
+        help="Sequences in the running batch (a request's n counts n), e.g. 8: between "
+             "decode steps finished ones leave and waiting ones join.")
+    ] = EngineConfig.max_num_seqs,
     max_num_batched_tokens: Annotated[int | None, typer.Option(
-        min=1, help="Prompt tokens prefilled in one step when requests join the running "
-                    "batch, e.g. 8192 (a longer prompt is prefilled alone); default: no cap.")
-    ] = None,
+        help="Prompt tokens prefilled in one step when requests join the running "
+             "batch, e.g. 8192 (a longer prompt is prefilled alone); default: no cap.")
+    ] = EngineConfig.max_num_batched_tokens,
     num_threads: Annotated[int | None, typer.Option(
-        min=1, help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "
-                    "which pins one core; default: torch's (one per core). API servers use "
-                    "APHRODITE_API_SERVER_TORCH_THREADS.")] = None,
-    enable_prefix_caching: Annotated[bool, typer.Option(
-        help="Keep the keys and values of prompts' leading blocks (text, and media by their "
-             "content) and reuse them for later prompts that start the same way (vLLM's "
-             "flag and default).")] = True,
-    prefix_cache_gb: Annotated[float, typer.Option(
-        min=0, help="Prefix cache size in GB, on the model's device, e.g. 4.")] = 0.5,
-    encoder_cache_gb: Annotated[float, typer.Option(
-        min=0, help="Encoder output cache size in GB (0 disables), on the model's device: "
-                    "a media item seen before skips the encoder when its prefix misses, "
-                    "e.g. 1.")] = 0.25,
+        help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "
+             "which pins one core; default: the CPUs the process may use (its affinity and cgroup "
+             "quota; torch's own default counts every core). API servers use "
+             "APHRODITE_API_SERVER_TORCH_THREADS.")] = EngineConfig.num_threads,
     max_model_len: Annotated[int, typer.Option(
-        min=16, help="Prompt plus output tokens per request, e.g. 8192.")] = 8192,
+        min=16, help="Prompt plus output tokens per request, e.g. 8192.")
+    ] = ServerConfig.max_model_len,
     max_pending_requests: Annotated[int, typer.Option(
         min=1, help="Requests in flight per API server before 503 + Retry-After, e.g. 256.")
-    ] = 256,
+    ] = ServerConfig.max_pending_requests,
     decode_isolation: Annotated[DecodeIsolation, typer.Option(
         help="process (decode worker processes: a decoder crash, hang or memory blow-up "
              "fails one request, not the server) or thread (in the API server, faster by "
-             "one hand-over through shared memory).")] = "process",
+             "one hand-over through shared memory).")] = ServerConfig.decode_isolation,
     decode_workers: Annotated[int, typer.Option(
         min=1, help="Decode worker processes per API server with --decode-isolation process, "
-                    "e.g. 4.")] = 2,
+                    "e.g. 4.")] = ServerConfig.decode_workers,
     decode_timeout_s: Annotated[float, typer.Option(
-        min=0.1, help="Wall-clock limit of one isolated decode in seconds, e.g. 60.")] = 60.0,
+        min=0.1, help="Wall-clock limit of one isolated decode in seconds, e.g. 60.")
+    ] = ServerConfig.decode_timeout_s,
     decode_memory_gb: Annotated[float, typer.Option(
-        min=0.25, help="Address-space limit of one decode worker in GB, e.g. 8.")] = 8.0,
+        min=0.25, help="Address-space limit of one decode worker in GB, e.g. 8.")
+    ] = ServerConfig.decode_memory_gb,
     max_concurrent_fetches: Annotated[int, typer.Option(
         min=1, help="http(s) media fetches in flight per API server (a request with http media "
                     "holds one while it fetches; data URLs and local files none), e.g. 16.")
-    ] = 16,
+    ] = ServerConfig.max_concurrent_fetches,
     max_fetches_per_client: Annotated[int, typer.Option(
         min=0, help="Of those, most held at once by one client (its peer address), so one "
                     "client's slow media hosts cannot hold them all; 0: no per-client share "
-                    "(behind a reverse proxy every client has its address), e.g. 8.")] = 8,
+                    "(behind a reverse proxy every client has its address), e.g. 8.")
+    ] = ServerConfig.max_fetches_per_client,
     max_decode_queue: Annotated[int, typer.Option(
         min=1, help="Requests fetching/decoding/preprocessing per API server before 503 + "
-                    "Retry-After, e.g. 64.")] = 64,
+                    "Retry-After, e.g. 64.")] = ServerConfig.max_decode_queue,
     max_inflight_media_mb: Annotated[float, typer.Option(
         min=0.01, help="Fetched media bytes held per API server before 503 + Retry-After, in MB, "
-                    "e.g. 2048.")] = 2048.0,
-    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
+                    "e.g. 2048.")] = ServerConfig.max_inflight_media_mb,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = EngineConfig.device,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")
+    ] = EngineConfig.dtype,
 ) -> None:
     """Serve a multimodal model with an OpenAI-compatible API (alias: aphrodite run)."""
     from engine import envs
-    from engine.config import PipelineConfig
-    from engine.server.config import ServerConfig
+    from engine.processing.pipeline import pipeline_config
     from engine.server.launcher import run
 
     limits = parse_json_flag("--limit-mm-per-prompt", limit_mm_per_prompt)
@@ -146,7 +150,7 @@ def serve(
         chat_template=str(chat_template) if chat_template else None,
         api_key=api_key or envs.APHRODITE_API_KEY or None,
         # the request pipeline's settings, parsed and checked here once
-        pipeline=PipelineConfig.create(
+        pipeline=pipeline_config(
             allowed_media_domains=tuple(split_hosts(allowed_media_domains)),
             allowed_local_media_path=str(allowed_local_media_path)
             if allowed_local_media_path else None,
@@ -160,16 +164,16 @@ def serve(
         request_body_timeout_s=request_body_timeout_s,
         metrics_without_auth=metrics_without_auth,
         expose_request_timings=expose_request_timings,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        num_threads=num_threads, enable_prefix_caching=enable_prefix_caching,
-        prefix_cache_gb=prefix_cache_gb, encoder_cache_gb=encoder_cache_gb,
+        # the engine's settings, checked here once and handed whole to the engine process
+        engine=EngineConfig(max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=max_num_batched_tokens,
+                            num_threads=num_threads, device=device, dtype=dtype),
         max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,
         decode_memory_gb=decode_memory_gb, max_decode_queue=max_decode_queue,
         max_concurrent_fetches=max_concurrent_fetches,
         max_fetches_per_client=max_fetches_per_client,
-        max_inflight_media_mb=max_inflight_media_mb, device=device,
-        dtype=dtype)
+        max_inflight_media_mb=max_inflight_media_mb)
     code = run(config, announce=lambda msg: out.print(msg, markup=False))
     raise typer.Exit(code)

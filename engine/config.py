@@ -115,12 +115,6 @@ class MediaLimits:
         return replace(limits, **overrides) if overrides else limits  # type: ignore[arg-type]
 
 
-def _default_video() -> VideoLoadSpec:
-    from engine.media.video.options import server_video_spec
-
-    return server_video_spec(None)
-
-
 #: Who may set which ``mm_processor_kwargs`` per request: "any" key the processor takes (the
 #: offline LLM: its caller is the operator), or only the bounded few a server's clients may
 #: (``engine.processing.kwargs.REQUEST_KWARGS``).
@@ -132,12 +126,16 @@ class PipelineConfig:
     """The request pipeline's settings, resolved once where they enter (the ``serve`` flags,
     ``LLM(...)``'s arguments): the media policy and the video options as checked, typed
     objects; frozen and picklable, so the start-up check and every API server get the very
-    objects the flags became. What needs the model (the item limits capped by the family's,
+    objects the flags became. Built and checked by
+    :func:`~engine.processing.pipeline.pipeline_config` (this module holds data only: it
+    imports nothing above it). What needs the model (the item limits capped by the family's,
     the processor kwargs checked against its processor) is resolved by the
     :class:`~engine.processing.pipeline.Pipeline` built from this and the model."""
 
     policy: MediaPolicy = field(default_factory=MediaPolicy.create)
-    video: VideoLoadSpec = field(default_factory=_default_video)
+    #: None: the server-wide default (``APHRODITE_VIDEO_LOADER_BACKEND``), which the
+    #: Pipeline resolves
+    video: VideoLoadSpec | None = None
     limit_mm_per_prompt: dict[str, int] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
     mm_processor_cache_gb: float = 4.0
@@ -146,27 +144,80 @@ class PipelineConfig:
     #: --mm-device-do-normalize, on by default as there)
     mm_device_do_normalize: bool = True
 
-    @classmethod
-    def create(cls, *, allowed_media_domains: tuple[str, ...] | list[str] | None = None,
-               allowed_local_media_path: str | os.PathLike[str] | None = None,
-               media_io_kwargs: dict[str, Any] | None = None,
-               limit_mm_per_prompt: dict[str, int] | None = None,
-               mm_processor_kwargs: dict[str, Any] | None = None,
-               mm_processor_cache_gb: float = 4.0,
-               request_kwargs: RequestKwargs = "any",
-               mm_device_do_normalize: bool = True) -> PipelineConfig:
-        """From the flags' values; a bad one is a :class:`ConfigError` naming its flag."""
-        from engine.media.video.options import server_video_spec
-        from engine.processing.limits import check_limit_flag
 
-        check_limit_flag(limit_mm_per_prompt)
-        if mm_processor_kwargs is not None and not isinstance(mm_processor_kwargs, dict):
-            raise ConfigError("--mm-processor-kwargs must be a JSON object",
+#: How rows join a running batch: between decode steps ("continuous"), or only once the
+#: batch has ended ("static", the baseline ``bench batching`` compares against)
+Scheduling = Literal["continuous", "static"]
+SCHEDULING: tuple[Scheduling, ...] = ("continuous", "static")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _check_count(flag: str, value: object, *, optional: bool, example: str) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{flag} must be a whole number of at least 1, not {value!r}",
+                          hint=f"e.g. {flag} {example}"
+                          + (" (or leave it out)" if optional else ""), code="invalid_flag")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's settings: what the ``serve`` flags, ``LLM(...)``'s arguments and the
+    benchmarks ask of the engine, checked here once (a bad value is a :class:`ConfigError`
+    naming its flag), frozen and handed whole to the engine process. The CLI's defaults are
+    these fields' defaults: a default is written here and nowhere else.
+
+    ``max_num_seqs``: rows in the running batch (a request's ``n`` samples are ``n`` rows).
+    ``max_num_batched_tokens``: prompt tokens prefilled in one step; a longer prompt is
+    prefilled alone, a chunk per step. ``None``: no cap.
+    ``scheduling``: see :data:`Scheduling`.
+    ``device``, ``dtype``: where the model runs, and its weights' type.
+    ``num_threads``: torch threads of the engine's process; ``None``: the CPUs the process
+    may use (its affinity, at most its cgroup's CPU quota; torch itself counts all cores).
+    ``reserved_gpu_bytes``: GPU memory the engine leaves to others (the API servers' video
+    decoders): its allocator is capped at the device's total minus this.
+    """
+
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int | None = None
+    scheduling: Scheduling = "continuous"
+    device: str = "cpu"
+    dtype: str = "auto"
+    num_threads: int | None = None
+    reserved_gpu_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        _check_count("--max-num-seqs", self.max_num_seqs, optional=False, example="8")
+        _check_count("--max-num-batched-tokens", self.max_num_batched_tokens, optional=True,
+                     example="8192")
+        _check_count("--num-threads", self.num_threads, optional=True, example="4")
+        if self.scheduling not in SCHEDULING:
+            raise ConfigError(f"scheduling {self.scheduling!r} is not supported",
+                              hint=f"use one of {', '.join(SCHEDULING)}", code="invalid_flag")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype {self.dtype!r} is not supported",
+                              hint=f"use one of {', '.join(DTYPES)}", code="invalid_dtype")
+        kind, _, index = str(self.device).partition(":")
+        if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+            raise ConfigError(f"--device {self.device!r} is not supported",
+                              hint="use cpu, cuda or cuda:N", code="invalid_device")
+        if isinstance(self.reserved_gpu_bytes, bool) or not isinstance(
+                self.reserved_gpu_bytes, int) or self.reserved_gpu_bytes < 0:
+            raise ConfigError(f"reserved GPU memory must be a byte count of 0 or more, not "
+                              f"{self.reserved_gpu_bytes!r}",
+                              hint="set it with --mm-ipc-gpu-memory-gb", code="invalid_flag")
+
+    @classmethod
+    def create(cls, **settings: Any) -> EngineConfig:
+        """From keyword settings (``LLM(...)``'s engine arguments): a name that is not a field
+        is a :class:`ConfigError` listing the fields."""
+        from dataclasses import fields
+
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(settings) - set(names))
+        if unknown:
+            raise ConfigError(f"unknown engine setting{'s' if len(unknown) > 1 else ''} "
+                              f"{', '.join(unknown)}", hint=f"engine settings: {', '.join(names)}",
                               code="invalid_flag")
-        return cls(policy=MediaPolicy.create(allowed_domains=allowed_media_domains,
-                                             allowed_local_path=allowed_local_media_path),
-                   video=server_video_spec(media_io_kwargs),
-                   limit_mm_per_prompt=limit_mm_per_prompt,
-                   mm_processor_kwargs=mm_processor_kwargs,
-                   mm_processor_cache_gb=mm_processor_cache_gb, request_kwargs=request_kwargs,
-                   mm_device_do_normalize=mm_device_do_normalize)
+        return cls(**settings)

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import ConfigError
-from engine.media.video.backend_info import NAMES as video_backend_names
 
 PREFIX = "APHRODITE_"
-VIDEO_BACKENDS = video_backend_names
+#: APHRODITE_VIDEO_LOADER_BACKEND's choices: the names of ``engine.media.video.backend_info``'s
+#: records, spelled here because this module imports nothing above it (a test holds the two
+#: equal)
+VIDEO_BACKENDS = ("opencv", "pyav", "torchcodec", "pynvvideocodec", "deepstream")
 
 
 @dataclass(frozen=True)

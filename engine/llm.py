@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from engine.config import PipelineConfig
+from engine.config import EngineConfig, PipelineConfig
 from engine.errors import InvalidRequestError
-from engine.executor.engine import Engine, Scheduling
+from engine.executor.engine import Engine
 from engine.executor.request import CompletionOutput, EngineRequest
 from engine.executor.sampling import SamplingParams
 from engine.models.loader import load_model
 from engine.processing.chat_parts import parse_messages
-from engine.processing.pipeline import Pipeline
+from engine.processing.pipeline import Pipeline, pipeline_config
 from engine.processing.preprocess import MediaItem
 
 
@@ -90,32 +90,28 @@ class LLM:
     def __init__(self, model: str | None = None, *, chat_template: str | None = None,
                  limit_mm_per_prompt: dict[str, int] | None = None,
                  mm_processor_kwargs: dict[str, Any] | None = None,
-                 mm_processor_cache_gb: float = 4.0,
+                 mm_processor_cache_gb: float = PipelineConfig.mm_processor_cache_gb,
                  media_io_kwargs: dict[str, Any] | None = None,
                  allowed_local_media_path: str | None = None,
                  allowed_media_domains: list[str] | None = None,
-                 device: str = "cpu", dtype: str = "auto", max_batch_size: int = 8,
                  revision: str | None = None, download_dir: str | None = None,
-                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 scheduling: Scheduling = "continuous",
-                 mm_device_do_normalize: bool = True, enable_prefix_caching: bool = True,
-                 prefix_cache_gb: float = 0.5, encoder_cache_gb: float = 0.25) -> None:
+                 mm_device_do_normalize: bool = PipelineConfig.mm_device_do_normalize,
+                 **engine_settings: Any) -> None:
+        """``engine_settings``: any :class:`~engine.config.EngineConfig` field, e.g.
+        ``max_num_seqs=4``, ``max_num_batched_tokens=2048``, ``scheduling="static"``,
+        ``device="cuda"``, ``dtype="bfloat16"``, ``num_threads=4`` (checked there: a bad or
+        unknown one is a :class:`~engine.errors.ConfigError`)."""
+        engine_config = EngineConfig.create(**engine_settings)
         self.loaded = load_model(model, chat_template=chat_template, revision=revision,
                                  download_dir=download_dir)
-        self.pipeline = Pipeline(self.loaded, PipelineConfig.create(
+        self.pipeline = Pipeline(self.loaded, pipeline_config(
             limit_mm_per_prompt=limit_mm_per_prompt, mm_processor_kwargs=mm_processor_kwargs,
             mm_processor_cache_gb=mm_processor_cache_gb, media_io_kwargs=media_io_kwargs,
             allowed_media_domains=tuple(allowed_media_domains or ()),
             allowed_local_media_path=allowed_local_media_path,
             mm_device_do_normalize=mm_device_do_normalize))
         self.cache = self.pipeline.cache
-        # max_num_seqs is vLLM's name; max_batch_size the older one here
-        self.engine = Engine(self.loaded, device=device, dtype=dtype,
-                             max_batch_size=max_num_seqs or max_batch_size,
-                             max_num_batched_tokens=max_num_batched_tokens,
-                             scheduling=scheduling, enable_prefix_caching=enable_prefix_caching,
-                             prefix_cache_bytes=int(prefix_cache_gb * (1 << 30)),
-                             encoder_cache_bytes=int(encoder_cache_gb * (1 << 30)))
+        self.engine = Engine(self.loaded, engine_config)
 
     def prepare(self, prompt: str, items: list[MediaItem], kwargs: dict[str, Any] | None,
                 raw: bool) -> Any:

@@ -74,3 +74,15 @@ def rss_bytes(pid: int | str = "self") -> int | None:
             "SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def reserve_gpu_memory(device: str, reserved: int) -> None:
+    """Plan this process's GPU memory without ``reserved`` bytes (the API servers' video
+    decode budget): cap its allocator at (total - reserved). Nothing on a CPU device."""
+    if reserved <= 0 or not device.startswith("cuda"):
+        return
+    import torch
+
+    index = torch.device(device).index or 0
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(max(1 - reserved / total, 0.05), index)

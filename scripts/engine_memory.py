@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def _serve_with_heap_stats(stats_path: str, trim_every_s: float, trace_after_s: float,
-                           *args) -> None:
+                           **engine_args) -> None:
     """The engine process, plus a thread that calls malloc_trim every ``trim_every_s`` seconds
     when > 0. With ``trace_after_s`` > 0, Python allocations are traced: a snapshot at that
     time, and the biggest growth since then written to ``stats_path``.trace every 10 s. (The
@@ -62,14 +62,15 @@ def _serve_with_heap_stats(stats_path: str, trim_every_s: float, trace_after_s: 
                 last_trim = time.monotonic()
 
     threading.Thread(target=report, daemon=True).start()
-    serve_engine(*args)
+    serve_engine(**engine_args)
 
 
 async def main(requests: int, every: int, trim_every_s: float, trace_after_s: float) -> dict:
     from PIL import Image
 
-    from aphrodite_cli.bench import synthetic
+    from aphrodite_cli.bench.harness import synthetic
     from engine import LLM
+    from engine.config import EngineConfig
     from engine.processing.preprocess import MediaItem
     from engine.server.engine_client import EngineClient
 
@@ -84,8 +85,9 @@ async def main(requests: int, every: int, trim_every_s: float, trace_after_s: fl
     ready, child = ctx.Pipe(duplex=False)
     stats_path = os.path.join(os.path.dirname(address), "engine")
     proc = ctx.Process(target=_serve_with_heap_stats, args=(
-        stats_path, trim_every_s, trace_after_s, address, key, None, None, 8, "cpu", "auto",
-        child, 1), daemon=True)
+        stats_path, trim_every_s, trace_after_s), kwargs=dict(
+        address=address, authkey=key, model=None, chat_template=None, config=EngineConfig(),
+        ready=child, api_servers=1), daemon=True)
     proc.start()
     child.close()
     ready.recv()

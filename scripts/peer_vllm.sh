@@ -14,9 +14,11 @@
 #     run; no CUDA path is called). torchaudio and torchcodec (CUDA builds too, which do not
 #     load) are uninstalled: transformers skips them when absent and vLLM only needs them for
 #     audio models and its torchcodec video backend. A second run finds all of it in place.
-#  2. A tiny random-weight Qwen2.5-VL with head_dim 32 (aphrodite model make-tiny --head-dim
-#     32: vLLM's CPU attention refuses the tests' head_dim 16) in the results folder, or
-#     MODEL=folder.
+#  2. Random-weight Qwen2.5-VL models of each of $SIZES (aphrodite model make-tiny --size:
+#     tiny with head_dim 32, since vLLM's CPU attention refuses the tests' 16; small ~43 M and
+#     medium ~150 M parameters with head_dim 64), built once into $PEER_CACHE/models/<size>;
+#     or MODEL=folder for one model of your own. Per size, both servers start, run step 4,
+#     and stop.
 #  3. Both servers, float32, --max-model-len 2048:
 #       vLLM: python -m vllm.entrypoints.openai.api_server (the `vllm` console script fails on
 #             the distribution's name), VLLM_CPU_KVCACHE_SPACE=1 (GB). Its video loader is set
@@ -32,22 +34,26 @@
 #     binds more cores (VLLM_CPU_OMP_THREADS_BIND). Our server also sends its stage timings
 #     (--expose-request-timings), so the result shows where our TTFT goes.
 #  4. For each repeat, for each load, vLLM then ours: aphrodite bench serve, random-mm images
-#     and 16-frame videos ($BUCKETS), --mode $MODE, concurrency per load; every result JSON goes
-#     to $OUT (results/peer-vllm-<date>/ by default, git-ignored) as
-#     out<LEN>-c<CONC>-r<N>-<vllm|ours>.json.
-#  5. aphrodite bench report --baseline <vLLM runs> --candidate <our runs> per load
-#     ($OUT/report-<load>/), and a table of medians over the repeats: requests/s and TTFT p50 of
-#     both, the ratio ours/vLLM, and the mean prompt tokens of both (they must match: equal
-#     work). Also written to $OUT/summary.md and summary.json.
+#     and 16-frame videos ($BUCKETS), --mode $MODE (both: the cold phase, then the same
+#     requests again warm), concurrency per load; every result JSON goes to $OUT
+#     (results/peer-vllm-<date>/ by default, git-ignored) as
+#     <size>-out<LEN>-c<CONC>-r<N>-<vllm|ours>.json.
+#  5. aphrodite bench report --baseline <vLLM runs> --candidate <our runs> per size and load
+#     ($OUT/report-<size>-out<LEN>-c<CONC>/), and scripts/peer_summary.py's table of medians
+#     over the repeats per size, load and phase (cold and warm): requests/s and TTFT p50 of
+#     both, the ratio ours/vLLM, the mean prompt tokens of both (they must match: equal work)
+#     and each server's warm TTFT over its cold one. Also written to $OUT/summary.md and
+#     summary.json.
 #  Both servers are stopped when the script ends, however it ends (trap).
 #
 # Settings (environment):
 #   PORTS="18100 18101"  vLLM's port, then ours (2242, aphrodite's default, is left alone)
-#   NUM_PROMPTS=50  REPEATS=3  CONCURRENCY=8  WARMUPS=2  MODE=cold (cold|warm|both)
+#   SIZES="tiny small medium"  model sizes (make-tiny --size; ~0.4 M, ~43 M, ~150 M parameters)
+#   NUM_PROMPTS=50  REPEATS=3  CONCURRENCY=8  WARMUPS=2  MODE=both (cold|warm|both)
 #   LOADS="64 256"  output tokens per request, each entry LEN or LENxCONC (e.g. "64x8 256x16")
 #   BUCKETS='{"480,640,1": 0.5, "720,1280,1": 0.3, "240,320,16": 0.2}'  (frames > 1: video)
 #   MEDIA_DELIVERY=data-url (or http: the bench's loopback media server)
-#   OUT=results/peer-vllm-<date>  MODEL=<folder> (skip make-tiny)  OUR_THREADS=1
+#   OUT=results/peer-vllm-<date>  MODEL=<folder> (one model instead of SIZES' builds)  OUR_THREADS=1
 #   VLLM_VERSION=0.32.0  PEER_CACHE=~/.cache/aphrodite/peer-vllm  PEER_PYTHON=python3
 #   READY_TIMEOUT=900 (seconds per server start)  VLLM_ARGS / OURS_ARGS: extra server flags
 set -euo pipefail
@@ -60,7 +66,8 @@ NUM_PROMPTS="${NUM_PROMPTS:-50}"
 REPEATS="${REPEATS:-3}"
 CONCURRENCY="${CONCURRENCY:-8}"
 WARMUPS="${WARMUPS:-2}"
-MODE="${MODE:-cold}"
+MODE="${MODE:-both}"
+SIZES="${SIZES:-tiny small medium}"
 LOADS="${LOADS:-64 256}"
 DEFAULT_BUCKETS='{"480,640,1": 0.5, "720,1280,1": 0.3, "240,320,16": 0.2}'
 BUCKETS="${BUCKETS:-$DEFAULT_BUCKETS}"
@@ -68,7 +75,7 @@ MEDIA_DELIVERY="${MEDIA_DELIVERY:-data-url}"
 OUR_THREADS="${OUR_THREADS:-1}"
 READY_TIMEOUT="${READY_TIMEOUT:-900}"
 OUT="${OUT:-$ROOT/results/peer-vllm-$(date +%Y%m%d-%H%M%S)}"
-NAME="tiny-qwen2_5_vl-hd32"
+NAME="peer-qwen2_5_vl"
 
 exec 9>&2  # messages go to the script's stderr even from the trap inside a redirected call
 say() { echo "peer_vllm: $*" >&9; }
@@ -158,30 +165,33 @@ else
   say "vllm-cpu $VLLM_VERSION installed"
 fi
 
-# --- 2. the model -----------------------------------------------------------------------------
+# --- 2. the models -----------------------------------------------------------------------------
+# Random-weight Qwen2.5-VL at each size (aphrodite model make-tiny --size), built once into
+# $PEER_CACHE/models/<size>; MODEL=folder runs that one model instead (its folder name as size).
 mkdir -p "$OUT/logs"
-if [ -z "${MODEL:-}" ]; then
-  MODEL="$OUT/model"
-  "$APHRODITE" model make-tiny qwen2_5_vl --head-dim 32 --out "$MODEL" >"$OUT/logs/make-tiny.log" 2>&1 ||
-    { cat "$OUT/logs/make-tiny.log" >&2; die "make-tiny failed"; }
-  tail -n 1 "$OUT/logs/make-tiny.log" >&2
-else
-  NAME="$(basename "$MODEL")"
-fi
-[ -f "$MODEL/config.json" ] || die "MODEL=$MODEL has no config.json"
+model_for() {  # size -> folder
+  local dir="$PEER_CACHE/models/$1"
+  if [ ! -f "$dir/config.json" ]; then
+    local args=(--size "$1")
+    [ "$1" = tiny ] && args=(--head-dim 32)
+    "$APHRODITE" model make-tiny qwen2_5_vl "${args[@]}" --out "$dir" >"$OUT/logs/make-$1.log" 2>&1 ||
+      { cat "$OUT/logs/make-$1.log" >&2; die "make-tiny --size $1 failed"; }
+    tail -n 1 "$OUT/logs/make-$1.log" >&2
+  fi
+  echo "$dir"
+}
 
-# --- 3. the servers ---------------------------------------------------------------------------
 max_conc="$CONCURRENCY"
 for load in $LOADS; do
   case "$load" in *x*) c="${load#*x}";; *) c="$CONCURRENCY";; esac
   [ "$c" -gt "$max_conc" ] && max_conc="$c"
 done
 
+# --- 3. the servers (per size) --------------------------------------------------------------------
 SERVER_PIDS=()
 BENCH_PID=""
-cleanup() {
+stop_servers() {
   local pid i
-  [ -z "$BENCH_PID" ] || kill -TERM "$BENCH_PID" 2>/dev/null || true
   for pid in "${SERVER_PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
   for i in $(seq 30); do
     local alive=0
@@ -191,35 +201,15 @@ cleanup() {
   done
   for pid in "${SERVER_PIDS[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
   [ "${#SERVER_PIDS[@]}" = 0 ] || say "servers stopped"
+  SERVER_PIDS=()
+}
+cleanup() {
+  [ -z "$BENCH_PID" ] || kill -TERM "$BENCH_PID" 2>/dev/null || true
+  stop_servers
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-
-# shellcheck disable=SC2206  # word splitting of the extra flags is wanted
-VLLM_CMD=("$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL"
-          --served-model-name "$NAME" --host 127.0.0.1 --port "$PORT_VLLM"
-          --max-model-len 2048 --dtype float32
-          --media-io-kwargs '{"video": {"video_backend": "opencv", "num_frames": 32}}'
-          ${VLLM_ARGS:-})
-# shellcheck disable=SC2206
-OURS_CMD=("$APHRODITE" serve "$MODEL" --served-model-name "$NAME" --host 127.0.0.1
-          --port "$PORT_OURS" --max-model-len 2048 --dtype float32 --max-num-seqs "$max_conc"
-          --num-threads "$OUR_THREADS" --expose-request-timings ${OURS_ARGS:-})
-if [ "$MEDIA_DELIVERY" = http ]; then
-  OURS_CMD+=(--allowed-media-domains 127.0.0.1)
-fi
-
-# setsid: each server leads its own process group, so the trap stops its children too
-LD_LIBRARY_PATH="$STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" VLLM_CPU_KVCACHE_SPACE=1 \
-  VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 \
-  setsid "${VLLM_CMD[@]}" >"$OUT/logs/vllm-server.log" 2>&1 &
-SERVER_PIDS+=($!)
-VLLM_PID=$!
-OMP_NUM_THREADS="$OUR_THREADS" MKL_NUM_THREADS="$OUR_THREADS" HF_HUB_OFFLINE=1 \
-  setsid "${OURS_CMD[@]}" >"$OUT/logs/ours-server.log" 2>&1 &
-SERVER_PIDS+=($!)
-OURS_PID=$!
 
 wait_ready() {  # name pid port log
   local start=$SECONDS
@@ -230,21 +220,49 @@ wait_ready() {  # name pid port log
   done
   say "$1 ready on :$3 after $((SECONDS - start)) s"
 }
-wait_ready "our server" "$OURS_PID" "$PORT_OURS" "$OUT/logs/ours-server.log"
-wait_ready "vLLM" "$VLLM_PID" "$PORT_VLLM" "$OUT/logs/vllm-server.log"
+
+start_servers() {  # size model
+  local size="$1" model="$2"
+  # shellcheck disable=SC2206  # word splitting of the extra flags is wanted
+  VLLM_CMD=("$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$model"
+            --served-model-name "$NAME" --host 127.0.0.1 --port "$PORT_VLLM"
+            --max-model-len 2048 --dtype float32
+            --media-io-kwargs '{"video": {"video_backend": "opencv", "num_frames": 32}}'
+            ${VLLM_ARGS:-})
+  # shellcheck disable=SC2206
+  OURS_CMD=("$APHRODITE" serve "$model" --served-model-name "$NAME" --host 127.0.0.1
+            --port "$PORT_OURS" --max-model-len 2048 --dtype float32 --max-num-seqs "$max_conc"
+            --num-threads "$OUR_THREADS" --expose-request-timings ${OURS_ARGS:-})
+  if [ "$MEDIA_DELIVERY" = http ]; then
+    OURS_CMD+=(--allowed-media-domains 127.0.0.1)
+  fi
+  # setsid: each server leads its own process group, so the trap stops its children too
+  LD_LIBRARY_PATH="$STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" VLLM_CPU_KVCACHE_SPACE=1 \
+    VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 \
+    setsid "${VLLM_CMD[@]}" >"$OUT/logs/$size-vllm-server.log" 2>&1 &
+  SERVER_PIDS+=($!)
+  local vllm_pid=$!
+  OMP_NUM_THREADS="$OUR_THREADS" MKL_NUM_THREADS="$OUR_THREADS" HF_HUB_OFFLINE=1 \
+    setsid "${OURS_CMD[@]}" >"$OUT/logs/$size-ours-server.log" 2>&1 &
+  SERVER_PIDS+=($!)
+  wait_ready "our server ($size)" "$!" "$PORT_OURS" "$OUT/logs/$size-ours-server.log"
+  wait_ready "vLLM ($size)" "$vllm_pid" "$PORT_VLLM" "$OUT/logs/$size-vllm-server.log"
+  {
+    echo "[$size] model: $model (served as $NAME)"
+    echo "[$size] vLLM: VLLM_CPU_KVCACHE_SPACE=1 $(printf '%q ' "${VLLM_CMD[@]}")"
+    echo "[$size] ours: OMP_NUM_THREADS=$OUR_THREADS $(printf '%q ' "${OURS_CMD[@]}")"
+  } >>"$OUT/run.txt"
+}
 
 {
   echo "date: $(date -Is)"
   echo "host: $(uname -srm), $(nproc) cores"
   echo "vllm-cpu: $VLLM_VERSION ($VENV)"
   echo "aphrodite: $("$APHRODITE" --version 2>/dev/null || true), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
-  echo "model: $MODEL (served as $NAME)"
-  echo "vLLM: VLLM_CPU_KVCACHE_SPACE=1 $(printf '%q ' "${VLLM_CMD[@]}")"
-  echo "ours: OMP_NUM_THREADS=$OUR_THREADS $(printf '%q ' "${OURS_CMD[@]}")"
-  echo "loads: $LOADS (default concurrency $CONCURRENCY), $NUM_PROMPTS prompts, $WARMUPS warm-ups, mode $MODE, $REPEATS repeats, buckets $BUCKETS, media $MEDIA_DELIVERY"
+  echo "sizes: $SIZES; loads: $LOADS (default concurrency $CONCURRENCY), $NUM_PROMPTS prompts, $WARMUPS warm-ups, mode $MODE, $REPEATS repeats, buckets $BUCKETS, media $MEDIA_DELIVERY"
 } >"$OUT/run.txt"
 
-# --- 4. interleaved runs ------------------------------------------------------------------------
+# --- 4. interleaved runs, per size ----------------------------------------------------------------
 run_bench() {  # in the background, so a TERM to this script stops it at once (see cleanup)
   local rc=0
   "$APHRODITE" bench serve "$@" &
@@ -254,102 +272,49 @@ run_bench() {  # in the background, so a TERM to this script stops it at once (s
   return "$rc"
 }
 failed=0
-for r in $(seq "$REPEATS"); do
-  for load in $LOADS; do
-    case "$load" in *x*) len="${load%x*}"; conc="${load#*x}";; *) len="$load"; conc="$CONCURRENCY";; esac
-    for side in vllm ours; do
-      if [ "$side" = vllm ]; then port="$PORT_VLLM"; else port="$PORT_OURS"; fi
-      file="out${len}-c${conc}-r${r}-${side}.json"
-      say "repeat $r/$REPEATS, $len output tokens at concurrency $conc: $side"
-      if ! run_bench --base-url "http://127.0.0.1:$port" --model "$NAME" \
-          --dataset-name random-mm --bucket-config "$BUCKETS" --num-prompts "$NUM_PROMPTS" \
-          --num-warmups "$WARMUPS" --max-concurrency "$conc" --random-output-len "$len" \
-          --mode "$MODE" --media-delivery "$MEDIA_DELIVERY" --seed "$r" \
-          --result-dir "$OUT" --result-filename "$file" \
-          >"$OUT/logs/${file%.json}.log" 2>&1; then
-        failed=1
-        say "  failed (log: $OUT/logs/${file%.json}.log)"
-      fi
-      grep -E "^│|^\|" "$OUT/logs/${file%.json}.log" >&2 || true
+for size in $SIZES; do
+  if [ -n "${MODEL:-}" ]; then model="$MODEL"; else model="$(model_for "$size")"; fi
+  [ -f "$model/config.json" ] || die "MODEL=$model has no config.json"
+  start_servers "$size" "$model"
+  for r in $(seq "$REPEATS"); do
+    for load in $LOADS; do
+      case "$load" in *x*) len="${load%x*}"; conc="${load#*x}";; *) len="$load"; conc="$CONCURRENCY";; esac
+      for side in vllm ours; do
+        if [ "$side" = vllm ]; then port="$PORT_VLLM"; else port="$PORT_OURS"; fi
+        file="${size}-out${len}-c${conc}-r${r}-${side}.json"
+        say "$size, repeat $r/$REPEATS, $len output tokens at concurrency $conc: $side"
+        if ! run_bench --base-url "http://127.0.0.1:$port" --model "$NAME" \
+            --dataset-name random-mm --bucket-config "$BUCKETS" --num-prompts "$NUM_PROMPTS" \
+            --num-warmups "$WARMUPS" --max-concurrency "$conc" --random-output-len "$len" \
+            --mode "$MODE" --media-delivery "$MEDIA_DELIVERY" --seed "$r" \
+            --result-dir "$OUT" --result-filename "$file" \
+            >"$OUT/logs/${file%.json}.log" 2>&1; then
+          failed=1
+          say "  failed (log: $OUT/logs/${file%.json}.log)"
+        fi
+        grep -E "^│|^\|" "$OUT/logs/${file%.json}.log" >&2 || true
+      done
     done
   done
+  stop_servers
 done
 
 # --- 5. report and summary ------------------------------------------------------------------------
-for load in $LOADS; do
-  case "$load" in *x*) len="${load%x*}"; conc="${load#*x}";; *) len="$load"; conc="$CONCURRENCY";; esac
-  base=(); cand=()
-  for f in "$OUT"/out"${len}"-c"${conc}"-r*-vllm.json; do [ -f "$f" ] && base+=(--baseline "$f"); done
-  for f in "$OUT"/out"${len}"-c"${conc}"-r*-ours.json; do [ -f "$f" ] && cand+=(--candidate "$f"); done
-  if [ "${#base[@]}" -gt 0 ] && [ "${#cand[@]}" -gt 0 ]; then
-    "$APHRODITE" bench report "${base[@]}" "${cand[@]}" --out-dir "$OUT/report-out${len}-c${conc}" \
-      >"$OUT/logs/report-out${len}-c${conc}.log" 2>&1 ||
-      say "bench report failed for out${len}-c${conc} (log: $OUT/logs/report-out${len}-c${conc}.log)"
-  fi
+for size in $SIZES; do
+  for load in $LOADS; do
+    case "$load" in *x*) len="${load%x*}"; conc="${load#*x}";; *) len="$load"; conc="$CONCURRENCY";; esac
+    tag="${size}-out${len}-c${conc}"
+    base=(); cand=()
+    for f in "$OUT/$tag"-r*-vllm.json; do [ -f "$f" ] && base+=(--baseline "$f"); done
+    for f in "$OUT/$tag"-r*-ours.json; do [ -f "$f" ] && cand+=(--candidate "$f"); done
+    if [ "${#base[@]}" -gt 0 ] && [ "${#cand[@]}" -gt 0 ]; then
+      "$APHRODITE" bench report "${base[@]}" "${cand[@]}" --out-dir "$OUT/report-$tag" \
+        >"$OUT/logs/report-$tag.log" 2>&1 ||
+        say "bench report failed for $tag (log: $OUT/logs/report-$tag.log)"
+    fi
+  done
 done
 
-"$PY" - "$OUT" "$MODE" <<'EOF'
-import glob, json, re, statistics, sys
-from pathlib import Path
-
-out, mode = Path(sys.argv[1]), sys.argv[2]
-phase = "cold" if mode == "both" else mode
-runs: dict = {}
-for path in sorted(glob.glob(str(out / "out*-c*-r*-*.json"))):
-    m = re.fullmatch(r"out(\d+)-c(\d+)-r(\d+)-(vllm|ours)\.json", Path(path).name)
-    if not m:
-        continue
-    doc = json.loads(Path(path).read_text())
-    p = doc["phases"][phase]
-    prompts = [r["prompt_tokens"] for r in doc["requests"][phase] if r.get("prompt_tokens")]
-    runs.setdefault((int(m[1]), int(m[2])), {}).setdefault(m[4], []).append({
-        "rps": p["request_throughput"], "ttft_p50": p.get("p50_ttft_ms"),
-        "tpot_p50": p.get("p50_tpot_ms"), "failed": p["failed"],
-        "prompt_tokens": statistics.mean(prompts) if prompts else None})
-
-def med(rows, key):
-    vals = [r[key] for r in rows if r[key] is not None]
-    return statistics.median(vals) if vals else None
-
-def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
-
-def ratio(a, b):
-    return None if a is None or not b else a / b
-
-head = ["load", "runs v/o", "vLLM req/s", "ours req/s", "req/s ours/vLLM", "vLLM TTFT p50 ms",
-        "ours TTFT p50 ms", "TTFT ours/vLLM", "vLLM TPOT p50", "ours TPOT p50",
-        "prompt tok v/o", "failed v/o"]
-rows, summary = [], []
-for (length, conc), sides in sorted(runs.items()):
-    v, o = sides.get("vllm", []), sides.get("ours", [])
-    s = {"output_len": length, "concurrency": conc, "runs_vllm": len(v), "runs_ours": len(o),
-         **{f"{k}_{side}": med(rs, k) for side, rs in (("vllm", v), ("ours", o))
-            for k in ("rps", "ttft_p50", "tpot_p50", "prompt_tokens")},
-         "failed_vllm": sum(r["failed"] for r in v), "failed_ours": sum(r["failed"] for r in o)}
-    s["rps_ratio"] = ratio(s["rps_ours"], s["rps_vllm"])
-    s["ttft_p50_ratio"] = ratio(s["ttft_p50_ours"], s["ttft_p50_vllm"])
-    summary.append(s)
-    rows.append([f"{length} tok, c{conc}", f"{len(v)}/{len(o)}", fmt(s["rps_vllm"], ".2f"),
-                 fmt(s["rps_ours"], ".2f"), fmt(s["rps_ratio"], ".2f"),
-                 fmt(s["ttft_p50_vllm"], ".0f"), fmt(s["ttft_p50_ours"], ".0f"),
-                 fmt(s["ttft_p50_ratio"], ".2f"), fmt(s["tpot_p50_vllm"], ".1f"),
-                 fmt(s["tpot_p50_ours"], ".1f"),
-                 f"{fmt(s['prompt_tokens_vllm'], '.0f')}/{fmt(s['prompt_tokens_ours'], '.0f')}",
-                 f"{s['failed_vllm']}/{s['failed_ours']}"])
-md = [f"Medians over the repeats ({phase} phase); ratios are ours / vLLM (req/s: above 1 is "
-      "ours faster; TTFT: below 1 is ours faster).", "",
-      "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-md += ["| " + " | ".join(r) + " |" for r in rows]
-(out / "summary.md").write_text("\n".join(md) + "\n")
-(out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-          for i, h in enumerate(head)]
-print()
-print(md[0])
-print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
-for r in rows:
-    print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-EOF
+"$PY" "$ROOT/scripts/peer_summary.py" "$OUT" || failed=1
 say "results: $OUT (summary.md, summary.json, report-*/, logs/, run.txt)"
 exit "$failed"

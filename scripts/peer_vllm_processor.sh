@@ -14,7 +14,7 @@
 #     added to that venv when missing.
 #  2. A tiny random-weight folder per family (aphrodite model make-tiny ARCH, head_dim 32) in
 #     $OUT/models, or MODELS=folder holding one subfolder per family, named as the family.
-#  3. The media, deterministic (aphrodite_cli.bench.synthetic), as .npy files in $OUT/media that both
+#  3. The media, deterministic (aphrodite_cli.bench.harness.synthetic), as .npy files in $OUT/media that both
 #     venvs load: images 256x256 and 1280x720 (W x H), a video of 16 frames of 320x240 (given to
 #     both sides with its metadata: 2 fps, frames 0..15; vLLM 0.32 refuses a video without it),
 #     and 5 s of audio at 16 kHz. Prompts are raw: the family's placeholder, then a question.

@@ -42,7 +42,7 @@ VIDEO_FPS = 2.0  # the metadata of the 16 sampled frames (an 8 s clip, frames 0.
 
 # --- media ------------------------------------------------------------------------------------
 def make_media(out: Path) -> None:
-    from aphrodite_cli.bench import synthetic
+    from aphrodite_cli.bench.harness import synthetic
 
     out.mkdir(parents=True, exist_ok=True)
     for w, h in IMAGE_SIZES:

@@ -1,5 +1,5 @@
 """The HTTP fetch's test host: the project's loopback media host
-(:class:`aphrodite_cli.bench.media_host.MediaHost`) with routes for the ways a media host can
+(:class:`tests.fixtures.MediaHost`) with routes for the ways a media host can
 be slow, broken, large, lying or redirecting, writing the bytes no well-behaved framework
 would (a Content-Length that lies, headers and then nothing).
 """
@@ -10,8 +10,7 @@ import contextlib
 import gzip
 from http.server import BaseHTTPRequestHandler
 
-from aphrodite_cli.bench import synthetic
-from aphrodite_cli.bench.media_host import MediaHost, drip
+from tests.fixtures import MediaHost, drip, synthetic
 
 Query = dict[str, list[str]]
 

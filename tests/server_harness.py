@@ -3,25 +3,26 @@ the registry the suite uses to stop and account for every server it started."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 
-from aphrodite_cli.bench.server_process import (  # noqa: F401 (the tests' names for them)
-    BIN,
-    ProcessRow,
-    describe,
-    free_port,
-    process_table,
-)
-from aphrodite_cli.bench.server_process import ServerProcess as _ServerProcess
+from tests.fixtures import server_process
+
+# the tests' names for them
+BIN = server_process.BIN
+ProcessRow = server_process.ProcessRow
+describe = server_process.describe
+free_port = server_process.free_port
+process_table = server_process.process_table
 
 #: Every server a test started, in start order: the conftest fixtures stop what a test left
 #: running (it failed before its own ``stop``) and check at the end that no process remains.
 STARTED: list[ServerProcess] = []
 
 
-class ServerProcess(_ServerProcess):
-    """The benchmarks' server process (see aphrodite_cli.bench.server_process), remembered
+class ServerProcess(server_process.ServerProcess):
+    """The benchmarks' server process (see tests/fixtures.py), remembered
     in :data:`STARTED` so the suite can stop and account for it."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
@@ -36,3 +37,14 @@ def wait_exit(proc: subprocess.Popen, timeout: float) -> int | None:
             return proc.returncode
         time.sleep(0.2)
     return None
+
+
+def wait_listening(port: int, timeout: float = 60) -> bool:
+    """Whether something accepts connections on loopback ``port`` within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.1)
+    return False

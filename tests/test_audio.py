@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.errors import MediaDecodeError, MediaTooLargeError, UnsupportedMediaError
 from engine.media.audio import decode_audio
+from tests.fixtures import synthetic
 
 
 @pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "ogg"])

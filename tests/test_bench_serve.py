@@ -5,28 +5,26 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from aphrodite_cli.bench.datasets import parse_buckets, random_mm
-from aphrodite_cli.bench.media_host import MediaHost
-from aphrodite_cli.bench.metrics import RequestRecord, compute
-from aphrodite_cli.bench.mock_server import create_app
-from aphrodite_cli.bench.serve_bench import (
+from aphrodite_cli.bench.load.client import (
     LoadConfig,
     arrival_times,
     build_payload,
     run_phase,
 )
-from aphrodite_cli.bench.stats import percentile
+from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
+from aphrodite_cli.bench.load.metrics import RequestRecord, compute
+from aphrodite_cli.bench.load.mock_server import create_app
+from aphrodite_cli.bench.results.stats import percentile
 from engine.errors import ConfigError
-from tests.server_harness import free_port, wait_exit
+from tests.fixtures import MediaHost
+from tests.server_harness import free_port, wait_exit, wait_listening
 
 
 def test_percentiles_interpolate_linearly():
@@ -185,7 +183,8 @@ def test_cold_and_warm_phases_against_the_real_server(tmp_path):
     # the warm phase's prompts were sent before: all but their last tokens come from the
     # server's prefix cache (cold ones share at most the chat template's start)
     assert warm["prefix_cache"]["hit_rate"] > 0.5 > cold["prefix_cache"]["hit_rate"]
-    assert "processor_s" in cold["server_stages_ms"] and result["environment"]["packages"]
+    assert "processor_ms" in cold["server_stages_ms"] and result["environment"]["packages"]
+    assert not any(k.endswith("_s") for k in cold["server_stages_ms"])  # ms, named so
     assert result["formulas"]["tpot"].startswith("(e2e - ttft)")
     csv = next(tmp_path.glob("serve-*.csv")).read_text().splitlines()
     assert len(csv) == 13 and "ttft_ms" in csv[0]
@@ -196,8 +195,8 @@ def test_cold_and_warm_phases_against_the_real_server(tmp_path):
 
 
 def test_jsonl_dataset_with_a_media_folder(tmp_path):
-    from aphrodite_cli.bench import synthetic
-    from aphrodite_cli.bench.datasets import load_jsonl
+    from aphrodite_cli.bench.load.datasets import load_jsonl
+    from tests.fixtures import synthetic
 
     (tmp_path / "media").mkdir()
     (tmp_path / "media" / "a.png").write_bytes(synthetic.make_image(8, 8, fmt="PNG"))
@@ -220,7 +219,7 @@ def test_jsonl_dataset_with_a_media_folder(tmp_path):
 
 
 def test_gate_accepts_the_committed_baseline_against_itself():
-    from aphrodite_cli.bench.gate import compare
+    from aphrodite_cli.bench.results.gate import compare
 
     baseline = Path(__file__).resolve().parents[1] / "results" / "baselines" / \
         "serve-tiny-embedded.json"
@@ -234,7 +233,7 @@ def test_gate_accepts_the_committed_baseline_against_itself():
     ("http://h/proxy/v1", "http://h/proxy"),
     ("http://h:8000/v1/chat/completions", "http://h:8000")])
 def test_base_url_as_vllm_or_as_openai_clients_take_it(given, root):
-    from aphrodite_cli.bench.serve_bench import server_root
+    from aphrodite_cli.bench.load.client import server_root
 
     assert server_root(given) == root
 
@@ -250,12 +249,7 @@ def mock_process():
                              "--itl-ms", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     proc.stdout.readline()  # "mock server on ...": printed once it is about to listen
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.1)
+    wait_listening(port)
     yield port
     proc.terminate()
     assert wait_exit(proc, 30) is not None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from aphrodite_cli.bench import synthetic
+from tests.fixtures import synthetic
 
 BIN = Path(sys.executable).with_name("aphrodite")
 

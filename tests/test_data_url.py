@@ -6,10 +6,10 @@ import base64
 
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.config import MediaPolicy
 from engine.errors import InvalidRequestError, UnsupportedMediaError
 from engine.media.connector import MediaConnector
+from tests.fixtures import synthetic
 
 
 def data_url(mime: str, data: bytes, urlsafe: bool = False) -> str:

@@ -9,13 +9,13 @@ import pytest
 import torch
 from PIL import Image
 
-from aphrodite_cli.bench import synthetic
 from engine.config import PipelineConfig
 from engine.executor.sampling import SamplingParams
 from engine.processing import device_normalize
 from engine.processing.pipeline import Pipeline
 from engine.processing.preprocess import MediaItem
 from tests.engine_fixtures import loaded
+from tests.fixtures import synthetic
 
 
 def items() -> list[MediaItem]:

@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 
+from engine.config import EngineConfig
 from engine.errors import AphroditeError
 from engine.executor.engine import Engine
 from engine.executor.request import EngineRequest
@@ -37,7 +38,7 @@ def test_a_request_that_breaks_the_model_fails_alone_and_its_batch_mates_are_ans
                                                                                 // 2]},
                               mm_hashes=["poisoned"])
     # A long batching window puts all four into the first forward pass.
-    engine = Engine(model.loaded, max_batch_size=8, batch_wait_s=2.0)
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8), batch_wait_s=2.0)
     try:
         reqs = [engine.submit(EngineRequest(p, GREEDY)) for p in (good[0], bad, *good[1:])]
         for r in reqs:
@@ -66,7 +67,7 @@ def test_a_failed_request_streams_no_finish_event():
     pixels = prompt.mm["pixel_values"]
     bad = dataclasses.replace(prompt, mm={**prompt.mm, "pixel_values": pixels[:4]})
     events = []
-    engine = Engine(model.loaded, max_batch_size=8)
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8))
     try:
         req = engine.submit(EngineRequest(bad, GREEDY, on_event=events.append))
         assert req.done.wait(120)

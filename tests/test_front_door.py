@@ -212,7 +212,7 @@ def test_a_request_may_lower_the_pixel_budget(server):
     """Fewer pixels than the server's own maximum is the kwargs' legitimate use."""
     import base64
 
-    from aphrodite_cli.bench import synthetic
+    from tests.fixtures import synthetic
 
     png = synthetic.make_image(200, 150, fmt="PNG")
     url = "data:image/png;base64," + base64.b64encode(png).decode()

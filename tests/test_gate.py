@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aphrodite_cli.bench.gate import compare, parse_thresholds
+from aphrodite_cli.bench.results.gate import compare, parse_thresholds
 from engine.errors import ConfigError
 
 BIN = Path(sys.executable).with_name("aphrodite")
@@ -73,7 +73,7 @@ def test_speedup_is_not_a_regression_and_thresholds_apply(tmp_path):
 def test_a_result_of_another_kind_or_schema_is_refused_by_name(tmp_path):
     """One loader for the gate, the report and the soak: a file it cannot read right is a
     clear error naming the file and what it holds, never a silent misreading."""
-    from aphrodite_cli.bench.results import SCHEMA_VERSIONS, load_result
+    from aphrodite_cli.bench.results.files import SCHEMA_VERSIONS, load_result
 
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"schema_version": 0, "kind": "serve", "phases": {}}))

@@ -18,10 +18,10 @@ from pathlib import Path
 import openai
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.errors import ConfigError
 from engine.models.loader import load_model, resolve_model_path
 from tests.fake_hub import FakeHub
+from tests.fixtures import synthetic
 from tests.server_harness import ServerProcess
 
 BIN = Path(sys.executable).with_name("aphrodite")
@@ -175,8 +175,8 @@ def test_mm_processor_on_a_hub_model_without_weights_records_repo_commit_and_tok
     and the tokens per image are what one call of that processor gives the same image size."""
     import numpy as np
 
-    from aphrodite_cli.bench.datasets import parse_buckets
-    from aphrodite_cli.bench.engine_bench import run_mm_processor
+    from aphrodite_cli.bench.load.datasets import parse_buckets
+    from aphrodite_cli.bench.offline.mm_processor import run_mm_processor
 
     sha = hub.add_repo("acme/tiny-vl", tiny_repo)
     doc = run_mm_processor("acme/tiny-vl", num_prompts=2, encoder=False, mode="cold",

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from aphrodite_cli.bench import synthetic
 from engine.errors import MediaDecodeError, MediaTooLargeError, UnsupportedMediaError
 from engine.media.image import decode_image, probe_image
+from tests.fixtures import synthetic
 
 
 def png_header_only(width: int, height: int) -> bytes:

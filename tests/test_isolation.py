@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.config import MediaLimits
 from engine.errors import ConfigError, MediaDecodeError, OverloadedError, UnsupportedMediaError
 from engine.media import frame_memory
@@ -22,6 +21,7 @@ from engine.media.image import decode_image
 from engine.media.isolation import DecodeWorkers
 from engine.media.video import load_video
 from engine.media.video.options import build_spec
+from tests.fixtures import synthetic
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -123,23 +123,45 @@ def test_a_decode_over_the_time_limit_is_killed_and_leaves_no_shared_memory():
         pool.close()
 
 
-def _segments() -> list[str]:
+def _segments(free: bool = False) -> list[str]:
+    """This process's segments held by an array (or, with ``free``, let go of and kept for
+    their worker to decode into again)."""
     pattern = f"{frame_memory.PREFIX}{os.getpid()}-*"
-    return sorted(p.name for p in frame_memory.SHM_DIR.glob(pattern))
+    return sorted(p.name for p in frame_memory.SHM_DIR.glob(pattern)
+                  if p.name.endswith(frame_memory.FREE) == free)
 
 
-def test_frames_arrive_in_shared_memory_without_a_copy_and_leave_nothing_behind(workers):
-    clip = synthetic.make_video(width=320, height=240, seconds=1)
-    isolated = workers.decode_video(clip, spec(num_frames=16), MediaLimits.from_env())
-    # The array is a view over the mapped segment (not a private copy), and the segment's name
-    # is already gone: the memory is freed with the last array over it.
-    owner = isolated.frames
-    while isinstance(owner, np.ndarray):
-        owner = owner.base
-    assert isinstance(owner, memoryview) and isinstance(owner.obj, mmap.mmap)
-    assert _segments() == []
-    local = load_video(clip, spec(num_frames=16), MediaLimits.from_env())
-    assert (isolated.frames == local.frames).all()
+def test_frames_arrive_in_shared_memory_without_a_copy_and_the_segment_is_recycled():
+    """The array is a view over the mapped segment (not a private copy). When the last array
+    over it goes, the segment becomes its worker's free one, and the next decode fills that
+    segment again instead of a new one (whose pages the kernel would allocate and zero);
+    closing the pool removes everything."""
+    pool = DecodeWorkers(1, timeout_s=20)
+    try:
+        clip = synthetic.make_video(width=320, height=240, seconds=1)
+        isolated = pool.decode_video(clip, spec(num_frames=16), MediaLimits.from_env())
+        owner = isolated.frames
+        while isinstance(owner, np.ndarray):
+            owner = owner.base
+        assert isinstance(owner, memoryview) and isinstance(owner.obj, mmap.mmap)
+        (held,) = _segments()
+        local = load_video(clip, spec(num_frames=16), MediaLimits.from_env())
+        assert (isolated.frames == local.frames).all()
+        view = isolated.frames[3]
+        del isolated, owner
+        assert _segments() == [held] and _segments(free=True) == []  # a view still holds it
+        del view
+        assert _segments() == [] and _segments(free=True) == [held + frame_memory.FREE]
+        other = synthetic.make_video(width=320, height=240, seconds=1, seed=5)
+        again = pool.decode_video(other, spec(num_frames=16), MediaLimits.from_env())
+        assert _segments(free=True) == [] and len(_segments()) == 1  # the free one, renamed
+        assert (again.frames == load_video(other, spec(num_frames=16),
+                                           MediaLimits.from_env()).frames).all()
+        del again
+        assert len(_segments(free=True)) == 1
+    finally:
+        pool.close()
+    assert _segments() == [] and _segments(free=True) == []
 
 
 def test_images_and_audio_decode_in_the_workers_too(workers):

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from aphrodite_cli.bench import synthetic
 from engine import SamplingParams
 from engine.errors import ConfigError, InvalidRequestError
 from engine.executor.request import EngineRequest
 from engine.processing.preprocess import MediaItem
 from tests.engine_fixtures import llm
+from tests.fixtures import synthetic
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 

@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.config import MediaPolicy, ModalityLimits
 from engine.errors import MediaFetchError, MediaPolicyError, MediaTooLargeError
 from engine.media.connector import MediaConnector
+from tests.fixtures import synthetic
 
 
 @pytest.fixture

@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from aphrodite_cli.bench import synthetic
-from aphrodite_cli.bench.media_host import MediaHost
+from tests.fixtures import MediaHost, synthetic
 from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)

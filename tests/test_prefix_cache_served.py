@@ -12,7 +12,7 @@ import urllib.request
 import openai
 import pytest
 
-from aphrodite_cli.bench import synthetic
+from tests.fixtures import synthetic
 from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.timeout(400)

@@ -10,7 +10,6 @@ import pytest
 import torch
 from PIL import Image
 
-from aphrodite_cli.bench import synthetic
 from engine.errors import ConfigError, InvalidRequestError
 from engine.processing.cache import ProcessorCache
 from engine.processing.kwargs import merge_processor_kwargs
@@ -19,6 +18,7 @@ from engine.processing.media_items import InProcessDecoders, item_for
 from engine.processing.preprocess import MediaItem, Preprocessor
 from engine.processing.prompt import insert_placeholders, render_chat
 from tests.engine_fixtures import FAMILIES, loaded
+from tests.fixtures import synthetic
 
 
 def image(w: int, h: int, seed: int = 0) -> Image.Image:

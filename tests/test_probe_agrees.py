@@ -12,11 +12,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.config import MediaPolicy
 from engine.errors import AphroditeError
 from engine.media.connector import MediaConnector
 from engine.media.image import decode_image
+from tests.fixtures import synthetic
 
 BIN = Path(sys.executable).with_name("aphrodite")
 

@@ -98,7 +98,7 @@ def test_every_batching_workload_reports_and_a_cut_result_is_refused_by_field(tm
     the readers would refuse."""
     from pydantic import ValidationError
 
-    from aphrodite_cli.bench.results import write_result
+    from aphrodite_cli.bench.results.files import write_result
 
     def stats(value: float) -> dict:
         return {"median": value, "p99": value}

@@ -1,6 +1,8 @@
-"""Continuous batching: rows join a running batch between decode steps and leave it when they
-end, every family gives the greedy tokens it gives alone, --max-num-seqs counts rows and is never
-exceeded, a prefill token budget splits joins, and one request's failure fails it alone."""
+"""Continuous batching on real (tiny) models: rows join a running batch between decode steps and
+leave it when they end, every family gives the greedy tokens it gives alone, --max-num-seqs
+counts rows and is never exceeded, a prefill token budget splits joins, and one request's
+failure fails it alone. The scheduling rules themselves (FCFS, budgets, chunks, static mode)
+are checked model-free in tests/test_scheduler_plan.py."""
 
 from __future__ import annotations
 
@@ -9,13 +11,14 @@ import threading
 import numpy as np
 import pytest
 
-from aphrodite_cli.bench import synthetic
+from engine.config import EngineConfig
 from engine.errors import AphroditeError
 from engine.executor.engine import Engine
 from engine.executor.request import EngineRequest
 from engine.executor.sampling import SamplingParams
 from engine.processing.preprocess import MediaItem
 from tests.engine_fixtures import FAMILIES, llm
+from tests.fixtures import synthetic
 
 
 def greedy(tokens: int) -> SamplingParams:
@@ -111,7 +114,7 @@ def test_rows_that_join_a_running_batch_get_their_solo_greedy_tokens(arch):
     import torch
 
     model = llm(arch)
-    engine = Engine(model.loaded, max_batch_size=8)
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8))
     try:
         prompts = prompts_of(arch)
         lengths = [40] + [3 + 4 * i for i in range(1, len(prompts))]
@@ -149,7 +152,7 @@ def test_rows_with_different_tile_counts_are_prefilled_together_like_alone():
         "image", decoded=synthetic.image_array(w, h, k))], None, False)[1]
         for k, (w, h) in enumerate([(120, 90), (64, 200), (40, 40)])]
     assert [p.mm["pixel_values"].shape[1] for p in prompts] == [7, 9, 2]  # tiles + the base
-    engine = Engine(model.loaded, max_batch_size=8, batch_wait_s=1.0)
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8), batch_wait_s=1.0)
     sizes: list[int] = []
     prefill = engine.runner.prefill
     engine.runner.prefill = lambda rows: (sizes.append(len(rows)), prefill(rows))[1]
@@ -175,7 +178,7 @@ def test_a_failed_step_leaves_sliding_window_caches_as_they_were():
 
     model = llm("gemma3")
     prompts = prompts_of("gemma3")[:2]  # text only, and an image
-    engine = Engine(model.loaded, max_batch_size=8, batch_wait_s=1.0)
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8), batch_wait_s=1.0)
     steps = {"decode": 0, "raised": 0}
     decode = engine.runner.decode
 
@@ -208,7 +211,7 @@ def test_a_short_request_behind_a_long_generation_finishes_first():
     """Sent while a 512-token generation runs, a 4-token request is answered while the long one
     is still running (a static batch would hold it until all 512 tokens were out)."""
     model = llm("qwen2_5_vl")
-    engine = Engine(model.loaded, max_batch_size=8)
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8))
     try:
         prompts = prompts_of("qwen2_5_vl")
         on_event, started = after_tokens(5)
@@ -225,28 +228,11 @@ def test_a_short_request_behind_a_long_generation_finishes_first():
         engine.close()
 
 
-def test_static_scheduling_holds_a_newcomer_until_the_batch_ends():
-    """The baseline ``bench batching`` compares against: with scheduling="static" the same
-    short request waits for the whole long generation."""
-    model = llm("qwen2_5_vl")
-    engine = Engine(model.loaded, max_batch_size=8, scheduling="static")
-    try:
-        prompts = prompts_of("qwen2_5_vl")
-        on_event, started = after_tokens(2)
-        long = engine.submit(EngineRequest(prompts[1], greedy(48), on_event=on_event))
-        assert started.wait(120)
-        short = engine.submit(EngineRequest(prompts[0], greedy(4)))
-        assert short.done.wait(120) and long.done.is_set()
-        assert len(long.outputs[0].token_ids) == 48
-    finally:
-        engine.close()
-
-
 def test_max_num_seqs_counts_rows_and_n_rows_sample_like_single_requests():
     """n=16 with --max-num-seqs 8: never more than 8 rows in a step; row i samples with seed + i,
     exactly as a lone n=1 request with that seed does."""
     model = llm("qwen2_5_vl")
-    engine = Engine(model.loaded, max_batch_size=8)
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8))
     try:
         prompt = prompts_of("qwen2_5_vl")[1]
         params = SamplingParams(max_tokens=5, temperature=1.0, seed=11, n=16, ignore_eos=True)
@@ -266,8 +252,8 @@ def test_max_num_batched_tokens_splits_a_join_into_prefills_that_fit():
     model = llm("qwen2_5_vl")
     prompts = prompts_of("qwen2_5_vl")[:3]
     sizes = [len(p.input_ids) for p in prompts]
-    engine = Engine(model.loaded, max_batch_size=8, batch_wait_s=1.0,
-                    max_num_batched_tokens=max(sizes))
+    engine = Engine(model.loaded, EngineConfig(max_num_batched_tokens=max(sizes)),
+                    batch_wait_s=1.0)
     try:
         reqs = [engine.submit(EngineRequest(p, greedy(6))) for p in prompts]
         for r in reqs:
@@ -285,7 +271,7 @@ def test_a_decode_step_that_raises_fails_only_the_request_that_broke_it():
     the step): the step is retried per request, that request fails with a 500 and no
     finish event, the others get their solo tokens, and the engine keeps serving."""
     model = llm("qwen2_5_vl")
-    engine = Engine(model.loaded, max_batch_size=8, batch_wait_s=1.0)
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8), batch_wait_s=1.0)
     prompts = prompts_of("qwen2_5_vl")
     real_decode = engine.runner.decode
     poisoned: list[EngineRequest] = []
@@ -317,7 +303,7 @@ def test_a_decode_step_that_raises_fails_only_the_request_that_broke_it():
 
 def test_cancelled_rows_leave_waiting_and_running():
     model = llm("qwen2_5_vl")
-    engine = Engine(model.loaded, max_batch_size=1)
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=1))
     try:
         prompt = prompts_of("qwen2_5_vl")[0]
         on_event, started = after_tokens(1)
@@ -368,7 +354,7 @@ def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks_between_decode_st
     model's own generate gives it alone."""
     import torch
 
-    from engine.executor.runner import chunk_bounds
+    from engine.executor.scheduler import chunk_bounds
 
     model = llm(arch)
     spec = model.loaded.spec
@@ -376,13 +362,13 @@ def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks_between_decode_st
     long_prompt = model.prepare("Words before the media. " * 30 + spec.placeholders[modality]
                                 + "And words after it, quite a few. " * 20,
                                 [media_item(modality, 3)], None, False)[1]
-    engine = Engine(model.loaded, max_batch_size=8, max_num_batched_tokens=64)
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8, max_num_batched_tokens=64))
     log: list[str] = []
     chunk = engine.runner.prefill_chunk
 
-    def logged_chunk(plan):
+    def logged_chunk(plan, start, end):
         log.append("chunk")
-        return chunk(plan)
+        return chunk(plan, start, end)
 
     engine.runner.prefill_chunk = logged_chunk
     logits = record_logits(engine)
@@ -409,15 +395,6 @@ def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks_between_decode_st
 def media_span(engine: Engine, prompt) -> tuple[int, int]:
     at = [i for i, t in enumerate(prompt.input_ids) if t in engine.runner.media_token_ids]
     return at[0], at[-1]
-
-
-def test_chunk_bounds_keep_the_media_span_whole():
-    from engine.executor.runner import chunk_bounds
-
-    assert chunk_bounds(10, 4, None) == [(0, 4), (4, 8), (8, 10)]
-    assert chunk_bounds(20, 4, (5, 11)) == [(0, 4), (4, 12), (12, 16), (16, 20)]
-    assert chunk_bounds(20, 4, (4, 7)) == [(0, 4), (4, 8), (8, 12), (12, 16), (16, 20)]
-    assert chunk_bounds(6, 64, (0, 5)) == [(0, 6)]
 
 
 def test_a_cache_layout_the_batch_cannot_merge_is_refused_when_the_engine_starts():

@@ -17,10 +17,9 @@ import openai
 import pytest
 from PIL import Image
 
-from aphrodite_cli.bench import synthetic
-from aphrodite_cli.bench.media_host import MediaHost
 from engine.version import __version__
 from tests.engine_fixtures import hf_prompt_ids, loaded
+from tests.fixtures import MediaHost, synthetic
 from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)

@@ -21,9 +21,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from aphrodite_cli.bench import synthetic
-from aphrodite_cli.bench.media_host import MediaHost
 from engine.models.templates_path import template_path
+from tests.fixtures import MediaHost, synthetic
 from tests.server_harness import BIN, ServerProcess, free_port, wait_exit
 
 pytestmark = pytest.mark.timeout(400)

@@ -13,13 +13,13 @@ import time
 
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.config import MediaLimits
 from engine.media import pool as pool_module
 from engine.media.pool import decode_executor
 from engine.media.video import load_video_async, loader
 from engine.media.video.budget import GpuDecodeBudget
 from engine.media.video.options import server_video_spec
+from tests.fixtures import synthetic
 
 # How long a decode waits for its partner, or for a condition, before the test gives up.
 # Generous: a verdict never depends on it on a slow, loaded 2-core machine; it only bounds how

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.config import MediaLimits
 from engine.errors import ClientError, ConfigError, MediaTooLargeError
 from engine.media.video import load_video
 from engine.media.video.options import build_spec
+from tests.fixtures import synthetic
 
 BACKENDS = ["pyav", "opencv", "torchcodec", "deepstream"]
 
@@ -124,7 +124,7 @@ def test_gstreamer_loaded_does_not_turn_decoder_exceptions_into_aborts(tmp_path)
     code = textwrap.dedent("""
         from engine.config import MediaLimits
         from engine.errors import ClientError, ConfigError
-        from aphrodite_cli.bench import synthetic
+        from tests.fixtures import synthetic
         from engine.media.video import load_video
         from engine.media.video.options import build_spec
         limits = MediaLimits.from_env()

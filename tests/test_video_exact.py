@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aphrodite_cli.bench.synthetic import read_frame_index
 from engine.config import MediaLimits
 from engine.errors import ConfigError, UnsupportedMediaError
 from engine.media.video import load_video
 from engine.media.video.options import build_spec
+from tests.fixtures import synthetic
 from tests.video_clips import CLIPS, clip, reference_frames
 
 pytestmark = pytest.mark.needs_ffmpeg_cli
@@ -58,7 +58,7 @@ def test_backend_matches_ffmpeg_cli(tmp_path, name, backend):
     if name != "odd-dimensions":  # the 67-pixel-wide band is too narrow to read reliably
         rotation = CLIPS[name].get("rotation", 0)
         shown = [np.rot90(f, -rotation // 90) if rotation else f for f in result.frames]
-        assert [read_frame_index(f) for f in shown] == indices
+        assert [synthetic.read_frame_index(f) for f in shown] == indices
 
 
 def test_every_backend_samples_the_same_indices():
@@ -92,14 +92,14 @@ def test_edit_list_clip(tmp_path, backend):
     result = load_video(cut.read_bytes(), spec_for(backend, num_frames=6), MediaLimits.from_env())
     meta = result.metadata
     assert meta.header_frames == 90 and meta.total_frames == len(reference) < 90
-    assert [read_frame_index(f) for f in result.frames] == [
-        read_frame_index(reference[i]) for i in meta.sampled_indices]
+    assert [synthetic.read_frame_index(f) for f in result.frames] == [
+        synthetic.read_frame_index(reference[i]) for i in meta.sampled_indices]
     diff = np.abs(result.frames.astype(np.int16) - reference[meta.sampled_indices])
     assert (diff.mean() < 4.0) if backend == "deepstream" else (diff.max() == 0)
 
 
 def test_the_recipes_hold_the_test_clips_and_the_benchmark_clip_is_defined_once():
-    from aphrodite_cli.bench.video_decode import STANDARD_CLIP
+    from aphrodite_cli.bench.offline.video_decode import STANDARD_CLIP
 
     assert len(CLIPS) == 12 and STANDARD_CLIP not in CLIPS.values()
 

@@ -10,13 +10,13 @@ import logging
 import numpy as np
 import pytest
 
-from aphrodite_cli.bench import synthetic
 from engine.config import MediaLimits
 from engine.errors import ConfigError
 from engine.media.video import load_video
 from engine.media.video.backends import deepstream
 from engine.media.video.gpu import check_gpu_backend_startup
 from engine.media.video.options import server_video_spec
+from tests.fixtures import synthetic
 
 
 def test_pynvvideocodec_needs_a_budget_and_mps(tmp_path):

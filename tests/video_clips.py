@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aphrodite_cli.bench import synthetic
+from tests.fixtures import synthetic
 
 RECIPES = json.loads((Path(__file__).resolve().parents[1] / "datasets" / "recipes"
                       / "video-clips.json").read_text())

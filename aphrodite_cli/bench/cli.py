@@ -1,22 +1,25 @@
-"""``aphrodite bench ...``: wiring only. Each command lives in its own module and registers
-itself on the group's Typer app (``app.py``) when imported; the order below is the order
-``--help`` lists them in."""
+"""``aphrodite bench ...``: wiring only. The commands are plain functions in ``commands/``, one
+module per group; this is the one place they are registered, in the order ``--help`` lists
+them."""
 
 from __future__ import annotations
 
-import importlib
+import typer
 
-from aphrodite_cli.bench.app import app
+from aphrodite_cli.bench.commands import mock_server, offline, results, serve, soak, sweep
 
-COMMAND_MODULES = (
-    "cmd_offline",  # video-decode, mm-processor, batching
-    "cmd_serve",  # serve
-    "cmd_sweep",  # sweep
-    "cmd_soak",  # soak
-    "cmd_results",  # gate, report
-    "cmd_mock",  # mock-server
-)
-for _name in COMMAND_MODULES:
-    importlib.import_module(f"aphrodite_cli.bench.{_name}")
+app = typer.Typer(help="Benchmarks that write result files.", no_args_is_help=True)
+
+app.command("video-decode", epilog=offline.VIDEO_DECODE_EXAMPLES)(offline.video_decode)
+app.command("mm-processor", epilog=offline.MM_PROCESSOR_EXAMPLES)(offline.mm_processor)
+app.command("batching")(offline.batching)
+# extra arguments: vLLM's `--goodput ttft:500 tpot:50` (several values after one flag)
+app.command("serve", epilog=serve.EXAMPLES,
+            context_settings={"allow_extra_args": True})(serve.serve_cmd)
+app.command("sweep", epilog=sweep.EXAMPLES)(sweep.sweep_cmd)
+app.command("soak", epilog=soak.EXAMPLES)(soak.soak)
+app.command("gate", epilog=results.GATE_EXAMPLES)(results.gate)
+app.command("report", epilog=results.REPORT_EXAMPLES)(results.report)
+app.command("mock-server", epilog=mock_server.EXAMPLES)(mock_server.mock_server)
 
 __all__ = ["app"]

@@ -1,12 +1,10 @@
-"""The engine: one thread owns the model and schedules per iteration (continuous batching).
+"""The engine: one thread owns the model and runs a step at a time (continuous batching).
 
-Between two decode steps, finished rows leave the running batch and waiting rows join it:
-newcomers are admitted first come, first served while the batch has fewer than
-``max_num_seqs`` rows (a request's ``n`` samples are ``n`` rows) and their prompts fit in
-``max_num_batched_tokens``; they are prefilled together and merged into the running batch, and
-the next step feeds every row its last token. With ``scheduling="static"`` nothing joins a
-running batch (each batch runs until its last row ends): the baseline ``bench batching``
-compares against. An exception fails only the request that caused it (see ``_isolate``).
+Each step the scheduler (:mod:`engine.executor.scheduler`, no model in it) plans which
+waiting rows join and how many prompt tokens each prefills; this class executes the plan:
+prefill (together, or a chunk of a long prompt), merge into the running batch, then one
+decode step for every running row; finished rows leave between steps. An exception fails
+only the request that caused it (see ``_isolate``).
 """
 
 from __future__ import annotations
@@ -17,38 +15,42 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal
 
+from engine.config import EngineConfig
 from engine.errors import AphroditeError, InternalError
 from engine.executor.request import CompletionOutput, EngineRequest
 from engine.executor.runner import ChunkedPrefill, RunningBatch, TransformersRunner, _Row
+from engine.executor.scheduler import Chunk, Prefilling, SeqState, StepPlan, plan
 from engine.models.loader import LoadedModel
 
 logger = logging.getLogger("aphrodite.engine")
 
-Scheduling = Literal["continuous", "static"]
-
 
 class Engine:
-    """Owns a :class:`TransformersRunner` and a queue; ``submit`` is thread-safe."""
+    """Owns a :class:`TransformersRunner` and a queue; ``submit`` is thread-safe. Its settings
+    are ``config`` (read at every step: a benchmark may swap in another scheduling)."""
 
-    def __init__(self, loaded: LoadedModel, *, device: str = "cpu", dtype: str = "auto",
-                 max_batch_size: int = 8, batch_wait_s: float = 0.005,
-                 max_num_batched_tokens: int | None = None,
-                 scheduling: Scheduling = "continuous", **cache: Any) -> None:
-        if max_batch_size < 1:
-            raise ValueError("max_num_seqs must be at least 1")
-        # cache settings (enable_prefix_caching, prefix_cache_bytes, encoder_cache_bytes)
-        self.runner = TransformersRunner(loaded, device, dtype, **cache)
-        self.max_batch_size = max_batch_size
-        self.max_num_batched_tokens = max_num_batched_tokens
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, *,
+                 batch_wait_s: float = 0.005) -> None:
+        from engine.memory import reserve_gpu_memory
+
+        self.config = config if config is not None else EngineConfig()
+        import torch
+
+        from engine.cpus import usable_cpus
+
+        # torch's own default counts the machine's cores, not the ones this process may use
+        torch.set_num_threads(self.config.num_threads or usable_cpus())
+        reserve_gpu_memory(self.config.device, self.config.reserved_gpu_bytes)
+        self.runner = TransformersRunner(loaded, self.config.device, self.config.dtype)
         self.batch_wait_s = batch_wait_s
-        self.scheduling = scheduling
         self._queue: queue.Queue[EngineRequest | None] = queue.Queue()
         self.waiting: collections.deque[_Row] = collections.deque()
         self.running: RunningBatch | None = None
         self.prefilling: ChunkedPrefill | None = None
         self._rows_left: dict[str, int] = {}
+        #: what the scheduler knows of each request in the engine (its rows share it)
+        self._seqs: dict[str, SeqState] = {}
         #: prefill forward passes (the isolation test counts them), decode steps, and tokens
         self.batches = 0
         self.stats = {"steps_total": 0, "prefill_tokens_total": 0, "decode_tokens_total": 0,
@@ -82,11 +84,19 @@ class Engine:
     def _loop(self) -> None:
         while self._pull():
             self._drop_cancelled()
-            self._admit()
+            step = self._plan()
+            self._prefill_step(step)
             self._step_done()  # first tokens go out before the next decode step
-            if self.running is not None and self.running.rows:
+            if step.decode_rows and self.running is not None and self.running.rows:
                 self._decode(self.running)
                 self._step_done()
+
+    def _plan(self) -> StepPlan:
+        chunked = self.prefilling
+        progress = None if chunked is None else Prefilling(
+            self._seqs[chunked.row.request.request_id], chunked.done)
+        return plan((self._seqs[r.request.request_id] for r in self.waiting),
+                    self._running_rows(), self.config, progress)
 
     def _step_done(self) -> None:
         for callback in list(self.on_step):
@@ -121,6 +131,7 @@ class Engine:
 
         req.outputs = [CompletionOutput(i) for i in range(req.params.n)]
         self._rows_left[req.request_id] = req.params.n
+        self._seqs[req.request_id] = self._seq_state(req)
         for i in range(req.params.n):
             gen = None
             if req.params.seed is not None:
@@ -129,11 +140,11 @@ class Engine:
 
     def _drop_cancelled(self) -> None:
         """Rows whose client went away leave now: waiting, being prefilled or running."""
-        plan = self.prefilling
-        if plan is not None and plan.row.request.cancelled.is_set():
+        chunked = self.prefilling
+        if chunked is not None and chunked.row.request.cancelled.is_set():
             self.prefilling = None
-            self.runner.finish_row(plan.row, "abort")
-            self._row_ended(plan.row)
+            self.runner.finish_row(chunked.row, "abort")
+            self._row_ended(chunked.row)
         for row in [r for r in self.waiting if r.request.cancelled.is_set()]:
             self.waiting.remove(row)
             self.runner.finish_row(row, "abort")
@@ -144,53 +155,50 @@ class Engine:
                     self.runner.finish_row(row, "abort")
             self._retire()
 
-    def _admit(self) -> None:
-        """FCFS: the oldest waiting rows join while there is room for them. A prompt longer
-        than ``max_num_batched_tokens`` is prefilled alone, a chunk per step, while the
-        running rows go on receiving tokens."""
-        if self.prefilling is not None:
-            self._prefill_chunk(self.prefilling)
+    def _seq_state(self, req: EngineRequest) -> SeqState:
+        """The scheduler's view of a request's rows. Only a prompt over the token budget can be
+        chunked: only its media span is looked up."""
+        ids = req.prompt.input_ids
+        budget = self.config.max_num_batched_tokens
+        span = None
+        if budget is not None and len(ids) > budget:
+            media = self.runner.media_token_ids
+            at = [i for i, t in enumerate(ids) if t in media]
+            span = (at[0], at[-1]) if at else None
+        return SeqState(len(ids), media_span=span)
+
+    def _prefill_step(self, step: StepPlan) -> None:
+        """Execute the plan's prefill: the admitted rows together, or a chunk."""
+        if step.chunk is not None:
+            if step.starts_chunk:
+                row = self.waiting.popleft()
+                try:
+                    self.prefilling = self.runner.start_chunked(row)
+                except Exception as exc:
+                    self._fail([row], exc)
+                    return
+            if self.prefilling is not None:
+                self._prefill_chunk(self.prefilling, step.chunk)
             return
-        running = self._running_rows()
-        if not self.waiting or (self.scheduling == "static" and running):
+        if not step.admit:
             return
-        budget = self.max_num_batched_tokens
-        chosen: list[_Row] = []
-        tokens = 0
-        while self.waiting and running + len(chosen) < self.max_batch_size:
-            size = len(self.waiting[0].request.prompt.input_ids)
-            if budget is not None and tokens + size > budget:
-                if not chosen and size > budget:
-                    self._start_chunked(self.waiting.popleft(), budget)
-                break
-            chosen.append(self.waiting.popleft())
-            tokens += size
-        if not chosen:
-            return
+        chosen = [self.waiting.popleft() for _ in step.admit]
         started = time.perf_counter()
         joined = self._prefill(chosen)
         if joined is not None:
-            self._joined(joined, started, tokens)
+            self._joined(joined, started, step.prefill_tokens)
 
-    def _start_chunked(self, row: _Row, budget: int) -> None:
-        try:
-            self.prefilling = self.runner.start_chunked(row, budget)
-        except Exception as exc:
-            self._fail([row], exc)
-            return
-        self._prefill_chunk(self.prefilling)
-
-    def _prefill_chunk(self, plan: ChunkedPrefill) -> None:
+    def _prefill_chunk(self, chunked: ChunkedPrefill, chunk: Chunk) -> None:
         try:
             self.batches += 1
-            joined = self.runner.prefill_chunk(plan)
+            joined = self.runner.prefill_chunk(chunked, chunk.start, chunk.end)
         except Exception as exc:
             self.prefilling = None
-            self._fail([plan.row], exc)
+            self._fail([chunked.row], exc)
             return
         if joined is not None:
             self.prefilling = None
-            self._joined(joined, plan.started, int(plan.inputs["attention_mask"].sum()))
+            self._joined(joined, chunked.started, int(chunked.inputs["attention_mask"].sum()))
 
     def _joined(self, joined: RunningBatch, started: float, tokens: int) -> None:
         """Prefilled rows join the running batch (their stage timings recorded)."""
@@ -314,6 +322,7 @@ class Engine:
             self._rows_left[req.request_id] = left
             return
         self._rows_left.pop(req.request_id, None)
+        self._seqs.pop(req.request_id, None)
         first = req.timings.pop("_first_token_at", None)
         if req.error is None:
             now = time.perf_counter()

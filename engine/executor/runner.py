@@ -89,36 +89,21 @@ class RunningBatch:
 
 @dataclass(eq=False)
 class ChunkedPrefill:
-    """A prompt longer than the step's token budget, prefilled a chunk per step while the
-    running batch keeps decoding. Chunks never cut the prompt's media span (the first to the
-    last media token): the encoder's output must land in one forward pass."""
+    """A prompt longer than the step's token budget, prefilled a chunk per step (the chunks
+    the scheduler plans) while the running batch keeps decoding."""
 
     row: _Row
     inputs: dict[str, Any]
     positions: Any
     cache: Any
-    bounds: list[tuple[int, int]]
     mrope: bool
     rope_delta: int
+    #: prompt tokens prefilled so far: the next chunk starts here
+    done: int = 0
     #: when the first chunk was planned: the prefill's start in the stage timings
     started: float = field(default_factory=time.perf_counter)
     #: the prompt's block hashes (prefix caching): its blocks are stored after the last chunk
     hashes: list[bytes] = field(default_factory=list)
-
-
-def chunk_bounds(length: int, budget: int, media: tuple[int, int] | None, start: int = 0
-                 ) -> list[tuple[int, int]]:
-    """[start, end) chunks of at most ``budget`` tokens covering ``length`` from ``start``
-    (the tokens before it are cached), except the one holding the whole media span [first,
-    last], which is as long as it must be."""
-    bounds: list[tuple[int, int]] = []
-    while start < length:
-        end = min(start + budget, length)
-        if media is not None and start <= media[1] and end <= media[1] and end > media[0]:
-            end = media[1] + 1  # do not cut the media span
-        bounds.append((start, end))
-        start = end
-    return bounds
 
 
 #: the media tensors a prefill whose media are cached leaves out (what the encoders read; the
@@ -222,9 +207,8 @@ class TransformersRunner:
             parts.append(self._forward_rows([r for r, _ in plain], [h for _, h in plain]))
         for row, (hashes, length) in zip(rows, found, strict=True):
             if length:
-                plan = self._plan(row, None, hashes, length)
-                while (logits := self._forward_chunk(plan)) is None:
-                    pass
+                plan = self._plan(row, hashes, length)
+                logits = self._forward_chunk(plan, length, len(row.request.prompt.input_ids))
                 parts.append((RunningBatch([row], plan.cache, plan.inputs["attention_mask"],
                                            plan.mrope), logits))
         groups = [(list(b.rows), logits) for b, logits in parts]
@@ -261,17 +245,17 @@ class TransformersRunner:
             self.caches.store(cache, i, width - int(lengths[i]), hashes[i])
         return RunningBatch(rows, cache, inputs["attention_mask"], mrope), out.logits[:, -1, :]
 
-    def start_chunked(self, row: _Row, budget: int) -> ChunkedPrefill:
-        """Plan the chunked prefill of one row's prompt (positions computed once, for the whole
-        prompt, by the model's own rule), from the end of its cached prefix."""
+    def start_chunked(self, row: _Row) -> ChunkedPrefill:
+        """Set up the chunked prefill of one row's prompt (positions computed once, for the
+        whole prompt, by the model's own rule), from the end of its cached prefix: the
+        scheduler's first chunk starts at ``done``."""
         self.encoder_s = 0.0
         hashes, length = self.caches.lookup(row.request, row.index == 0)
-        return self._plan(row, budget, hashes, length)
+        return self._plan(row, hashes, length)
 
-    def _plan(self, row: _Row, budget: int | None, hashes: list[bytes], cached: int
-              ) -> ChunkedPrefill:
-        """A row's prefill in chunks of ``budget`` tokens (None: one chunk) after its first
-        ``cached`` tokens, whose keys and values the cache starts with."""
+    def _plan(self, row: _Row, hashes: list[bytes], cached: int) -> ChunkedPrefill:
+        """A row's prefill after its first ``cached`` tokens, whose keys and values the cache
+        starts with."""
         from transformers import DynamicCache
 
         ids = row.request.prompt.input_ids
@@ -283,26 +267,25 @@ class TransformersRunner:
         mrope = deltas is not None and positions.ndim == 3
         cache = DynamicCache(config=self.model.config)
         self.caches.fill(cache, hashes, cached)
-        return ChunkedPrefill(row, inputs, positions, cache,
-                              chunk_bounds(len(ids), budget or len(ids), media, cached), mrope,
-                              int(deltas[0, 0]) if mrope else 0, hashes=hashes)
+        return ChunkedPrefill(row, inputs, positions, cache, mrope,
+                              int(deltas[0, 0]) if mrope else 0, done=cached, hashes=hashes)
 
-    def prefill_chunk(self, plan: ChunkedPrefill) -> RunningBatch | None:
-        """Prefill the next chunk; after the last one, the row (its first token handed on)
-        as a batch of one, ready to join."""
-        logits = self._forward_chunk(plan)
+    def prefill_chunk(self, plan: ChunkedPrefill, start: int, end: int) -> RunningBatch | None:
+        """Prefill prompt tokens ``[start, end)`` (the chunk with media holds all of it);
+        after the last chunk, the row (its first token handed on) as a batch of one, ready to
+        join."""
+        logits = self._forward_chunk(plan, start, end)
         if logits is None:
             return None
         batch = RunningBatch([plan.row], plan.cache, plan.inputs["attention_mask"], plan.mrope)
         self._advance([plan.row], logits)
         return batch
 
-    def _forward_chunk(self, plan: ChunkedPrefill) -> Any:
-        """Forward the next chunk of ``plan``; after the last one, the row's last logits
-        (nothing handed on; its blocks go into the prefix cache), else None."""
+    def _forward_chunk(self, plan: ChunkedPrefill, start: int, end: int) -> Any:
+        """Forward prompt tokens ``[start, end)`` of ``plan``; after the last chunk, the row's
+        last logits (nothing handed on; its blocks go into the prefix cache), else None."""
         import torch
 
-        start, end = plan.bounds.pop(0)
         inputs = plan.inputs
         chunk = {"input_ids": inputs["input_ids"][:, start:end],
                  "attention_mask": inputs["attention_mask"][:, :end]}
@@ -321,7 +304,8 @@ class TransformersRunner:
         with torch.inference_mode(), keyed:
             out = self.model(**chunk, position_ids=plan.positions[..., start:end],
                              **{self._cache_arg: plan.cache}, use_cache=True, logits_to_keep=1)
-        if plan.bounds:
+        plan.done = end
+        if end < inputs["input_ids"].shape[1]:
             return None
         row = plan.row
         row.position = int(inputs["attention_mask"].sum())

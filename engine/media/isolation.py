@@ -200,7 +200,7 @@ class DecodeWorkers:
         if how == "error":
             raise where
         if how == "shm":
-            array = frame_memory.attach(where[0], where[1], shape, dtype)
+            array = frame_memory.attach(where[0], where[1], shape, dtype, recycle=True)
         return array, meta
 
     def decode_video(self, data: bytes, spec: Any, limits: Any):

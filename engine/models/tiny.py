@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.errors import ConfigError
+from engine.models.sizes import ModelSize, get_size
 from engine.models.templates_path import template_text
 
 #: head_dim of the builders' default, so of every cached ``tiny:ARCH`` model (changing it
@@ -92,16 +93,20 @@ def _qwen_text_config(tok, ids: dict[str, int], head_dim: int) -> dict:
                 pad_token_id=ids["pad_token_id"])
 
 
-def build_qwen2_5_vl(out: Path, seed: int = 0, head_dim: int = TEST_HEAD_DIM) -> None:
+def build_qwen2_5_vl(out: Path, seed: int = 0, head_dim: int = TEST_HEAD_DIM,
+                     size: ModelSize | None = None) -> None:
+    """Tiny, or at a larger ``size`` (see :mod:`engine.models.sizes`)."""
     import transformers as T
 
     tok = _qwen_vl_tokenizer()
     ids = _qwen_token_ids(tok)
-    text = _qwen_text_config(tok, ids, head_dim)
+    text = _qwen_text_config(tok, ids, size.head_dim if size else head_dim)
+    text.update(size.text if size else {})
     hidden = text["hidden_size"]
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
                   out_hidden_size=hidden, patch_size=14, spatial_merge_size=2,
                   temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
+    vision.update(size.vision if size else {})
     config = T.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
     _seed(seed)
     _save(T.Qwen2_5_VLForConditionalGeneration(config).eval(),
@@ -206,13 +211,18 @@ def build_qwen2_audio(out: Path, seed: int = 0, head_dim: int = TEST_HEAD_DIM) -
     _save(T.Qwen2AudioForConditionalGeneration(config).eval(), processor, out)
 
 
-def build_tiny(arch: str, out: Path, seed: int = 0, head_dim: int = TEST_HEAD_DIM) -> None:
-    """The tiny model of family ``arch`` with text head size ``head_dim`` (the registry's
-    ``build_tiny`` builds :data:`TEST_HEAD_DIM`)."""
+def build_tiny(arch: str, out: Path, seed: int = 0, head_dim: int | None = None,
+               size: str = "tiny") -> None:
+    """The model of family ``arch``: tiny with text head size ``head_dim`` (default
+    :data:`TEST_HEAD_DIM`, what the registry's ``build_tiny`` builds), or a larger ``size``
+    (:data:`engine.models.sizes.SIZES`)."""
     import importlib
 
     from engine.models.registry import get_arch
 
+    sized = get_size(size, get_arch(arch).name, head_dim)
+    head_dim = TEST_HEAD_DIM if head_dim is None else head_dim
     _text(head_dim)  # refuse a bad size before building anything
     module, func = get_arch(arch).builder.rsplit(":", 1)
-    getattr(importlib.import_module(module), func)(Path(out), seed, head_dim=head_dim)
+    extra = {"size": sized} if sized is not None else {}
+    getattr(importlib.import_module(module), func)(Path(out), seed, head_dim=head_dim, **extra)

@@ -1,11 +1,12 @@
-"""Typed server configuration, built by the CLI from flags."""
+"""Typed server configuration, built by the CLI from flags (whose defaults are these fields'
+defaults: written here once)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import PipelineConfig
+from engine.config import EngineConfig, PipelineConfig
 
 
 @dataclass(frozen=True)
@@ -28,12 +29,9 @@ class ServerConfig:
     request_body_timeout_s: float = 30.0
     metrics_without_auth: bool = False
     expose_request_timings: bool = False
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int | None = None  # prompt tokens prefilled per step; None: no cap
-    num_threads: int | None = None  # torch threads of the engine process; None: torch's default
-    enable_prefix_caching: bool = True  # vLLM's flag and default (V1)
-    prefix_cache_gb: float = 0.5  # bound of the engine's prefix cache (keys and values)
-    encoder_cache_gb: float = 0.25  # bound of the engine's encoder output cache
+    #: the engine's settings, checked where the flags are read and handed whole to the
+    #: engine process (the launcher sets its reserved GPU bytes: mm_ipc_gpu_memory_gb)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     max_model_len: int = 8192
     max_tokens_cap: int = 4096
     max_concurrent_fetches: int = 16
@@ -45,6 +43,4 @@ class ServerConfig:
     decode_memory_gb: float = 8.0
     max_decode_queue: int = 64
     max_inflight_media_mb: float = 2048.0
-    device: str = "cpu"
-    dtype: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)

@@ -1,16 +1,5 @@
 """The engine process: owns the model and the batching engine; API server processes talk to
-it over local connections (one per API server).
-
-Protocol (pickled tuples over ``multiprocessing.connection``):
-  API -> engine: ("submit", rid, input_ids, mm_tensors, sampling_kwargs, mm_items)
-                 (mm_items: (content keys, (offset, length) of their tokens), prompt order)
-                 ("cancel", rid)
-                 ("stats", rid)
-  engine -> API: ("event", rid, index, token_id, text_delta, finish_reason, logprobs)
-                 (logprobs: None, or (logprob, rank, top_ids, top_logprobs) when the request
-                 asked: ids and numbers only, the API server decodes the token strings)
-                 ("done", rid, outputs, timings, error_body_or_None, num_cached_tokens)
-                 ("stats", rid, {name: number})
+it over local connections (one per API server), in the messages of :mod:`engine.server.wire`.
 """
 
 from __future__ import annotations
@@ -23,22 +12,23 @@ import threading
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
+from engine.config import EngineConfig
 from engine.errors import AphroditeError
 from engine.server import shared_inputs
+from engine.server.wire import (
+    Cancel,
+    Delta,
+    Done,
+    Events,
+    Failure,
+    Output,
+    Stats,
+    StatsQuery,
+    Submit,
+    ToEngine,
+)
 
 logger = logging.getLogger("aphrodite.engine")
-
-
-def reserve_decode_memory(device: str, reserved: int) -> None:
-    """Plan the engine's GPU memory without the video decode budget: cap this process's
-    allocator at (total - reserved), leaving the budget to the API servers' decoders."""
-    if reserved <= 0 or not device.startswith("cuda"):
-        return
-    import torch
-
-    index = torch.device(device).index or 0
-    total = torch.cuda.get_device_properties(index).total_memory
-    torch.cuda.set_per_process_memory_fraction(max(1 - reserved / total, 0.05), index)
 
 
 def process_stats(live_requests: int, scheduler: dict[str, float] | None = None
@@ -57,11 +47,9 @@ def process_stats(live_requests: int, scheduler: dict[str, float] | None = None
             "requests_in_flight": live_requests, **(scheduler or {})}
 
 
-def serve_engine(address: str, authkey: bytes, model: str | None, chat_template: str | None,
-                 max_num_seqs: int, device: str, dtype: str, ready: Any,
-                 api_servers: int, reserved_gpu_bytes: int = 0,
-                 max_num_batched_tokens: int | None = None,
-                 num_threads: int | None = None, cache: dict[str, Any] | None = None) -> None:
+def serve_engine(*, address: str, authkey: bytes, model: str | None,
+                 chat_template: str | None, config: EngineConfig, ready: Any,
+                 api_servers: int) -> None:
     """Entry point of the engine process (blocks until every API server disconnected)."""
     from engine.lifetime import exit_with_parent
 
@@ -73,14 +61,8 @@ def serve_engine(address: str, authkey: bytes, model: str | None, chat_template:
     from engine.models.loader import load_model
 
     tune_allocator()
-    if num_threads:
-        import torch
-
-        torch.set_num_threads(num_threads)
-    reserve_decode_memory(device, reserved_gpu_bytes)
     loaded = load_model(model, chat_template=chat_template)
-    engine = Engine(loaded, device=device, dtype=dtype, max_batch_size=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens, **(cache or {}))
+    engine = Engine(loaded, config)
     listener = Listener(address, authkey=authkey)
     try:
         ready.send(os.getpid())
@@ -116,9 +98,9 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
         live: dict[str, EngineRequest] = {}
         lives.append(live)
 
-        pending: list[tuple] = []  # this step's token events, sent as one message
+        pending: list[Delta] = []  # this step's token events, sent as one message
 
-        def send(message: tuple) -> None:
+        def send(message: Done | Stats) -> None:
             with lock, contextlib.suppress(OSError, EOFError):
                 conn.send(message)
 
@@ -132,7 +114,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                 batch = pending[:]
                 pending.clear()
                 with contextlib.suppress(OSError, EOFError):
-                    conn.send(("events", batch))
+                    conn.send(Events(batch))
 
         engine.on_step.append(flush)
 
@@ -141,51 +123,52 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
             live.pop(rid, None)
             error = None
             if req.error is not None:
-                error = (req.error.to_openai(), req.error.status) if isinstance(
-                    req.error, AphroditeError) else ({"error": {"message": "internal error",
-                                                                "type": "internal_error",
-                                                                "param": None,
-                                                                "code": "internal_error"}}, 500)
-            outputs = [(o.index, o.text, o.token_ids, o.finish_reason) for o in req.outputs]
-            send(("done", rid, outputs, req.timings, error, req.num_cached_tokens))
+                error = Failure(req.error.to_openai(), req.error.status) if isinstance(
+                    req.error, AphroditeError) else Failure({"error": {
+                        "message": "internal error", "type": "internal_error", "param": None,
+                        "code": "internal_error"}}, 500)
+            outputs = [Output(o.index, o.text, o.token_ids, o.finish_reason)
+                       for o in req.outputs]
+            send(Done(rid, outputs, req.timings, error, req.num_cached_tokens))
 
-        def submit(rid: str, input_ids: list[int], mm: dict, sampling: dict,
-                   mm_items: tuple[list[str], list[tuple[int, int]]] = ([], [])) -> None:
+        def submit(message: Submit) -> None:
+            rid = message.rid
             try:
-                mm = shared_inputs.attach(mm)
+                mm = shared_inputs.attach(message.mm)
             except (OSError, ValueError) as exc:
                 logger.error("request %s: its inputs could not be mapped: %s", rid, exc)
-                send(("done", rid, [], {}, ({"error": {
+                send(Done(rid, [], {}, Failure({"error": {
                     "message": "the request's inputs were lost on the way to the engine",
-                    "type": "internal_error", "param": None, "code": "inputs_lost"}}, 503), 0))
+                    "type": "internal_error", "param": None, "code": "inputs_lost"}}, 503)))
                 return
             tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                        for k, v in mm.items()}
-            prompt = ProcessedPrompt(input_ids, tensors, [], {}, {}, list(mm_items[0]),
-                                     [tuple(p) for p in mm_items[1]])
+            prompt = ProcessedPrompt(message.input_ids, tensors, [], {}, {},
+                                     list(message.mm_hashes),
+                                     [tuple(p) for p in message.mm_positions])
 
             def on_event(event) -> None:
                 lp = event.logprobs
                 with lock:
-                    pending.append(("event", rid, event.index, event.token_id,
-                                    event.text_delta, event.finish_reason,
-                                    tuple(lp) if lp is not None else None))
+                    pending.append(Delta(rid, event.index, event.token_id, event.text_delta,
+                                         event.finish_reason,
+                                         tuple(lp) if lp is not None else None))
 
-            req = EngineRequest(prompt, SamplingParams(**sampling), on_event=on_event,
+            req = EngineRequest(prompt, SamplingParams(**message.sampling), on_event=on_event,
                                 on_done=lambda req: finish(rid, req))
             live[rid] = req
             engine.submit(req)
 
-        def dispatch(message: tuple) -> None:
-            if message[0] == "submit":
-                submit(*message[1:])
-            elif message[0] == "cancel":
-                req = live.get(message[1])
+        def dispatch(message: ToEngine) -> None:
+            if isinstance(message, Submit):
+                submit(message)
+            elif isinstance(message, Cancel):
+                req = live.get(message.rid)
                 if req is not None:
                     req.cancel()
-            elif message[0] == "stats":
-                send(("stats", message[1], process_stats(sum(map(len, lives)),
-                                                          engine.scheduler_stats())))
+            elif isinstance(message, StatsQuery):
+                send(Stats(message.rid, process_stats(sum(map(len, lives)),
+                                                      engine.scheduler_stats())))
 
         # One call per message: nothing of the last request stays bound to this loop while
         # it waits for the next message.

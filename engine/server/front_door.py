@@ -1,4 +1,4 @@
-"""The request path before any work is done for a client (DESIGN.md, step 1).
+"""The request path before any work is done for a client (CONTRIBUTING.md's map, step 1).
 
 In this order, and nothing is held before it is earned:
 

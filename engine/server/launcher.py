@@ -44,7 +44,7 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
     from engine.processing.pipeline import Pipeline
 
     check_flags(config)
-    check_device(config.device, config.dtype)
+    check_device(config.engine.device)
     loaded = load_model(config.model, chat_template=config.chat_template,
                         served_name=config.served_model_name, revision=config.revision,
                         download_dir=config.download_dir)
@@ -60,18 +60,10 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
     return loaded, loaded.name
 
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-def check_device(device: str, dtype: str) -> None:
-    """``--device`` cpu, cuda or cuda:N that exists here; ``--dtype`` one torch can load."""
-    if dtype not in DTYPES:
-        raise ConfigError(f"--dtype {dtype!r} is not supported", hint=f"use one of "
-                          f"{', '.join(DTYPES)}", code="invalid_dtype")
+def check_device(device: str) -> None:
+    """``--device`` cuda or cuda:N exists here (its form and ``--dtype`` were checked when the
+    flags became an :class:`~engine.config.EngineConfig`)."""
     kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
-        raise ConfigError(f"--device {device!r} is not supported",
-                          hint="use cpu, cuda or cuda:N", code="invalid_device")
     if kind == "cuda":
         import torch
 
@@ -244,15 +236,16 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     address = str(folder / "engine.sock")
     authkey = secrets.token_bytes(32)
     ready, ready_child = ctx.Pipe(duplex=False)
+    from dataclasses import replace
+
     from engine.server.engine_proc import serve_engine
 
-    engine = ctx.Process(target=serve_engine, name="engine process", daemon=False, args=(
-        address, authkey, model_path, config.chat_template, config.max_num_seqs,
-        config.device, config.dtype, ready_child, config.api_server_count,
-        int(config.mm_ipc_gpu_memory_gb * (1 << 30)), config.max_num_batched_tokens,
-        config.num_threads, {"enable_prefix_caching": config.enable_prefix_caching,
-                             "prefix_cache_bytes": int(config.prefix_cache_gb * (1 << 30)),
-                             "encoder_cache_bytes": int(config.encoder_cache_gb * (1 << 30))}))
+    # the engine leaves the API servers' video decode budget free on the GPU
+    engine_config = replace(config.engine,
+                            reserved_gpu_bytes=int(config.mm_ipc_gpu_memory_gb * (1 << 30)))
+    engine = ctx.Process(target=serve_engine, name="engine process", daemon=False, kwargs=dict(
+        address=address, authkey=authkey, model=model_path, chat_template=config.chat_template,
+        config=engine_config, ready=ready_child, api_servers=config.api_server_count))
     engine.start()
     ready_child.close()
     stopping = {"flag": False}

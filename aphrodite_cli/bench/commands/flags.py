@@ -1,0 +1,64 @@
+"""The flags ``bench serve``, ``sweep`` and ``soak`` share, declared once with their help text:
+the target (resolved by :class:`aphrodite_cli.bench.load.target.Target`), the load and its
+media, and where and how results go. A command writes ``base_url: flags.BaseUrl = None``: the
+default, after the ``=``, is the command's own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from aphrodite_cli import options
+
+# The target
+BaseUrl = Annotated[str | None, typer.Option(
+    help="The target: its root as vLLM takes it (http://localhost:8000) or an OpenAI base URL "
+         "ending in /v1; requests go to --endpoint under the root.")]
+Host = Annotated[str | None, typer.Option(
+    help="Target host, with --port, instead of --base-url (vLLM's flags).")]
+Port = Annotated[int | None, typer.Option(
+    help="Target port (with --host, default 127.0.0.1).")]
+Endpoint = Annotated[str | None, typer.Option(
+    help="Path posted to under the root (default /v1/chat/completions; /v1/completions sends "
+         "text prompts).")]
+Embedded = Annotated[bool, typer.Option(
+    help="Start this project's server (tiny default model) for the run.")]
+Model = Annotated[str | None, typer.Option(
+    help="Model name to send (and to serve with --embedded); default: the first of the "
+         "target's GET /v1/models.")]
+ApiKey = Annotated[str | None, typer.Option(help="Bearer key for the target.")]
+
+# The load and its media
+Mode = Annotated[options.Mode, typer.Option(help="cold, warm or both.")]
+NumWarmups = Annotated[int, typer.Option(
+    min=0, help="Unmeasured requests before each measurement (a phase, a sweep's point).")]
+Burstiness = Annotated[float, typer.Option(min=0.01, help="Gamma shape; 1 = Poisson.")]
+ItemsPerRequest = Annotated[int, typer.Option(min=0, help="Media items per request.")]
+BucketConfig = Annotated[str | None, typer.Option(
+    metavar="JSON", help='"height,width,frames": probability; frames > 1 is a video.')]
+PromptLen = Annotated[int, typer.Option(
+    "--prompt-len", "--random-input-len", min=1,
+    help="Words of text per prompt (vLLM's --random-input-len counts tokens; a word is about "
+         "one token).")]
+OutputLen = Annotated[int, typer.Option(
+    "--output-len", "--random-output-len", min=1, help="Tokens per answer.")]
+MediaDelivery = Annotated[options.MediaDelivery, typer.Option(
+    help="data-url or http (a built-in loopback media server).")]
+Seed = Annotated[int, typer.Option(help="Seed of the requests: same seed, same requests.")]
+MaxFailureRate = Annotated[float, typer.Option(
+    min=0, max=1, help="Exit 1 when more than this share of a measurement's requests (a "
+                       "phase, a sweep's point) failed.")]
+
+RequestTimeout = Annotated[float, typer.Option(
+    min=0.001, help="Seconds one request may take, from send to its answer's last byte; a "
+                    "slower one is a request_timeout failure.")]
+MaxResponseMb = Annotated[float, typer.Option(
+    min=0.001, help="Megabytes one answer may hold; a larger (or endless) one is a "
+                    "response_too_large failure.")]
+
+# The results
+OutDir = Annotated[Path, typer.Option(
+    "--out-dir", "--result-dir", help="Folder the result file is written to.")]
+OutputFormat = Annotated[options.OutputFormat, typer.Option(help=options.OUTPUT_FORMAT_HELP)]

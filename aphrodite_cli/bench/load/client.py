@@ -1,0 +1,314 @@
+"""`aphrodite bench serve`: an asyncio/aiohttp load generator for OpenAI-compatible chat
+endpoints, with cold-media and warm-cache phases measured separately."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from aphrodite_cli.bench.harness.media_host import MediaHost
+from aphrodite_cli.bench.load import sse_client
+from aphrodite_cli.bench.load.datasets import BenchRequest, MediaSpec, render_media
+from aphrodite_cli.bench.load.escape import printable
+from aphrodite_cli.bench.load.metrics import FORMULAS, RequestRecord, compute
+
+#: Where a chat benchmark posts, relative to the server's root (vLLM's --endpoint default).
+CHAT_ENDPOINT = "/v1/chat/completions"
+
+
+def server_root(base_url: str) -> str:
+    """The server's root from ``--base-url``: vLLM's convention (``http://host:port``) and
+    the OpenAI clients' (``http://host:port/v1``) both work, as does a full endpoint URL."""
+    root = base_url.rstrip("/")
+    for suffix in ("/chat/completions", "/completions", "/v1"):
+        root = root.removesuffix(suffix)
+    return root
+
+
+#: The most of ``GET /v1/models`` read: a list of thousands of models is well under it
+MAX_MODELS_BYTES = 1 << 20
+
+
+def first_model(root: str, api_key: str | None, timeout_s: float = 30.0) -> str:
+    """The first model id of ``GET {root}/v1/models``, as vLLM's client picks one when no
+    ``--model`` is given. At most :data:`MAX_MODELS_BYTES` and ``timeout_s`` seconds in all:
+    an endless or trickling answer is an error, not a hang."""
+    import urllib.error
+    import urllib.request
+
+    from engine.errors import ConfigError
+
+    url = f"{root}/v1/models"
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"}
+                                 if api_key else {})
+    deadline = time.monotonic() + timeout_s
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            body = b""
+            while piece := resp.read1(65536):
+                body += piece
+                if len(body) > MAX_MODELS_BYTES or time.monotonic() > deadline:
+                    raise ConfigError(
+                        f"GET {url} sent more than {MAX_MODELS_BYTES} bytes"
+                        if len(body) > MAX_MODELS_BYTES else
+                        f"GET {url} took more than {timeout_s:g} s",
+                        hint="pass --model NAME", code="model_unknown")
+            models = [m["id"] for m in json.loads(body)["data"]]
+    except urllib.error.HTTPError as err:
+        raise ConfigError(f"GET {url} answered {err.code}, so no model could be picked",
+                          hint="pass --model NAME (and --api-key if the target needs one)",
+                          code="model_unknown") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"GET {url} gave no model list ({type(exc).__name__})",
+                          hint="check --base-url (or --host/--port), or pass --model NAME",
+                          code="model_unknown") from None
+    if not models:
+        raise ConfigError(f"GET {url} lists no model", hint="pass --model NAME",
+                          code="model_unknown")
+    if not isinstance(models[0], str) or not models[0]:
+        raise ConfigError(f"GET {url} lists a model id that is not a name: "
+                          f"{printable(models[0], 80)}", hint="pass --model NAME",
+                          code="model_unknown")
+    return models[0]
+
+
+@dataclass
+class LoadConfig:
+    base_url: str  # the server's root (see server_root)
+    endpoint: str = CHAT_ENDPOINT
+    model: str | None = None
+    api_key: str | None = None
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    seed: int = 0
+    media_delivery: str = "data-url"  # or http
+    image_format: str = "JPEG"
+    image_quality: int = 90
+    video_codec: str = "libx264"
+    video_fps: int = 30
+    video_gop: int = 30
+    timeout_s: float = 300.0  # --request-timeout: one request, from send to its last byte
+    max_response_bytes: int = 16 << 20  # --max-response-mb: one answer's bytes at most
+    keep_text: bool = False  # keep each answer's text (--tokenizer counts its tokens)
+    goodput: dict[str, float] = field(default_factory=dict)
+    temperature: float = 0.0
+    ignore_eos: bool = True  # every answer as long as asked, so runs compare
+    # vLLM's ramp-up: the rate goes from start to end over the phase's requests (linear or
+    # exponential); request_rate is inf then
+    ramp_up_strategy: str | None = None
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
+    # Stop the phase when the first this-many answers are all the same 4xx (a wrong URL,
+    # model or key fails every request alike); 0: never.
+    abort_after: int = 5
+
+
+def media_url(spec: MediaSpec, data: bytes, host: MediaHost | None) -> str:
+    """Where the target finds this item: the loopback media server, or a data URL."""
+    mime = "image/jpeg" if spec.kind == "image" else "video/mp4"
+    if host is not None:
+        return host.add(f"/m/{spec.name}", data, mime)
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def build_payload(req: BenchRequest, cfg: LoadConfig, host: MediaHost | None,
+                  cache: dict[MediaSpec, bytes]) -> tuple[bytes, float]:
+    """The request body and the client-side cost of encoding it (base64 + JSON)."""
+    media_bytes = []
+    for spec in req.media:
+        if spec not in cache:
+            cache[spec] = render_media(spec, image_format=cfg.image_format,
+                                       quality=cfg.image_quality, codec=cfg.video_codec,
+                                       fps=cfg.video_fps, gop=cfg.video_gop)
+        media_bytes.append(cache[spec])
+    start = time.perf_counter()
+    if not cfg.endpoint.endswith("chat/completions"):  # /v1/completions: a text prompt
+        body: dict[str, Any] = {"prompt": req.prompt, "max_tokens": req.output_len,
+                                "stream": True, "stream_options": {"include_usage": True},
+                                "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos}
+        if cfg.model:
+            body["model"] = cfg.model
+        return json.dumps(body).encode(), time.perf_counter() - start
+    if req.messages is not None:
+        messages = req.messages
+    else:
+        parts: list[dict[str, Any]] = []
+        for spec, data in zip(req.media, media_bytes, strict=True):
+            kind = "image_url" if spec.kind == "image" else "video_url"
+            parts.append({"type": kind, kind: {"url": media_url(spec, data, host)}})
+        parts.append({"type": "text", "text": req.prompt})
+        messages = [{"role": "user", "content": parts}]
+    body: dict[str, Any] = {"messages": messages, "max_tokens": req.output_len,
+                            "stream": True, "stream_options": {"include_usage": True},
+                            "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos}
+    if cfg.model:
+        body["model"] = cfg.model
+    encoded = json.dumps(body).encode()
+    return encoded, time.perf_counter() - start
+
+
+async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
+                      body: bytes, record: RequestRecord, cfg: LoadConfig | None = None) -> None:
+    """One request under ``cfg``'s bounds (--request-timeout, --max-response-mb): see
+    :mod:`aphrodite_cli.bench.load.sse_client` for how every answer is read and judged."""
+    cfg = cfg or LoadConfig(base_url=url)
+    await sse_client.one_request(session, url, headers, body, record, timeout_s=cfg.timeout_s,
+                                 max_bytes=cfg.max_response_bytes, keep_text=cfg.keep_text)
+
+
+class TargetRefused(Exception):
+    """The first answers of a phase were all the same client error: the run stops."""
+
+    def __init__(self, records: list[RequestRecord], url: str) -> None:
+        super().__init__(url)
+        self.records, self.url = records, url
+
+
+def _refused_alike(records: list[RequestRecord]) -> bool:
+    """The same client error for all: a wrong URL, model or key. Not 408 or 429 (a slow or
+    rate-limiting target is a result to measure, not a mistake in the command)."""
+    statuses = {r.status for r in records}
+    return len(statuses) == 1 and all(r.status and 400 <= r.status < 500
+                                      and r.status not in (408, 429) for r in records)
+
+
+def arrival_times(n: int, rate: float, burstiness: float, seed: int,
+                  ramp: tuple[str, float, float] | None = None) -> list[float]:
+    """Seconds after start when each request is sent: all at once for an infinite rate,
+    else gamma-distributed gaps (shape = burstiness; 1 is Poisson) with mean 1/rate.
+    ``ramp`` (vLLM's --ramp-up-strategy, --ramp-up-start-rps, --ramp-up-end-rps): request i
+    of n arrives at its own rate, from start to end as i / (n - 1) goes from 0 to 1, linearly
+    (start + (end - start) x progress) or exponentially (start x (end / start) ^ progress)."""
+    if ramp is None and math.isinf(rate):
+        return [0.0] * n
+    rng = np.random.default_rng(seed)
+    if ramp is None:
+        rates = np.full(n, rate)
+    else:
+        strategy, start, end = ramp
+        progress = np.arange(n) / max(n - 1, 1)
+        rates = (start + (end - start) * progress if strategy == "linear"
+                 else start * (end / start) ** progress)
+    gaps = rng.gamma(shape=burstiness, size=n) / (np.maximum(rates, 1e-9) * burstiness)
+    gaps[0] = 0.0  # the first request at once (a linear ramp may start at 0 requests/s)
+    return list(np.cumsum(gaps))
+
+
+def schedule(n: int, cfg: LoadConfig) -> list[float]:
+    """``cfg``'s arrival times for n requests (its rate, or its ramp when it has one)."""
+    ramp = ((cfg.ramp_up_strategy, cfg.ramp_up_start_rps, cfg.ramp_up_end_rps)
+            if cfg.ramp_up_strategy else None)
+    return arrival_times(n, cfg.request_rate, cfg.burstiness, cfg.seed, ramp)
+
+
+async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
+                    on_done: Callable[[], None] | None = None,
+                    session: aiohttp.ClientSession | None = None
+                    ) -> tuple[list[RequestRecord], float, float]:
+    """Send every payload on the arrival schedule; returns records, duration and the
+    achieved send rate."""
+    url = server_root(cfg.base_url) + cfg.endpoint
+    headers = {"Content-Type": "application/json"}
+    if cfg.api_key:
+        headers["Authorization"] = f"Bearer {cfg.api_key}"
+    own = session is None
+    if session is None:
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=cfg.max_concurrency or 0, limit_per_host=0),
+            timeout=aiohttp.ClientTimeout(total=cfg.timeout_s))
+    slots = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
+    records = [RequestRecord(i, encode_s=enc) for i, (_, enc) in enumerate(payloads)]
+    times = schedule(len(payloads), cfg)
+    sent: list[float] = []
+
+    finished: list[RequestRecord] = []
+    refused = asyncio.Event()
+
+    async def run_one(i: int) -> None:
+        if slots:
+            async with slots:
+                if refused.is_set():
+                    return
+                sent.append(time.perf_counter())
+                await one_request(session, url, headers, payloads[i][0], records[i], cfg)
+        else:
+            sent.append(time.perf_counter())
+            await one_request(session, url, headers, payloads[i][0], records[i], cfg)
+        finished.append(records[i])
+        if cfg.abort_after and len(finished) == cfg.abort_after and _refused_alike(finished):
+            refused.set()
+        if on_done:
+            on_done()
+
+    start = time.perf_counter()
+    tasks = []
+    try:
+        for i, at in enumerate(times):
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if refused.is_set():
+                break
+            tasks.append(asyncio.create_task(run_one(i)))
+        waiting = asyncio.ensure_future(asyncio.gather(*tasks))
+        watcher = asyncio.ensure_future(refused.wait())
+        await asyncio.wait([waiting, watcher], return_when=asyncio.FIRST_COMPLETED)
+        watcher.cancel()
+        if refused.is_set():
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            raise TargetRefused(finished[: cfg.abort_after], url)
+        await waiting
+    finally:
+        if own:
+            await session.close()
+    duration = time.perf_counter() - start
+    span = (max(sent) - min(sent)) if len(sent) > 1 else 0.0
+    send_rate = (len(sent) - 1) / span if span > 0 else math.inf
+    return records, duration, send_rate
+
+
+def scheduled_rate(n: int, cfg: LoadConfig) -> float:
+    """The rate the seeded schedule itself asks for ((n - 1) / last arrival): a Poisson
+    schedule of n requests deviates from the nominal rate by about 1/sqrt(n)."""
+    times = schedule(n, cfg)
+    return (n - 1) / times[-1] if n > 1 and times[-1] > 0 else math.inf
+
+
+def phase_result(records: list[RequestRecord], duration: float, send_rate: float,
+                 cfg: LoadConfig) -> dict[str, Any]:
+    metrics = compute(records, duration, cfg.goodput)
+    metrics["achieved_send_rate"] = send_rate
+    metrics["requested_rate"] = cfg.request_rate
+    metrics["scheduled_rate"] = scheduled_rate(len(records), cfg)
+    return metrics
+
+
+def document(cfg: LoadConfig, phases: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    config = asdict(cfg)
+    config["request_rate"] = "inf" if math.isinf(cfg.request_rate) else cfg.request_rate
+    config["model"] = None if cfg.model is None else printable(cfg.model)  # the target's words
+    config["api_key"] = "(set)" if cfg.api_key else None  # a secret stays out of result files
+    for phase in phases.values():
+        if math.isinf(phase.get("requested_rate", 0)):
+            phase["requested_rate"] = "inf"
+        for key in ("achieved_send_rate", "scheduled_rate"):
+            if math.isinf(phase.get(key, 0)):
+                phase[key] = None
+    return {"kind": "serve", "config": config,
+            "formulas": FORMULAS, "phases": phases, **extra}
+
+
+def nonce() -> int:
+    return random.SystemRandom().randrange(1, 1 << 20)

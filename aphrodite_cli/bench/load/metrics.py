@@ -1,0 +1,138 @@
+"""Serving metrics, with their formulas written down once (also stored in every result).
+
+Per request (streaming):
+- TTFT = time of the first content chunk - time the request was sent.
+- ITL = every gap between consecutive content chunks (pooled over requests).
+- TPOT = (E2E - TTFT) / (output tokens - 1), for requests with more than one output token;
+  the first token is excluded.
+- E2E = time the stream ended - time the request was sent.
+Run level: request throughput = completed requests / benchmark duration; output token
+throughput = output tokens of completed requests / duration; goodput = completed requests
+meeting every SLO given with --goodput (e.g. ttft:200,tpot:50 in ms) / duration.
+Percentiles interpolate linearly between closest ranks (see stats.percentile).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from aphrodite_cli.bench.results.stats import percentile, summary
+
+FORMULAS = {
+    "ttft": "first content chunk time - send time",
+    "itl": "gap between consecutive content chunks, pooled over requests",
+    "tpot": "(e2e - ttft) / (output_tokens - 1), requests with >1 output token",
+    "e2e": "stream end time - send time",
+    "request_throughput": "completed requests / duration",
+    "output_throughput": "completed output tokens / duration",
+    "goodput": "completed requests meeting all SLOs / duration",
+    "percentiles": "linear interpolation between closest ranks",
+}
+
+
+@dataclass
+class RequestRecord:
+    """What the load generator saw for one request."""
+
+    index: int
+    ok: bool = False
+    error: str | None = None
+    status: int | None = None  # HTTP status of the answer; None: no answer
+    error_body: str | None = None  # the start of a failed answer's body, as sent
+    # where output_tokens came from: the server's "usage", the client's "tokenizer"
+    # (--tokenizer), or "stream chunks" counted one token each (an estimate)
+    token_source: str = "stream chunks"
+    text: list[str] = field(default_factory=list)  # the streamed pieces (for --tokenizer)
+    sent_at: float = 0.0
+    ttft: float | None = None
+    itl: list[float] = field(default_factory=list)
+    e2e: float | None = None
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    #: of them, what the target's prefix cache supplied (usage.prompt_tokens_details)
+    cached_tokens: int = 0
+    request_bytes: int = 0
+    encode_s: float = 0.0
+    server: dict[str, Any] | None = None
+
+    @property
+    def usage_reported(self) -> bool:
+        return self.token_source == "usage"
+
+    @property
+    def tpot(self) -> float | None:
+        if not self.ok or self.ttft is None or self.e2e is None or self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+
+def stage_ms(name: str) -> str:
+    """A server stage's name in results, where it holds milliseconds: ``decode_s`` (the
+    server's timing, in seconds) -> ``decode_ms``."""
+    return name.removesuffix("_s") + "_ms"
+
+
+def _ms(values: list[float]) -> dict[str, float]:
+    out = summary([v * 1000 for v in values])
+    if values:
+        out["p50"] = out["median"]
+        out["p95"] = percentile([v * 1000 for v in values], 95)
+    return out
+
+
+def compute(records: list[RequestRecord], duration_s: float,
+            slos_ms: dict[str, float] | None = None) -> dict[str, Any]:
+    """Every metric of a run from its request records."""
+    done = [r for r in records if r.ok]
+    ttft = [r.ttft for r in done if r.ttft is not None]
+    tpot = [t for r in done if (t := r.tpot) is not None]
+    itl = [gap for r in done for gap in r.itl]
+    e2e = [r.e2e for r in done if r.e2e is not None]
+    out_tokens = sum(r.output_tokens for r in done)
+    slos = slos_ms or {}
+
+    def good(r: RequestRecord) -> bool:
+        values = {"ttft": r.ttft, "tpot": r.tpot, "e2e": r.e2e}
+        return all(values.get(k) is not None and values[k] * 1000 <= v for k, v in slos.items())
+
+    stages: dict[str, list[float]] = {}
+    hits = misses = 0
+    for r in done:
+        if not r.server:
+            continue
+        for key, value in (r.server.get("timings") or {}).items():
+            if key.endswith("_s") and isinstance(value, int | float):
+                stages.setdefault(stage_ms(key), []).append(float(value))
+        for hit in r.server.get("cache_hits") or []:
+            hits, misses = hits + bool(hit), misses + (not hit)
+    return {
+        "completed": len(done), "failed": len(records) - len(done),
+        "failures_by_type": dict(Counter(r.error or "unknown" for r in records if not r.ok)),
+        # one answer body per failure type, as the target sent it (what to fix, at a glance)
+        "failure_examples": {r.error or "unknown": r.error_body for r in reversed(records)
+                             if not r.ok and r.error_body},
+        # the server's usage, the client's tokenizer, or stream chunks counted one token
+        # each (an estimate: a chunk may hold several tokens); several when they differ
+        "output_tokens_from": " + ".join(sorted({r.token_source for r in done})) or None,
+        "duration_s": duration_s,
+        "request_throughput": len(done) / duration_s if duration_s else 0.0,
+        "output_throughput": out_tokens / duration_s if duration_s else 0.0,
+        "total_output_tokens": out_tokens,
+        "goodput": (sum(1 for r in done if good(r)) / duration_s if duration_s else 0.0)
+        if slos else None,
+        "slos_ms": slos or None,
+        "ttft_ms": _ms(ttft), "tpot_ms": _ms(tpot), "itl_ms": _ms(itl), "e2e_ms": _ms(e2e),
+        "client": {"request_bytes": summary([r.request_bytes for r in records]),
+                   "encode_ms": _ms([r.encode_s for r in records])},
+        "server_stages_ms": {k: _ms(v) for k, v in sorted(stages.items())},
+        "server_cache": {"hits": hits, "misses": misses,
+                         "hit_rate": hits / (hits + misses) if hits + misses else None},
+        # prompt tokens the target's prefix cache supplied, of those it reported (usage)
+        "prefix_cache": {"cached_tokens": sum(r.cached_tokens for r in done),
+                         "prompt_tokens": sum(r.prompt_tokens for r in done),
+                         "hit_rate": sum(r.cached_tokens for r in done)
+                         / sum(r.prompt_tokens for r in done)
+                         if sum(r.prompt_tokens for r in done) else None},
+    }

@@ -1,0 +1,172 @@
+"""Orchestration of `bench serve`: dataset -> payloads -> phases (cold, warm) -> result."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from aphrodite_cli.bench.harness.media_host import MediaHost
+from aphrodite_cli.bench.load.client import (
+    LoadConfig,
+    build_payload,
+    document,
+    nonce,
+    phase_result,
+    run_phase,
+)
+from aphrodite_cli.bench.load.datasets import (
+    BenchRequest,
+    load_jsonl,
+    random_mm,
+)
+from aphrodite_cli.bench.load.metrics import stage_ms
+from aphrodite_cli.bench.load.target import Target
+from aphrodite_cli.bench.load.vllm_compat import count_tokens, flat_fields
+from aphrodite_cli.options import DatasetName, Mode
+from engine.errors import ConfigError
+from engine.timings import SERVED_STAGES
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    """What ``bench serve`` sends and how (the load itself is a :class:`LoadConfig`),
+    resolved from the flags once."""
+
+    num_prompts: int
+    buckets: dict
+    dataset: DatasetName = "random-mm"
+    dataset_path: Path | None = None
+    media_dir: Path | None = None
+    num_warmups: int = 0
+    mode: Mode = "cold"
+    items_per_request: int = 1
+    prompt_len: int = 8
+    output_len: int = 16
+    seed: int = 0
+    #: the target is this project's server, started for the run (see :class:`Target`)
+    embedded: bool = False
+    percentile_metrics: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
+    metric_percentiles: tuple[float, ...] = (99.0,)
+    #: counts tokens client-side when the target reports no usage
+    tokenizer: Any = None
+
+
+def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
+    if args.dataset == "jsonl":
+        if not args.dataset_path:
+            raise ConfigError("--dataset jsonl needs --dataset-path FILE")
+        rows = load_jsonl(Path(args.dataset_path), args.media_dir)
+        return (rows * (args.num_prompts // max(len(rows), 1) + 1))[: args.num_prompts]
+    return random_mm(args.num_prompts, items=args.items_per_request, buckets=args.buckets,
+                     prompt_len=args.prompt_len, output_len=args.output_len, seed=args.seed,
+                     nonce=run_nonce)
+
+
+def request_rows(phase: str, records: list) -> list[dict[str, Any]]:
+    """One row per request, every time in ms: its index and send time (ms after the
+    phase's first send), status and error, every metric, its ITL gaps, and the server's
+    stage timings (``server_<stage>_ms``) when the target reports them."""
+    first = min((r.sent_at for r in records if r.sent_at), default=0.0)
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1e3, 3)
+
+    rows = []
+    for r in records:
+        timings = (r.server or {}).get("timings") or {}
+        rows.append({
+            "phase": phase, "index": r.index, "sent_ms": ms(r.sent_at - first) if r.sent_at
+            else None, "ok": r.ok, "status": r.status, "error": r.error,
+            "ttft_ms": ms(r.ttft), "tpot_ms": ms(r.tpot), "e2e_ms": ms(r.e2e),
+            "itl_ms": [ms(g) for g in r.itl], "output_tokens": r.output_tokens,
+            "output_tokens_from": r.token_source, "prompt_tokens": r.prompt_tokens,
+            "request_bytes": r.request_bytes, "encode_ms": ms(r.encode_s),
+            **{f"server_{k.removeprefix('server_').removesuffix('_s')}_ms": ms(float(v))
+               for k, v in timings.items() if k.endswith("_s") and isinstance(v, int | float)}})
+    return rows
+
+
+async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
+                    model_source: str = "--model"
+                    ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """The phases against ``cfg``'s target: (the result, its per-request rows by phase)."""
+    host = MediaHost() if cfg.media_delivery == "http" else None
+    cache: dict = {}
+    phases: dict[str, Any] = {}
+    rows: dict[str, list[dict[str, Any]]] = {}
+    try:
+        modes = ("cold", "warm") if args.mode == "both" else (args.mode,)
+        for mode in modes:
+            dataset = make_dataset(args, run_nonce=nonce() if mode == "cold" else args.seed
+                                   + 7919)
+            payloads = [build_payload(r, cfg, host, cache) for r in dataset]
+            warmups = [build_payload(r, cfg, host, cache) for r in make_dataset(
+                replace(args, num_prompts=args.num_warmups), run_nonce=nonce())
+            ] if args.num_warmups else []
+            if warmups:  # server warm-up (JIT, pools): never measured
+                await run_phase(warmups, LoadConfig(**{**cfg.__dict__,
+                                                       "request_rate": math.inf,
+                                                       "ramp_up_strategy": None}))
+            if mode == "warm":  # the same media, sent once before measuring: never measured
+                await run_phase(payloads, LoadConfig(**{**cfg.__dict__,
+                                                        "request_rate": math.inf,
+                                                       "ramp_up_strategy": None}))
+            task = progress.add_task(f"{mode} phase", total=len(payloads))
+            records, duration, send_rate = await run_phase(
+                payloads, cfg, on_done=lambda t=task: progress.advance(t))
+            if args.tokenizer is not None:
+                count_tokens(args.tokenizer, records)
+            result = phase_result(records, duration, send_rate, cfg)
+            hit_rate = result["server_cache"]["hit_rate"]
+            result["cache_check"] = None
+            if hit_rate is not None:
+                want = 1.0 if mode == "warm" else 0.0
+                result["cache_check"] = "ok" if abs(hit_rate - want) <= 0.01 else (
+                    f"FAILED: {mode} phase measured a server cache hit rate of {hit_rate:.0%}")
+            result["samples"] = {
+                "ttft_ms": [r.ttft * 1e3 for r in records if r.ok and r.ttft is not None],
+                "itl_ms": [gap * 1e3 for r in records if r.ok for gap in r.itl],
+                "tpot_ms": [r.tpot * 1e3 for r in records if r.tpot is not None],
+                "e2e_ms": [r.e2e * 1e3 for r in records if r.ok and r.e2e is not None],
+                "pixels": [sum(m.width * m.height * m.frames for m in req.media)
+                           for req, r in zip(dataset, records, strict=True) if r.ok],
+                "stages_ms": {stage_ms(k): [float(((r.server or {}).get("timings") or {})
+                                                  .get(k, 0)) * 1e3 for r in records if r.ok]
+                              for k in SERVED_STAGES},
+            }
+            result.update(flat_fields(result, list(args.percentile_metrics),
+                                      list(args.metric_percentiles)))
+            phases[mode] = result
+            rows[mode] = request_rows(mode, records)
+    finally:
+        if host:
+            host.stop()
+    media = {"items_per_request": args.items_per_request,
+             "buckets": {",".join(map(str, k)): v for k, v in args.buckets.items()},
+             "image_format": cfg.image_format, "image_quality": cfg.image_quality,
+             "video_codec": cfg.video_codec, "video_fps": cfg.video_fps,
+             "video_gop": cfg.video_gop}
+    doc = document(cfg, phases, {"dataset": args.dataset, "num_prompts": args.num_prompts,
+                                 "num_warmups": args.num_warmups, "mode": args.mode,
+                                 "media": media, "embedded": args.embedded,
+                                 "model_source": model_source,
+                                 "target": {"base_url": cfg.base_url,
+                                            "endpoint": cfg.endpoint,
+                                            "embedded_server": "aphrodite serve (tiny "
+                                            "Qwen2.5-VL, video backend opencv, processor cache "
+                                            "4 GB)" if args.embedded else None},
+                                 "pid": os.getpid()})
+    return doc, rows
+
+
+def run(cfg: LoadConfig, args: ServeArgs, target: Target, progress: Any
+        ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """Open the target (the embedded server, when asked, runs for the phases alone), point
+    ``cfg`` at its root and model, then run the phases."""
+    with target:
+        cfg.base_url, cfg.model = target.root, target.model
+        return asyncio.run(run_serve(cfg, args, progress, target.model_source))

@@ -1,0 +1,284 @@
+"""`aphrodite bench soak`: valid and hostile requests against the server for a set time.
+
+Valid requests are drawn like `bench serve`'s random-mm dataset (images and videos, cold and
+cached). Reports: 5xx answers to valid requests (must be zero), every hostile request's status and
+error code against those it must get (the catalogue is in ``hostile.py``), RSS and open file
+descriptors of every server process over time (flat after warm-up), temp files and shared
+memory segments left behind, decode-worker restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aphrodite_cli.bench.results.stats import summary
+from engine.memory import rss_bytes
+
+if TYPE_CHECKING:
+    from aphrodite_cli.bench.load.attackers import Attackers
+
+
+def post(base: str, body: bytes, content_type: str = "application/json"
+         ) -> tuple[int, str | None]:
+    """(status, error code) of one chat request; status 0 when the connection failed."""
+    req = urllib.request.Request(f"{base}/chat/completions", data=body,
+                                 headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            resp.read()
+            return resp.status, None
+    except urllib.error.HTTPError as err:
+        try:
+            return err.code, json.loads(err.read())["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            return err.code, None
+    except OSError:
+        return 0, None
+
+
+def metrics(base: str, *names: str) -> dict[str, float | None]:
+    """Unlabelled values from one scrape of the server's /metrics (None: absent or
+    unreachable)."""
+    root = base.removesuffix("/v1")
+    try:
+        text = urllib.request.urlopen(f"{root}/metrics", timeout=30).read().decode()
+    except OSError:
+        text = ""
+    found = {name: re.search(rf"^{name} (\S+)$", text, re.M) for name in names}
+    return {name: float(m.group(1)) if m else None for name, m in found.items()}
+
+
+def decode_worker_restarts(base: str) -> int | None:
+    """The server's decode-worker restarts, from /metrics (None when not isolated)."""
+    name = "aphrodite_decode_worker_restarts_total"
+    value = metrics(base, name)[name]
+    return None if value is None else int(value)
+
+
+def _shm_segments(owners: set[int]) -> set[str]:
+    """The server's shared-memory segments held by something: named by its API server pids
+    (another server on the same machine has segments of its own that are none of this soak's
+    business); the free ones each decode worker keeps to decode into are not leftovers."""
+    from engine.media import frame_memory
+
+    return {p.name for p in frame_memory.SHM_DIR.glob(f"{frame_memory.PREFIX}*")
+            if frame_memory.owner_pid(p.name) in owners
+            and not p.name.endswith(frame_memory.FREE)}
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def server_roles(output: str) -> dict[str, int]:
+    """Role -> pid from the server's ready line (supervisor, engine, API servers)."""
+    roles: dict[str, int] = {}
+    for key, role in (("supervisor pid", "supervisor"), ("engine pid", "engine")):
+        match = re.search(rf"{key} (\d+)", output)
+        if match:
+            roles[role] = int(match.group(1))
+    match = re.search(r"API server pids ([\d, ]+)", output)
+    for i, pid in enumerate(match.group(1).replace(",", " ").split() if match else []):
+        roles[f"api{i}"] = int(pid)
+    return roles
+
+
+def sample_processes(roles: dict[str, int]) -> dict[str, Any]:
+    """RSS per role (decode workers summed under their API server), total RSS and open fds
+    of the whole tree."""
+    by_role: dict[str, int] = {}
+    fds = 0
+    seen: set[int] = set()
+    for role, pid in roles.items():
+        by_role[role] = rss_bytes(pid) or 0
+        seen.add(pid)
+        if role.startswith("api"):
+            workers = _children(pid)
+            by_role[f"{role}-decode-workers"] = sum(rss_bytes(w) or 0 for w in workers)
+            seen.update(workers)
+    todo = [roles.get("supervisor", 0)]
+    while todo:  # anything else in the tree (e.g. the resource tracker)
+        pid = todo.pop()
+        if pid and pid not in seen:
+            seen.add(pid)
+            by_role["other"] = by_role.get("other", 0) + (rss_bytes(pid) or 0)
+        todo += _children(pid) if pid else []
+    for pid in seen:
+        try:
+            fds += len(list(Path(f"/proc/{pid}/fd").iterdir()))
+        except OSError:
+            continue
+    return {"rss_bytes": sum(by_role.values()), "open_fds": fds, "rss_by_role": by_role}
+
+
+def slope_mb_per_min(samples: list[dict[str, Any]], key: str | None = None, *,
+                     field: str | None = None) -> float | None:
+    """Least-squares RSS slope over the samples (MB/min); ``key``: one role; ``field``: another
+    byte count of the samples instead of RSS (samples without it are skipped)."""
+    if field:
+        # a scrape the engine did not answer in time reads NaN: no point, not a wrong one
+        points = [(s["t_s"], s[field] / 2**20) for s in samples
+                  if s.get(field) is not None and math.isfinite(s[field])]
+    else:
+        points = [(s["t_s"], (s["rss_by_role"].get(key, 0) if key else s["rss_bytes"]) / 2**20)
+                  for s in samples]
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    if var == 0:
+        return None
+    return round(60 * sum((t - mean_t) * (v - mean_v) for t, v in points) / var, 3)
+
+
+SOAK_BUCKETS = {(64, 96, 1): 0.5, (240, 320, 1): 0.25, (240, 320, 30): 0.25}
+
+
+def valid_requests(model: str, buckets: dict[tuple[int, int, int], float], count: int,
+                   seed: int) -> list[tuple[str, bytes]]:
+    """``count`` distinct valid chat requests drawn like `bench serve --dataset random-mm`
+    (its dataset and media generator; one item each, images and videos by ``buckets``),
+    rendered once. Non-streaming, so a failure shows in the status. Named valid-image /
+    valid-video."""
+    from aphrodite_cli.bench.load.client import media_url
+    from aphrodite_cli.bench.load.datasets import random_mm, render_media
+
+    pool = []
+    for req in random_mm(count, items=1, buckets=buckets, prompt_len=6, output_len=4,
+                         seed=seed, nonce=seed + 1):
+        spec = req.media[0]
+        part = "image_url" if spec.kind == "image" else "video_url"
+        body = {"model": model, "max_tokens": req.output_len, "messages": [
+            {"role": "user", "content": [
+                {"type": part, part: {"url": media_url(spec, render_media(spec), None)}},
+                {"type": "text", "text": req.prompt}]}]}
+        pool.append((f"valid-{spec.kind}", json.dumps(body).encode()))
+    return pool
+
+
+def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: float,
+             hostile_share: float, concurrency: int, seed: int, media_base: str,
+             warmup_s: float, buckets: dict[tuple[int, int, int], float] | None = None,
+             valid_pool: int = 128, attackers: Attackers | None = None) -> dict[str, Any]:
+    """``concurrency`` clients send requests back to back for ``duration_s``, drawn from a
+    pool of valid requests (``valid_requests``) and, a ``hostile_share`` of them, from the
+    hostile catalogue (each checked against its status and rule), while ``attackers`` run
+    alongside from their own address (each answer checked against its rule); server
+    processes sampled every 2 s; valid requests' latency reported."""
+    from aphrodite_cli.bench.load.attackers import EXPECTED
+    from aphrodite_cli.bench.load.hostile import hostile_catalogue
+
+    catalogue = hostile_catalogue(model, media_base)
+    valid = valid_requests(model, buckets or SOAK_BUCKETS, valid_pool, seed)
+    temp_before = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
+    api_pids = {pid for role, pid in roles.items() if role.startswith("api")}
+    shm_before = _shm_segments(api_pids)
+    # (kind, expected status, rule, status, code, seconds)
+    results: list[tuple[str, int, str | None, int, str | None, float]] = []
+    samples: list[dict[str, Any]] = []
+    start = time.monotonic()
+
+    def client(index: int) -> None:
+        rng = random.Random(seed * 1000 + index)
+        while time.monotonic() - start < duration_s:
+            if rng.random() < hostile_share:
+                case = rng.choice(catalogue)
+                name, body, status, code = case.name, case.body, case.status, case.code
+                ctype = case.content_type
+            else:
+                name, body = rng.choice(valid)
+                status, code, ctype = 200, None, "application/json"
+            sent = time.monotonic()
+            answer = post(base_url, body, ctype)
+            results.append((name, status, code, *answer, time.monotonic() - sent))
+
+    if attackers is not None:
+        attackers.start()
+    with ThreadPoolExecutor(concurrency) as pool:
+        futures = [pool.submit(client, i) for i in range(concurrency)]
+        def sample() -> dict[str, Any]:
+            # glibc heap in live blocks of the API server and the engine: a leak raises it, a
+            # new allocator high-water mark (freed memory kept on purpose) raises only RSS
+            heap = metrics(base_url, "aphrodite_heap_in_use_bytes",
+                           "aphrodite_engine_heap_in_use_bytes")
+            return {"t_s": round(time.monotonic() - start, 2), **sample_processes(roles),
+                    "api_heap_in_use_bytes": heap["aphrodite_heap_in_use_bytes"],
+                    "engine_heap_in_use_bytes": heap["aphrodite_engine_heap_in_use_bytes"]}
+
+        while not all(f.done() for f in futures):
+            samples.append(sample())
+            time.sleep(2.0)
+        for f in futures:
+            f.result()
+        samples.append(sample())
+    if attackers is not None:
+        attackers.stop()
+    restarts = decode_worker_restarts(base_url)
+    temp_after = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
+    leftovers = sorted(n for n in temp_after - temp_before if "aphrodite" in n)
+    leftovers += sorted(f"/dev/shm/{n}" for n in _shm_segments(api_pids) - shm_before)
+    by_kind: dict[str, Counter] = {}
+    mismatches = []
+    for name, expected, rule, status, code, _ in results:
+        by_kind.setdefault(name, Counter())[str(status)] += 1
+        if status != expected or (rule is not None and code != rule):
+            mismatches.append({"request": name, "expected": expected, "rule": rule,
+                               "got": status, "code": code})
+    for name, status, code, _ in (attackers.results if attackers is not None else []):
+        by_kind.setdefault(name, Counter())[str(status)] += 1
+        if (status, code) not in EXPECTED[name]:
+            mismatches.append({"request": name, "expected": sorted(EXPECTED[name]),
+                               "got": status, "code": code})
+    valid_s = [r[5] for r in results if r[0].startswith("valid")]
+    after_warmup = [s for s in samples if s["t_s"] >= warmup_s] or samples
+    first, last = after_warmup[0], after_warmup[-1]
+    second_half = [s for s in samples if s["t_s"] >= duration_s / 2]
+    valid_5xx = sum(1 for r in results
+                    if r[0].startswith("valid") and (r[3] >= 500 or r[3] == 0))
+    return {
+        "kind": "soak", "duration_s": duration_s,
+        "concurrency": concurrency, "hostile_share": hostile_share, "seed": seed,
+        "valid_pool": len(valid),
+        "buckets": {",".join(map(str, k)): v for k, v in (buckets or SOAK_BUCKETS).items()},
+        "catalogue": [{"name": c.name, "status": c.status, "rule": c.code} for c in catalogue],
+        "requests": len(results), "by_kind": {k: dict(v) for k, v in by_kind.items()},
+        "valid_5xx": valid_5xx, "hostile_mismatches": mismatches[:200],
+        "hostile_mismatch_count": len(mismatches),
+        "attackers": None if attackers is None else {
+            "slow_bodies": attackers.slow_bodies, "drip_flood": attackers.drip_flood,
+            "source": attackers.local_addr[0] if attackers.local_addr else None},
+        # latency of valid requests (seconds, non-streaming: the whole answer)
+        "valid_latency_s": summary(valid_s),
+        "decode_worker_restarts": restarts,
+        "process_samples": samples,
+        "rss_growth_after_warmup": (last["rss_bytes"] - first["rss_bytes"]) / max(
+            first["rss_bytes"], 1),
+        "rss_growth_after_warmup_by_role": {
+            role: last["rss_by_role"].get(role, 0) - first["rss_by_role"].get(role, 0)
+            for role in last["rss_by_role"]},
+        # a leak keeps rising to the end; a warm-up (arenas, caches filling) levels off
+        "rss_slope_second_half_mb_per_min": slope_mb_per_min(second_half),
+        "rss_slope_second_half_by_role_mb_per_min": {
+            role: slope_mb_per_min(second_half, role) for role in last["rss_by_role"]},
+        "heap_in_use_slope_second_half_mb_per_min": {
+            role: slope_mb_per_min(second_half, field=f"{role}_heap_in_use_bytes")
+            for role in ("api", "engine")},
+        "fd_growth_after_warmup": last["open_fds"] - first["open_fds"],
+        "temp_leftovers": leftovers,
+    }

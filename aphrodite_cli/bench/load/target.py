@@ -1,0 +1,74 @@
+"""The server a load benchmark runs against (``bench serve``, ``sweep`` and ``soak``), resolved
+from the target flags in one place: ``--base-url`` (or vLLM's ``--host``/``--port``) or
+``--embedded`` (this project's server, started for the run and stopped after it), the
+server's root URL, and the model name to send (``--model``, else the first of the target's
+``GET /v1/models``; with ``--embedded``, ``--model`` is what the server serves and the name
+is the one it lists).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aphrodite_cli.bench.harness.server_process import ServerProcess
+from aphrodite_cli.bench.load.client import first_model, server_root
+from engine.errors import ConfigError
+
+#: How long the embedded server may take to load its model and print its ready line.
+READY_TIMEOUT_S = 300
+
+
+class Target:
+    """The target of one run. Made from the flags, it only checks them (a wrong combination
+    fails before anything starts); ``with target:`` starts the embedded server when asked
+    (media from the loopback host allowed, stage timings exposed), settles :attr:`root` and
+    :attr:`model`, and stops the server on the way out."""
+
+    def __init__(self, base_url: str | None = None, *, host: str | None = None,
+                 port: int | None = None, embedded: bool = False, model: str | None = None,
+                 api_key: str | None = None, server_args: Sequence[str] = (),
+                 server_env: dict[str, str] | None = None,
+                 announce: Callable[[str], Any] | None = None) -> None:
+        if base_url is None and (host or port):
+            base_url = f"http://{host or '127.0.0.1'}:{port or 8000}"
+        if embedded == bool(base_url):
+            raise ConfigError("pass exactly one of --base-url URL (or --host/--port) or "
+                              "--embedded", code="invalid_flag")
+        self.base_url, self.embedded, self.api_key = base_url, embedded, api_key
+        self.model_flag, self.announce = model, announce
+        self.server_args, self.server_env = tuple(server_args), server_env
+        self.server: ServerProcess | None = None
+        #: the server's root (no /v1) and the model name requests carry, once entered
+        self.root = ""
+        self.model = ""
+        self.model_source = "--model"
+
+    def __enter__(self) -> Target:
+        if self.embedded:
+            self.server = ServerProcess(
+                *([self.model_flag] if self.model_flag else []), "--allowed-media-domains",
+                "127.0.0.1", "--expose-request-timings", *self.server_args,
+                env=self.server_env).wait_ready(READY_TIMEOUT_S)
+        try:
+            self.root = server_root(self.server.base if self.server else self.base_url or "")
+            if self.model_flag and not self.embedded:
+                self.model = self.model_flag
+            else:
+                self.model = first_model(self.root, self.api_key)
+                self.model_source = "first of GET /v1/models"
+                if self.announce:
+                    self.announce(f"model: {self.model} (the first of GET {self.root}/v1/models; "
+                                  "--model picks another)")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.server:
+            self.server.stop()
+            self.server = None

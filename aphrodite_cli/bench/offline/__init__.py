@@ -1,0 +1,1 @@
+"""Benchmarks without a server: ``bench video-decode``, ``mm-processor`` and ``batching``."""

@@ -1,0 +1,215 @@
+"""One model per result ``kind``: its schema version and the fields its readers (the gate, the
+report, the soak's baseline) rely on, with their types.
+
+Result files are written and read as JSON documents; these models validate a document before
+it is written (a writer cannot produce a file its readers refuse) and when it is loaded (a file
+cut short, edited or written by something else is refused by field, not misread or met with a
+KeyError half-way through a report). Every model allows fields it does not name: a new field
+needs no new version; a field that changes meaning or goes away bumps the kind's ``VERSION``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Stats(_Open):
+    """A metric's summary (count, mean, median, p50, p90, p99...); the ones a reader prints."""
+
+    median: float | None = None
+    p99: float | None = None
+
+
+class _Result(_Open):
+    KIND: ClassVar[str]
+    VERSION: ClassVar[int]
+    schema_version: int
+    kind: str
+    environment: dict[str, Any] = {}
+    created_utc: str | None = None
+
+
+# --- bench serve ------------------------------------------------------------------------------
+class ServeCache(_Open):
+    hit_rate: float | None = None
+
+
+class ServePhase(_Open):
+    """One phase (cold, warm): the per-request samples the gate pools, and the summary the
+    report prints (absent in a hand-made file: the report prints "-")."""
+
+    samples: dict[str, list[float] | dict[str, list[float]]]
+    completed: int | None = None
+    failed: int | None = None
+    request_throughput: float | None = None
+    ttft_ms: Stats = Stats()
+    tpot_ms: Stats = Stats()
+    e2e_ms: Stats = Stats()
+    server_cache: ServeCache = ServeCache()
+
+
+class ServeResult(_Result):
+    """``bench serve``: per phase (cold, warm) the client's per-request samples and summary."""
+
+    KIND = "serve"
+    VERSION = 2  # 2: server stages in ms named *_ms (were *_s); version 1 is read, upgraded
+    phases: dict[str, ServePhase]
+    config: dict[str, Any] = {}
+    target: dict[str, Any] = {}
+
+
+# --- bench mm-processor -----------------------------------------------------------------------
+class ProcessorPhase(_Open):
+    samples: dict[str, list[float] | dict[str, list[float]]]
+    total_s: Stats = Stats()
+    hit_rate: float | None = None
+
+
+class VideoBackendRow(_Open):
+    backend: str
+    clip: str
+    decode_ms: Stats
+
+
+class ProcessorResult(_Result):
+    """``bench mm-processor``: per phase the preprocessing stages per request, and the video
+    decode time per backend on the same clips."""
+
+    KIND = "mm-processor"
+    VERSION = 1
+    phases: dict[str, ProcessorPhase]
+    video_backends: list[VideoBackendRow] = []
+
+
+class ProcessorCompareResult(_Result):
+    """``bench mm-processor --compare-models``: one entry per model on the same media."""
+
+    KIND = "mm-processor-compare"
+    VERSION = 1
+    results: list[dict[str, Any]]
+
+
+# --- bench sweep ------------------------------------------------------------------------------
+class Capacity(_Open):
+    rate: float | None = None
+    limited_by: str | None = None
+
+
+class PointLatency(_Open):
+    """A sweep point's measurement: the latency summaries the report plots (and more)."""
+
+    ttft_ms: Stats = Stats()
+    tpot_ms: Stats = Stats()
+    e2e_ms: Stats = Stats()
+
+
+class SweepPoint(_Open):
+    kind: str
+    offered_rate: float | None = None
+    served_rate: float | None = None
+    result: PointLatency
+
+
+class SweepPhase(_Open):
+    points: list[SweepPoint]
+    capacity: Capacity | None = None
+    seconds: float | None = None
+
+
+class SweepResult(_Result):
+    """``bench sweep``: per phase the measured load points and the capacity under the SLOs."""
+
+    KIND = "sweep"
+    VERSION = 2  # 2: stages named *_ms; capacity a sustained rate; version 1 is read, upgraded
+    phases: dict[str, SweepPhase]
+    slos: list[str] = []
+
+
+# --- bench batching ---------------------------------------------------------------------------
+class Seconds(_Open):
+    median: float
+
+
+class Scheduling(_Open):
+    """One scheduling policy's figures in a mixed-workload batching result."""
+
+    output_throughput: Stats
+    request_throughput: Stats
+    short_ttft_s: Stats = Stats()
+
+
+class BatchingResult(_Result):
+    """``workload`` uniform: N requests together vs one after another; mixed: static vs
+    continuous scheduling side by side (each a dict of its figures)."""
+
+    KIND = "batching"
+    VERSION = 1
+    workload: Literal["uniform", "mixed"] = "uniform"
+    concurrency: int | None = None
+    concurrent_s: Seconds | None = None
+    sequential_s: Seconds | None = None
+    speedup_median: float | None = None
+    static: Scheduling | None = None
+    continuous: Scheduling | None = None
+    continuous_over_static_output_throughput: float | None = None
+
+    @model_validator(mode="after")
+    def _workload_fields(self) -> BatchingResult:
+        needed = (("concurrency", "concurrent_s", "sequential_s", "speedup_median")
+                  if self.workload == "uniform" else
+                  ("static", "continuous", "continuous_over_static_output_throughput"))
+        missing = [name for name in needed if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"a {self.workload} batching result needs {', '.join(missing)}")
+        return self
+
+
+# --- bench video-decode -----------------------------------------------------------------------
+class Reference(_Open):
+    median_s: float | None = None
+
+
+class Clip(_Open):
+    width: int
+    height: int
+    codec: str | None = None
+    frames: int | None = None
+
+
+class BackendRow(_Open):
+    backend: str
+    options: dict[str, Any] = {}
+    median_s: float | None = None
+    ratio_to_full_decode: float | None = None
+    identical_to_exact: Any = None
+
+
+class VideoDecodeResult(_Result):
+    """``bench video-decode``: each backend's sampled decode against a full ffmpeg decode."""
+
+    KIND = "video-decode"
+    VERSION = 1
+    reference: Reference
+    backends: list[BackendRow]
+    clip: Clip
+    num_frames: int
+
+
+# --- bench soak -------------------------------------------------------------------------------
+class SoakResult(_Result):
+    """``bench soak``: valid requests' latency under attack, and the resources over time."""
+
+    KIND = "soak"
+    VERSION = 3  # 3: valid latency, attackers
+    valid_latency_s: Stats
+
+
+MODELS: dict[str, type[_Result]] = {m.KIND: m for m in (
+    ServeResult, SweepResult, ProcessorResult, ProcessorCompareResult, BatchingResult,
+    VideoDecodeResult, SoakResult)}

@@ -1,0 +1,157 @@
+"""The scheduler: what the engine does in one step, decided from plain numbers.
+
+No model, no threads, no torch (as vLLM's v1 scheduler: ``schedule()`` returns a plan and the
+model runner executes it); :class:`~engine.executor.engine.Engine` calls :func:`plan` once per
+step and executes the :class:`StepPlan`. The rules, in the order they apply:
+
+1. A prompt being prefilled in chunks continues: its next chunk is the step's prefill, and
+   nothing else joins until its last chunk is in.
+2. ``scheduling="static"``: nothing joins a running batch; waiting rows wait for it to end.
+3. First come, first served: the oldest waiting rows join while the batch holds fewer than
+   ``max_num_seqs`` rows (a request's ``n`` samples are ``n`` rows, each prefilling its
+   prompt). No row overtakes an older one.
+4. Token budget: the rows that join in one step are prefilled together, in one forward pass
+   of at most ``max_num_batched_tokens`` prompt tokens; the first that does not fit waits for
+   the next step. A prompt over the budget on its own is prefilled alone, a chunk per step,
+   while the running rows go on decoding between its chunks (rule 1).
+5. A chunk holds at most the budget's tokens, except the one that holds the prompt's media
+   span (its first to last media token), which is as long as it must be: the encoder's output
+   lands in one forward pass.
+6. Prefix cache: the tokens a row's prompt already has in the cache (``cached_tokens``) are
+   not prefilled and not charged to the budget; its last prompt token always is (its logits
+   give the first token), and a cached prefix never ends inside the media span (it is cut
+   back to the span's start). Until the cache exists the engine passes 0.
+7. Every running row, those that joined this step included, then takes one decode step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class SeqState:
+    """What the scheduler knows of a waiting row: its prompt's length in tokens, how many of
+    them the prefix cache holds, and where its media tokens are (``[first, last]``, or None
+    for a prompt without media; only looked up for a prompt that may be chunked)."""
+
+    prompt_tokens: int
+    cached_tokens: int = 0
+    media_span: tuple[int, int] | None = None
+
+    @property
+    def first_uncached(self) -> int:
+        """The first prompt token to prefill (rule 6)."""
+        start = max(0, min(self.cached_tokens, self.prompt_tokens - 1))
+        span = self.media_span
+        if span is not None and span[0] < start <= span[1]:
+            start = span[0]
+        return start
+
+    @property
+    def tokens_to_prefill(self) -> int:
+        return self.prompt_tokens - self.first_uncached
+
+
+@dataclass(frozen=True)
+class Prefilling:
+    """A prompt being prefilled a chunk per step: its row and the prompt tokens already in
+    (the next chunk starts there)."""
+
+    seq: SeqState
+    done: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Prompt tokens ``[start, end)`` of the row being chunked; after the ``final`` one the
+    row joins the running batch."""
+
+    start: int
+    end: int
+    final: bool
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step. ``admit``: the prompt tokens each of the oldest ``len(admit)`` waiting rows
+    prefills; they leave the waiting queue and are prefilled together. ``chunk``: the step's
+    chunk of a prompt over the token budget; ``starts_chunk``: it is the first chunk of the
+    oldest waiting row (which leaves the queue), else the next of the row being chunked.
+    ``decode_rows``: the rows that then take a decode step (those running and those that
+    join, when every prefill succeeds)."""
+
+    admit: tuple[int, ...] = ()
+    chunk: Chunk | None = None
+    starts_chunk: bool = False
+    decode_rows: int = 0
+
+    @property
+    def admitted(self) -> int:
+        """Rows leaving the waiting queue this step."""
+        return len(self.admit) + self.starts_chunk
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens computed this step."""
+        return sum(self.admit) + (self.chunk.tokens if self.chunk is not None else 0)
+
+
+def plan(waiting: Iterable[SeqState], running: int, config: EngineConfig,
+         prefilling: Prefilling | None = None) -> StepPlan:
+    """The next step, from the waiting rows (oldest first; read only as far as needed), the
+    number of rows in the running batch, the settings and the prompt being chunked, if any."""
+    budget = config.max_num_batched_tokens
+    if prefilling is not None:  # rule 1
+        if budget is None:
+            raise ValueError("a chunked prefill needs max_num_batched_tokens")
+        chunk = next_chunk(prefilling.seq, prefilling.done, budget)
+        return StepPlan(chunk=chunk, decode_rows=running + chunk.final)
+    if config.scheduling == "static" and running:  # rule 2
+        return StepPlan(decode_rows=running)
+    admit: list[int] = []
+    total = 0
+    for seq in waiting:  # rule 3
+        if running + len(admit) >= config.max_num_seqs:
+            break
+        size = seq.tokens_to_prefill
+        if budget is not None and total + size > budget:  # rule 4
+            if not admit:
+                chunk = next_chunk(seq, seq.first_uncached, budget)
+                return StepPlan(chunk=chunk, starts_chunk=True,
+                                decode_rows=running + chunk.final)
+            break
+        admit.append(size)
+        total += size
+    return StepPlan(admit=tuple(admit), decode_rows=running + len(admit))
+
+
+def next_chunk(seq: SeqState, start: int, budget: int) -> Chunk:
+    """The chunk of ``seq``'s prompt from ``start``: ``budget`` tokens, or up to the end of
+    the prompt, or past the whole media span when it would end inside it (rule 5)."""
+    length = seq.prompt_tokens
+    end = min(start + budget, length)
+    span = seq.media_span
+    if span is not None and start <= span[1] and span[0] < end <= span[1]:
+        end = span[1] + 1
+    return Chunk(start, end, end == length)
+
+
+def chunk_bounds(length: int, budget: int, media: tuple[int, int] | None
+                 ) -> list[tuple[int, int]]:
+    """Every ``[start, end)`` chunk of an uncached prompt of ``length`` tokens, in order."""
+    seq = SeqState(length, media_span=media)
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    while start < length:
+        chunk = next_chunk(seq, start, budget)
+        bounds.append((chunk.start, chunk.end))
+        start = chunk.end
+    return bounds

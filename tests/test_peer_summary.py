@@ -1,0 +1,71 @@
+"""scripts/peer_summary.py: the vLLM peer comparison's table, per model size, load and phase
+(cold and warm), from real `bench serve` result files of two loopback targets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.server_harness import free_port, wait_exit, wait_listening
+
+ROOT = Path(__file__).resolve().parents[1]
+EXE = Path(sys.executable).with_name("aphrodite")
+
+
+@pytest.fixture
+def two_targets():
+    """Two mock servers: "vllm" answers its first token after 5 ms, "ours" after 60 ms."""
+    procs, ports = [], []
+    for ttft in (5, 60):
+        port = free_port()
+        procs.append(subprocess.Popen(
+            [str(EXE), "bench", "mock-server", "--port", str(port), "--model", "peer",
+             "--ttft-ms", str(ttft), "--itl-ms", "1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        ports.append(port)
+    assert all(wait_listening(port) for port in ports)
+    yield dict(zip(("vllm", "ours"), ports, strict=True))
+    for proc in procs:
+        proc.terminate()
+        assert wait_exit(proc, 30) is not None
+
+
+def test_the_summary_has_cold_and_warm_rows_per_size_with_ratios(two_targets, tmp_path):
+    for side, port in two_targets.items():
+        done = subprocess.run(
+            [str(EXE), "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
+             "--model", "peer", "--num-prompts", "6", "--num-warmups", "0", "--mode", "both",
+             "--items-per-request", "0", "--output-len", "3", "--result-dir", str(tmp_path),
+             "--result-filename", f"tiny-out3-c1-r1-{side}.json"],
+            capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (tmp_path / "unrelated.json").write_text("{}")  # not a peer run: ignored
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "peer_summary.py"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "summary.json").read_text())
+    assert [(r["size"], r["output_len"], r["phase"]) for r in rows] == [
+        ("tiny", 3, "cold"), ("tiny", 3, "warm")]
+    for row in rows:
+        assert (row["runs_vllm"], row["runs_ours"]) == (1, 1)
+        assert row["failed_vllm"] == row["failed_ours"] == 0
+        assert row["ttft_p50_ours"] >= 60 > row["ttft_p50_vllm"]
+        assert row["ttft_p50_ratio"] == pytest.approx(row["ttft_p50_ours"] /
+                                                      row["ttft_p50_vllm"])
+        assert row["rps_ratio"] == pytest.approx(row["rps_ours"] / row["rps_vllm"])
+    warm = rows[1]
+    assert warm["ours_warm_over_cold_ttft"] == pytest.approx(
+        warm["ttft_p50_ours"] / rows[0]["ttft_p50_ours"])
+    md = (tmp_path / "summary.md").read_text()
+    assert "| tiny | 3 tok, c1 | cold |" in md and "| tiny | 3 tok, c1 | warm |" in md
+    assert "Warm TTFT p50 over cold" in md
+
+
+def test_a_folder_without_peer_runs_is_an_error(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "peer_summary.py"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1

@@ -1,0 +1,141 @@
+"""The scheduler's rules, model-free: each test builds waiting rows as plain numbers and asserts
+the plan (:mod:`engine.executor.scheduler`). The model-backed tests (tests/test_scheduler.py)
+check that the engine executing these plans gives each row the logits it gets alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.executor.scheduler import (
+    Chunk,
+    Prefilling,
+    SeqState,
+    StepPlan,
+    chunk_bounds,
+    next_chunk,
+    plan,
+)
+
+
+def seqs(*lengths: int) -> list[SeqState]:
+    return [SeqState(n) for n in lengths]
+
+
+def config(**settings) -> EngineConfig:
+    return EngineConfig(**settings)
+
+
+def test_fcfs_admits_the_oldest_rows_while_the_batch_has_room():
+    step = plan(seqs(10, 20, 30, 40, 50), running=2, config=config(max_num_seqs=4))
+    assert step == StepPlan(admit=(10, 20), decode_rows=4)
+    assert step.admitted == 2 and step.prefill_tokens == 30
+
+
+def test_a_full_batch_admits_nothing_and_decodes():
+    assert plan(seqs(10), running=4, config=config(max_num_seqs=4)) == StepPlan(decode_rows=4)
+    assert plan([], running=0, config=config()) == StepPlan()
+
+
+def test_a_requests_n_samples_are_n_rows_against_max_num_seqs():
+    """n=3 enters as three rows of the same prompt: with room for two, two join (each
+    prefilling the whole prompt), the third waits."""
+    row = SeqState(12)
+    step = plan([row] * 3 + seqs(5), running=0, config=config(max_num_seqs=2))
+    assert step.admit == (12, 12) and step.decode_rows == 2
+
+
+def test_the_token_budget_splits_a_join_and_no_row_overtakes_an_older_one():
+    budget = config(max_num_batched_tokens=64)
+    assert plan(seqs(30, 30, 30), running=0, config=budget).admit == (30, 30)
+    # the 50 does not fit beside the 30; the 10 behind it would, but waits its turn
+    assert plan(seqs(30, 50, 10), running=1, config=budget) == StepPlan(admit=(30,),
+                                                                        decode_rows=2)
+    assert plan(seqs(64), running=0, config=budget).admit == (64,)  # exactly the budget
+
+
+def test_without_a_budget_every_row_that_has_room_joins():
+    assert plan(seqs(5000, 7000, 9000), running=0, config=config()).admit == (5000, 7000, 9000)
+
+
+def test_a_prompt_over_the_budget_alone_starts_a_chunked_prefill():
+    step = plan(seqs(200, 10), running=3, config=config(max_num_batched_tokens=64))
+    assert step == StepPlan(chunk=Chunk(0, 64, final=False), starts_chunk=True, decode_rows=3)
+    assert step.admitted == 1 and step.prefill_tokens == 64
+
+
+def test_a_prompt_over_the_budget_behind_others_waits_for_the_next_step():
+    step = plan(seqs(20, 200), running=0, config=config(max_num_batched_tokens=64))
+    assert step == StepPlan(admit=(20,), decode_rows=1)
+
+
+def test_a_chunked_prefill_continues_alone_and_joins_after_its_last_chunk():
+    long = SeqState(150)
+    budget = config(max_num_batched_tokens=64)
+    middle = plan(seqs(5, 5), running=2, config=budget, prefilling=Prefilling(long, 64))
+    assert middle == StepPlan(chunk=Chunk(64, 128, final=False), decode_rows=2)
+    assert middle.admitted == 0  # the short ones wait, though they would fit
+    last = plan(seqs(5), running=2, config=budget, prefilling=Prefilling(long, 128))
+    assert last == StepPlan(chunk=Chunk(128, 150, final=True), decode_rows=3)
+
+
+def test_a_chunk_never_ends_inside_the_media_span():
+    prompt = SeqState(300, media_span=(100, 180))
+    assert next_chunk(prompt, 0, 64) == Chunk(0, 64, final=False)  # the span starts after
+    assert next_chunk(prompt, 64, 64) == Chunk(64, 181, final=False)  # the span whole
+    assert next_chunk(prompt, 181, 64) == Chunk(181, 245, final=False)
+    assert chunk_bounds(10, 4, None) == [(0, 4), (4, 8), (8, 10)]
+    assert chunk_bounds(20, 4, (5, 11)) == [(0, 4), (4, 12), (12, 16), (16, 20)]
+    assert chunk_bounds(20, 4, (4, 7)) == [(0, 4), (4, 8), (8, 12), (12, 16), (16, 20)]
+    assert chunk_bounds(6, 64, (0, 5)) == [(0, 6)]
+    assert chunk_bounds(6, 4, (0, 5)) == [(0, 6)]  # one chunk over the budget: the media
+    step = plan([SeqState(100, media_span=(10, 90))], running=0,
+                config=config(max_num_batched_tokens=40))
+    assert step.chunk == Chunk(0, 91, final=False)
+
+
+def test_static_scheduling_admits_only_into_an_empty_batch():
+    static = config(scheduling="static", max_num_seqs=8, max_num_batched_tokens=64)
+    assert plan(seqs(10, 10), running=1, config=static) == StepPlan(decode_rows=1)
+    assert plan(seqs(10, 10), running=0, config=static).admit == (10, 10)
+    # a chunked prefill started into an empty batch runs to its end
+    assert plan(seqs(10), running=0, config=static,
+                prefilling=Prefilling(SeqState(100), 64)).chunk == Chunk(64, 100, final=True)
+
+
+def test_cached_prompt_tokens_are_neither_prefilled_nor_charged_to_the_budget():
+    budget = config(max_num_batched_tokens=64)
+    warm = SeqState(100, cached_tokens=60)
+    assert warm.first_uncached == 60 and warm.tokens_to_prefill == 40
+    assert plan([warm, SeqState(20)], running=0, config=budget).admit == (40, 20)
+    # all of it cached: the last token is still computed (its logits give the first token)
+    assert SeqState(100, cached_tokens=100).tokens_to_prefill == 1
+    assert SeqState(100, cached_tokens=500).first_uncached == 99
+    # a cached prefix ending inside the media span is cut back to the span's start
+    assert SeqState(100, cached_tokens=30, media_span=(20, 50)).first_uncached == 20
+    assert SeqState(100, cached_tokens=20, media_span=(20, 50)).first_uncached == 20
+    assert SeqState(100, cached_tokens=51, media_span=(20, 50)).first_uncached == 51
+    # a chunked prefill of a partly cached prompt starts after the cached part
+    step = plan([SeqState(300, cached_tokens=100)], running=0, config=budget)
+    assert step.chunk == Chunk(100, 164, final=False) and step.starts_chunk
+
+
+def test_the_waiting_queue_is_read_only_as_far_as_needed():
+    """The engine hands its whole queue over; a step reads one row past those that join."""
+    read = []
+
+    def waiting():
+        for i in range(10_000):
+            read.append(i)
+            yield SeqState(10)
+
+    assert plan(waiting(), running=5, config=config(max_num_seqs=8)).admit == (10, 10, 10)
+    assert len(read) <= 4
+    read.clear()
+    assert plan(waiting(), running=8, config=config(max_num_seqs=8)).admit == ()
+    assert len(read) <= 1
+
+
+def test_a_chunk_in_progress_needs_a_token_budget():
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        plan([], running=0, config=config(), prefilling=Prefilling(SeqState(100), 10))
