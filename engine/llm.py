@@ -99,7 +99,8 @@ class LLM:
                  **engine_settings: Any) -> None:
         """``engine_settings``: any :class:`~engine.config.EngineConfig` field, e.g.
         ``max_num_seqs=4``, ``max_num_batched_tokens=2048``, ``scheduling="static"``,
-        ``device="cuda"``, ``dtype="bfloat16"``, ``num_threads=4`` (checked there: a bad or
+        ``device="cuda"``, ``dtype="bfloat16"``, ``num_threads=4``,
+        ``enable_prefix_caching=False``, ``prefix_cache_gb=1.0`` (checked there: a bad or
         unknown one is a :class:`~engine.errors.ConfigError`)."""
         engine_config = EngineConfig.create(**engine_settings)
         self.loaded = load_model(model, chat_template=chat_template, revision=revision,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.config import EngineConfig
 from engine.executor.encoder_cache import EncoderCache, nbytes
 from engine.executor.engine import Engine
 from engine.executor.prefix_cache import PrefixCache, block_hashes, usable_prefix
@@ -180,7 +181,7 @@ def test_the_same_media_after_another_start_skips_the_encoder(arch):
     prompts = [model.prepare(start + spec.placeholders[modality] + "What is it?",
                              [media_item(modality, 3)], None, False)[1]
                for start in ("First start. ", "A different start of the prompt. ")]
-    engine = Engine(model.loaded, enable_prefix_caching=False)
+    engine = Engine(model.loaded, EngineConfig(enable_prefix_caching=False))
     runner = engine.runner
     encoder = getattr(runner.model, spec.encoder_attr, None) or getattr(
         runner.model.model, spec.encoder_attr)
@@ -210,7 +211,7 @@ def test_a_row_prefilled_beside_others_is_reused_from_its_own_columns():
     first, second, _ = shared_prompts("qwen2_5_vl")
     longer = model.prepare("Some other long text that is not shared at all. " * 8, [], None,
                            True)[1]
-    engine = Engine(model.loaded, batch_wait_s=1.0)
+    engine = Engine(model.loaded, EngineConfig(), batch_wait_s=1.0)
     logits = record_logits(engine)
     try:
         on_event, started = after_tokens(1)
@@ -234,7 +235,7 @@ def test_a_cached_prefix_and_chunked_prefill_and_a_small_bound_that_evicts():
 
     model = llm("qwen2_vl")
     first, second, other = shared_prompts("qwen2_vl")
-    engine = Engine(model.loaded, max_num_batched_tokens=32, encoder_cache_bytes=0)
+    engine = Engine(model.loaded, EngineConfig(max_num_batched_tokens=32, encoder_cache_gb=0))
     logits = record_logits(engine)
     try:
         run(engine, first)
@@ -245,7 +246,7 @@ def test_a_cached_prefix_and_chunked_prefill_and_a_small_bound_that_evicts():
     finally:
         engine.close()
     block = engine.runner.prefix_cache.stats.bytes // engine.runner.prefix_cache.stats.blocks
-    small = Engine(model.loaded, prefix_cache_bytes=3 * block)
+    small = Engine(model.loaded, EngineConfig(prefix_cache_gb=3 * block / (1 << 30)))
     try:
         reqs = [run(small, p) for p in (first, other, second)]
         stats = small.runner.prefix_cache.stats
@@ -255,3 +256,4 @@ def test_a_cached_prefix_and_chunked_prefill_and_a_small_bound_that_evicts():
         assert [r.num_cached_tokens for r in reqs] == [0, 48, 48]
     finally:
         small.close()
+

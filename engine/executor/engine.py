@@ -42,7 +42,7 @@ class Engine:
         # torch's own default counts the machine's cores, not the ones this process may use
         torch.set_num_threads(self.config.num_threads or usable_cpus())
         reserve_gpu_memory(self.config.device, self.config.reserved_gpu_bytes)
-        self.runner = TransformersRunner(loaded, self.config.device, self.config.dtype)
+        self.runner = TransformersRunner(loaded, self.config)
         self.batch_wait_s = batch_wait_s
         self._queue: queue.Queue[EngineRequest | None] = queue.Queue()
         self.waiting: collections.deque[_Row] = collections.deque()

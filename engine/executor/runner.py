@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.config import EngineConfig
 from engine.executor import kv
 from engine.executor.detokenize import OutputText, byte_tokens
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
@@ -110,22 +111,15 @@ class ChunkedPrefill:
 #: position rules read only the grids and token types)
 _MEDIA_TENSORS = frozenset({"pixel_values", "pixel_values_videos", "input_features"})
 
-#: the prefix and encoder caches' default bounds (``--prefix-cache-gb``,
-#: ``--encoder-cache-gb``)
-DEFAULT_PREFIX_CACHE_BYTES = 512 << 20
-DEFAULT_ENCODER_CACHE_BYTES = 256 << 20
-
 
 class TransformersRunner:
     """Prefills and steps rows of :class:`EngineRequest` on a Hugging Face model."""
 
-    def __init__(self, loaded: LoadedModel, device: str = "cpu", dtype: str = "auto", *,
-                 enable_prefix_caching: bool = True,
-                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
-                 encoder_cache_bytes: int = DEFAULT_ENCODER_CACHE_BYTES) -> None:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        """``config``: where the model runs (device, dtype) and its caches' settings."""
         self.loaded = loaded
-        self.device = device
-        self.model = loaded.model(device, dtype)
+        self.device = config.device
+        self.model = loaded.model(config.device, config.dtype)
         kv.check_supported(self.model.config)
         self.tokenizer = loaded.tokenizer
         self.byte_ids = byte_tokens(self.tokenizer)
@@ -146,10 +140,7 @@ class TransformersRunner:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         encoder = getattr(self.model, loaded.spec.encoder_attr, None) or getattr(
             getattr(self.model, "model", None), loaded.spec.encoder_attr, None)
-        self.caches = WarmCaches(self.model, encoder, self.media_token_ids,
-                                 enable_prefix_caching=enable_prefix_caching,
-                                 prefix_cache_bytes=prefix_cache_bytes,
-                                 encoder_cache_bytes=encoder_cache_bytes)
+        self.caches = WarmCaches(self.model, encoder, self.media_token_ids, config)
         self.prefix_cache, self.encoder_cache = self.caches.prefix, self.caches.encoder
 
     def _add_encoder_time(self, seconds: float) -> None:

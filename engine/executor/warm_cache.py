@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
+from engine.config import EngineConfig
 from engine.executor import kv
 from engine.executor.encoder_cache import EncoderCache
 from engine.executor.prefix_cache import PrefixCache, usable_prefix
@@ -95,15 +96,14 @@ class WarmCaches:
     cut into blocks: sliding windows, Gemma 3) and encoder output cache (None when its bound
     is 0 or the model has no encoder)."""
 
-    def __init__(self, model: Any, encoder: Any, media_token_ids: set[int], *,
-                 enable_prefix_caching: bool, prefix_cache_bytes: int,
-                 encoder_cache_bytes: int) -> None:
+    def __init__(self, model: Any, encoder: Any, media_token_ids: set[int],
+                 config: EngineConfig) -> None:
         self.media_token_ids = media_token_ids
-        self.prefix = PrefixCache(prefix_cache_bytes) if (
-            enable_prefix_caching and prefix_cache_bytes > 0 and supported(model.config)
-        ) else None
-        self.encoder = EncoderCache(encoder_cache_bytes) if (
-            encoder is not None and encoder_cache_bytes > 0) else None
+        self.prefix = PrefixCache(config.prefix_cache_bytes) if (
+            config.enable_prefix_caching and config.prefix_cache_bytes > 0
+            and supported(model.config)) else None
+        self.encoder = EncoderCache(config.encoder_cache_bytes) if (
+            encoder is not None and config.encoder_cache_bytes > 0) else None
         if self.encoder is not None:
             self.encoder.install(encoder)
 
