@@ -9,6 +9,8 @@ media's blocks; a small bound evicts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine.config import EngineConfig
@@ -257,3 +259,33 @@ def test_a_cached_prefix_and_chunked_prefill_and_a_small_bound_that_evicts():
     finally:
         small.close()
 
+
+def test_the_token_budget_is_charged_only_the_uncached_prompt_tokens():
+    """A prompt longer than --max-num-batched-tokens whose cached prefix leaves fewer tokens
+    than the budget joins in one prefill, not in chunks; the step counters count the tokens
+    actually prefilled; its logits are the model's own."""
+    import torch
+
+    model = llm("qwen2_5_vl")
+    first, second, _ = shared_prompts("qwen2_5_vl")
+    engine = Engine(model.loaded, EngineConfig())
+    logits = record_logits(engine)
+    try:
+        run(engine, first)
+        cached = engine.runner.cached_tokens(EngineRequest(second, greedy(4)))
+        length = len(second.input_ids)
+        assert 0 < cached < length
+        # the benchmarks swap settings between runs the same way; read at every step
+        engine.config = dataclasses.replace(engine.config,
+                                            max_num_batched_tokens=length - cached + 1)
+        chunked = []
+        start = engine.runner.start_chunked
+        engine.runner.start_chunked = lambda row: (chunked.append(row), start(row))[1]
+        before = engine.stats["prefill_tokens_total"]
+        reuse = run(engine, second)
+        assert reuse.num_cached_tokens == cached and not chunked
+        assert engine.stats["prefill_tokens_total"] - before == length - cached
+        torch.testing.assert_close(logits["stack"](reuse), hf_logits(engine, second, 4),
+                                   atol=1e-4, rtol=1e-4)
+    finally:
+        engine.close()

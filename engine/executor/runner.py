@@ -180,6 +180,11 @@ class TransformersRunner:
             inputs[types_key] = types.to(self.device)
         return inputs
 
+    def cached_tokens(self, request: EngineRequest) -> int:
+        """How many of ``request``'s prompt tokens a prefill now takes from the prefix cache
+        (the scheduler's ``SeqState.cached_tokens``; not counted as a lookup)."""
+        return self.caches.cached_tokens(request.prompt)
+
     def cache_stats(self) -> dict[str, float]:
         """The prefix and encoder caches' counters for /metrics."""
         return self.caches.stats()

@@ -12,6 +12,8 @@ families with one run without prefix caching (:func:`supported`).
 from __future__ import annotations
 
 import contextlib
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +21,9 @@ from engine.config import EngineConfig
 from engine.executor import kv
 from engine.executor.encoder_cache import EncoderCache
 from engine.executor.prefix_cache import PrefixCache, usable_prefix
+
+#: prompts whose block hashes are kept (a few batches' worth of waiting requests)
+_HASHES_KEPT = 256
 
 
 def supported(config: Any) -> bool:
@@ -73,17 +78,25 @@ def media_span(input_ids: Sequence[int], media_ids: set[int]) -> tuple[int, int]
     return (at[0], at[-1]) if at else None
 
 
-def lookup(store_in: PrefixCache, prompt: Any, media_ids: set[int], *, count: bool
-           ) -> tuple[list[bytes], int]:
-    """A prompt's block hashes and how many of its first tokens a prefill takes from the
-    cache (``count``: the lookup goes into the hit statistics). A prompt with media tokens
-    but no content keys (a caller that sent none) is hashed only up to its first media token:
-    without the keys two images would look the same."""
+def prompt_hashes(store_in: PrefixCache, prompt: Any, media_ids: set[int]) -> list[bytes]:
+    """A prompt's block hashes. A prompt with media tokens but no content keys (a caller that
+    sent none) is hashed only up to its first media token: without the keys two images would
+    look the same."""
     ids = prompt.input_ids
     span = media_span(ids, media_ids)
     hashed = ids if span is None or prompt.mm_hashes else ids[:span[0]]
-    hashes = store_in.hashes(hashed, prompt.mm_hashes if span else (),
-                             prompt.mm_positions if span else ())
+    return store_in.hashes(hashed, prompt.mm_hashes if span else (),
+                           prompt.mm_positions if span else ())
+
+
+def lookup(store_in: PrefixCache, prompt: Any, media_ids: set[int], *, count: bool,
+           hashes: list[bytes] | None = None) -> tuple[list[bytes], int]:
+    """A prompt's block hashes (``hashes``: computed before) and how many of its first tokens
+    a prefill takes from the cache (``count``: the lookup goes into the hit statistics)."""
+    ids = prompt.input_ids
+    span = media_span(ids, media_ids)
+    if hashes is None:
+        hashes = prompt_hashes(store_in, prompt, media_ids)
     length = usable_prefix(store_in.longest(hashes) * store_in.block_size, len(ids), span,
                            store_in.block_size)
     if count:
@@ -106,6 +119,10 @@ class WarmCaches:
             encoder is not None and config.encoder_cache_bytes > 0) else None
         if self.encoder is not None:
             self.encoder.install(encoder)
+        #: the block hashes of recent prompts (by identity, held weakly: a finished prompt's
+        #: tensors are not kept): the scheduler asks for a waiting prompt's cached length at
+        #: every step it looks at it
+        self._hashes: OrderedDict[int, tuple[weakref.ref, list[bytes]]] = OrderedDict()
 
     def stats(self) -> dict[str, float]:
         """Counters for /metrics: tokens queried and hit, blocks and bytes held; encoder
@@ -127,10 +144,30 @@ class WarmCaches:
         if self.prefix is None:
             return [], 0
         hashes, length = lookup(self.prefix, request.prompt, self.media_token_ids,
-                                count=first_row)
+                                count=first_row, hashes=self._prompt_hashes(request.prompt))
         if first_row:
             request.num_cached_tokens = length
         return hashes, length
+
+    def cached_tokens(self, prompt: Any) -> int:
+        """How many of ``prompt``'s first tokens a prefill now takes from the prefix cache
+        (0 without one); not counted in the statistics."""
+        if self.prefix is None:
+            return 0
+        return lookup(self.prefix, prompt, self.media_token_ids, count=False,
+                      hashes=self._prompt_hashes(prompt))[1]
+
+    def _prompt_hashes(self, prompt: Any) -> list[bytes]:
+        assert self.prefix is not None
+        found = self._hashes.get(id(prompt))
+        if found is not None and found[0]() is prompt:
+            self._hashes.move_to_end(id(prompt))
+            return found[1]
+        hashes = prompt_hashes(self.prefix, prompt, self.media_token_ids)
+        self._hashes[id(prompt)] = (weakref.ref(prompt), hashes)
+        while len(self._hashes) > _HASHES_KEPT:
+            self._hashes.popitem(last=False)
+        return hashes
 
     def store(self, cache: Any, row: int, start: int, hashes: Sequence[bytes]) -> None:
         if self.prefix is not None:
