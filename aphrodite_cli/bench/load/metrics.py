@@ -129,10 +129,13 @@ def compute(records: list[RequestRecord], duration_s: float,
         "server_stages_ms": {k: _ms(v) for k, v in sorted(stages.items())},
         "server_cache": {"hits": hits, "misses": misses,
                          "hit_rate": hits / (hits + misses) if hits + misses else None},
-        # prompt tokens the target's prefix cache supplied, of those it reported (usage)
-        "prefix_cache": {"cached_tokens": sum(r.cached_tokens for r in done),
-                         "prompt_tokens": sum(r.prompt_tokens for r in done),
-                         "hit_rate": sum(r.cached_tokens for r in done)
-                         / sum(r.prompt_tokens for r in done)
-                         if sum(r.prompt_tokens for r in done) else None},
+        "prefix_cache": _prefix_cache(done),
     }
+
+
+def _prefix_cache(done: list[RequestRecord]) -> dict[str, Any]:
+    """Prompt tokens the target's prefix cache supplied, of those it reported (usage)."""
+    cached = sum(r.cached_tokens for r in done)
+    prompt = sum(r.prompt_tokens for r in done)
+    return {"cached_tokens": cached, "prompt_tokens": prompt,
+            "hit_rate": cached / prompt if prompt else None}
