@@ -19,7 +19,13 @@ from engine.executor.engine import Engine
 from engine.executor.prefix_cache import PrefixCache, block_hashes, usable_prefix
 from engine.executor.request import EngineRequest
 from tests.engine_fixtures import FAMILIES, llm
-from tests.test_scheduler import after_tokens, greedy, hf_logits, media_item, record_logits
+from tests.test_scheduler import (
+    after_tokens,
+    assert_generate_logits,
+    greedy,
+    media_item,
+    record_logits,
+)
 
 # -- pure ---------------------------------------------------------------------------------
 
@@ -139,8 +145,6 @@ def run(engine: Engine, prompt, tokens: int = 4) -> EngineRequest:
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_a_shared_prefix_is_reused_with_the_logits_of_the_models_own_generate(arch):
-    import torch
-
     model = llm(arch)
     first, second, other = shared_prompts(arch)
     engine = Engine(model.loaded)
@@ -160,8 +164,7 @@ def test_a_shared_prefix_is_reused_with_the_logits_of_the_models_own_generate(ar
         assert 0 < reqs[2].num_cached_tokens <= span[0]
         assert reqs[2].timings["encoder_s"] > 0.0
         for req, prompt in zip(reqs, (first, second, other), strict=True):
-            torch.testing.assert_close(logits["stack"](req), hf_logits(engine, prompt, 4),
-                                       atol=1e-4, rtol=1e-4)
+            assert_generate_logits(engine, logits, req, prompt, 4)
         stats = engine.scheduler_stats()
         assert stats["prefix_cache_hits"] == reqs[1].num_cached_tokens + \
             reqs[2].num_cached_tokens
@@ -175,7 +178,6 @@ def test_a_shared_prefix_is_reused_with_the_logits_of_the_models_own_generate(ar
 def test_the_same_media_after_another_start_skips_the_encoder(arch):
     """The prefix misses before the item (another system text), but the encoder's output for
     that item is cached: the encoder's layers do not run and the logits are unchanged."""
-    import torch
 
     model = llm(arch)
     spec = model.loaded.spec
@@ -196,8 +198,7 @@ def test_the_same_media_after_another_start_skips_the_encoder(arch):
         assert (runner.encoder_cache.stats.hits, runner.encoder_cache.stats.misses) == (1, 1)
         assert reqs[1].num_cached_tokens == 0
         for req, prompt in zip(reqs, prompts, strict=True):
-            torch.testing.assert_close(logits["stack"](req), hf_logits(engine, prompt, 4),
-                                       atol=1e-4, rtol=1e-4)
+            assert_generate_logits(engine, logits, req, prompt, 4)
     finally:
         hook.remove()
         engine.close()
@@ -207,7 +208,6 @@ def test_a_row_prefilled_beside_others_is_reused_from_its_own_columns():
     """Rows of different lengths prefilled together are left-padded: the prefix stored for
     the shorter one is its own columns, and a request reusing it while the first ones still
     run gets the logits of the model's own generate."""
-    import torch
 
     model = llm("qwen2_5_vl")
     first, second, _ = shared_prompts("qwen2_5_vl")
@@ -226,15 +226,12 @@ def test_a_row_prefilled_beside_others_is_reused_from_its_own_columns():
         assert running[1].timings["batch_size"] == 2  # prefilled together
         assert reuse.num_cached_tokens > media_span(engine, second)[1]
         assert reuse.timings["batch_size"] >= 2  # joined the running batch
-        torch.testing.assert_close(logits["stack"](reuse), hf_logits(engine, second, 4),
-                                   atol=1e-4, rtol=1e-4)
+        assert_generate_logits(engine, logits, reuse, second, 4)
     finally:
         engine.close()
 
 
 def test_a_cached_prefix_and_chunked_prefill_and_a_small_bound_that_evicts():
-    import torch
-
     model = llm("qwen2_vl")
     first, second, other = shared_prompts("qwen2_vl")
     engine = Engine(model.loaded, EngineConfig(max_num_batched_tokens=32, encoder_cache_gb=0))
@@ -243,8 +240,7 @@ def test_a_cached_prefix_and_chunked_prefill_and_a_small_bound_that_evicts():
         run(engine, first)
         reuse = run(engine, second)  # over the budget: chunks after the cached prefix
         assert reuse.num_cached_tokens > media_span(engine, second)[1]
-        torch.testing.assert_close(logits["stack"](reuse), hf_logits(engine, second, 4),
-                                   atol=1e-4, rtol=1e-4)
+        assert_generate_logits(engine, logits, reuse, second, 4)
     finally:
         engine.close()
     block = engine.runner.prefix_cache.stats.bytes // engine.runner.prefix_cache.stats.blocks
@@ -264,7 +260,6 @@ def test_the_token_budget_is_charged_only_the_uncached_prompt_tokens():
     """A prompt longer than --max-num-batched-tokens whose cached prefix leaves fewer tokens
     than the budget joins in one prefill, not in chunks; the step counters count the tokens
     actually prefilled; its logits are the model's own."""
-    import torch
 
     model = llm("qwen2_5_vl")
     first, second, _ = shared_prompts("qwen2_5_vl")
@@ -285,7 +280,6 @@ def test_the_token_budget_is_charged_only_the_uncached_prompt_tokens():
         reuse = run(engine, second)
         assert reuse.num_cached_tokens == cached and not chunked
         assert engine.stats["prefill_tokens_total"] - before == length - cached
-        torch.testing.assert_close(logits["stack"](reuse), hf_logits(engine, second, 4),
-                                   atol=1e-4, rtol=1e-4)
+        assert_generate_logits(engine, logits, reuse, second, 4)
     finally:
         engine.close()
