@@ -77,6 +77,16 @@ def hf_logits(engine: Engine, prompt, tokens: int):
     return torch.cat(out.logits).float()
 
 
+def assert_generate_logits(engine: Engine, logits: dict, req: EngineRequest, prompt,
+                           tokens: int) -> None:
+    """``req``'s step logits (:func:`record_logits`) are those of the model's own
+    ``generate`` on ``prompt`` alone (:func:`hf_logits`)."""
+    import torch
+
+    torch.testing.assert_close(logits["stack"](req), hf_logits(engine, prompt, tokens),
+                               atol=1e-4, rtol=1e-4)
+
+
 def record_logits(engine: Engine) -> dict:
     """Every step's logits per request, as the engine sampled from them."""
     import torch
