@@ -130,6 +130,9 @@ def serve(
         help="Encoder output cache size in GB (0 disables), on the model's device: a media "
              "item seen before skips the encoder when its prefix misses, e.g. 1.")
     ] = EngineConfig.encoder_cache_gb,
+    block_size: Annotated[int, typer.Option(
+        help="Tokens per prefix-cache block (vLLM's flag): prompts share cached keys and "
+             "values a whole block at a time, e.g. 16.")] = EngineConfig.block_size,
     max_model_len: Annotated[int, typer.Option(
         min=16, help="Prompt plus output tokens per request, e.g. 8192.")
     ] = ServerConfig.max_model_len,
@@ -206,7 +209,8 @@ def serve(
                             max_num_batched_tokens=max_num_batched_tokens,
                             num_threads=num_threads, device=device, dtype=dtype,
                             enable_prefix_caching=enable_prefix_caching,
-                            prefix_cache_gb=prefix_cache_gb, encoder_cache_gb=encoder_cache_gb),
+                            prefix_cache_gb=prefix_cache_gb, encoder_cache_gb=encoder_cache_gb,
+                            block_size=block_size),
         max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,

@@ -191,6 +191,8 @@ class EngineConfig:
     media by their content) for later prompts that start the same way (vLLM's default).
     ``prefix_cache_gb``, ``encoder_cache_gb``: the prefix cache's and the encoder output
     cache's bounds in GiB, on the model's device (0 turns a cache off).
+    ``block_size``: tokens per prefix-cache block (vLLM's ``--block-size``): a prompt's
+    cached prefix is a whole number of blocks.
     """
 
     max_num_seqs: int = 8
@@ -203,12 +205,14 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     prefix_cache_gb: float = 0.5
     encoder_cache_gb: float = 0.25
+    block_size: int = 16
 
     def __post_init__(self) -> None:
         _check_count("--max-num-seqs", self.max_num_seqs, optional=False, example="8")
         _check_count("--max-num-batched-tokens", self.max_num_batched_tokens, optional=True,
                      example="8192")
         _check_count("--num-threads", self.num_threads, optional=True, example="4")
+        _check_count("--block-size", self.block_size, optional=False, example="16")
         if self.scheduling not in SCHEDULING:
             raise ConfigError(f"scheduling {self.scheduling!r} is not supported",
                               hint=f"use one of {', '.join(SCHEDULING)}", code="invalid_flag")

@@ -283,3 +283,24 @@ def test_the_token_budget_is_charged_only_the_uncached_prompt_tokens():
         assert_generate_logits(engine, logits, reuse, second, 4)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_block_size_sets_the_grain_of_a_cached_prefix(block_size):
+    """``--block-size`` (vLLM's flag) reaches the prefix cache: the second question about the
+    same image reuses a whole number of blocks of that size, covering the image, and the
+    cache holds blocks of that many tokens."""
+    model = llm("qwen2_5_vl")
+    first, second, _ = shared_prompts("qwen2_5_vl")
+    engine = Engine(model.loaded, EngineConfig(block_size=block_size, encoder_cache_gb=0))
+    try:
+        run(engine, first)
+        reuse = run(engine, second)
+        assert engine.runner.prefix_cache.block_size == block_size
+        assert reuse.num_cached_tokens % block_size == 0
+        assert reuse.num_cached_tokens > media_span(engine, second)[1]
+        shared = next(i for i, (a, b) in enumerate(zip(first.input_ids, second.input_ids,
+                                                      strict=False)) if a != b)
+        assert reuse.num_cached_tokens == shared // block_size * block_size
+    finally:
+        engine.close()

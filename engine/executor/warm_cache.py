@@ -112,7 +112,7 @@ class WarmCaches:
     def __init__(self, model: Any, encoder: Any, media_token_ids: set[int],
                  config: EngineConfig) -> None:
         self.media_token_ids = media_token_ids
-        self.prefix = PrefixCache(config.prefix_cache_bytes) if (
+        self.prefix = PrefixCache(config.prefix_cache_bytes, config.block_size) if (
             config.enable_prefix_caching and config.prefix_cache_bytes > 0
             and supported(model.config)) else None
         self.encoder = EncoderCache(config.encoder_cache_bytes) if (
