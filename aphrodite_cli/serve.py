@@ -151,7 +151,8 @@ def serve(
     ] = ServerConfig.decode_timeout_s,
     decode_cpu_budget_s: Annotated[float, typer.Option(
         min=0, help="CPU seconds (all threads) one isolated decode may use before it is "
-                    "stopped with a 422, e.g. 30; 0: no budget.")
+                    "stopped with a 422, e.g. 30; 0: no budget. With --decode-isolation "
+                    "thread: the decode's wall-clock seconds, checked between frames.")
     ] = ServerConfig.decode_cpu_budget_s,
     decode_memory_gb: Annotated[float, typer.Option(
         min=0.25, help="Address-space limit of one decode worker in GB, e.g. 8.")
