@@ -29,10 +29,11 @@ if TYPE_CHECKING:
     from aphrodite_cli.bench.load.attackers import Attackers
 
 
-def post(base: str, body: bytes, content_type: str = "application/json"
-         ) -> tuple[int, str | None]:
-    """(status, error code) of one chat request; status 0 when the connection failed."""
-    req = urllib.request.Request(f"{base}/chat/completions", data=body,
+def post(base: str, body: bytes, content_type: str = "application/json",
+         path: str = "/chat/completions") -> tuple[int, str | None]:
+    """(status, error code) of one request (chat unless ``path`` says otherwise); status 0
+    when the connection failed."""
+    req = urllib.request.Request(f"{base}{path}", data=body,
                                  headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
@@ -200,12 +201,12 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
             if rng.random() < hostile_share:
                 case = rng.choice(catalogue)
                 name, body, status, code = case.name, case.body, case.status, case.code
-                ctype = case.content_type
+                ctype, path = case.content_type, case.path
             else:
                 name, body = rng.choice(valid)
-                status, code, ctype = 200, None, "application/json"
+                status, code, ctype, path = 200, None, "application/json", "/chat/completions"
             sent = time.monotonic()
-            answer = post(base_url, body, ctype)
+            answer = post(base_url, body, ctype, path)
             results.append((name, status, code, *answer, time.monotonic() - sent))
 
     if attackers is not None:
