@@ -23,7 +23,10 @@ from typing import Any
 
 from aphrodite_cli.bench.harness.media_host import MediaHost, drip
 
-SERVER_ARGS = ["--limit-mm-per-prompt", '{"image": 4, "video": 1}', "--max-request-body-mb", "2",
+#: the server's body cap (MB): every case's body is under it but oversize-body's
+MAX_BODY_MB = 2
+SERVER_ARGS = ["--limit-mm-per-prompt", '{"image": 4, "video": 1}',
+               "--max-request-body-mb", str(MAX_BODY_MB),
                "--media-io-kwargs", '{"video": {"num_frames": 4}}']
 SERVER_ENV = {"APHRODITE_IMAGE_FETCH_TIMEOUT": "2", "APHRODITE_VIDEO_FETCH_TIMEOUT": "4",
               "APHRODITE_MAX_VIDEO_FRAMES": "200"}

@@ -261,9 +261,7 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
         "requests": len(results), "by_kind": {k: dict(v) for k, v in by_kind.items()},
         "valid_5xx": valid_5xx, "hostile_mismatches": mismatches[:200],
         "hostile_mismatch_count": len(mismatches),
-        "attackers": None if attackers is None else {
-            "slow_bodies": attackers.slow_bodies, "drip_flood": attackers.drip_flood,
-            "source": attackers.local_addr[0] if attackers.local_addr else None},
+        "attackers": None if attackers is None else attackers.counts(),
         # latency of valid requests (seconds, non-streaming: the whole answer)
         "valid_latency_s": summary(valid_s),
         "decode_worker_restarts": restarts,
@@ -283,3 +281,28 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
         "fd_growth_after_warmup": last["open_fds"] - first["open_fds"],
         "temp_leftovers": leftovers,
     }
+
+
+def failures(doc: dict[str, Any], *, max_rss_growth: float,
+             max_p99_ratio: float) -> list[str]:
+    """Why a soak result is not clean (empty: clean): a valid request's 5xx, a hostile
+    request or attack answered by another rule, any decode-worker restart (no kind may cost
+    one: a decoder's own failure is its item's 4xx), temp files or shared memory left, RSS
+    growth after warm-up, valid p99 over ``max_p99_ratio`` times the baseline's."""
+    out = []
+    if doc["valid_5xx"]:
+        out.append(f"{doc['valid_5xx']} valid requests got a 5xx or no answer")
+    if doc["hostile_mismatch_count"]:
+        out.append(f"{doc['hostile_mismatch_count']} hostile requests or attacks were "
+                   "answered by another rule than their own")
+    if doc["decode_worker_restarts"]:
+        out.append(f"{doc['decode_worker_restarts']} decode workers were replaced")
+    if doc["temp_leftovers"]:
+        out.append(f"{len(doc['temp_leftovers'])} temp files or shared-memory segments left")
+    if doc["rss_growth_after_warmup"] > max_rss_growth:
+        out.append(f"RSS grew {doc['rss_growth_after_warmup']:+.1%} after warm-up "
+                   f"(at most {max_rss_growth:+.0%})")
+    ratio = (doc.get("baseline") or {}).get("p99_ratio")
+    if ratio is not None and ratio > max_p99_ratio:
+        out.append(f"valid p99 latency is {ratio}x the baseline's (at most {max_p99_ratio:g}x)")
+    return out
