@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -137,6 +139,7 @@ def soak(
             raise ConfigError(f"--baseline {baseline} has no valid requests' latency",
                               hint="pass a soak result whose run had valid traffic",
                               code="result_wrong_kind")
+    server_tmp = Path(tempfile.mkdtemp(prefix="aphrodite-soak-"))
     target = Target(embedded=True, server_args=[
         "--decode-isolation", decode_isolation, *SERVER_ARGS,
         # a small cache: it fills during warm-up, so growth after warm-up is a leak, not the
@@ -145,7 +148,10 @@ def soak(
         "--request-body-timeout-s", f"{request_body_timeout_s:g}",
         "--header-read-timeout-s", f"{header_read_timeout_s:g}",
         "--max-connections-per-client", str(max_connections_per_client),
-        "--max-inflight-media-mb", f"{max_inflight_media_mb:g}"], server_env=SERVER_ENV)
+        "--max-inflight-media-mb", f"{max_inflight_media_mb:g}"],
+        # a temp folder of its own: what it leaves there is the server's, not another
+        # program's on the same machine
+        server_env={**SERVER_ENV, "TMPDIR": str(server_tmp)})
     front_door = FrontDoor(
         declared_over_cap=declared_over_cap, declared_unsent=declared_unsent,
         chunked_drip=chunked_drip, slowloris=slowloris, connection_hog=connection_hog,
@@ -165,9 +171,11 @@ def soak(
                            valid_pool=valid_pool, attackers=Attackers(
                                base, target.model, slow_bodies=slow_bodies,
                                drip_flood=drip_flood, drip_url=f"{host.base}/drip",
-                               source=attacker_address or None, front_door=front_door))
+                               source=attacker_address or None, front_door=front_door),
+                           temp_dir=server_tmp)
     finally:
         host.close()
+        shutil.rmtree(server_tmp, ignore_errors=True)
     latency = doc["valid_latency_s"]
     doc["baseline"] = None if quiet_p99 is None else {
         "path": str(baseline), "p99_s": quiet_p99,

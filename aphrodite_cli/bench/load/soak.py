@@ -176,18 +176,23 @@ def valid_requests(model: str, buckets: dict[tuple[int, int, int], float], count
 def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: float,
              hostile_share: float, concurrency: int, seed: int, media_base: str,
              warmup_s: float, buckets: dict[tuple[int, int, int], float] | None = None,
-             valid_pool: int = 128, attackers: Attackers | None = None) -> dict[str, Any]:
+             valid_pool: int = 128, attackers: Attackers | None = None,
+             temp_dir: Path | None = None) -> dict[str, Any]:
     """``concurrency`` clients send requests back to back for ``duration_s``, drawn from a
     pool of valid requests (``valid_requests``) and, a ``hostile_share`` of them, from the
     hostile catalogue (each checked against its status and rule), while ``attackers`` run
     alongside from their own address (each answer checked against its rule); server
-    processes sampled every 2 s; valid requests' latency reported."""
+    processes sampled every 2 s; valid requests' latency reported. ``temp_dir``: the
+    server's own temp folder (its ``TMPDIR``): whatever appears in it is a leftover;
+    without it, new names holding "aphrodite" in the system's temp folder are (another
+    program's, on a shared machine, among them)."""
     from aphrodite_cli.bench.load.attackers import EXPECTED
     from aphrodite_cli.bench.load.hostile import hostile_catalogue
 
     catalogue = hostile_catalogue(model, media_base)
     valid = valid_requests(model, buckets or SOAK_BUCKETS, valid_pool, seed)
-    temp_before = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
+    temp_root = temp_dir or Path(tempfile.gettempdir())
+    temp_before = {p.name for p in temp_root.iterdir()}
     api_pids = {pid for role, pid in roles.items() if role.startswith("api")}
     shm_before = _shm_segments(api_pids)
     # (kind, expected status, rule, status, code, seconds)
@@ -231,8 +236,9 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
     if attackers is not None:
         attackers.stop()
     restarts = decode_worker_restarts(base_url)
-    temp_after = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
-    leftovers = sorted(n for n in temp_after - temp_before if "aphrodite" in n)
+    temp_after = {p.name for p in temp_root.iterdir()}
+    leftovers = sorted(n for n in temp_after - temp_before
+                       if temp_dir is not None or "aphrodite" in n)
     leftovers += sorted(f"/dev/shm/{n}" for n in _shm_segments(api_pids) - shm_before)
     by_kind: dict[str, Counter] = {}
     mismatches = []
