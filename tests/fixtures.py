@@ -4,7 +4,8 @@ helper that starts an ``aphrodite serve`` process and waits for it.
 
 The benchmarks need the same three things (``bench serve``, ``sweep`` and ``soak`` start a
 server and host media; every dataset is synthetic media), so they live in the product and
-this module is the only file under ``tests/`` that imports them from there
+this module is the only file under ``tests/`` that imports them from there (with the
+hostile media the catalogue sends, ``hostile_media``)
 (``tests/test_layers.py`` checks it, and that the product never imports ``tests``). A test
 that needs one of them imports it from here, and a move inside the product changes this
 file alone.
@@ -12,7 +13,7 @@ file alone.
 
 from __future__ import annotations
 
-from aphrodite_cli.bench.harness import server_process, synthetic
+from aphrodite_cli.bench.harness import hostile_media, server_process, synthetic
 from aphrodite_cli.bench.harness.media_host import MediaHost, drip
 
-__all__ = ["MediaHost", "drip", "server_process", "synthetic"]
+__all__ = ["MediaHost", "drip", "hostile_media", "server_process", "synthetic"]

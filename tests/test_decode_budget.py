@@ -1,15 +1,15 @@
 """Decode cost is bounded per item (estimated from headers, then a CPU-time deadline) and
-decode workers are shared fairly between clients. The hostile files are generated here: a
-progressive JPEG with thousands of repeated scans (a few hundred KB, seconds of CPU), a FLAC
-at 1 Hz whose header has no length (each 16,384-sample frame resamples to 262 million
-samples), an 8-channel 384 kHz FLAC."""
+decode workers are shared fairly between clients. The hostile files are generated: a
+progressive JPEG with thousands of repeated scans (a few hundred KB, seconds of CPU;
+``hostile_media.many_scan_jpeg``, in the soak's catalogue too), a FLAC at 1 Hz whose
+header has no length (each 16,384-sample frame resamples to 262 million samples), an
+8-channel 384 kHz FLAC."""
 
 from __future__ import annotations
 
 import io
 import os
 import signal
-import struct
 import subprocess
 import tempfile
 import threading
@@ -24,39 +24,10 @@ from engine.errors import MediaDecodeError, MediaTooLargeError
 from engine.media.audio import decode_audio
 from engine.media.image import count_jpeg_scans, decode_image
 from engine.media.isolation import DecodeWorkers
-from tests.fixtures import synthetic
+from tests.fixtures import hostile_media, synthetic
 
 pytestmark = pytest.mark.timeout(300)
 LIMITS = MediaLimits.from_env()
-
-
-def _scans(data: bytes) -> list[tuple[int, int]]:
-    """(start, end) of each start-of-scan segment with its entropy-coded data."""
-    out, i = [], 2
-    while i < len(data) - 1 and data[i + 1] != 0xD9:
-        length = struct.unpack(">H", data[i + 2:i + 4])[0]
-        end = i + 2 + length
-        if data[i + 1] == 0xDA:
-            while True:
-                end = data.index(b"\xff", end)
-                if data[end + 1] == 0 or 0xD0 <= data[end + 1] <= 0xD7:
-                    end += 2
-                    continue
-                break
-            out.append((i, end))
-        i = end
-    return out
-
-
-def many_scan_jpeg(side: int, repeats: int) -> bytes:
-    """A flat progressive JPEG whose small luma AC scan is repeated ``repeats`` times: every
-    repeat makes the decoder walk all of the image's blocks again."""
-    buf = io.BytesIO()
-    Image.new("RGB", (side, side), (120, 60, 200)).save(buf, "JPEG", progressive=True)
-    data = buf.getvalue()
-    start, end = max((s for s in _scans(data) if s[1] - s[0] < 100), key=lambda s: s[1] - s[0])
-    eoi = data.rindex(b"\xff\xd9")
-    return data[:eoi] + data[start:end] * repeats + data[eoi:]
 
 
 def flac(filter_graph: str, seconds: float, *extra: str) -> bytes:
@@ -78,6 +49,8 @@ def without_length(data: bytes) -> bytes:
     out[8 + 13] &= 0xF0
     out[8 + 14:8 + 18] = bytes(4)
     return bytes(out)
+
+many_scan_jpeg = hostile_media.many_scan_jpeg
 
 
 # -- images ---------------------------------------------------------------------------------

@@ -3,60 +3,41 @@ decode worker survives (no restart) and the in-process path answers 422, not 500
 
 The hostile files are real: a DDS header with pixel-format flags Pillow does not implement
 (``NotImplementedError``), and byte-mutated MP3 audio and MP4 video found, by a seeded search
-in the test, to make PyAV or the scan raise something other than the project's own errors
-(``ValueError``, ``UnicodeDecodeError``, ``AttributeError``, ``InvalidDataError``).
+(``hostile_media.foreign_failure``, which the soak's catalogue uses too), to make PyAV or the
+scan raise something other than the project's own errors (``ValueError``,
+``UnicodeDecodeError``, ``AttributeError``, ``InvalidDataError``).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import random
-import struct
 import urllib.request
 from collections.abc import Callable
 
 import pytest
 
 from engine.config import MediaLimits
-from engine.errors import AphroditeError, ConfigError, MediaDecodeError
+from engine.errors import ConfigError, MediaDecodeError
 from engine.media.audio import decode_audio
 from engine.media.image import decode_image
 from engine.media.isolation import DecodeWorkers
 from engine.media.video import load_video
 from engine.media.video.options import build_spec
 from engine.processing.media_items import InProcessDecoders
-from tests.fixtures import synthetic
+from tests.fixtures import hostile_media, synthetic
 from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
 LIMITS = MediaLimits.from_env()
 
 
-def dds_with_unknown_pixel_format() -> bytes:
-    header = bytearray(128)
-    header[0:4] = b"DDS "
-    struct.pack_into("<IIII", header, 4, 124, 0x1007, 4, 4)  # size, flags, height, width
-    struct.pack_into("<II", header, 76, 32, 0x80000)  # pixel format: size, unknown flags
-    return bytes(header) + bytes(64)
-
-
-def foreign_failure(base: bytes, decode: Callable[[bytes], object], seed: int,
-                    tries: int = 600) -> tuple[bytes, str]:
-    """``base`` with a few bytes changed so that ``decode`` raises an exception that is not
-    one of the project's (searched with a fixed seed; the first hit is returned)."""
-    rng = random.Random(seed)
-    for _ in range(tries):
-        data = bytearray(base)
-        for _ in range(rng.randint(1, 20)):
-            data[rng.randrange(len(data))] = rng.randrange(256)
-        try:
-            decode(bytes(data))
-        except AphroditeError:
-            continue
-        except Exception as exc:
-            return bytes(data), type(exc).__name__
-    pytest.fail("no mutation made the decoder raise a foreign exception")
+def foreign_failure(base: bytes, decode: Callable[[bytes], object],
+                    seed: int) -> tuple[bytes, str]:
+    try:
+        return hostile_media.foreign_failure(base, decode, seed)
+    except LookupError:
+        pytest.fail("no mutation made the decoder raise a foreign exception")
 
 
 def spec(backend: str = "pyav"):
@@ -67,7 +48,7 @@ def spec(backend: str = "pyav"):
 def hostile() -> dict[str, tuple[bytes, str]]:
     video = synthetic.make_video(width=64, height=48, seconds=1)
     mp3 = synthetic.make_audio(seconds=1, fmt="mp3")
-    dds = dds_with_unknown_pixel_format()
+    dds = hostile_media.dds_with_unknown_pixel_format()
     with pytest.raises(NotImplementedError):
         decode_image(dds, LIMITS)  # the raw decoder's own failure, before any wrapping
     return {

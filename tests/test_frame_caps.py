@@ -12,16 +12,14 @@ from engine.media.isolation import DecodeWorkers
 from engine.media.video import load_video
 from engine.media.video.options import build_spec
 from engine.media.video.scan import scan_video
-from tests.fixtures import synthetic
+from tests.fixtures import hostile_media
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
 def growing() -> bytes:
-    small = synthetic.make_video(width=64, height=48, seconds=1, container="mpegts")
-    big = synthetic.make_video(width=640, height=480, seconds=1, container="mpegts", seed=1)
-    return small + big
+    return hostile_media.resolution_switch_ts()
 
 
 def limits() -> MediaLimits:

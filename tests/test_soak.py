@@ -17,8 +17,10 @@ BIN = Path(sys.executable).with_name("aphrodite")
 
 @pytest.mark.timeout(300)
 def test_short_soak(tmp_path):
-    """Also: the attacks that need their own client (slow bodies, a slow-drip flood) run from
-    127.0.0.2 alongside, each answer checked against its rule; and the p99 gate against a
+    """Also: the attacks that need their own client (slow bodies, a slow-drip flood, and the
+    front-door attacks: a declared length over the cap, declared bodies never sent, chunked
+    bodies streaming past the cap, half-sent heads) run from 127.0.0.2 alongside, and a
+    connection hog from 127.0.0.3, each answer checked against its rule; and the p99 gate against a
     quiet baseline fails the run (exit 1) when valid latency grew past --max-p99-ratio: the
     baseline here claims a 1 ms p99 that no run on this model meets, so exit 1 must come from
     that gate alone."""
@@ -29,7 +31,9 @@ def test_short_soak(tmp_path):
     done = subprocess.run([str(BIN), "bench", "soak", "--duration", "15", "--warmup", "5",
                            "--hostile-share", "0.3", "--valid-pool", "24",
                            "--slow-bodies", "4", "--drip-flood", "2",
-                           "--request-body-timeout-s", "3", "--baseline", str(quiet),
+                           "--request-body-timeout-s", "3", "--header-read-timeout-s", "2",
+                           "--declared-unsent", "40", "--max-inflight-media-mb", "64",
+                           "--baseline", str(quiet),
                            "--output-format", "json", "--out-dir", str(out)],
                           capture_output=True, text=True, timeout=280)
     doc = json.loads(next(out.glob("soak-*.json")).read_text())
@@ -42,11 +46,23 @@ def test_short_soak(tmp_path):
     assert doc["valid_latency_s"]["count"] == sum(
         sum(doc["by_kind"][k].values()) for k in ("valid-image", "valid-video"))
     # every slow body got its 408, every dripped fetch its timeout or the client's share
-    assert doc["attackers"] == {"slow_bodies": 4, "drip_flood": 2, "source": "127.0.0.2"}
+    assert {k: doc["attackers"][k] for k in ("slow_bodies", "drip_flood", "source",
+                                             "declared_unsent", "hog_source")} == {
+        "slow_bodies": 4, "drip_flood": 2, "source": "127.0.0.2", "declared_unsent": 40,
+        "hog_source": "127.0.0.3"}
     assert set(doc["by_kind"]["slow-body"]) == {"408"}
     assert set(doc["by_kind"]["slow-drip-flood"]) <= {"400", "503"}
+    # the front door: each attack ran and got its rule (the codes: no mismatch below); 40
+    # sockets declaring ~2 MB each (80 MB) held none of the 64 MB in-flight bound, since
+    # no valid request got a 503; chunked bodies were counted while they streamed
+    for kind, status in (("declared-over-cap", "413"), ("declared-unsent", "408"),
+                         ("chunked-drip", "413"), ("connection-hog", "503"),
+                         ("slowloris-headers", "0")):  # 0: cut off unanswered, in time
+        assert set(doc["by_kind"][kind]) == {status}, (kind, doc["by_kind"][kind])
+    assert doc["attackers"]["inflight_seen_while_chunked_min"] > 0
     assert doc["valid_5xx"] == 0 and doc["hostile_mismatches"] == []
     assert doc["hostile_mismatch_count"] == 0 and doc["decode_worker_restarts"] == 0
+    assert doc["failures"] == [f"valid p99 latency is {ratio}x the baseline's (at most 3x)"]
     # valid traffic as bench serve draws it: images and videos, all answered 200
     for kind in ("valid-image", "valid-video"):
         assert set(doc["by_kind"][kind]) == {"200"}, doc["by_kind"][kind]
@@ -65,3 +81,18 @@ def test_short_soak(tmp_path):
         heaps = [s[f"{role}_heap_in_use_bytes"] for s in doc["process_samples"]]
         assert all(h is not None and 10 << 20 < h < roles[rss_role] for h in heaps), role
         assert doc["heap_in_use_slope_second_half_mb_per_min"][role] is not None
+
+
+def test_a_decode_worker_restart_fails_the_soak():
+    """No kind of traffic may cost a decode worker (a decoder's own failure is its item's
+    4xx): one restart alone makes the run fail."""
+    from aphrodite_cli.bench.load.soak import failures
+
+    clean = {"valid_5xx": 0, "hostile_mismatch_count": 0, "decode_worker_restarts": 0,
+             "temp_leftovers": [], "rss_growth_after_warmup": 0.01,
+             "baseline": {"p99_ratio": 1.5}}
+    assert failures(clean, max_rss_growth=0.25, max_p99_ratio=3) == []
+    assert failures({**clean, "decode_worker_restarts": 1}, max_rss_growth=0.25,
+                    max_p99_ratio=3) == ["1 decode workers were replaced"]
+    assert failures({**clean, "decode_worker_restarts": None}, max_rss_growth=0.25,
+                    max_p99_ratio=3) == []  # thread isolation: no workers to replace

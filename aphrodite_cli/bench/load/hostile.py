@@ -4,8 +4,10 @@ traffic; ``tests/test_hostile.py`` runs every entry once against a real server.
 
 :class:`HostileHost` is the attacker's media host on loopback: redirects into forbidden
 places, a slow drip, a gzip bomb, a lying ``Content-Length``, a pixel-bomb PNG header, 1x1
-and corrupt images, and corrupt, truncated, 8K and endless videos. The server under test must
-run with :data:`SERVER_ARGS` and :data:`SERVER_ENV` (short fetch deadline, small frame cap).
+and corrupt images, and corrupt, truncated, 8K and endless videos. Inline (data URLs) come the
+files that make decoders fail their own way or work too hard (``harness/hostile_media.py``),
+and text that cannot fit the model. The server under test must run with :data:`SERVER_ARGS`
+and :data:`SERVER_ENV` (short fetch deadline, small frame cap, 2 MB bodies).
 """
 
 from __future__ import annotations
@@ -21,10 +23,15 @@ from typing import Any
 
 from aphrodite_cli.bench.harness.media_host import MediaHost, drip
 
-SERVER_ARGS = ["--limit-mm-per-prompt", '{"image": 4, "video": 1}', "--max-request-body-mb", "2",
+#: the server's body cap (MB): every case's body is under it but oversize-body's
+MAX_BODY_MB = 2
+SERVER_ARGS = ["--limit-mm-per-prompt", '{"image": 4, "video": 1}',
+               "--max-request-body-mb", str(MAX_BODY_MB),
                "--media-io-kwargs", '{"video": {"num_frames": 4}}']
 SERVER_ENV = {"APHRODITE_IMAGE_FETCH_TIMEOUT": "2", "APHRODITE_VIDEO_FETCH_TIMEOUT": "4",
               "APHRODITE_MAX_VIDEO_FRAMES": "200"}
+#: the video backend the foreign-exception case is searched with and sent to
+FOREIGN_VIDEO_BACKEND = "pyav"
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,7 @@ class HostileCase:
     status: int
     code: str | None  # the error code (rule) it must be refused by; None: any with the status
     content_type: str = "application/json"
+    path: str = "/chat/completions"  # under the server's /v1
 
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:
@@ -131,10 +139,15 @@ class HostileHost(MediaHost):
 def hostile_catalogue(model: str, host: str) -> list[HostileCase]:
     """Every hostile request, for a server started with SERVER_ARGS/SERVER_ENV and allowed to
     fetch from ``host`` (the :class:`HostileHost` base URL, on 127.0.0.1)."""
-    from aphrodite_cli.bench.harness import synthetic
+    from aphrodite_cli.bench.harness import hostile_media, synthetic
 
     jpeg = synthetic.make_image(64, 48, fmt="JPEG")
     b64 = base64.b64encode
+    # a decoder's own exception (not the project's), found by a seeded search, once
+    foreign_video, _ = hostile_media.foreign_failure_video(FOREIGN_VIDEO_BACKEND)
+
+    def data_url(mime: str, data: bytes) -> str:
+        return f"data:{mime};base64," + b64(data).decode()
 
     def chat(parts: list[dict] | str, **extra: Any) -> bytes:
         return json.dumps({"model": model, "max_tokens": 2, **extra, "messages": [
@@ -190,6 +203,19 @@ def hostile_catalogue(model: str, host: str) -> list[HostileCase]:
          400, None),
         ("truncated-jpeg", [image("data:image/jpeg;base64," + b64(jpeg[:300]).decode())], 422,
          None),
+        # decoders failing their own way, or working too hard: the item's 4xx, no dead worker
+        ("dds-not-implemented",
+         [image(data_url("image/x-dds", hostile_media.dds_with_unknown_pixel_format()))], 422,
+         "media_decode_failed"),
+        ("foreign-exception-video", [video(data_url("video/mp4", foreign_video))], 422,
+         "media_decode_failed", {"media_io_kwargs": {"video": {
+             "backend": FOREIGN_VIDEO_BACKEND}}}),
+        ("resolution-switch",
+         [video(data_url("video/mp2t", hostile_media.resolution_switch_ts()))], 422,
+         "video_frame_size_changed", {"media_io_kwargs": {"video": {"backend": "pyav"}}}),
+        ("many-scan-jpeg",
+         [image(data_url("image/jpeg", hostile_media.many_scan_jpeg(2000, 3000)))], 413,
+         "image_decode_too_costly"),
         # the request itself
         ("too-many-images", [image("data:image/jpeg;base64," + b64(jpeg).decode())] * 40, 400,
          None),
@@ -230,5 +256,14 @@ def hostile_catalogue(model: str, host: str) -> list[HostileCase]:
             {"role": ["user"], "content": "hi"}]}).encode(), 400, "invalid_content_part"),
         HostileCase("cross-site-form", chat("hi"), 415, "unsupported_content_type",
                     "text/plain"),
+        # text that cannot fit the model, refused from bytes and counts before templating
+        HostileCase("too-many-messages", json.dumps({
+            "model": model, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "a"}] * 10_000}).encode(), 400,
+            "too_many_messages"),
+        HostileCase("huge-prompt", chat("word " * 300_000), 400, "prompt_too_long"),
+        HostileCase("huge-prompt-completions", json.dumps({
+            "model": model, "max_tokens": 2, "prompt": "word " * 300_000}).encode(), 400,
+            "prompt_too_long", path="/completions"),
     ]
     return out

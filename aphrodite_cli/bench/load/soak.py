@@ -29,10 +29,11 @@ if TYPE_CHECKING:
     from aphrodite_cli.bench.load.attackers import Attackers
 
 
-def post(base: str, body: bytes, content_type: str = "application/json"
-         ) -> tuple[int, str | None]:
-    """(status, error code) of one chat request; status 0 when the connection failed."""
-    req = urllib.request.Request(f"{base}/chat/completions", data=body,
+def post(base: str, body: bytes, content_type: str = "application/json",
+         path: str = "/chat/completions") -> tuple[int, str | None]:
+    """(status, error code) of one request (chat unless ``path`` says otherwise); status 0
+    when the connection failed."""
+    req = urllib.request.Request(f"{base}{path}", data=body,
                                  headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
@@ -175,18 +176,23 @@ def valid_requests(model: str, buckets: dict[tuple[int, int, int], float], count
 def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: float,
              hostile_share: float, concurrency: int, seed: int, media_base: str,
              warmup_s: float, buckets: dict[tuple[int, int, int], float] | None = None,
-             valid_pool: int = 128, attackers: Attackers | None = None) -> dict[str, Any]:
+             valid_pool: int = 128, attackers: Attackers | None = None,
+             temp_dir: Path | None = None) -> dict[str, Any]:
     """``concurrency`` clients send requests back to back for ``duration_s``, drawn from a
     pool of valid requests (``valid_requests``) and, a ``hostile_share`` of them, from the
     hostile catalogue (each checked against its status and rule), while ``attackers`` run
     alongside from their own address (each answer checked against its rule); server
-    processes sampled every 2 s; valid requests' latency reported."""
+    processes sampled every 2 s; valid requests' latency reported. ``temp_dir``: the
+    server's own temp folder (its ``TMPDIR``): whatever appears in it is a leftover;
+    without it, new names holding "aphrodite" in the system's temp folder are (another
+    program's, on a shared machine, among them)."""
     from aphrodite_cli.bench.load.attackers import EXPECTED
     from aphrodite_cli.bench.load.hostile import hostile_catalogue
 
     catalogue = hostile_catalogue(model, media_base)
     valid = valid_requests(model, buckets or SOAK_BUCKETS, valid_pool, seed)
-    temp_before = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
+    temp_root = temp_dir or Path(tempfile.gettempdir())
+    temp_before = {p.name for p in temp_root.iterdir()}
     api_pids = {pid for role, pid in roles.items() if role.startswith("api")}
     shm_before = _shm_segments(api_pids)
     # (kind, expected status, rule, status, code, seconds)
@@ -200,12 +206,12 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
             if rng.random() < hostile_share:
                 case = rng.choice(catalogue)
                 name, body, status, code = case.name, case.body, case.status, case.code
-                ctype = case.content_type
+                ctype, path = case.content_type, case.path
             else:
                 name, body = rng.choice(valid)
-                status, code, ctype = 200, None, "application/json"
+                status, code, ctype, path = 200, None, "application/json", "/chat/completions"
             sent = time.monotonic()
-            answer = post(base_url, body, ctype)
+            answer = post(base_url, body, ctype, path)
             results.append((name, status, code, *answer, time.monotonic() - sent))
 
     if attackers is not None:
@@ -230,8 +236,9 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
     if attackers is not None:
         attackers.stop()
     restarts = decode_worker_restarts(base_url)
-    temp_after = {p.name for p in Path(tempfile.gettempdir()).iterdir()}
-    leftovers = sorted(n for n in temp_after - temp_before if "aphrodite" in n)
+    temp_after = {p.name for p in temp_root.iterdir()}
+    leftovers = sorted(n for n in temp_after - temp_before
+                       if temp_dir is not None or "aphrodite" in n)
     leftovers += sorted(f"/dev/shm/{n}" for n in _shm_segments(api_pids) - shm_before)
     by_kind: dict[str, Counter] = {}
     mismatches = []
@@ -260,9 +267,7 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
         "requests": len(results), "by_kind": {k: dict(v) for k, v in by_kind.items()},
         "valid_5xx": valid_5xx, "hostile_mismatches": mismatches[:200],
         "hostile_mismatch_count": len(mismatches),
-        "attackers": None if attackers is None else {
-            "slow_bodies": attackers.slow_bodies, "drip_flood": attackers.drip_flood,
-            "source": attackers.local_addr[0] if attackers.local_addr else None},
+        "attackers": None if attackers is None else attackers.counts(),
         # latency of valid requests (seconds, non-streaming: the whole answer)
         "valid_latency_s": summary(valid_s),
         "decode_worker_restarts": restarts,
@@ -282,3 +287,28 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
         "fd_growth_after_warmup": last["open_fds"] - first["open_fds"],
         "temp_leftovers": leftovers,
     }
+
+
+def failures(doc: dict[str, Any], *, max_rss_growth: float,
+             max_p99_ratio: float) -> list[str]:
+    """Why a soak result is not clean (empty: clean): a valid request's 5xx, a hostile
+    request or attack answered by another rule, any decode-worker restart (no kind may cost
+    one: a decoder's own failure is its item's 4xx), temp files or shared memory left, RSS
+    growth after warm-up, valid p99 over ``max_p99_ratio`` times the baseline's."""
+    out = []
+    if doc["valid_5xx"]:
+        out.append(f"{doc['valid_5xx']} valid requests got a 5xx or no answer")
+    if doc["hostile_mismatch_count"]:
+        out.append(f"{doc['hostile_mismatch_count']} hostile requests or attacks were "
+                   "answered by another rule than their own")
+    if doc["decode_worker_restarts"]:
+        out.append(f"{doc['decode_worker_restarts']} decode workers were replaced")
+    if doc["temp_leftovers"]:
+        out.append(f"{len(doc['temp_leftovers'])} temp files or shared-memory segments left")
+    if doc["rss_growth_after_warmup"] > max_rss_growth:
+        out.append(f"RSS grew {doc['rss_growth_after_warmup']:+.1%} after warm-up "
+                   f"(at most {max_rss_growth:+.0%})")
+    ratio = (doc.get("baseline") or {}).get("p99_ratio")
+    if ratio is not None and ratio > max_p99_ratio:
+        out.append(f"valid p99 latency is {ratio}x the baseline's (at most {max_p99_ratio:g}x)")
+    return out
