@@ -41,6 +41,7 @@ from engine.processing.chat_parts import parse_messages
 from engine.processing.media_items import use_frames
 from engine.processing.pipeline import Pipeline
 from engine.processing.preprocess import ProcessedPrompt
+from engine.server.admin_routes import add_admin_routes
 from engine.server.config import ServerConfig
 from engine.server.engine_client import EngineClient
 from engine.server.fetch_slots import FetchSlots, client_key
@@ -378,4 +379,5 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
+    add_admin_routes(app)
     return app

@@ -41,6 +41,8 @@ class EngineClient:
         self._ids = itertools.count()
         self._prefix = f"{os.getpid()}-"
         self.alive = True
+        #: called (in the reader thread) when the engine passes a processor cache reset on
+        self.on_reset_mm_cache: list = []
         self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)
         self._reader.start()
 
@@ -54,6 +56,10 @@ class EngineClient:
                 for loop, queue in list(self._queues.values()):
                     loop.call_soon_threadsafe(queue.put_nowait, ("gone",))
                 return
+            if message[0] == "reset_mm_cache":  # see engine.server.admin_routes
+                for clear in list(self.on_reset_mm_cache):
+                    clear()
+                continue
             if message[0] == "events":  # one engine step's token events
                 self._deliver_batch(message[1])
                 continue
@@ -136,6 +142,23 @@ class EngineClient:
             await asyncio.to_thread(self._send, ("stats", rid))
             message = await asyncio.wait_for(queue.get(), timeout_s)
             return message[2] if message[0] == "stats" else None
+        except (TimeoutError, OSError):
+            return None
+        finally:
+            self._queues.pop(rid, None)
+
+    async def reset(self, what: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+        """Ask the engine to reset a cache (``mm`` or ``prefix``, see
+        :mod:`engine.server.admin_routes`); its answer, or None when it is gone or silent."""
+        if not self.alive:
+            return None
+        rid = f"{self._prefix}reset-{next(self._ids)}"
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = (asyncio.get_running_loop(), queue)
+        try:
+            await asyncio.to_thread(self._send, ("reset", rid, what))
+            message = await asyncio.wait_for(queue.get(), timeout_s)
+            return message[2] if message[0] == "reset" else None
         except (TimeoutError, OSError):
             return None
         finally:

@@ -3,12 +3,13 @@ it over local connections (one per API server).
 
 Protocol (pickled tuples over ``multiprocessing.connection``):
   API -> engine: ("submit", rid, input_ids, mm_tensors, sampling_kwargs) | ("cancel", rid)
-                 ("stats", rid)
+                 ("stats", rid) | ("reset", rid, "mm" | "prefix")
   engine -> API: ("event", rid, index, token_id, text_delta, finish_reason, logprobs)
                  (logprobs: None, or (logprob, rank, top_ids, top_logprobs) when the request
                  asked: ids and numbers only, the API server decodes the token strings)
                  ("done", rid, outputs, timings, error_body_or_None)
                  ("stats", rid, {name: number})
+                 ("reset", rid, {answer}); ("reset_mm_cache", None) to every API server
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
     from engine.processing.preprocess import ProcessedPrompt
 
     lives: list[dict] = []  # each API server's requests in the engine
+    senders: list = []  # each API server's send (a processor cache reset goes to all)
 
     def handle(conn: Connection) -> None:
         lock = threading.Lock()
@@ -114,6 +116,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                     conn.send(("events", batch))
 
         engine.on_step.append(flush)
+        senders.append(send)
 
         def finish(rid: str, req: EngineRequest) -> None:
             flush()  # its last events go before its done
@@ -163,6 +166,10 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
             elif message[0] == "stats":
                 send(("stats", message[1], process_stats(sum(map(len, lives)),
                                                           engine.scheduler_stats())))
+            elif message[0] == "reset":
+                from engine.server.admin_routes import engine_answer
+
+                send(("reset", message[1], engine_answer(engine, message[2], senders)))
 
         # One call per message: nothing of the last request stays bound to this loop while
         # it waits for the next message.
