@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from aphrodite_cli.bench.commands import flags
+from aphrodite_cli.bench.commands.serve_extras import print_phase_extras
 from aphrodite_cli.options import DatasetName
 from aphrodite_cli.output import err, out, print_table
 
@@ -96,6 +97,10 @@ def serve_cmd(
         min=0, help="Stop at once (exit 1) when the first this-many answers are all the same "
                     "4xx, as a wrong URL, model or key gives; 0: never.")] = 5,
     out_dir: flags.OutDir = Path("results"),
+    reset_caches: flags.ResetCaches = True,
+    probe_request_rate: flags.ProbeRequestRate = None,
+    slice_seconds: flags.SliceSeconds = None,
+    archetypes: flags.Archetypes = None,
 ) -> None:
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
     import math
@@ -103,6 +108,7 @@ def serve_cmd(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from aphrodite_cli.bench.load import vllm_compat
+    from aphrodite_cli.bench.load.archetypes import parse_archetypes
     from aphrodite_cli.bench.load.client import LoadConfig
     from aphrodite_cli.bench.load.datasets import parse_buckets
     from aphrodite_cli.bench.load.serve import ServeArgs, run
@@ -157,7 +163,10 @@ def serve_cmd(
                      prompt_len=prompt_len, output_len=output_len, seed=seed,
                      embedded=embedded, percentile_metrics=tuple(pct_metrics),
                      metric_percentiles=tuple(pcts),
-                     tokenizer=vllm_compat.load_tokenizer(tokenizer) if tokenizer else None)
+                     tokenizer=vllm_compat.load_tokenizer(tokenizer) if tokenizer else None,
+                     reset_caches=reset_caches, probe_request_rate=probe_request_rate,
+                     slice_seconds=slice_seconds,
+                     archetypes=parse_archetypes(archetypes))
     from aphrodite_cli.bench.load.client import TargetRefused
     from engine.errors import BenchmarkFailed
 
@@ -189,6 +198,7 @@ def serve_cmd(
     if jsonl:
         path.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in flat))
     _print_serve_table(doc, output_format)
+    print_phase_extras(doc, output_format, say)
     say.print(f"result: {path}", markup=False)
     too_many = []
     for mode, phase in doc["phases"].items():

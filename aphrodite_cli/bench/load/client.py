@@ -178,6 +178,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
                     record.output_tokens = usage["completion_tokens"]
                     record.prompt_tokens = usage.get("prompt_tokens", 0)
                     record.token_source = "usage"
+                    record.prompt_details = usage.get("prompt_tokens_details")
                 if chunk.get("aphrodite"):
                     record.server = chunk["aphrodite"]
         record.e2e = time.perf_counter() - record.sent_at
