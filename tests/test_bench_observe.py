@@ -189,6 +189,17 @@ def test_a_target_without_metrics_or_resets_is_said_and_probes_are_measured_apar
     assert sum(g["completed"] for g in cold["by_kind"].values()) == 12
     assert set(cold["by_kind"]) <= {"a", "b"} and set(cold["by_modality"]) == {"text"}
     assert cold["mm_tokens"]["source"] == "unknown"
+    # bench report shows every part: tables in the summary, slices and probes plotted
+    report = subprocess.run([str(EXE), "bench", "report", str(next(tmp_path.glob(
+        "serve-*.json"))), "--out-dir", str(tmp_path / "report")], capture_output=True,
+        text=True, timeout=120)
+    assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    for part in ("cold: probes", "cold: per kind", "| a |", "cold: every 0.05 s",
+                 "server /metrics: unavailable", "/reset_mm_cache: absent (HTTP 404)"):
+        assert part in summary, part
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert ": time slices" in page and ": probe TTFT" in page and "per kind" in page
     # --no-reset-caches: no reset asked for, nothing said
     done = subprocess.run(
         [str(EXE), "bench", "serve", "--base-url", f"http://127.0.0.1:{mock_port}",

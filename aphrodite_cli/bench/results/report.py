@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from aphrodite_cli.bench.results.report_serve_extras import serve_markdown, serve_plots
 from engine.timings import SERVED_STAGES as STAGES
 
 
@@ -88,6 +89,7 @@ def plots(docs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[str, bytes]]:
             ax.set_title("Latency against media size")
             ax.legend()
             out.append((f"{name}: latency vs pixels", _png(fig)))
+            out += serve_plots(path, doc, plt, _png)
         elif kind == "video-decode":
             fig, ax = plt.subplots(figsize=(7, 3.6))
             labels = [b["backend"] + ("" if not b["options"] else " " + ",".join(
@@ -264,6 +266,7 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
                              f"{_num(tpot.get('median'), '.2f')} | "
                              f"{_num(e2e.get('median'), '.1f')} | "
                              f"{_num((r.get('server_cache') or {}).get('hit_rate'), '.0%')} |")
+            lines += ["", *serve_markdown(doc)]
         elif kind == "video-decode":
             lines += ["| backend | options | median s | x full decode | frames exact |",
                       "|---|---|---|---|---|"]
@@ -386,4 +389,6 @@ def _markdown_tables_to_html(md: str) -> str:
             parts.append(f"<h1>{html.escape(line[2:])}</h1>")
         elif line.startswith("## "):
             parts.append(f"<h2>{html.escape(line[3:])}</h2>")
+        elif line.startswith(("- ", "**")):  # notes and captions (serve's extras)
+            parts.append(f"<p>{html.escape(line.removeprefix('- ').replace('**', ''))}</p>")
     return "\n".join(parts)
