@@ -73,3 +73,7 @@ Archetypes = Annotated[str | None, typer.Option(
     help='Named request kinds with weights, e.g. {"photo": {"weight": 3, "buckets": '
          '{"480,640,1": 1}}, "clip": {"weight": 1, "buckets": {"240,320,16": 1}}, "chat": '
          '{"weight": 1, "items": 0}}; every metric is broken down per kind and modality.')]
+NumRuns = Annotated[int, typer.Option(
+    min=1, max=100, help="Run the phases this many times against the same target; each "
+                         "headline metric gets a 95% confidence interval across the runs "
+                         "(Student t), which bench gate and report use.")]

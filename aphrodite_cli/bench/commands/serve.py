@@ -46,10 +46,12 @@ def serve_cmd(
     api_key: flags.ApiKey = None,
     dataset: Annotated[DatasetName, typer.Option(
         "--dataset", "--dataset-name",
-        help="random-mm, jsonl, or vLLM's random (text only: random-mm with no media).")
+        help="random-mm, jsonl, vLLM's random (text only: random-mm with no media), or "
+             "trace (a timed JSONL replayed at its arrival times: arrival_s, prompt, media, "
+             "output_len).")
     ] = "random-mm",
-    dataset_path: Annotated[Path | None, typer.Option(help="JSONL file for --dataset jsonl.")
-                            ] = None,
+    dataset_path: Annotated[Path | None, typer.Option(
+        help="JSONL file for --dataset jsonl or trace.")] = None,
     media_dir: Annotated[Path | None, typer.Option(help="Folder for media paths in JSONL.")
                          ] = None,
     num_prompts: Annotated[int, typer.Option(min=1)] = 50,
@@ -101,6 +103,7 @@ def serve_cmd(
     probe_request_rate: flags.ProbeRequestRate = None,
     slice_seconds: flags.SliceSeconds = None,
     archetypes: flags.Archetypes = None,
+    num_runs: flags.NumRuns = 1,
 ) -> None:
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
     import math
@@ -129,7 +132,7 @@ def serve_cmd(
                               code="invalid_flag")
         endpoint = backends[backend]
     if not endpoint.rstrip("/").endswith("chat/completions") and (
-            items_per_request > 0 or dataset == "jsonl"):
+            items_per_request > 0 or dataset in ("jsonl", "trace")):
         raise ConfigError(f"--endpoint {endpoint} takes text prompts only, so it cannot carry "
                           "media", hint="use /v1/chat/completions, or --items-per-request 0 "
                           "(--dataset-name random)", code="invalid_flag")
@@ -166,7 +169,7 @@ def serve_cmd(
                      tokenizer=vllm_compat.load_tokenizer(tokenizer) if tokenizer else None,
                      reset_caches=reset_caches, probe_request_rate=probe_request_rate,
                      slice_seconds=slice_seconds,
-                     archetypes=parse_archetypes(archetypes))
+                     archetypes=parse_archetypes(archetypes), num_runs=num_runs)
     from aphrodite_cli.bench.load.client import TargetRefused
     from engine.errors import BenchmarkFailed
 

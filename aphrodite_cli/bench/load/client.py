@@ -218,7 +218,8 @@ def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> list[flo
 
 async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
                     on_done: Callable[[], None] | None = None,
-                    session: aiohttp.ClientSession | None = None
+                    session: aiohttp.ClientSession | None = None,
+                    times: list[float] | None = None
                     ) -> tuple[list[RequestRecord], float, float]:
     """Send every payload on the arrival schedule; returns records, duration and the
     achieved send rate."""
@@ -233,7 +234,8 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
             timeout=aiohttp.ClientTimeout(total=cfg.timeout_s))
     slots = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
     records = [RequestRecord(i, encode_s=enc) for i, (_, enc) in enumerate(payloads)]
-    times = arrival_times(len(payloads), cfg.request_rate, cfg.burstiness, cfg.seed)
+    if times is None:  # else a replayed trace's own (load/trace.py)
+        times = arrival_times(len(payloads), cfg.request_rate, cfg.burstiness, cfg.seed)
     sent: list[float] = []
 
     finished: list[RequestRecord] = []

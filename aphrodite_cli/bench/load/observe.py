@@ -68,7 +68,7 @@ class PhaseWatch:
                 if r["status"] not in ("reset", "no cache"):
                     warnings.append(f"{route}: {r['status']}"
                                     + (f" (HTTP {r['http']})" if r["http"] else "")
-                                    + ": the cold phase may start with a warm cache")
+                                    + ": the target's cache was not emptied before this phase")
         if self.before is not None and self.after is not None:
             metrics = scrape.phase_metrics(self.before, self.after, self.mode)
             result["server_metrics"] = metrics

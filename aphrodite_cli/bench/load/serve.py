@@ -59,6 +59,7 @@ class ServeArgs:
     probe_request_rate: float | None = None
     slice_seconds: float | None = None
     archetypes: dict | None = None
+    num_runs: int = 1  # the phases this many times, with run-to-run intervals (results/runs.py)
 
 
 def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
@@ -67,6 +68,13 @@ def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
             raise ConfigError("--dataset jsonl needs --dataset-path FILE")
         rows = load_jsonl(Path(args.dataset_path), args.media_dir)
         return (rows * (args.num_prompts // max(len(rows), 1) + 1))[: args.num_prompts]
+    if args.dataset == "trace":
+        from aphrodite_cli.bench.load.trace import load_trace
+
+        if not args.dataset_path:
+            raise ConfigError("--dataset-name trace needs --dataset-path FILE.jsonl")
+        return load_trace(Path(args.dataset_path), args.media_dir, limit=args.num_prompts,
+                          nonce=run_nonce)
     if args.archetypes:
         from aphrodite_cli.bench.load.archetypes import archetype_dataset
 
@@ -131,7 +139,9 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                                   probe_rate=args.probe_request_rate,
                                   slice_seconds=args.slice_seconds) as watch:
                 records, duration, send_rate = await run_phase(
-                    payloads, cfg, on_done=lambda t=task: progress.advance(t))
+                    payloads, cfg, on_done=lambda t=task: progress.advance(t),
+                    times=[r.arrival_s or 0.0 for r in dataset] if args.dataset == "trace"
+                    else None)
             if args.tokenizer is not None:
                 count_tokens(args.tokenizer, records)
             result = phase_result(records, duration, send_rate, cfg)
@@ -184,4 +194,10 @@ def run(cfg: LoadConfig, args: ServeArgs, target: Target, progress: Any
     ``cfg`` at its root and model, then run the phases."""
     with target:
         cfg.base_url, cfg.model = target.root, target.model
-        return asyncio.run(run_serve(cfg, args, progress, target.model_source))
+        done = [asyncio.run(run_serve(cfg, args, progress, target.model_source))
+                for _ in range(args.num_runs)]
+    if len(done) == 1:
+        return done[0]
+    from aphrodite_cli.bench.results.runs import combine
+
+    return combine([doc for doc, _ in done], [rows for _, rows in done])

@@ -198,7 +198,7 @@ def comparison(baseline: list[Path], candidate: list[Path]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from aphrodite_cli.bench.results import gate
+    from aphrodite_cli.bench.results import gate, runs
     from aphrodite_cli.bench.results.files import load_result
 
     verdicts = gate.compare(baseline, candidate)
@@ -210,6 +210,9 @@ def comparison(baseline: list[Path], candidate: list[Path]
              f"**Verdict: {'REGRESSION' if regressed else 'PASS'}** ({len(regressed)} of "
              f"{len(verdicts)} metrics slower beyond their threshold with 95% confidence, "
              f"{len(improved)} faster).", "", gate.markdown(verdicts), ""]
+    run_verdicts = runs.compare(baseline, candidate, {}, gate.DEFAULT_THRESHOLD)
+    if run_verdicts:  # both sides ran with --num-runs N: the run-to-run intervals too
+        lines += [runs.markdown(run_verdicts), ""]
     for v in verdicts:
         change = (v.ratio - 1) * 100
         word = ("slower" if v.regressed else "faster" if v.improved else
