@@ -12,6 +12,7 @@ test: setup
 
 lint: setup
 	@.venv/bin/ruff check aphrodite_cli engine tests
+	@.venv/bin/lint-imports --no-cache --no-logo
 
 # Property tests with fresh random seeds for FUZZ_SECONDS (default 300); `make test` never
 # draws new examples, so it is green or red for the code, not for the seed.

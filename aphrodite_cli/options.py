@@ -76,6 +76,7 @@ MediaDelivery = Literal["data-url", "http"]
 DatasetName = Literal["random-mm", "jsonl", "random", "trace"]
 DecodeIsolation = Literal["process", "thread"]
 SweepProfile = Literal["sweep"]
+RampUpStrategy = Literal["linear", "exponential"]
 BatchingWorkload = Literal["uniform", "mixed"]
 OutputFormat = Literal["table", "markdown", "json"]
 ModelSizeName = Literal["tiny", "small", "medium"]  # engine.models.sizes.SIZES

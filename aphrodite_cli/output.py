@@ -24,14 +24,19 @@ def print_json(data: Any) -> None:
 
 
 def print_error(error: AphroditeError) -> None:
-    """``Error: message`` plus the hint on its own line, on stderr."""
-    err.print(f"[bold red]Error:[/] {error.message}", markup=True, emoji=False)
+    """``Error: message`` plus the hint on its own line, on stderr. The message is text, not
+    markup: it may quote what a benchmark target or a file said (``[/code]`` included)."""
+    from rich.markup import escape
+
+    err.print(f"[bold red]Error:[/] {escape(error.message)}", markup=True, emoji=False)
     if error.hint:
-        err.print(f"  [dim]hint:[/] {error.hint}", markup=True, emoji=False)
+        err.print(f"  [dim]hint:[/] {escape(error.hint)}", markup=True, emoji=False)
 
 
 def warn(message: str) -> None:
-    err.print(f"[yellow]Warning:[/] {message}", markup=True, emoji=False)
+    from rich.markup import escape
+
+    err.print(f"[yellow]Warning:[/] {escape(message)}", markup=True, emoji=False)
 
 
 def print_table(title: str, columns: list[str], rows: list[list[Any]],
@@ -49,10 +54,37 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]],
         sys.stdout.write("\n".join(lines) + "\n")
         return
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title)
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    # The narrowest each column can be without cutting a word or a number (text wraps at its
+    # spaces only); one row per block when even that is wider than the terminal.
+    narrowest = [max([len(w) for text in [col, *(c[i] for c in cells)] for w in text.split()]
+                     + [1]) for i, col in enumerate(columns)]
+    widths = [max([len(col)] + [len(c[i]) for c in cells]) for i, col in enumerate(columns)]
+    room = out.size.width - 3 * len(columns) - 1  # borders and padding
+    if sum(narrowest) > room:
+        _print_blocks(title, columns, cells)
+        return
+    while sum(widths) > room:  # narrow the widest header that can wrap, one column at a time
+        i = max((i for i in range(len(widths)) if widths[i] > narrowest[i]),
+                key=lambda i: widths[i] - narrowest[i])
+        widths[i] = max(narrowest[i], widths[i] - (sum(widths) - room))
+    # Text, not markup: cells and titles may hold what a benchmark target sent
+    table = Table(title=Text(title))
+    for col, width in zip(columns, widths, strict=True):
+        table.add_column(Text(col), width=width, overflow="fold")
+    for row in cells:
+        table.add_row(*(Text(c) for c in row))
     out.print(table)
+
+
+def _print_blocks(title: str, columns: list[str], cells: list[list[str]]) -> None:
+    """A table too wide for the terminal, one block per row: its first cell as the block's
+    heading, then ``column  value`` lines; every number whole."""
+    label = max(len(c) for c in columns[1:]) if len(columns) > 1 else 0
+    out.print(title, markup=False, highlight=False)
+    for row in cells:
+        out.print(f"{columns[0]} {row[0]}", markup=False, highlight=False)
+        for col, value in zip(columns[1:], row[1:], strict=True):
+            out.print(f"  {col:<{label}}  {value}", markup=False, highlight=False)

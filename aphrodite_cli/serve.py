@@ -79,6 +79,25 @@ def serve(
     request_body_timeout_s: Annotated[float, typer.Option(
         min=0.1, help="Seconds a client has to send its whole request body (else 408), "
                       "e.g. 30.")] = ServerConfig.request_body_timeout_s,
+    header_read_timeout_s: Annotated[float, typer.Option(
+        min=0.1, help="Seconds a new connection has to send its first request's headers "
+                      "(else it is closed), e.g. 10.")
+    ] = ServerConfig.header_read_timeout_s,
+    keep_alive_timeout_s: Annotated[float, typer.Option(
+        min=0.1, help="Seconds an idle connection stays open between requests, e.g. 15.")
+    ] = ServerConfig.keep_alive_timeout_s,
+    max_connections_per_client: Annotated[int, typer.Option(
+        min=0, help="Open connections one client (its peer address) may hold per API server; "
+                    "past it 503 and close; 0: no per-client cap (behind a reverse proxy), "
+                    "e.g. 256.")] = ServerConfig.max_connections_per_client,
+    max_prompt_bytes: Annotated[int | None, typer.Option(
+        min=1, help="Most bytes of text in one request's messages or prompt, checked before "
+                    "templating (400 prompt_too_long); default: what cannot fit "
+                    "--max-model-len tokens.")] = ServerConfig.max_prompt_bytes,
+    max_messages: Annotated[int | None, typer.Option(
+        min=1, help="Most messages in one chat request, checked before templating (400 "
+                    "too_many_messages); default: --max-model-len.")
+    ] = ServerConfig.max_messages,
     metrics_without_auth: Annotated[bool, typer.Option(
         help="With --api-key, still serve /metrics without the key (for a scraper).")
     ] = ServerConfig.metrics_without_auth,
@@ -116,6 +135,10 @@ def serve(
     decode_timeout_s: Annotated[float, typer.Option(
         min=0.1, help="Wall-clock limit of one isolated decode in seconds, e.g. 60.")
     ] = ServerConfig.decode_timeout_s,
+    decode_cpu_budget_s: Annotated[float, typer.Option(
+        min=0, help="CPU seconds (all threads) one isolated decode may use before it is "
+                    "stopped with a 422, e.g. 30; 0: no budget.")
+    ] = ServerConfig.decode_cpu_budget_s,
     decode_memory_gb: Annotated[float, typer.Option(
         min=0.25, help="Address-space limit of one decode worker in GB, e.g. 8.")
     ] = ServerConfig.decode_memory_gb,
@@ -140,6 +163,7 @@ def serve(
 ) -> None:
     """Serve a multimodal model with an OpenAI-compatible API (alias: aphrodite run)."""
     from engine import envs
+    from engine.processing.pipeline import pipeline_config
     from engine.server.launcher import run
 
     limits = parse_json_flag("--limit-mm-per-prompt", limit_mm_per_prompt)
@@ -149,7 +173,7 @@ def serve(
         chat_template=str(chat_template) if chat_template else None,
         api_key=api_key or envs.APHRODITE_API_KEY or None,
         # the request pipeline's settings, parsed and checked here once
-        pipeline=PipelineConfig.create(
+        pipeline=pipeline_config(
             allowed_media_domains=tuple(split_hosts(allowed_media_domains)),
             allowed_local_media_path=str(allowed_local_media_path)
             if allowed_local_media_path else None,
@@ -161,6 +185,9 @@ def serve(
         mm_ipc_gpu_memory_gb=mm_ipc_gpu_memory_gb,
         api_server_count=api_server_count, max_request_body_mb=max_request_body_mb,
         request_body_timeout_s=request_body_timeout_s,
+        header_read_timeout_s=header_read_timeout_s, keep_alive_timeout_s=keep_alive_timeout_s,
+        max_connections_per_client=max_connections_per_client,
+        max_prompt_bytes=max_prompt_bytes, max_messages=max_messages,
         metrics_without_auth=metrics_without_auth,
         expose_request_timings=expose_request_timings,
         # the engine's settings, checked here once and handed whole to the engine process
@@ -170,6 +197,7 @@ def serve(
         max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,
+        decode_cpu_budget_s=decode_cpu_budget_s,
         decode_memory_gb=decode_memory_gb, max_decode_queue=max_decode_queue,
         max_concurrent_fetches=max_concurrent_fetches,
         max_fetches_per_client=max_fetches_per_client,

@@ -89,6 +89,8 @@ class MediaLimits:
     max_video_frames: int = 100_000
     max_video_decoded_bytes: int = 2 << 30
     fetch_retries: int = 2
+    max_jpeg_scan_pixels: int = 16 * 40_000_000
+    max_audio_decode_samples: int = 600 * 48_000 * 2
     image_background: tuple[int, int, int] = field(default=(255, 255, 255))
 
     def for_modality(self, modality: Modality) -> ModalityLimits:
@@ -110,15 +112,11 @@ class MediaLimits:
             max_video_frames=envs.APHRODITE_MAX_VIDEO_FRAMES,
             max_video_decoded_bytes=envs.APHRODITE_MAX_VIDEO_DECODED_BYTES,
             fetch_retries=envs.APHRODITE_MEDIA_FETCH_RETRIES,
+            max_jpeg_scan_pixels=envs.APHRODITE_MAX_JPEG_SCAN_PIXELS,
+            max_audio_decode_samples=envs.APHRODITE_MAX_AUDIO_DECODE_SAMPLES,
             image_background=envs.APHRODITE_IMAGE_BACKGROUND,
         )
         return replace(limits, **overrides) if overrides else limits  # type: ignore[arg-type]
-
-
-def _default_video() -> VideoLoadSpec:
-    from engine.media.video.options import server_video_spec
-
-    return server_video_spec(None)
 
 
 #: Who may set which ``mm_processor_kwargs`` per request: "any" key the processor takes (the
@@ -132,12 +130,16 @@ class PipelineConfig:
     """The request pipeline's settings, resolved once where they enter (the ``serve`` flags,
     ``LLM(...)``'s arguments): the media policy and the video options as checked, typed
     objects; frozen and picklable, so the start-up check and every API server get the very
-    objects the flags became. What needs the model (the item limits capped by the family's,
+    objects the flags became. Built and checked by
+    :func:`~engine.processing.pipeline.pipeline_config` (this module holds data only: it
+    imports nothing above it). What needs the model (the item limits capped by the family's,
     the processor kwargs checked against its processor) is resolved by the
     :class:`~engine.processing.pipeline.Pipeline` built from this and the model."""
 
     policy: MediaPolicy = field(default_factory=MediaPolicy.create)
-    video: VideoLoadSpec = field(default_factory=_default_video)
+    #: None: the server-wide default (``APHRODITE_VIDEO_LOADER_BACKEND``), which the
+    #: Pipeline resolves
+    video: VideoLoadSpec | None = None
     limit_mm_per_prompt: dict[str, int] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
     mm_processor_cache_gb: float = 4.0
@@ -145,31 +147,6 @@ class PipelineConfig:
     #: rescale + normalize pixels on the model's device where the family allows (vLLM's
     #: --mm-device-do-normalize, on by default as there)
     mm_device_do_normalize: bool = True
-
-    @classmethod
-    def create(cls, *, allowed_media_domains: tuple[str, ...] | list[str] | None = None,
-               allowed_local_media_path: str | os.PathLike[str] | None = None,
-               media_io_kwargs: dict[str, Any] | None = None,
-               limit_mm_per_prompt: dict[str, int] | None = None,
-               mm_processor_kwargs: dict[str, Any] | None = None,
-               mm_processor_cache_gb: float = 4.0,
-               request_kwargs: RequestKwargs = "any",
-               mm_device_do_normalize: bool = True) -> PipelineConfig:
-        """From the flags' values; a bad one is a :class:`ConfigError` naming its flag."""
-        from engine.media.video.options import server_video_spec
-        from engine.processing.limits import check_limit_flag
-
-        check_limit_flag(limit_mm_per_prompt)
-        if mm_processor_kwargs is not None and not isinstance(mm_processor_kwargs, dict):
-            raise ConfigError("--mm-processor-kwargs must be a JSON object",
-                              code="invalid_flag")
-        return cls(policy=MediaPolicy.create(allowed_domains=allowed_media_domains,
-                                             allowed_local_path=allowed_local_media_path),
-                   video=server_video_spec(media_io_kwargs),
-                   limit_mm_per_prompt=limit_mm_per_prompt,
-                   mm_processor_kwargs=mm_processor_kwargs,
-                   mm_processor_cache_gb=mm_processor_cache_gb, request_kwargs=request_kwargs,
-                   mm_device_do_normalize=mm_device_do_normalize)
 
 
 #: How rows join a running batch: between decode steps ("continuous"), or only once the

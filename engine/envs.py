@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import ConfigError
-from engine.media.video.backend_info import NAMES as video_backend_names
 
 PREFIX = "APHRODITE_"
-VIDEO_BACKENDS = video_backend_names
+#: APHRODITE_VIDEO_LOADER_BACKEND's choices: the names of ``engine.media.video.backend_info``'s
+#: records, spelled here because this module imports nothing above it (a test holds the two
+#: equal)
+VIDEO_BACKENDS = ("opencv", "pyav", "torchcodec", "pynvvideocodec", "deepstream")
 
 
 @dataclass(frozen=True)
@@ -110,10 +112,18 @@ _DECLARED: tuple[EnvVar, ...] = (
     EnvVar("APHRODITE_MAX_IMAGE_PIXELS", 40_000_000, _positive_int,
            "Largest image accepted, in pixels (width x height), checked before decoding.",
            "pixels"),
+    EnvVar("APHRODITE_MAX_JPEG_SCAN_PIXELS", 16 * 40_000_000, _positive_int,
+           "Most decode work a progressive JPEG may ask for, as its scans x pixels, counted "
+           "from its markers before decoding (a normal one has about 10 scans).",
+           "scan-pixels"),
     EnvVar("APHRODITE_IMAGE_BACKGROUND", (255, 255, 255), _rgb,
            "Colour that transparent images are composited onto: R,G,B or #rrggbb.", "colour"),
     EnvVar("APHRODITE_MAX_AUDIO_SECONDS", 600.0, _positive_float,
            "Longest audio clip accepted, in seconds.", "seconds"),
+    EnvVar("APHRODITE_MAX_AUDIO_DECODE_SAMPLES", 600 * 48_000 * 2, _positive_int,
+           "Most samples (all channels, at the source rate) one audio clip may decode: "
+           "estimated from its header before decoding, then counted while decoding.",
+           "samples"),
     EnvVar("APHRODITE_MAX_VIDEO_FRAME_PIXELS", 4096 * 2304, _positive_int,
            "Largest video frame accepted, in pixels (width x height), checked before decoding.",
            "pixels"),

@@ -26,7 +26,7 @@ from engine.executor.request import CompletionOutput, EngineRequest
 from engine.executor.sampling import SamplingParams
 from engine.models.loader import load_model
 from engine.processing.chat_parts import parse_messages
-from engine.processing.pipeline import Pipeline
+from engine.processing.pipeline import Pipeline, pipeline_config
 from engine.processing.preprocess import MediaItem
 
 
@@ -102,7 +102,7 @@ class LLM:
         engine_config = EngineConfig.create(**engine_settings)
         self.loaded = load_model(model, chat_template=chat_template, revision=revision,
                                  download_dir=download_dir)
-        self.pipeline = Pipeline(self.loaded, PipelineConfig.create(
+        self.pipeline = Pipeline(self.loaded, pipeline_config(
             limit_mm_per_prompt=limit_mm_per_prompt, mm_processor_kwargs=mm_processor_kwargs,
             mm_processor_cache_gb=mm_processor_cache_gb, media_io_kwargs=media_io_kwargs,
             allowed_media_domains=tuple(allowed_media_domains or ()),

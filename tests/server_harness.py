@@ -3,6 +3,7 @@ the registry the suite uses to stop and account for every server it started."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 
@@ -36,3 +37,14 @@ def wait_exit(proc: subprocess.Popen, timeout: float) -> int | None:
             return proc.returncode
         time.sleep(0.2)
     return None
+
+
+def wait_listening(port: int, timeout: float = 60) -> bool:
+    """Whether something accepts connections on loopback ``port`` within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.1)
+    return False

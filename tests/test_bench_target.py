@@ -16,7 +16,7 @@ from tests.fixtures import MediaHost
 SHARED = {"serve": ("base_url", "host", "port", "endpoint", "embedded", "model", "api_key",
                     "mode", "num_warmups", "burstiness", "items_per_request", "bucket_config",
                     "prompt_len", "output_len", "media_delivery", "max_failure_rate", "seed",
-                    "out_dir", "output_format"),
+                    "out_dir", "output_format", "request_timeout", "max_response_mb"),
           "soak": ("embedded", "bucket_config", "seed", "out_dir", "output_format")}
 
 

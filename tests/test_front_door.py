@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import time
 import urllib.request
 
 import pytest
@@ -116,7 +117,9 @@ def test_a_body_that_never_arrives_is_a_408_and_frees_its_slot(server):
 
 
 def test_408_names_the_rule_and_the_flag(server):
+    """...and arrives at the configured deadline (2 s here), not the 30 s default."""
     sock = half_sent(server, KEY)
+    sent = time.monotonic()
     try:
         sock.settimeout(60)
         raw = b""
@@ -127,8 +130,10 @@ def test_408_names_the_rule_and_the_flag(server):
             raw += chunk
     finally:
         sock.close()
+    waited = time.monotonic() - sent
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408")
+    assert BODY_TIMEOUT_S - 0.5 <= waited < 25, waited  # the flag reached the server
     error = json.loads(body)["error"]
     assert error["code"] == "request_body_timeout"
     assert "--request-body-timeout-s" in error["message"]
@@ -194,6 +199,7 @@ BAD_BODIES = {
     "pixel bomb by kwargs (float)": chat(mm_processor_kwargs={"min_pixels": 1e8}),
     "pixel bomb by kwargs (int)": chat(mm_processor_kwargs={"min_pixels": 100_000_000}),
     "min over max": chat(mm_processor_kwargs={"min_pixels": 6000, "max_pixels": 5000}),
+    "pixel bomb by kwargs (max_pixels)": chat(mm_processor_kwargs={"max_pixels": 100_000_000}),
     "fps bomb": chat(mm_processor_kwargs={"fps": 1e6}),
 }
 

@@ -1,12 +1,21 @@
 """The layers: ``engine`` (the product's core: server, executor, media, models) never imports
-the command line or the benchmarks, and Typer stays in ``aphrodite_cli``."""
+the command line or the benchmarks, Typer stays in ``aphrodite_cli``, and inside ``engine``
+each layer of CONTRIBUTING's request map imports only from the layers below it. The layers
+are import-linter contracts in ``pyproject.toml`` (``[tool.importlinter]``), run here as
+``lint-imports`` runs them; the import graph is grimp's, which they are checked on."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import grimp
+
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("engine", "aphrodite_cli")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -23,12 +32,50 @@ def modules_under(folder: str) -> list[Path]:
     return sorted((ROOT / folder).rglob("*.py"))
 
 
-def test_engine_imports_neither_the_cli_nor_typer():
-    modules = modules_under("engine")
-    bad = {str(path.relative_to(ROOT)): sorted(
-        m for m in imported_modules(path)
-        if m.split(".")[0] in ("aphrodite_cli", "typer", "tests")) for path in modules}
-    assert len(modules) > 50 and not {k: v for k, v in bad.items() if v}
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def build_graph() -> grimp.ImportGraph:
+    # as the contracts see it: imports under `if TYPE_CHECKING:` never run
+    return grimp.build_graph(*PACKAGES, cache_dir=None, exclude_type_checking_imports=True)
+
+
+def test_the_import_graph_holds_every_module():
+    """A folder without ``__init__.py`` is a namespace package that grimp does not walk: its
+    modules would be outside every contract without a word."""
+    graph = build_graph()
+    files = {module_name(p) for package in PACKAGES for p in modules_under(package)}
+    assert len(files) > 100 and files <= graph.modules
+
+
+def test_the_layer_contracts_are_kept():
+    """``lint-imports`` over pyproject's contracts: the CLI over the engine; in the engine
+    server and LLM > executor > processing > media, models > config > envs > errors; no
+    Typer or tests in the engine. A broken contract prints the offending import chain."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports; "
+         "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, "
+         "no_logo=True))"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    report = result.stdout + result.stderr
+    assert result.returncode == 0, report
+    assert "0 broken" in report, report
+
+
+def test_no_import_cycles():
+    """No module imports (through any chain) a module that imports it back, in the engine or
+    in the command line: every package can be read, and imported, from the bottom up."""
+    graph = build_graph()
+    cycles = set()
+    for module in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(module):
+            back = graph.find_shortest_chain(imported, module)
+            if back is not None:
+                cycles.add(" -> ".join((module, *back)))
+    assert not cycles, sorted(cycles)
 
 
 def test_typer_is_imported_only_by_the_cli_and_the_benchmark_runners_do_not():

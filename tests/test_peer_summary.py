@@ -4,15 +4,13 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.server_harness import free_port, wait_exit
+from tests.server_harness import free_port, wait_exit, wait_listening
 
 ROOT = Path(__file__).resolve().parents[1]
 EXE = Path(sys.executable).with_name("aphrodite")
@@ -29,13 +27,7 @@ def two_targets():
              "--ttft-ms", str(ttft), "--itl-ms", "1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         ports.append(port)
-    for port in ports:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
+    assert all(wait_listening(port) for port in ports)
     yield dict(zip(("vllm", "ours"), ports, strict=True))
     for proc in procs:
         proc.terminate()

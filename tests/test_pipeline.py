@@ -13,7 +13,7 @@ from PIL import Image
 from engine.config import MediaPolicy, PipelineConfig
 from engine.errors import ConfigError, InvalidRequestError
 from engine.media.video.options import PyAVOptions
-from engine.processing.pipeline import Pipeline
+from engine.processing.pipeline import Pipeline, pipeline_config
 from engine.processing.preprocess import MediaItem
 from engine.server.config import ServerConfig
 from tests.engine_fixtures import llm, loaded
@@ -24,7 +24,7 @@ def test_the_flags_become_typed_objects_once_and_cross_processes_as_they_are():
     """What ``serve`` builds from its flags: the policy and the video options are checked,
     typed objects, and the whole config pickles (to the start-up check and API servers)
     unchanged; the pipeline uses those objects, it does not parse them again."""
-    config = PipelineConfig.create(
+    config = pipeline_config(
         allowed_media_domains=("Example.COM.",), limit_mm_per_prompt={"image": 2},
         mm_processor_kwargs={"fps": 1.0}, request_kwargs="bounded",
         media_io_kwargs={"video": {"backend": "pyav", "threads": 2, "num_frames": 8}})
@@ -62,13 +62,13 @@ def test_request_kwargs_are_bounded_for_a_server_and_free_for_the_offline_llm():
 
 def test_a_bad_setting_fails_where_it_enters_and_what_needs_the_model_when_built():
     with pytest.raises(ConfigError, match="--limit-mm-per-prompt"):
-        PipelineConfig.create(limit_mm_per_prompt={"smell": 1})
+        pipeline_config(limit_mm_per_prompt={"smell": 1})
     with pytest.raises(ConfigError, match="--allowed-local-media-path"):
-        PipelineConfig.create(allowed_local_media_path="/no/such/folder")
+        pipeline_config(allowed_local_media_path="/no/such/folder")
     with pytest.raises(ConfigError, match="unknown video backend"):
-        PipelineConfig.create(media_io_kwargs={"video": {"backend": "nope"}})
+        pipeline_config(media_io_kwargs={"video": {"backend": "nope"}})
     with pytest.raises(ConfigError, match="mm_processor_kwargs"):  # needs the processor
-        Pipeline(loaded("qwen2_5_vl"), PipelineConfig.create(mm_processor_kwargs={"bogus": 1}))
+        Pipeline(loaded("qwen2_5_vl"), pipeline_config(mm_processor_kwargs={"bogus": 1}))
 
 
 def test_audio_is_decoded_at_the_models_own_rate():

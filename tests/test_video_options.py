@@ -140,12 +140,13 @@ def test_every_backend_fact_comes_from_its_one_record():
     registry's modules, the GPU gate and the start-only options all follow it."""
     from engine import envs
     from engine.media.video.backend_info import BACKENDS, GPU_NAMES
+    from engine.media.video.options import OPTION_CLASSES
     from engine.media.video.registry import get_backend
 
-    assert tuple(BACKENDS) == envs.VIDEO_BACKENDS
+    assert tuple(BACKENDS) == envs.VIDEO_BACKENDS == tuple(OPTION_CLASSES)
     for name, info in BACKENDS.items():
-        assert info.options_cls.backend == name
-        assert set(info.startup_only) <= set(info.options_cls.names())
+        assert OPTION_CLASSES[name].backend == name
+        assert set(info.startup_only) <= set(OPTION_CLASSES[name].names())
         if not info.gpu:  # importable everywhere: the registry's module is the record's
             backend = get_backend(name)
             assert backend.name == name and type(backend).__module__ == info.module

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -59,7 +60,58 @@ def _open(data: bytes, limits: MediaLimits) -> Image.Image:
             hint="send a smaller image or raise APHRODITE_MAX_IMAGE_PIXELS",
             code="image_too_many_pixels",
         )
+    if image.format == "JPEG" and image.info.get("progressive"):
+        check_jpeg_scans(data, width * height, limits.max_jpeg_scan_pixels)
     return image
+
+
+def count_jpeg_scans(data: bytes, stop_after: int) -> int:
+    """Start-of-scan segments in a JPEG, walked marker by marker (an APP segment's embedded
+    thumbnail is skipped, entropy-coded data is jumped over by its 0xFF bytes); counting
+    stops past ``stop_after``."""
+    scans, i, end = 0, 2, len(data)
+    while i + 4 <= end and scans <= stop_after:
+        if data[i] != 0xFF:
+            i = data.find(b"\xff", i)
+            if i < 0:
+                break
+            continue
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0xD9:  # end of image
+            break
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length
+            i += 2
+            continue
+        i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+        if marker != 0xDA:
+            continue
+        scans += 1
+        found = _NEXT_MARKER.search(data, i)  # entropy-coded data: skip stuffing and RSTs
+        if found is None:
+            return scans
+        i = found.start()
+    return scans
+
+
+#: a marker inside entropy-coded data: 0xFF not followed by stuffing (0x00) or an RST
+_NEXT_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7]")
+
+
+def check_jpeg_scans(data: bytes, pixels: int, max_scan_pixels: int) -> None:
+    """A progressive JPEG's decode work is its scans x pixels (each scan revisits every
+    block); refuse one over the budget before decoding: a few hundred KB with thousands of
+    scans took seconds of CPU."""
+    allowed = max(1, max_scan_pixels // max(pixels, 1))
+    scans = count_jpeg_scans(data, allowed)
+    if scans > allowed:
+        raise MediaTooLargeError(
+            f"the progressive JPEG has more than {allowed} scans at {pixels} pixels, over the "
+            f"decode budget of {max_scan_pixels} scan-pixels",
+            hint="re-encode the image (a normal progressive JPEG has about 10 scans) or raise "
+                 "APHRODITE_MAX_JPEG_SCAN_PIXELS", code="image_decode_too_costly")
 
 
 def probe_image(data: bytes, limits: MediaLimits) -> ImageInfo:

@@ -13,22 +13,24 @@ replaced; only its own request fails (a clear 422), the others keep going. At mo
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import os
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from engine.errors import (
-    AphroditeError,
     MediaDecodeError,
     OverloadedError,
     ServiceUnavailableError,
 )
 from engine.media import frame_memory
+from engine.media.decode_errors import as_decode_error
 
 _CTX = multiprocessing.get_context("spawn")
 
@@ -99,9 +101,9 @@ def _worker_main(conn, memory_limit_bytes: int) -> None:
                 conn.send(("pipe", None, array.shape, array.dtype.str, meta))
                 conn.send_bytes(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
             allocator.discard(keep=segment[0] if segment else None)
-        except AphroditeError as err:
+        except Exception as exc:  # any decoder failure is the item's 4xx
             allocator.discard()
-            conn.send(("error", err, None, None, None))
+            conn.send(("error", as_decode_error(kind, exc), None, None, None))
         del message, args
 
 
@@ -115,8 +117,11 @@ class DecodeWorkers:
     """A fixed set of decode worker processes; the ``decode_*`` methods block their thread."""
 
     def __init__(self, workers: int = 2, *, timeout_s: float = 60.0,
-                 memory_limit_bytes: int = 8 << 30, max_waiting: int = 64) -> None:
+                 memory_limit_bytes: int = 8 << 30, max_waiting: int = 64,
+                 cpu_budget_s: float = 0.0) -> None:
         self.timeout_s = timeout_s
+        #: CPU seconds (all the worker's threads) one decode may use; 0: no budget
+        self.cpu_budget_s = cpu_budget_s
         self.memory_limit_bytes = memory_limit_bytes
         self.max_waiting = max_waiting
         self.size = workers
@@ -126,6 +131,11 @@ class DecodeWorkers:
         self._idle: list[_Worker] = [self._spawn() for _ in range(workers)]
         self._cond = threading.Condition()
         self._closed = False
+        #: fair sharing: workers held per client, and the clients waiting (in arrival order)
+        self._held: Counter[str] = Counter()
+        self._queue: list[tuple[int, str]] = []
+        self._arrivals = itertools.count()
+        self._last_start: dict[str, int] = {}  # while decodes wait: when each client last began
 
     def _spawn(self) -> _Worker:
         parent, child = _CTX.Pipe()
@@ -135,7 +145,10 @@ class DecodeWorkers:
         child.close()
         return _Worker(proc, parent)
 
-    def _take(self) -> _Worker:
+    def _take(self, client: str = "") -> _Worker:
+        """An idle worker. Waiting decodes are served fairly (:meth:`_next`): a freed worker
+        goes to the client holding the fewest, taking turns, so one client's queue of decodes
+        cannot keep another client's waiting behind it."""
         with self._cond:
             if not self._idle and self.waiting >= self.max_waiting:
                 raise OverloadedError(
@@ -143,83 +156,116 @@ class DecodeWorkers:
                     "waiting", hint="retry after the Retry-After seconds, or raise "
                                     "--decode-workers / --max-decode-queue",
                     code="decode_queue_full")
+            me = (next(self._arrivals), client)
+            self._queue.append(me)
             self.waiting += 1
             try:
-                while not self._idle:
+                while not self._idle or self._next() != me:
                     if self._closed:
                         raise ServiceUnavailableError("the decode workers are shut down")
                     self._cond.wait()
+                self._held[client] += 1
+                self._last_start[client] = next(self._arrivals)
                 return self._idle.pop()
             finally:
                 self.waiting -= 1
+                self._queue.remove(me)
+                if not self._queue:  # forget clients that neither wait nor hold a worker
+                    self._last_start = {c: t for c, t in self._last_start.items()
+                                        if self._held[c] > 0}
+                self._cond.notify_all()
 
-    def _give(self, worker: _Worker) -> None:
+    def _next(self) -> tuple[int, str]:
+        """The waiting decode to serve next: its client holds the fewest workers, then began
+        a decode least recently (round robin among waiting clients), then it came first."""
+        return min(self._queue, key=lambda entry: (
+            self._held[entry[1]], self._last_start.get(entry[1], -1), entry[0]))
+
+    def _give(self, worker: _Worker, client: str | None = None) -> None:
         with self._cond:
+            if client is not None:
+                self._held[client] -= 1
+                if self._held[client] <= 0:
+                    del self._held[client]
             self._idle.append(worker)
-            self._cond.notify()
+            self._cond.notify_all()
 
-    def _replace(self, worker: _Worker) -> None:
+    def _replace(self, worker: _Worker, client: str | None = None) -> None:
         worker.process.kill()
         worker.process.join(5)
         worker.conn.close()
         frame_memory.remove_segments(f"{os.getpid()}-{worker.process.pid}-")
         self.restarts += 1
-        self._give(self._spawn())
+        self._give(self._spawn(), client)
 
     def pids(self) -> list[int]:
         with self._cond:
             return [w.process.pid for w in self._idle]
 
-    def _call(self, kind: str, args: tuple) -> tuple[np.ndarray, Any]:
-        worker = self._take()
+    def _call(self, kind: str, args: tuple, client: str = "") -> tuple[np.ndarray, Any]:
+        worker = self._take(client)
         start = time.monotonic()
+        cpu_start = _cpu_seconds(worker.process.pid) if self.cpu_budget_s else 0.0
         try:
             worker.conn.send((kind, args))
             while not worker.conn.poll(0.05):
                 if not worker.process.is_alive():
                     raise EOFError
                 if time.monotonic() - start > self.timeout_s:
-                    self._replace(worker)
+                    self._replace(worker, client)
                     raise MediaDecodeError(
                         f"decoding the {kind} took longer than {self.timeout_s:g} s",
                         hint="send shorter or smaller media (the limit is --decode-timeout-s)",
                         code="media_decode_timeout")
+                if self.cpu_budget_s and _cpu_seconds(worker.process.pid) - cpu_start > \
+                        self.cpu_budget_s:
+                    self._replace(worker, client)
+                    raise MediaDecodeError(
+                        f"decoding the {kind} used more than {self.cpu_budget_s:g} CPU "
+                        "seconds", code="media_decode_cpu_budget",
+                        hint="send shorter or smaller media (the limit is "
+                             "--decode-cpu-budget-s)")
             how, where, shape, dtype, meta = worker.conn.recv()
             if how == "pipe":
                 array = np.empty(shape, np.dtype(dtype))
                 worker.conn.recv_bytes_into(array.reshape(-1).view(np.uint8))
         except (EOFError, OSError, BrokenPipeError):
-            self._replace(worker)
+            self._replace(worker, client)
             raise MediaDecodeError(f"the {kind} decoder crashed on this input",
                                    hint="the file is likely corrupt or hostile; re-encode it",
                                    code="media_decoder_crashed") from None
         if how == "error" and meta == "retire":
-            self._replace(worker)
+            self._replace(worker, client)
         else:
-            self._give(worker)
+            self._give(worker, client)
         if how == "error":
             raise where
         if how == "shm":
             array = frame_memory.attach(where[0], where[1], shape, dtype, recycle=True)
         return array, meta
 
-    def decode_video(self, data: bytes, spec: Any, limits: Any):
+    def for_client(self, client: str) -> ClientDecoders:
+        """These workers' decode calls on behalf of ``client`` (for fair sharing)."""
+        return ClientDecoders(self, client)
+
+    def decode_video(self, data: bytes, spec: Any, limits: Any, client: str = ""):
         from engine.media.video.loader import VideoFrames
 
-        frames, metadata = self._call("video", (data, spec, limits))
+        frames, metadata = self._call("video", (data, spec, limits), client)
         return VideoFrames(frames, metadata)
 
-    def decode_image(self, data: bytes, limits: Any):
+    def decode_image(self, data: bytes, limits: Any, client: str = ""):
         from PIL import Image
 
-        pixels, _ = self._call("image", (data, limits))
+        pixels, _ = self._call("image", (data, limits), client)
         return Image.fromarray(pixels)
 
-    def decode_audio(self, data: bytes, *, sampling_rate: int, max_seconds: float):
+    def decode_audio(self, data: bytes, *, sampling_rate: int, max_seconds: float,
+                     client: str = ""):
         from engine.media.audio import AudioClip
 
         samples, (rate, source_rate, channels, codec) = self._call(
-            "audio", (data, sampling_rate, max_seconds))
+            "audio", (data, sampling_rate, max_seconds), client)
         return AudioClip(samples, rate, source_rate, channels, codec)
 
     def close(self) -> None:
@@ -234,3 +280,34 @@ class DecodeWorkers:
             if worker.process.is_alive():
                 worker.process.kill()
         frame_memory.remove_segments(f"{os.getpid()}-")
+
+
+@dataclass(frozen=True)
+class ClientDecoders:
+    """A :class:`DecodeWorkers`' decode calls made for one client."""
+
+    pool: DecodeWorkers
+    client: str
+
+    def decode_video(self, data: bytes, spec: Any, limits: Any):
+        return self.pool.decode_video(data, spec, limits, self.client)
+
+    def decode_image(self, data: bytes, limits: Any):
+        return self.pool.decode_image(data, limits, self.client)
+
+    def decode_audio(self, data: bytes, *, sampling_rate: int, max_seconds: float):
+        return self.pool.decode_audio(data, sampling_rate=sampling_rate,
+                                      max_seconds=max_seconds, client=self.client)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (Linux ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

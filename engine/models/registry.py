@@ -41,7 +41,7 @@ from typing import Any
 from engine.errors import ConfigError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArchSpec:
     name: str
     architectures: tuple[str, ...]
@@ -89,69 +89,76 @@ _QWEN_EXPANSION = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
 _QWEN_TYPES = {"image": 1, "video": 2}
 _QWEN_DEVICE_NORM = {"pixel_values": "image_processor", "pixel_values_videos": "video_processor"}
 
+
+def _hf(name: str, prefix: str) -> dict[str, Any]:
+    """A family's Hugging Face names as transformers spells them: ``<prefix>ForConditional
+    Generation`` is its architecture and model class, ``<prefix>Processor`` its processor
+    class, ``name`` its model type."""
+    model = f"{prefix}ForConditionalGeneration"
+    return {"name": name, "architectures": (model,), "model_types": (name,),
+            "model_class": model, "processor_class": f"{prefix}Processor"}
+
+
 REGISTRY: dict[str, ArchSpec] = {
     spec.name: spec for spec in (
-        ArchSpec("qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), ("qwen2_5_vl",),
-                 "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor",
-                 {"image": 32, "video": 8}, _QWEN_PLACEHOLDERS, _QWEN_EXPANSION, True,
-                 "visual", "engine.models.tiny:build_qwen2_5_vl", token_types=_QWEN_TYPES,
+        ArchSpec(**_hf("qwen2_5_vl", "Qwen2_5_VL"), max_items={"image": 32, "video": 8},
+                 placeholders=_QWEN_PLACEHOLDERS, expansion_tokens=_QWEN_EXPANSION,
+                 ships_chat_template=True, encoder_attr="visual",
+                 builder="engine.models.tiny:build_qwen2_5_vl", token_types=_QWEN_TYPES,
                  normalize_on_device=_QWEN_DEVICE_NORM),
-        ArchSpec("qwen2_vl", ("Qwen2VLForConditionalGeneration",), ("qwen2_vl",),
-                 "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor",
-                 {"image": 32, "video": 8}, _QWEN_PLACEHOLDERS, _QWEN_EXPANSION, True,
-                 "visual", "engine.models.tiny:build_qwen2_vl", token_types=_QWEN_TYPES,
+        ArchSpec(**_hf("qwen2_vl", "Qwen2VL"), max_items={"image": 32, "video": 8},
+                 placeholders=_QWEN_PLACEHOLDERS, expansion_tokens=_QWEN_EXPANSION,
+                 ships_chat_template=True, encoder_attr="visual",
+                 builder="engine.models.tiny:build_qwen2_vl", token_types=_QWEN_TYPES,
                  normalize_on_device=_QWEN_DEVICE_NORM),
-        ArchSpec("qwen3_vl", ("Qwen3VLForConditionalGeneration",), ("qwen3_vl",),
-                 "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor",
-                 {"image": 32, "video": 8}, _QWEN_PLACEHOLDERS, _QWEN_EXPANSION, True,
-                 "visual", "engine.models.tiny:build_qwen3_vl", token_types=_QWEN_TYPES,
+        ArchSpec(**_hf("qwen3_vl", "Qwen3VL"), max_items={"image": 32, "video": 8},
+                 placeholders=_QWEN_PLACEHOLDERS, expansion_tokens=_QWEN_EXPANSION,
+                 ships_chat_template=True, encoder_attr="visual",
+                 builder="engine.models.tiny:build_qwen3_vl", token_types=_QWEN_TYPES,
                  video_timestamps=True, normalize_on_device=_QWEN_DEVICE_NORM,
                  notes="Qwen3-VL: a video expands to <t seconds><|vision_start|>...<|vision_end|> "
                        "per temporal patch; timestamps come from the clip's fps"),
-        ArchSpec("llava", ("LlavaForConditionalGeneration",), ("llava",),
-                 "LlavaForConditionalGeneration", "LlavaProcessor",
-                 {"image": 1}, {"image": "<image>"}, {"image": "<image>"}, False,
-                 "vision_tower", "engine.models.tiny:build_llava",
+        ArchSpec(**_hf("llava", "Llava"), max_items={"image": 1},
+                 placeholders={"image": "<image>"}, expansion_tokens={"image": "<image>"},
+                 ships_chat_template=False, encoder_attr="vision_tower",
+                 builder="engine.models.tiny:build_llava",
                  notes="LLaVA-1.5: its tokenizer ships no chat template; pass --chat-template"),
-        ArchSpec("qwen2_audio", ("Qwen2AudioForConditionalGeneration",), ("qwen2_audio",),
-                 "Qwen2AudioForConditionalGeneration", "Qwen2AudioProcessor",
-                 {"audio": 8}, {"audio": "<|audio_bos|><|AUDIO|><|audio_eos|>"},
-                 {"audio": "<|AUDIO|>"}, True, "audio_tower",
-                 "engine.models.tiny:build_qwen2_audio"),
-        ArchSpec("llava_onevision", ("LlavaOnevisionForConditionalGeneration",),
-                 ("llava_onevision",), "LlavaOnevisionForConditionalGeneration",
-                 "LlavaOnevisionProcessor", {"image": 16, "video": 4},
-                 {"image": "<image>", "video": "<video>"}, {"image": "<image>", "video": "<video>"},
-                 True, "vision_tower", "engine.models.tiny_vlm:build_llava_onevision",
+        ArchSpec(**_hf("qwen2_audio", "Qwen2Audio"), max_items={"audio": 8},
+                 placeholders={"audio": "<|audio_bos|><|AUDIO|><|audio_eos|>"},
+                 expansion_tokens={"audio": "<|AUDIO|>"}, ships_chat_template=True,
+                 encoder_attr="audio_tower", builder="engine.models.tiny:build_qwen2_audio"),
+        ArchSpec(**_hf("llava_onevision", "LlavaOnevision"), max_items={"image": 16, "video": 4},
+                 placeholders={"image": "<image>", "video": "<video>"},
+                 expansion_tokens={"image": "<image>", "video": "<video>"},
+                 ships_chat_template=True, encoder_attr="vision_tower",
+                 builder="engine.models.tiny_vlm:build_llava_onevision",
                  padded_keys=("pixel_values",),
                  notes="LLaVA-OneVision: each image tiled (anyres_max_9) as a single image; "
                        "video frames pooled"),
-        ArchSpec("internvl", ("InternVLForConditionalGeneration",), ("internvl",),
-                 "InternVLForConditionalGeneration", "InternVLProcessor",
-                 {"image": 16, "video": 4}, {"image": "<IMG_CONTEXT>", "video": "<video>"},
-                 {"image": "<IMG_CONTEXT>", "video": "<video>"}, True, "vision_tower",
-                 "engine.models.tiny_vlm:build_internvl",
+        ArchSpec(**_hf("internvl", "InternVL"), max_items={"image": 16, "video": 4},
+                 placeholders={"image": "<IMG_CONTEXT>", "video": "<video>"},
+                 expansion_tokens={"image": "<IMG_CONTEXT>", "video": "<video>"},
+                 ships_chat_template=True, encoder_attr="vision_tower",
+                 builder="engine.models.tiny_vlm:build_internvl",
                  feature_tokens={"video": "<IMG_CONTEXT>"},
                  notes="InternVL3: an image is up to 12 tiles and a thumbnail; a video frame is "
                        "one tile, written Frame<i>: <img>...</img>"),
-        ArchSpec("gemma3", ("Gemma3ForConditionalGeneration",), ("gemma3",),
-                 "Gemma3ForConditionalGeneration", "Gemma3Processor", {"image": 16},
-                 {"image": "<start_of_image>"}, {"image": "<start_of_image>"}, True,
-                 "vision_tower", "engine.models.tiny_vlm:build_gemma3",
+        ArchSpec(**_hf("gemma3", "Gemma3"), max_items={"image": 16},
+                 placeholders={"image": "<start_of_image>"},
+                 expansion_tokens={"image": "<start_of_image>"}, ships_chat_template=True,
+                 encoder_attr="vision_tower", builder="engine.models.tiny_vlm:build_gemma3",
                  feature_tokens={"image": "<image_soft_token>"}, token_types={"image": 1},
-                 token_types_key="token_type_ids", bidirectional_media=True,
-                 assemble_text=True,
+                 token_types_key="token_type_ids", bidirectional_media=True, assemble_text=True,
                  notes="Gemma 3: sliding-window and global layers; an image is 256 tokens, "
                        "more with pan-and-scan crops (do_pan_and_scan)"),
-        ArchSpec("smolvlm", ("SmolVLMForConditionalGeneration",), ("smolvlm",),
-                 "SmolVLMForConditionalGeneration", "SmolVLMProcessor",
-                 {"image": 8, "video": 1}, {"image": "<image>", "video": "<video>"},
-                 {"image": "<image>", "video": "<video>"}, True, "vision_model",
-                 "engine.models.tiny_vlm:build_smolvlm", feature_tokens={"video": "<image>"},
-                 video_timestamps=True, assemble_text=True,
+        ArchSpec(**_hf("smolvlm", "SmolVLM"), max_items={"image": 8, "video": 1},
+                 placeholders={"image": "<image>", "video": "<video>"},
+                 expansion_tokens={"image": "<image>", "video": "<video>"},
+                 ships_chat_template=True, encoder_attr="vision_model",
+                 builder="engine.models.tiny_vlm:build_smolvlm",
+                 feature_tokens={"video": "<image>"}, video_timestamps=True, assemble_text=True,
                  padded_keys=("pixel_values", "pixel_attention_mask"),
-                 row_item_keys=("pixel_values", "pixel_attention_mask"),
-                 one_visual_modality=True,
+                 row_item_keys=("pixel_values", "pixel_attention_mask"), one_visual_modality=True,
                  notes="SmolVLM2: an image is split into tiles (up to 4x4) plus a global view "
                        "(do_image_splitting); a video is timestamped frames; images or a "
                        "video per prompt, not both"),

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from engine.config import MediaLimits
 from engine.media.audio import decode_audio
 from engine.media.connector import MediaConnector
+from engine.media.decode_errors import as_decode_error
 from engine.media.image import decode_image
 from engine.media.inflight import Ticket
 from engine.media.policy import MediaSource
@@ -21,19 +22,29 @@ if TYPE_CHECKING:
 
 
 class InProcessDecoders:
-    """The decoding calls of :class:`~engine.media.isolation.DecodeWorkers`, run here."""
+    """The decoding calls of :class:`~engine.media.isolation.DecodeWorkers`, run here (any
+    decoder exception is the item's client error, as it is from a worker)."""
 
     @staticmethod
     def decode_image(data: bytes, limits: MediaLimits) -> Any:
-        return decode_image(data, limits)
+        try:
+            return decode_image(data, limits)
+        except Exception as exc:
+            raise as_decode_error("image", exc) from None
 
     @staticmethod
     def decode_video(data: bytes, spec: VideoLoadSpec, limits: MediaLimits) -> Any:
-        return load_video(data, spec, limits)
+        try:
+            return load_video(data, spec, limits)
+        except Exception as exc:
+            raise as_decode_error("video", exc) from None
 
     @staticmethod
     def decode_audio(data: bytes, *, sampling_rate: int, max_seconds: float) -> Any:
-        return decode_audio(data, sampling_rate=sampling_rate, max_seconds=max_seconds)
+        try:
+            return decode_audio(data, sampling_rate=sampling_rate, max_seconds=max_seconds)
+        except Exception as exc:
+            raise as_decode_error("audio", exc) from None
 
 
 def hf_video_metadata(meta: VideoMetadata) -> dict[str, Any]:

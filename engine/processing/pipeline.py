@@ -1,7 +1,8 @@
 """One request pipeline: a prompt and its media -> the engine's inputs.
 
 Built once per process from a :class:`~engine.config.PipelineConfig` (resolved where the
-settings enter: the ``serve`` flags, ``LLM(...)``'s arguments) and the loaded model, and used
+settings enter, by :func:`pipeline_config`: the ``serve`` flags, ``LLM(...)``'s arguments)
+and the loaded model, and used
 by the API server, the offline ``LLM``, ``bench mm-processor`` and the server's start-up
 check, so every one of them limits, checks, fetches, decodes and preprocesses the same way.
 Its stages, in request order, are public
@@ -19,16 +20,21 @@ fetch slot and a decode-queue place around :meth:`Pipeline.fetch`):
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from engine.config import MediaLimits, PipelineConfig
+from engine.config import MediaLimits, MediaPolicy, PipelineConfig, RequestKwargs
 from engine.errors import ConfigError, InvalidRequestError
-from engine.media.video.options import VideoLoadSpec, parse_video_io_kwargs
+from engine.media.video.options import (
+    VideoLoadSpec,
+    parse_video_io_kwargs,
+    server_video_spec,
+)
 from engine.processing import device_normalize
 from engine.processing.cache import ProcessorCache
 from engine.processing.kwargs import check_request_kwargs, merge_processor_kwargs
-from engine.processing.limits import check_item_counts, effective_limits
+from engine.processing.limits import check_item_counts, check_limit_flag, effective_limits
 from engine.processing.media_items import fetch_items
 from engine.processing.preprocess import MediaItem, Preprocessor, ProcessedPrompt
 from engine.processing.prompt import insert_placeholders, render_chat
@@ -38,6 +44,29 @@ if TYPE_CHECKING:
     from engine.media.inflight import Ticket
     from engine.media.policy import MediaSource
     from engine.models.loader import LoadedModel
+
+
+def pipeline_config(*, allowed_media_domains: tuple[str, ...] | list[str] | None = None,
+                    allowed_local_media_path: str | os.PathLike[str] | None = None,
+                    media_io_kwargs: dict[str, Any] | None = None,
+                    limit_mm_per_prompt: dict[str, int] | None = None,
+                    mm_processor_kwargs: dict[str, Any] | None = None,
+                    mm_processor_cache_gb: float = 4.0,
+                    request_kwargs: RequestKwargs = "any",
+                    mm_device_do_normalize: bool = True) -> PipelineConfig:
+    """A :class:`PipelineConfig` from the flags' values, each checked once here; a bad one is
+    a :class:`ConfigError` naming its flag."""
+    check_limit_flag(limit_mm_per_prompt)
+    if mm_processor_kwargs is not None and not isinstance(mm_processor_kwargs, dict):
+        raise ConfigError("--mm-processor-kwargs must be a JSON object", code="invalid_flag")
+    return PipelineConfig(policy=MediaPolicy.create(allowed_domains=allowed_media_domains,
+                                                    allowed_local_path=allowed_local_media_path),
+                          video=server_video_spec(media_io_kwargs),
+                          limit_mm_per_prompt=limit_mm_per_prompt,
+                          mm_processor_kwargs=mm_processor_kwargs,
+                          mm_processor_cache_gb=mm_processor_cache_gb,
+                          request_kwargs=request_kwargs,
+                          mm_device_do_normalize=mm_device_do_normalize)
 
 class Pipeline:
     """The model's request pipeline; building it checks what needs the model (item limits
@@ -61,7 +90,7 @@ class Pipeline:
             loaded.spec.normalize_on_device)
         if self.device_normalize:
             self.server_kwargs = {**self.server_kwargs, **device_normalize.processor_kwargs()}
-        self.video = config.video
+        self.video = config.video if config.video is not None else server_video_spec(None)
         self.policy = config.policy
         self.media_limits = MediaLimits.from_env()
         self.cache = ProcessorCache.from_gb(config.mm_processor_cache_gb)

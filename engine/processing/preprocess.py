@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import InvalidRequestError, MediaDecodeError, sanitize
+from engine.errors import ClientError, InvalidRequestError, MediaDecodeError, sanitize
+from engine.media.decode_errors import name_item
 from engine.models.loader import LoadedModel
 from engine.processing.cache import ProcessorCache, content_hash, item_key
 from engine.processing.image_layout import channels_first_view, is_rgb_pil, keep_channels_last
@@ -234,7 +235,7 @@ class Preprocessor:
         check_one_visual_modality(counts, self.loaded.spec)
         processed: list[ProcessedItem] = []
         hits: list[bool] = []
-        for item in items:
+        for index, item in enumerate(items):
             start = time.perf_counter()
             key = None
             if self.cache.enabled:
@@ -249,7 +250,10 @@ class Preprocessor:
                 hits.append(True)
                 continue
             start = time.perf_counter()
-            data = item.decoded if item.decoded is not None else item.decode()  # type: ignore[misc]
+            try:
+                data = item.decoded if item.decoded is not None else item.decode()  # type: ignore[misc]
+            except ClientError as err:
+                raise name_item(err, index, item.modality) from None
             timings["media_decode_s"] += time.perf_counter() - start
             start = time.perf_counter()
             result = self.process_item(item, data, kwargs)

@@ -5,11 +5,12 @@ route.
 
 How a reset reaches every API server (``--api-server-count N``: each has its own processor
 cache): the API server that took the request asks the engine process, which holds one
-connection to every API server, and the engine sends ``("reset_mm_cache", None)`` down each
-of them before it answers. Each API server's engine reader clears its cache when that message
-arrives, and the asking server's own copy comes down its connection before the answer, so
-the 200 means: this server's cache is empty, and every sibling has been told (it clears as
-soon as its reader reads the message, ahead of any request the engine answers it later).
+connection to every API server, and the engine sends
+:class:`~engine.server.wire.ResetMmCache` down each of them before it answers. Each API
+server's engine reader clears its cache when that message arrives, and the asking server's
+own copy comes down its connection before the answer, so the 200 means: this server's cache
+is empty, and every sibling has been told (it clears as soon as its reader reads the
+message, ahead of any request the engine answers it later).
 
 The prefix cache lives in the engine: the engine resets it when it has one with a reset
 (``Engine.reset_prefix_cache()``), else the answer is a 200 that says nothing was reset and
@@ -23,14 +24,20 @@ from typing import Any
 
 from aiohttp import web
 
+#: where an app keeps the AppKey of its state (given by the app factory, so this module
+#: needs no import of the app's)
+_STATE_KEY = web.AppKey("admin_state_key", web.AppKey)
 
-def engine_answer(engine: Any, what: str, senders: list[Callable[[tuple], None]]
+
+def engine_answer(engine: Any, what: str, senders: list[Callable[[Any], None]]
                   ) -> dict[str, Any]:
     """In the engine process: carry out ``what`` (``mm``: tell every API server to clear its
     processor cache; ``prefix``: reset the prefix cache) and say what was done."""
     if what == "mm":
+        from engine.server.wire import ResetMmCache
+
         for send in list(senders):
-            send(("reset_mm_cache", None))
+            send(ResetMmCache())
         return {"reset": True, "api_servers": len(senders)}
     if what == "prefix":
         reset = getattr(engine, "reset_prefix_cache", None)
@@ -46,15 +53,9 @@ def engine_answer(engine: Any, what: str, senders: list[Callable[[tuple], None]]
     return {"reset": False, "note": f"unknown cache {what!r}"}
 
 
-def _state(request: web.Request) -> Any:
-    from engine.server.app import STATE
-
-    return request.app[STATE]
-
-
 async def reset_mm_cache(request: web.Request) -> web.Response:
     """Clear every API server's processor cache (vLLM's ``POST /reset_mm_cache``)."""
-    state = _state(request)
+    state = request.app[request.app[_STATE_KEY]]
     answer = await state.engine.reset("mm")
     if answer is None:  # the engine is gone: at least this server starts cold
         dropped = state.pipeline.cache.clear()
@@ -67,7 +68,7 @@ async def reset_mm_cache(request: web.Request) -> web.Response:
 async def reset_prefix_cache(request: web.Request) -> web.Response:
     """Reset the engine's prefix cache (vLLM's ``POST /reset_prefix_cache``); a 200 with
     ``"reset": false`` and a note when the engine has none."""
-    answer = await _state(request).engine.reset("prefix")
+    answer = await request.app[request.app[_STATE_KEY]].engine.reset("prefix")
     if answer is None:
         return web.json_response({"error": {"message": "the engine did not answer the reset",
                                             "type": "service_unavailable", "param": None,
@@ -75,16 +76,16 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
     return web.json_response(answer)
 
 
-def add_admin_routes(app: web.Application) -> None:
-    """Register the reset routes, and (at startup, once the app's state exists) clear this
-    API server's processor cache whenever the engine passes a reset on."""
+def add_admin_routes(app: web.Application, state_key: web.AppKey) -> None:
+    """Register the reset routes (the app's state, the engine client and the pipeline, is
+    ``app[state_key]``), and at startup, once that state exists, clear this API server's
+    processor cache whenever the engine passes a reset on."""
+    app[_STATE_KEY] = state_key
     app.router.add_post("/reset_mm_cache", reset_mm_cache)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
 
     async def listen(app: web.Application) -> None:
-        from engine.server.app import STATE
-
-        state = app[STATE]
+        state = app[state_key]
         state.engine.on_reset_mm_cache.append(state.pipeline.cache.clear)
 
     app.on_startup.append(listen)

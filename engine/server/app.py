@@ -1,10 +1,13 @@
 """The aiohttp application of one API server process.
 
-Work inside one request, in this order (nothing is fetched before step 6):
+Work inside one request, in the steps of CONTRIBUTING.md's "One request, as folders" (nothing
+is fetched before steps 1-3 pass):
   1 auth from the headers (401), admission (503), the body under a deadline and size cap
-    (408/413, JSON only: 415), its JSON shape (400): see :mod:`engine.server.front_door`
-  2 model (404)  3 fields (400)  4 parts, item limits, options  6 media URL policy (400)
-  7 fetch (bounded)  8 decode + HF processor (cache)  9 engine.
+    (408/413, JSON only: 415), its JSON shape (400): see :mod:`engine.server.front_door`;
+    model (404), fields (400)
+  2-7 parts, item limits, options, media URL policy (400), fetch (bounded), decode + HF
+    processor (cache): :mod:`engine.server.prepare`
+  8 engine, tokens back as JSON or SSE: :mod:`engine.server.respond`.
 Every error is the OpenAI shape; a bad item in a streaming request fails before the first SSE
 byte. With ``--expose-request-timings`` each response carries the server-side stage timings and
 cache hits: the header ``x-aphrodite-timings`` (JSON) and the body field ``aphrodite`` (for
@@ -15,48 +18,47 @@ the same media.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
-from collections import Counter
 from typing import Any
 
 from aiohttp import web
 
 from engine.errors import (
     AphroditeError,
-    InvalidRequestError,
     ModelNotFoundError,
     OverloadedError,
     RequestTooLargeError,
 )
 from engine.media.inflight import InflightBytes, Ticket
 from engine.media.pool import decode_executor
-from engine.media.video import load_video_async
-from engine.media.video.backend_info import BACKENDS
 from engine.media.video.budget import GpuDecodeBudget
 from engine.models.loader import LoadedModel
-from engine.processing.chat_parts import parse_messages
-from engine.processing.media_items import use_frames
 from engine.processing.pipeline import Pipeline
-from engine.processing.preprocess import ProcessedPrompt
 from engine.server.admin_routes import add_admin_routes
 from engine.server.config import ServerConfig
 from engine.server.engine_client import EngineClient
 from engine.server.fetch_slots import FetchSlots, client_key
-from engine.server.front_door import auth_middleware, parse_body, read_body
+from engine.server.front_door import (
+    auth_middleware,
+    check_declared_length,
+    parse_body,
+    read_body,
+)
 from engine.server.logprobs import TokenStrings
 from engine.server.metrics import REFRESH_S, Metrics
-from engine.server.protocol import parse_generation_fields, parse_prompts
+from engine.server.prepare import prepare_chat, prepare_prompts
 from engine.server.respond import respond
-from engine.timings import zero_preprocess_timings
+from engine.server.text_limits import TextLimits
 from engine.version import __version__
 
 logger = logging.getLogger("aphrodite.server")
 
 
 STATE = web.AppKey("state", object)
+#: bodies larger than this are parsed on a worker thread, not on the event loop
+OFF_LOOP_BYTES = 64 << 10
 
 
 class State:
@@ -74,6 +76,8 @@ class State:
         self.vocab_size = min(len(loaded.tokenizer), loaded.config.get("vocab_size") or (
             loaded.config.get("text_config") or {}).get("vocab_size") or 1 << 62)
         self.media_limits = self.pipeline.media_limits
+        self.text_limits = TextLimits.derive(loaded.tokenizer, config.max_model_len,
+                                             config.max_prompt_bytes, config.max_messages)
         self.connector = self.pipeline.connector()
         self.fetch_slots = FetchSlots(config.max_concurrent_fetches,
                                       config.max_fetches_per_client)
@@ -86,7 +90,7 @@ class State:
             self.decoders = DecodeWorkers(
                 config.decode_workers, timeout_s=config.decode_timeout_s,
                 memory_limit_bytes=int(config.decode_memory_gb * (1 << 30)),
-                max_waiting=config.max_decode_queue)
+                max_waiting=config.max_decode_queue, cpu_budget_s=config.decode_cpu_budget_s)
         self.inflight = InflightBytes(int(config.max_inflight_media_mb * (1 << 20)))
         self.preprocessing = 0  # requests fetching, decoding or in the HF processor
         self.metrics.sample(self.metrics.inflight_bytes, lambda: self.inflight.in_use)
@@ -107,6 +111,11 @@ class State:
         self.metrics.vllm_waiting.labels(self.name).set(self.preprocessing)
         self.metrics.vllm_running.labels(self.name).set(max(self.pending - self.preprocessing,
                                                             0))
+
+
+def body_cap(config: ServerConfig) -> int:
+    """--max-request-body-mb in bytes."""
+    return int(config.max_request_body_mb * (1 << 20))
 
 
 def error_response(err: AphroditeError) -> web.Response:
@@ -158,95 +167,18 @@ async def errors_middleware(request: web.Request, handler):
 async def read_json(request: web.Request, ticket: Ticket) -> dict[str, Any]:
     """The admitted request's body, read and shape-checked (front_door), then its model."""
     state: State = request.app[STATE]
-    data = parse_body(await read_body(request, state.config.request_body_timeout_s, ticket))
+    body = await read_body(request, state.config.request_body_timeout_s, ticket,
+                           body_cap(state.config))
+    if len(body) > OFF_LOOP_BYTES:  # parsing and shape-checking a big body takes a while
+        data = await asyncio.get_running_loop().run_in_executor(decode_executor(),
+                                                                parse_body, body)
+    else:
+        data = parse_body(body)
     model = data.get("model")
     if model is not None and model != state.name:
         raise ModelNotFoundError(f"model {model!r} is not served here; this server serves "
                             f"{state.name!r}", hint="GET /v1/models lists it", param="model")
     return data
-
-
-async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, client: str = ""):
-    """Steps 4-8: everything before the engine; raises before any response byte. Fetched
-    media is charged to ``ticket`` (the request's share of the bytes in flight); ``client``
-    (the peer address) bounds its share of the fetch slots."""
-    fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap)
-    parsed = parse_messages(data.get("messages"))
-    counts = Counter(parsed.counts())
-    pipeline = state.pipeline
-    pipeline.check_counts(counts)
-    video = pipeline.video_for(fields.media_io_kwargs)
-    kwargs = pipeline.kwargs_for(fields.mm_processor_kwargs)
-    text = pipeline.render(parsed.messages)
-    items, fetch_s = [], 0.0
-    # Only requests with media take a decode-queue slot: text never waits behind video.
-    with preprocess_slot(state) if parsed.media else contextlib.nullcontext():
-        if parsed.media:
-            sources = await pipeline.check_sources(state.connector, parsed.media)
-            started = asyncio.get_running_loop().time()  # fetch deadlines include queueing
-            async with fetch_slot(state, sources, started, client):
-                items, fetch_s = await pipeline.fetch(
-                    state.connector, parsed.media, video, sources=sources,
-                    decoders=state.decoders, ticket=ticket, started=started)
-            for item in items:
-                state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
-            if state.gpu_budget is not None and BACKENDS[video.backend].gpu:
-                await decode_gpu_videos(state, items, video)
-        loop = asyncio.get_running_loop()
-        processed = await loop.run_in_executor(decode_executor(), pipeline.process,
-                                               text, items, kwargs)
-    processed.timings["fetch_s"] = fetch_s
-    for hit in processed.item_hits:
-        state.metrics.cache.labels("hit" if hit else "miss").inc()
-    if counts.get("video") and processed.timings["media_decode_s"]:
-        state.metrics.video_decode.labels(video.backend).observe(
-            processed.timings["media_decode_s"])
-    return fields, processed
-
-
-@contextlib.asynccontextmanager
-async def fetch_slot(state: State, sources: list, started: float, client: str):
-    """One of --max-concurrent-fetches (at most --max-fetches-per-client per client), for a
-    request with http(s) media only (data URLs and local files are read at once). Waiting
-    counts against the fetch deadline: a request that gets no slot before its shortest media
-    fetch timeout is a 503, not a wait without end."""
-    remote = [s for s in sources if s.kind == "http"]
-    if not remote:
-        yield
-        return
-    timeout = min(state.media_limits.for_modality(s.modality).fetch_timeout_s for s in remote)
-    async with state.fetch_slots.hold(client, started + timeout, timeout):
-        yield
-
-
-@contextlib.contextmanager
-def preprocess_slot(state: State):
-    """At most --max-decode-queue requests fetching, decoding or preprocessing per API server;
-    past that a 503 with Retry-After at once (the decode pool's queue stays bounded)."""
-    if state.preprocessing >= state.config.max_decode_queue:
-        raise OverloadedError(
-            f"this API server already has {state.preprocessing} requests fetching, "
-            "decoding or preprocessing media", code="decode_queue_full",
-            hint="retry after the Retry-After seconds, or raise --max-decode-queue")
-    state.count(preprocessing=1)
-    try:
-        yield
-    finally:
-        state.count(preprocessing=-1)
-
-
-async def decode_gpu_videos(state: State, items: list, video) -> None:
-    """GPU decodes hold this process's budget share while they run (they wait, first come
-    first served, when it is used up); an item bigger than the share is a 413."""
-    for item in items:
-        if item.modality != "video" or item.encoded is None:
-            continue
-        task = load_video_async(item.encoded, video, state.media_limits, state.gpu_budget)
-        state.metrics.gpu_budget.set(state.gpu_budget.in_use)
-        try:
-            item.decoded = use_frames(item, await task)
-        finally:
-            state.metrics.gpu_budget.set(state.gpu_budget.in_use)
 
 
 def admitted(handler):
@@ -257,6 +189,7 @@ def admitted(handler):
     end."""
     async def wrapper(request: web.Request) -> web.StreamResponse:
         state: State = request.app[STATE]
+        check_declared_length(request, body_cap(state.config))  # 413 before any charge
         if state.pending >= state.config.max_pending_requests:
             raise OverloadedError(
                 f"this API server already has {state.pending} requests in flight",
@@ -276,6 +209,7 @@ def admitted(handler):
 async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
     state: State = request.app[STATE]
     data = await read_json(request, ticket)
+    state.text_limits.check_chat(data.get("messages"))  # before templating and tokenizing
     start = time.perf_counter()
     fields, processed = await prepare_chat(state, data, ticket, client_key(request.remote))
     return await respond(request, state, fields, [processed], start, chat=True)
@@ -284,27 +218,12 @@ async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamRe
 @admitted
 async def completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
     """``prompt``: a string, a list of strings, a list of token ids or a list of lists of
-    token ids; one engine request per prompt (see :mod:`engine.server.respond`)."""
+    token ids; one engine request per prompt (see :mod:`engine.server.reply`)."""
     state: State = request.app[STATE]
     data = await read_json(request, ticket)
+    state.text_limits.check_prompt(data.get("prompt"), state.config.max_model_len)
     start = time.perf_counter()
-    fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
-                                     chat=False)
-    prompts = parse_prompts(data.get("prompt"), state.vocab_size,
-                            set(state.preprocessor.expansion_ids.values())
-                            | set(state.preprocessor.feature_ids.values()))
-    loop = asyncio.get_running_loop()
-    processed = []
-    for prompt in prompts:
-        if isinstance(prompt, str):
-            one = await loop.run_in_executor(decode_executor(), state.pipeline.process,
-                                             prompt, [])
-        else:
-            one = ProcessedPrompt(prompt, {}, [], zero_preprocess_timings(), {})
-        if not one.input_ids:
-            raise InvalidRequestError("the prompt is empty (no tokens)", param="prompt")
-        one.timings["fetch_s"] = 0.0
-        processed.append(one)
+    fields, processed = await prepare_prompts(state, data)
     return await respond(request, state, fields, processed, start, chat=False)
 
 
@@ -379,5 +298,5 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
-    add_admin_routes(app)
+    add_admin_routes(app, STATE)
     return app

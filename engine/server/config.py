@@ -27,6 +27,14 @@ class ServerConfig:
     api_server_count: int = 1
     max_request_body_mb: float = 64.0
     request_body_timeout_s: float = 30.0
+    #: seconds a new connection has to send its first request's headers
+    header_read_timeout_s: float = 10.0
+    #: seconds an idle connection stays open between requests
+    keep_alive_timeout_s: float = 15.0
+    max_connections_per_client: int = 256  # 0: no per-client cap
+    #: text bytes / messages per request; None: what cannot fit max_model_len tokens
+    max_prompt_bytes: int | None = None
+    max_messages: int | None = None
     metrics_without_auth: bool = False
     expose_request_timings: bool = False
     #: the engine's settings, checked where the flags are read and handed whole to the
@@ -40,6 +48,7 @@ class ServerConfig:
     decode_isolation: str = "process"  # decode worker processes; or "thread" (in-process)
     decode_workers: int = 2
     decode_timeout_s: float = 60.0
+    decode_cpu_budget_s: float = 30.0  # CPU seconds of one isolated decode; 0: none
     decode_memory_gb: float = 8.0
     max_decode_queue: int = 64
     max_inflight_media_mb: float = 2048.0

@@ -7,18 +7,28 @@ import contextlib
 import itertools
 import os
 import threading
-from dataclasses import dataclass, field
 from multiprocessing.connection import Client
 from typing import Any
 
 from engine.errors import AphroditeError, ServiceUnavailableError
 from engine.server import shared_inputs
+from engine.server.wire import (
+    Cancel,
+    Delta,
+    Done,
+    Events,
+    FromEngine,
+    ResetAnswer,
+    ResetMmCache,
+    ResetQuery,
+    Stats,
+    StatsQuery,
+    Submit,
+    ToEngine,
+)
 
-
-@dataclass
-class Completion:
-    outputs: list[tuple[int, str, list[int], str | None]] = field(default_factory=list)
-    timings: dict[str, Any] = field(default_factory=dict)
+#: What a request's queue gets when the engine process is gone (its connection closed).
+GONE = object()
 
 
 class EngineError(AphroditeError):
@@ -54,31 +64,34 @@ class EngineClient:
                 self.alive = False
                 shared_inputs.discard_all()  # inputs the engine did not map: nobody will
                 for loop, queue in list(self._queues.values()):
-                    loop.call_soon_threadsafe(queue.put_nowait, ("gone",))
+                    loop.call_soon_threadsafe(queue.put_nowait, GONE)
                 return
-            if message[0] == "reset_mm_cache":  # see engine.server.admin_routes
-                for clear in list(self.on_reset_mm_cache):
-                    clear()
-                continue
-            if message[0] == "events":  # one engine step's token events
-                self._deliver_batch(message[1])
-                continue
-            target = self._queues.get(message[1])
-            if target is not None:
-                loop, queue = target
-                loop.call_soon_threadsafe(queue.put_nowait, message)
+            self._route(message)
 
-    def _deliver_batch(self, events: list[tuple]) -> None:
+    def _route(self, message: FromEngine) -> None:
+        if isinstance(message, ResetMmCache):  # see engine.server.admin_routes
+            for clear in list(self.on_reset_mm_cache):
+                clear()
+            return
+        if isinstance(message, Events):  # one engine step's token events
+            self._deliver_batch(message.deltas)
+            return
+        target = self._queues.get(message.rid)
+        if target is not None:
+            loop, queue = target
+            loop.call_soon_threadsafe(queue.put_nowait, message)
+
+    def _deliver_batch(self, deltas: list[Delta]) -> None:
         """Hand a step's events to their requests with one wake-up of each event loop."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, tuple]]] = {}
-        for event in events:
-            target = self._queues.get(event[1])
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Delta]]] = {}
+        for delta in deltas:
+            target = self._queues.get(delta.rid)
             if target is not None:
-                by_loop.setdefault(target[0], []).append((target[1], event))
+                by_loop.setdefault(target[0], []).append((target[1], delta))
         for loop, items in by_loop.items():
             loop.call_soon_threadsafe(_put_all, items)
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: ToEngine) -> None:
         with self._send_lock:
             self._conn.send(message)
 
@@ -89,14 +102,14 @@ class EngineClient:
         that was not sent are removed (no engine will map them)."""
         message, segments = shared_inputs.export(mm)
         try:
-            self._send(("submit", rid, input_ids, message, sampling))
+            self._send(Submit(rid, input_ids, message, sampling))
         except BaseException:
             shared_inputs.discard(segments)
             raise
 
     async def generate(self, input_ids: list[int], mm: dict[str, Any], sampling: dict[str, Any]):
-        """Yields ("event", rid, index, token, delta, reason, logprobs) tuples (logprobs:
-        None or (logprob, rank, top_ids, top_logprobs)), then a Completion."""
+        """Yields the request's :class:`~engine.server.wire.Delta` s as the engine makes
+        them, then its :class:`~engine.server.wire.Done` (a failed request raises instead)."""
         if not self.alive:
             raise ServiceUnavailableError("the engine process is not running",
                                     hint="check the server log; restart the server")
@@ -111,15 +124,13 @@ class EngineClient:
             await asyncio.to_thread(self._submit, rid, input_ids, plain, sampling)
             while True:
                 message = await queue.get()
-                if message[0] == "event":
+                if isinstance(message, Delta):
                     yield message
-                elif message[0] == "done":
+                elif isinstance(message, Done):
                     finished = True
-                    _, _, outputs, timings, error = message
-                    if error is not None:
-                        body, status = error
-                        raise EngineError(body["error"], status)
-                    yield Completion(outputs, timings)
+                    if message.error is not None:
+                        raise EngineError(message.error.body["error"], message.error.status)
+                    yield message
                     return
                 else:
                     raise ServiceUnavailableError("the engine process stopped during the request")
@@ -127,7 +138,7 @@ class EngineClient:
             self._queues.pop(rid, None)
             if not finished and self.alive:
                 with contextlib.suppress(OSError):
-                    self._send(("cancel", rid))
+                    self._send(Cancel(rid))
 
     async def stats(self, timeout_s: float = 2.0) -> dict[str, float] | None:
         """The engine process's memory numbers (see ``engine_proc.process_stats``); None when
@@ -139,9 +150,9 @@ class EngineClient:
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = (asyncio.get_running_loop(), queue)
         try:
-            await asyncio.to_thread(self._send, ("stats", rid))
+            await asyncio.to_thread(self._send, StatsQuery(rid))
             message = await asyncio.wait_for(queue.get(), timeout_s)
-            return message[2] if message[0] == "stats" else None
+            return message.values if isinstance(message, Stats) else None
         except (TimeoutError, OSError):
             return None
         finally:
@@ -156,9 +167,9 @@ class EngineClient:
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = (asyncio.get_running_loop(), queue)
         try:
-            await asyncio.to_thread(self._send, ("reset", rid, what))
+            await asyncio.to_thread(self._send, ResetQuery(rid, what))
             message = await asyncio.wait_for(queue.get(), timeout_s)
-            return message[2] if message[0] == "reset" else None
+            return message.values if isinstance(message, ResetAnswer) else None
         except (TimeoutError, OSError):
             return None
         finally:
@@ -170,6 +181,6 @@ class EngineClient:
         shared_inputs.discard_all()
 
 
-def _put_all(items: list[tuple[asyncio.Queue, tuple]]) -> None:
+def _put_all(items: list[tuple[asyncio.Queue, Delta]]) -> None:
     for queue, event in items:
         queue.put_nowait(event)

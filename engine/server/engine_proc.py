@@ -1,15 +1,5 @@
 """The engine process: owns the model and the batching engine; API server processes talk to
-it over local connections (one per API server).
-
-Protocol (pickled tuples over ``multiprocessing.connection``):
-  API -> engine: ("submit", rid, input_ids, mm_tensors, sampling_kwargs) | ("cancel", rid)
-                 ("stats", rid) | ("reset", rid, "mm" | "prefix")
-  engine -> API: ("event", rid, index, token_id, text_delta, finish_reason, logprobs)
-                 (logprobs: None, or (logprob, rank, top_ids, top_logprobs) when the request
-                 asked: ids and numbers only, the API server decodes the token strings)
-                 ("done", rid, outputs, timings, error_body_or_None)
-                 ("stats", rid, {name: number})
-                 ("reset", rid, {answer}); ("reset_mm_cache", None) to every API server
+it over local connections (one per API server), in the messages of :mod:`engine.server.wire`.
 """
 
 from __future__ import annotations
@@ -25,6 +15,21 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.errors import AphroditeError
 from engine.server import shared_inputs
+from engine.server.wire import (
+    Cancel,
+    Delta,
+    Done,
+    Events,
+    Failure,
+    Output,
+    ResetAnswer,
+    ResetMmCache,
+    ResetQuery,
+    Stats,
+    StatsQuery,
+    Submit,
+    ToEngine,
+)
 
 logger = logging.getLogger("aphrodite.engine")
 
@@ -97,9 +102,9 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
         live: dict[str, EngineRequest] = {}
         lives.append(live)
 
-        pending: list[tuple] = []  # this step's token events, sent as one message
+        pending: list[Delta] = []  # this step's token events, sent as one message
 
-        def send(message: tuple) -> None:
+        def send(message: Done | Stats | ResetAnswer | ResetMmCache) -> None:
             with lock, contextlib.suppress(OSError, EOFError):
                 conn.send(message)
 
@@ -113,7 +118,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                 batch = pending[:]
                 pending.clear()
                 with contextlib.suppress(OSError, EOFError):
-                    conn.send(("events", batch))
+                    conn.send(Events(batch))
 
         engine.on_step.append(flush)
         senders.append(send)
@@ -123,53 +128,54 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
             live.pop(rid, None)
             error = None
             if req.error is not None:
-                error = (req.error.to_openai(), req.error.status) if isinstance(
-                    req.error, AphroditeError) else ({"error": {"message": "internal error",
-                                                                "type": "internal_error",
-                                                                "param": None,
-                                                                "code": "internal_error"}}, 500)
-            outputs = [(o.index, o.text, o.token_ids, o.finish_reason) for o in req.outputs]
-            send(("done", rid, outputs, req.timings, error))
+                error = Failure(req.error.to_openai(), req.error.status) if isinstance(
+                    req.error, AphroditeError) else Failure({"error": {
+                        "message": "internal error", "type": "internal_error", "param": None,
+                        "code": "internal_error"}}, 500)
+            outputs = [Output(o.index, o.text, o.token_ids, o.finish_reason)
+                       for o in req.outputs]
+            send(Done(rid, outputs, req.timings, error))
 
-        def submit(rid: str, input_ids: list[int], mm: dict, sampling: dict) -> None:
+        def submit(message: Submit) -> None:
+            rid = message.rid
             try:
-                mm = shared_inputs.attach(mm)
+                mm = shared_inputs.attach(message.mm)
             except (OSError, ValueError) as exc:
                 logger.error("request %s: its inputs could not be mapped: %s", rid, exc)
-                send(("done", rid, [], {}, ({"error": {
+                send(Done(rid, [], {}, Failure({"error": {
                     "message": "the request's inputs were lost on the way to the engine",
                     "type": "internal_error", "param": None, "code": "inputs_lost"}}, 503)))
                 return
             tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                        for k, v in mm.items()}
-            prompt = ProcessedPrompt(input_ids, tensors, [], {}, {})
+            prompt = ProcessedPrompt(message.input_ids, tensors, [], {}, {})
 
             def on_event(event) -> None:
                 lp = event.logprobs
                 with lock:
-                    pending.append(("event", rid, event.index, event.token_id,
-                                    event.text_delta, event.finish_reason,
-                                    tuple(lp) if lp is not None else None))
+                    pending.append(Delta(rid, event.index, event.token_id, event.text_delta,
+                                         event.finish_reason,
+                                         tuple(lp) if lp is not None else None))
 
-            req = EngineRequest(prompt, SamplingParams(**sampling), on_event=on_event,
+            req = EngineRequest(prompt, SamplingParams(**message.sampling), on_event=on_event,
                                 on_done=lambda req: finish(rid, req))
             live[rid] = req
             engine.submit(req)
 
-        def dispatch(message: tuple) -> None:
-            if message[0] == "submit":
-                submit(*message[1:])
-            elif message[0] == "cancel":
-                req = live.get(message[1])
+        def dispatch(message: ToEngine) -> None:
+            if isinstance(message, Submit):
+                submit(message)
+            elif isinstance(message, Cancel):
+                req = live.get(message.rid)
                 if req is not None:
                     req.cancel()
-            elif message[0] == "stats":
-                send(("stats", message[1], process_stats(sum(map(len, lives)),
-                                                          engine.scheduler_stats())))
-            elif message[0] == "reset":
+            elif isinstance(message, StatsQuery):
+                send(Stats(message.rid, process_stats(sum(map(len, lives)),
+                                                      engine.scheduler_stats())))
+            elif isinstance(message, ResetQuery):
                 from engine.server.admin_routes import engine_answer
 
-                send(("reset", message[1], engine_answer(engine, message[2], senders)))
+                send(ResetAnswer(message.rid, engine_answer(engine, message.what, senders)))
 
         # One call per message: nothing of the last request stays bound to this loop while
         # it waits for the next message.

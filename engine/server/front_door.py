@@ -1,4 +1,4 @@
-"""The request path before any work is done for a client (DESIGN.md, step 1).
+"""The request path before any work is done for a client (CONTRIBUTING.md's map, step 1).
 
 In this order, and nothing is held before it is earned:
 
@@ -6,11 +6,14 @@ In this order, and nothing is held before it is earned:
    without the key takes no pending slot, sends no body that is read, costs nothing else.
    Open without a key: ``/health``; ``/metrics`` only with ``--metrics-without-auth``.
 2. Admission: a pending slot (``--max-pending-requests``; 503 + Retry-After when full).
+   Before admission, a declared ``Content-Length`` over ``--max-request-body-mb`` is a 413.
 3. The body: ``Content-Type`` must be JSON (415; a browser's cross-site form or text/plain
-   cannot reach the API), its length is charged to the media bytes in flight
-   (``--max-inflight-media-mb``: a body is media too when it carries data URLs), and it must
-   arrive within ``--request-body-timeout-s`` (408): a client that sends headers and then
-   drips or withholds the body loses its slot instead of keeping it.
+   cannot reach the API), its bytes are charged to the media bytes in flight as they arrive
+   (``--max-inflight-media-mb``: a body is media too when it carries data URLs; chunked
+   bodies count while they stream; a declared but unsent body holds nothing), it is capped
+   while it streams (413), and it must arrive within ``--request-body-timeout-s`` (408): a
+   client that sends headers and then drips or withholds the body loses its slot instead of
+   keeping it.
 4. Its JSON shape, before any field is looked at: an object, nested at most
    :data:`MAX_DEPTH` deep, integers within 64 bits, finite numbers, text that is valid
    Unicode (no lone surrogates). Fields are validated after this by the protocol module.
@@ -29,6 +32,7 @@ from engine.errors import (
     AuthenticationError,
     InvalidRequestError,
     RequestTimeoutError,
+    RequestTooLargeError,
     UnsupportedContentTypeError,
 )
 from engine.media.inflight import Ticket
@@ -66,28 +70,47 @@ def _is_json(content_type: str) -> bool:
         content_type.startswith("application/") and content_type.endswith("+json"))
 
 
-async def read_body(request: web.Request, timeout_s: float, ticket: Ticket) -> bytes:
-    """The raw body: JSON content type, charged to ``ticket`` before it is read (from
-    ``Content-Length``; a chunked body once read, which the body-size cap bounds), and read
-    within ``timeout_s``."""
+def check_declared_length(request: web.Request, max_bytes: int) -> None:
+    """A declared ``Content-Length`` over the cap is a 413 at once: before admission and
+    before anything is charged, so a declaration alone holds nothing."""
+    declared = request.content_length
+    if declared is not None and declared > max_bytes:
+        raise _too_large(max_bytes)
+
+
+def _too_large(max_bytes: int) -> RequestTooLargeError:
+    return RequestTooLargeError(
+        f"the request body is over {max_bytes / (1 << 20):g} MB",
+        hint="send media by URL instead of inline, or raise --max-request-body-mb")
+
+
+async def read_body(request: web.Request, timeout_s: float, ticket: Ticket,
+                    max_bytes: int) -> bytes:
+    """The raw body: JSON content type, at most ``max_bytes`` (413), read within
+    ``timeout_s`` (408). Bytes are charged to ``ticket`` as they arrive, chunked bodies
+    included: a body that is declared but not sent holds nothing, and one that streams
+    counts while it streams."""
     if "Content-Type" in request.headers and not _is_json(request.content_type):
         raise UnsupportedContentTypeError(
             f"the request body has Content-Type {request.content_type!r}; the API takes JSON",
             hint="send the header 'Content-Type: application/json'")
-    declared = request.content_length
-    if declared:
-        ticket.charge(declared)
+    check_declared_length(request, max_bytes)
+    chunks: list[bytes] = []
+    size = 0
     try:
         async with asyncio.timeout(timeout_s):
-            body = await request.read()  # raises HTTPRequestEntityTooLarge past the cap
+            while chunk := await request.content.readany():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise _too_large(max_bytes)
+                ticket.charge(len(chunk))
+                chunks.append(chunk)
     except TimeoutError:
         raise RequestTimeoutError(
             f"the request body did not arrive within {timeout_s:g} s",
             hint="send the whole body at once, or raise --request-body-timeout-s") from None
-    if not declared:
-        ticket.charge(len(body))
     ticket.covers_inline_media = True
-    return body
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def parse_body(body: bytes) -> dict[str, Any]:

@@ -44,6 +44,9 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
     from engine.processing.pipeline import Pipeline
 
     check_flags(config)
+    from engine.server.connections import raise_open_file_limit
+
+    raise_open_file_limit()  # the API servers inherit it
     check_device(config.engine.device)
     loaded = load_model(config.model, chat_template=config.chat_template,
                         served_name=config.served_model_name, revision=config.revision,
@@ -147,7 +150,7 @@ def api_server_main(config: ServerConfig, model_path: str, name: str, address: s
     loaded = load_model(model_path, chat_template=config.chat_template, served_name=name)
     engine = EngineClient(address, authkey)
     try:
-        asyncio.run(_serve_app(create_app(config, loaded, engine), sock, ready))
+        asyncio.run(_serve_app(create_app(config, loaded, engine), sock, ready, config))
     finally:
         engine.close()
         if metrics_dir is not None:
@@ -163,14 +166,29 @@ def _leave_metrics_dir(path: str) -> None:
         os.rmdir(path)
 
 
-async def _serve_app(app: Any, sock: socket.socket, ready: Any) -> None:
-    """Serve ``app`` until SIGTERM/SIGINT, then stop accepting and drain (up to DRAIN_S)."""
+async def _serve_app(app: Any, sock: socket.socket, ready: Any, config: ServerConfig
+                     ) -> None:
+    """Serve ``app`` until SIGTERM/SIGINT, then stop accepting and drain (up to DRAIN_S).
+    Connections are limited first (engine.server.connections): keep-alive and header-read
+    timeouts, a per-client and a total cap, accept errors logged once."""
     import asyncio
 
     from aiohttp import web
 
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
+    from engine.server.connections import (
+        AcceptErrorLog,
+        ConnectionGuard,
+        raise_open_file_limit,
+        total_connection_cap,
+    )
+
+    asyncio.get_running_loop().set_exception_handler(AcceptErrorLog())
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S,
+                           keepalive_timeout=config.keep_alive_timeout_s)
     await runner.setup()
+    ConnectionGuard(per_client=config.max_connections_per_client,
+                    total=total_connection_cap(raise_open_file_limit()),
+                    header_timeout_s=config.header_read_timeout_s).install(runner.server)
     try:
         await web.SockSite(runner, sock).start()
         ready.set()

@@ -85,3 +85,21 @@ class CompletionLogprobs:
 
     def body(self) -> dict[str, Any]:
         return self.parts
+
+
+class ChatLogprobs:
+    """One chat choice's ``logprobs``: ``content``, one :func:`chat_entry` per token."""
+
+    def __init__(self, strings: TokenStrings, as_ids: bool = False) -> None:
+        self.strings = strings
+        self.as_ids = as_ids
+        self.content: list[dict[str, Any]] = []
+
+    def add(self, token_id: int, lp: tuple) -> dict[str, Any]:
+        """Append one token; returns that token alone in the same shape (a streamed chunk's)."""
+        entry = chat_entry(self.strings, token_id, lp, self.as_ids)
+        self.content.append(entry)
+        return {"content": [entry]}
+
+    def body(self) -> dict[str, Any]:
+        return {"content": self.content}

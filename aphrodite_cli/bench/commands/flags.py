@@ -51,6 +51,13 @@ MaxFailureRate = Annotated[float, typer.Option(
     min=0, max=1, help="Exit 1 when more than this share of a measurement's requests (a "
                        "phase, a sweep's point) failed.")]
 
+RequestTimeout = Annotated[float, typer.Option(
+    min=0.001, help="Seconds one request may take, from send to its answer's last byte; a "
+                    "slower one is a request_timeout failure.")]
+MaxResponseMb = Annotated[float, typer.Option(
+    min=0.001, help="Megabytes one answer may hold; a larger (or endless) one is a "
+                    "response_too_large failure.")]
+
 # The results
 OutDir = Annotated[Path, typer.Option(
     "--out-dir", "--result-dir", help="Folder the result file is written to.")]

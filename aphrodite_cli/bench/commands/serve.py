@@ -12,7 +12,7 @@ import typer
 
 from aphrodite_cli.bench.commands import flags
 from aphrodite_cli.bench.commands.serve_extras import print_phase_extras
-from aphrodite_cli.options import DatasetName
+from aphrodite_cli.options import DatasetName, RampUpStrategy
 from aphrodite_cli.output import err, out, print_table
 
 #: ``aphrodite bench serve --help``'s epilog.
@@ -104,6 +104,16 @@ def serve_cmd(
     slice_seconds: flags.SliceSeconds = None,
     archetypes: flags.Archetypes = None,
     num_runs: flags.NumRuns = 1,
+    request_timeout: flags.RequestTimeout = 300.0,
+    ramp_up_strategy: Annotated[RampUpStrategy | None, typer.Option(
+        help="vLLM's ramp-up: the request rate goes from --ramp-up-start-rps to "
+             "--ramp-up-end-rps over each phase's requests, linear or exponential (instead "
+             "of --request-rate).")] = None,
+    ramp_up_start_rps: Annotated[float | None, typer.Option(
+        help="The ramp's first rate (requests/s; above 0 for exponential).")] = None,
+    ramp_up_end_rps: Annotated[float | None, typer.Option(
+        help="The ramp's last rate (requests/s).")] = None,
+    max_response_mb: flags.MaxResponseMb = 16.0,
 ) -> None:
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
     import math
@@ -114,6 +124,7 @@ def serve_cmd(
     from aphrodite_cli.bench.load.archetypes import parse_archetypes
     from aphrodite_cli.bench.load.client import LoadConfig
     from aphrodite_cli.bench.load.datasets import parse_buckets
+    from aphrodite_cli.bench.load.escape import printable
     from aphrodite_cli.bench.load.serve import ServeArgs, run
     from aphrodite_cli.bench.load.target import Target
     from aphrodite_cli.bench.results.files import write_result
@@ -121,7 +132,7 @@ def serve_cmd(
 
     say = err if output_format == "json" else out  # stdout carries only the JSON then
     target = Target(base_url, host=host, port=port, embedded=embedded, model=model,
-                    api_key=api_key, announce=lambda msg: say.print(msg, markup=False))
+                    api_key=api_key, announce=lambda msg: say.print(printable(msg), markup=False))
     if dataset == "random":  # vLLM's text-only random dataset
         dataset, items_per_request = "random-mm", 0
     if endpoint is None:
@@ -148,6 +159,7 @@ def serve_cmd(
     except ValueError:
         raise ConfigError(f"--request-rate {request_rate!r} is a number or inf",
                           code="invalid_flag") from None
+    check_ramp_up(ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps, rate)
     slos = vllm_compat.parse_goodput(goodput_parts)
     pct_metrics = vllm_compat.parse_list("--percentile-metrics", percentile_metrics,
                                          set(vllm_compat.METRICS))
@@ -159,7 +171,11 @@ def serve_cmd(
                      max_concurrency=max_concurrency, seed=seed, media_delivery=media_delivery,
                      image_format=image_format.upper(), image_quality=image_quality,
                      video_codec=video_codec, video_fps=video_fps, video_gop=video_gop,
-                     goodput=slos, temperature=temperature, ignore_eos=ignore_eos)
+                     goodput=slos, temperature=temperature, ignore_eos=ignore_eos,
+                     timeout_s=request_timeout, keep_text=tokenizer is not None,
+                     ramp_up_strategy=ramp_up_strategy,
+                     ramp_up_start_rps=ramp_up_start_rps, ramp_up_end_rps=ramp_up_end_rps,
+                     max_response_bytes=int(max_response_mb * (1 << 20)))
     args = ServeArgs(dataset=dataset, dataset_path=dataset_path, media_dir=media_dir,
                      num_prompts=num_prompts, num_warmups=num_warmups, mode=mode,
                      items_per_request=items_per_request, buckets=parse_buckets(bucket_config),
@@ -189,6 +205,9 @@ def serve_cmd(
                  "(--abort-after-failures 0 runs on regardless)") from None
     doc["percentile_metrics"], doc["metric_percentiles"] = pct_metrics, pcts
     doc["tokenizer"] = tokenizer
+    # vLLM's result fields for its ramp-up
+    doc.update(ramp_up_strategy=ramp_up_strategy, ramp_up_start_rps=ramp_up_start_rps,
+               ramp_up_end_rps=ramp_up_end_rps)
     doc["requests"] = rows  # per phase, one record per request (as in the CSV / JSONL)
     path = write_result(doc, "serve", out_dir, filename=result_filename)
     flat = [r for phase in rows.values() for r in phase]
@@ -223,6 +242,34 @@ def serve_cmd(
                               f"{max_failure_rate:g}); result: {path}",
                               hint="the failures by type are listed above; --max-failure-rate "
                                    "sets how many a run may have", code="requests_failed")
+
+
+def check_ramp_up(strategy: str | None, start: float | None, end: float | None,
+                  rate: float) -> None:
+    """vLLM's rules for --ramp-up-strategy and its rates, as one-line errors."""
+    import math
+
+    from engine.errors import ConfigError
+
+    if strategy is None:
+        if start is not None or end is not None:
+            raise ConfigError("--ramp-up-start-rps/--ramp-up-end-rps need --ramp-up-strategy "
+                              "linear or exponential", code="invalid_flag")
+        return
+    if not math.isinf(rate):
+        raise ConfigError("--ramp-up-strategy sets the request rate itself",
+                          hint="drop --request-rate", code="invalid_flag")
+    if start is None or end is None:
+        raise ConfigError("--ramp-up-strategy needs both --ramp-up-start-rps and "
+                          "--ramp-up-end-rps", code="invalid_flag")
+    if start < 0 or end < 0 or start > end or (end == 0):
+        raise ConfigError(f"--ramp-up-start-rps {start:g} and --ramp-up-end-rps {end:g}: the "
+                          "rates are non-negative, the start at most the end, the end above 0",
+                          code="invalid_flag")
+    if strategy == "exponential" and start == 0:
+        raise ConfigError("an exponential ramp cannot start at 0 requests/s",
+                          hint="--ramp-up-start-rps above 0, or --ramp-up-strategy linear",
+                          code="invalid_flag")
 
 
 def _print_serve_table(doc: dict, fmt: str = "table") -> None:

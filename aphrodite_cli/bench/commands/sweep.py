@@ -38,7 +38,8 @@ def sweep_cmd(
     concurrencies: Annotated[str | None, typer.Option(
         help="Concurrencies to measure (closed loop), e.g. 1,4,16.")] = None,
     profile: Annotated[SweepProfile | None, typer.Option(
-        help="sweep: one at a time, all at once, then --num-points rates between.")] = None,
+        help="sweep: one at a time, all at once, then --num-points rates between (with "
+             "--slo, then the capacity search too).")] = None,
     num_points: Annotated[int, typer.Option(min=1)] = 5,
     slo: Annotated[list[str] | None, typer.Option(
         help="metric:percentile:ms, repeatable, e.g. ttft:p99:300 (metrics ttft, tpot, itl, "
@@ -62,11 +63,14 @@ def sweep_cmd(
     seed: flags.Seed = 0,
     out_dir: flags.OutDir = Path("results"),
     output_format: flags.OutputFormat = "table",
+    request_timeout: flags.RequestTimeout = 300.0,
+    max_response_mb: flags.MaxResponseMb = 16.0,
 ) -> None:
     """Latency against load, and the capacity at an SLO, cold media and warm cache."""
     from aphrodite_cli.bench.load import sweep as sw
     from aphrodite_cli.bench.load.client import CHAT_ENDPOINT, LoadConfig, TargetRefused
     from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
+    from aphrodite_cli.bench.load.escape import printable
     from aphrodite_cli.bench.load.target import Target
     from aphrodite_cli.bench.results.files import write_result
     from engine.errors import BenchmarkFailed, ConfigError
@@ -80,9 +84,10 @@ def sweep_cmd(
         raise ConfigError("--rates and --concurrencies are comma-separated numbers",
                           code="invalid_flag") from None
     slos = [sw.Slo.parse(s) for s in slo or []]
-    if sum(map(bool, (rate_list or conc_list, profile, slos))) > 1:
-        raise ConfigError("pick one of --rates/--concurrencies, --profile sweep or --slo",
-                          code="invalid_flag")
+    if (rate_list or conc_list) and (profile or slos):
+        raise ConfigError("--rates/--concurrencies measure the given points only: drop them "
+                          "for --profile sweep or --slo (which go together: the profile's "
+                          "points, then the capacity search)", code="invalid_flag")
     buckets = parse_buckets(bucket_config)
     settings = sw.SweepSettings(duration_s=duration_s, min_requests=min_requests,
                                 num_warmups=num_warmups, num_points=num_points,
@@ -108,12 +113,14 @@ def sweep_cmd(
         root, name = target.root, target.model
         cfg = LoadConfig(base_url=root, endpoint="/" + (endpoint or CHAT_ENDPOINT).lstrip("/"),
                          model=name, api_key=api_key, burstiness=burstiness, seed=seed,
-                         media_delivery=media_delivery)
+                         media_delivery=media_delivery, timeout_s=request_timeout,
+                         max_response_bytes=int(max_response_mb * (1 << 20)))
         modes = ("cold", "warm") if mode == "both" else (mode,)
         try:
             doc = sw.run(cfg, make, modes=modes, settings=settings, slos=slos,
                          rates=rate_list, concurrencies=conc_list, pool_size=num_prompts,
-                         seed=seed, media_delivery=media_delivery, on_point=on_point)
+                         seed=seed, media_delivery=media_delivery,
+                         profile=profile == "sweep", on_point=on_point)
         except TargetRefused as refused:
             first = refused.records[0]
             raise BenchmarkFailed(
@@ -122,7 +129,7 @@ def sweep_cmd(
                 f"{(first.error_body or '').strip()[:300]}",
                 hint="check --base-url/--endpoint, --model and --api-key") from None
     doc = {"kind": "sweep",
-           "target": {"base_url": root, "endpoint": cfg.endpoint, "model": name,
+           "target": {"base_url": root, "endpoint": cfg.endpoint, "model": printable(name),
                       "embedded": embedded},
            "slos": [s.label for s in slos], "keep_up_share": sw.KEEP_UP,
            "settings": settings.__dict__, "burstiness": burstiness,
@@ -132,11 +139,16 @@ def sweep_cmd(
            "noise": "an SLO is met only when the upper end of its percentile's 95% bootstrap "
                     "interval is within the limit: the capacity is conservative", **doc}
     path = write_result(doc, "sweep", out_dir)
-    print_table(f"{name}: every point", ["phase", "kind", "offered", "served/s",
-                                         "TTFT p50 ms", "TTFT p90 ms", "E2E p90 ms", "failed",
-                                         "meets SLOs"],
+
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3g}"
+
+    print_table(f"{printable(name)}: every point",
+                ["phase", "kind", "offered", "scheduled/s", "sent/s", "served/s",
+                 "TTFT p50 ms", "TTFT p90 ms", "E2E p90 ms", "failed", "meets SLOs"],
                 [[phase, p["kind"], f"{p['offered_rate']:.3g}/s" if p["offered_rate"] else
                   f"concurrency {p['concurrency']}" if p["concurrency"] else "all at once",
+                  rate(p.get("scheduled_rate")), rate(p.get("sent_rate")),
                   f"{p['served_rate'] or 0:.3g}",
                   *(f"{p['result'][m].get(q, 0) or 0:.1f}" for m, q in (
                       ("ttft_ms", "median"), ("ttft_ms", "p90"), ("e2e_ms", "p90"))),
@@ -147,8 +159,11 @@ def sweep_cmd(
     for phase, result in doc["phases"].items():
         cap = result["capacity"]
         if cap is not None:
-            rate = f"{cap['rate']:.3g} requests/s" if cap["rate"] else "none"
-            say.print(f"{phase} capacity: {rate} (limited by {cap['limited_by']}: "
+            value = f"{cap['rate']:.3g} requests/s" if cap["rate"] else "none"
+            where = (f", sustained at the point offered {cap['offered_rate']:.3g}/s "
+                     f"(scheduled {rate(cap['scheduled_rate'])}, sent {rate(cap['sent_rate'])}"
+                     f", served {rate(cap['served_rate'])})" if cap.get("offered_rate") else "")
+            say.print(f"{phase} capacity: {value}{where} (limited by {cap['limited_by']}: "
                       f"{cap['why']}); {len(result['points'])} points in "
                       f"{result['seconds']:.0f} s", markup=False)
     say.print(f"result: {path}", markup=False)

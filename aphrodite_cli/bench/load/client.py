@@ -17,7 +17,9 @@ import aiohttp
 import numpy as np
 
 from aphrodite_cli.bench.harness.media_host import MediaHost
+from aphrodite_cli.bench.load import sse_client
 from aphrodite_cli.bench.load.datasets import BenchRequest, MediaSpec, render_media
+from aphrodite_cli.bench.load.escape import printable
 from aphrodite_cli.bench.load.metrics import FORMULAS, RequestRecord, compute
 
 #: Where a chat benchmark posts, relative to the server's root (vLLM's --endpoint default).
@@ -33,9 +35,14 @@ def server_root(base_url: str) -> str:
     return root
 
 
+#: The most of ``GET /v1/models`` read: a list of thousands of models is well under it
+MAX_MODELS_BYTES = 1 << 20
+
+
 def first_model(root: str, api_key: str | None, timeout_s: float = 30.0) -> str:
     """The first model id of ``GET {root}/v1/models``, as vLLM's client picks one when no
-    ``--model`` is given."""
+    ``--model`` is given. At most :data:`MAX_MODELS_BYTES` and ``timeout_s`` seconds in all:
+    an endless or trickling answer is an error, not a hang."""
     import urllib.error
     import urllib.request
 
@@ -44,9 +51,19 @@ def first_model(root: str, api_key: str | None, timeout_s: float = 30.0) -> str:
     url = f"{root}/v1/models"
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"}
                                  if api_key else {})
+    deadline = time.monotonic() + timeout_s
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            models = [m["id"] for m in json.loads(resp.read())["data"]]
+            body = b""
+            while piece := resp.read1(65536):
+                body += piece
+                if len(body) > MAX_MODELS_BYTES or time.monotonic() > deadline:
+                    raise ConfigError(
+                        f"GET {url} sent more than {MAX_MODELS_BYTES} bytes"
+                        if len(body) > MAX_MODELS_BYTES else
+                        f"GET {url} took more than {timeout_s:g} s",
+                        hint="pass --model NAME", code="model_unknown")
+            models = [m["id"] for m in json.loads(body)["data"]]
     except urllib.error.HTTPError as err:
         raise ConfigError(f"GET {url} answered {err.code}, so no model could be picked",
                           hint="pass --model NAME (and --api-key if the target needs one)",
@@ -57,6 +74,10 @@ def first_model(root: str, api_key: str | None, timeout_s: float = 30.0) -> str:
                           code="model_unknown") from None
     if not models:
         raise ConfigError(f"GET {url} lists no model", hint="pass --model NAME",
+                          code="model_unknown")
+    if not isinstance(models[0], str) or not models[0]:
+        raise ConfigError(f"GET {url} lists a model id that is not a name: "
+                          f"{printable(models[0], 80)}", hint="pass --model NAME",
                           code="model_unknown")
     return models[0]
 
@@ -77,10 +98,17 @@ class LoadConfig:
     video_codec: str = "libx264"
     video_fps: int = 30
     video_gop: int = 30
-    timeout_s: float = 300.0
+    timeout_s: float = 300.0  # --request-timeout: one request, from send to its last byte
+    max_response_bytes: int = 16 << 20  # --max-response-mb: one answer's bytes at most
+    keep_text: bool = False  # keep each answer's text (--tokenizer counts its tokens)
     goodput: dict[str, float] = field(default_factory=dict)
     temperature: float = 0.0
     ignore_eos: bool = True  # every answer as long as asked, so runs compare
+    # vLLM's ramp-up: the rate goes from start to end over the phase's requests (linear or
+    # exponential); request_rate is inf then
+    ramp_up_strategy: str | None = None
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
     # Stop the phase when the first this-many answers are all the same 4xx (a wrong URL,
     # model or key fails every request alike); 0: never.
     abort_after: int = 5
@@ -131,62 +159,12 @@ def build_payload(req: BenchRequest, cfg: LoadConfig, host: MediaHost | None,
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
-                      body: bytes, record: RequestRecord) -> None:
-    record.request_bytes = len(body)
-    record.sent_at = time.perf_counter()
-    last = record.sent_at
-    try:
-        async with session.post(url, data=body, headers=headers) as resp:
-            record.status = resp.status
-            if resp.status != 200:
-                body = b""
-                while len(body) < 65536 and (piece := await resp.content.read(65536)):
-                    body += piece  # the whole error body (bounded), however it arrives
-                text = body[:65536].decode("utf-8", "replace")
-                try:
-                    code = json.loads(text).get("error", {}).get("code")
-                except (json.JSONDecodeError, AttributeError):
-                    code = None
-                record.error = f"http_{resp.status}" + (f":{code}" if code else "")
-                record.error_body = text[:500]
-                return
-            async for line in resp.content:
-                if not line.startswith(b"data: "):
-                    continue
-                payload = line[6:].strip()
-                if payload == b"[DONE]":
-                    break
-                chunk = json.loads(payload)
-                choices = chunk.get("choices") or []
-                if choices:
-                    choice = choices[0]
-                    delta = choice.get("delta") or {}
-                    # A chunk with no text (the role chunk many servers send first, an empty
-                    # delta) is not a token: it starts no TTFT and adds no ITL sample.
-                    piece = delta.get("content") or choice.get("text")
-                    if piece:
-                        record.text.append(piece)
-                        now = time.perf_counter()
-                        if record.ttft is None:
-                            record.ttft = now - record.sent_at
-                        else:
-                            record.itl.append(now - last)
-                        last = now
-                        record.output_tokens += 1
-                usage = chunk.get("usage")
-                if usage and "completion_tokens" in usage:
-                    record.output_tokens = usage["completion_tokens"]
-                    record.prompt_tokens = usage.get("prompt_tokens", 0)
-                    record.token_source = "usage"
-                    record.prompt_details = usage.get("prompt_tokens_details")
-                if chunk.get("aphrodite"):
-                    record.server = chunk["aphrodite"]
-        record.e2e = time.perf_counter() - record.sent_at
-        record.ok = record.ttft is not None
-        if not record.ok:
-            record.error = "no_tokens"
-    except (TimeoutError, aiohttp.ClientError) as exc:
-        record.error = type(exc).__name__
+                      body: bytes, record: RequestRecord, cfg: LoadConfig | None = None) -> None:
+    """One request under ``cfg``'s bounds (--request-timeout, --max-response-mb): see
+    :mod:`aphrodite_cli.bench.load.sse_client` for how every answer is read and judged."""
+    cfg = cfg or LoadConfig(base_url=url)
+    await sse_client.one_request(session, url, headers, body, record, timeout_s=cfg.timeout_s,
+                                 max_bytes=cfg.max_response_bytes, keep_text=cfg.keep_text)
 
 
 class TargetRefused(Exception):
@@ -205,15 +183,33 @@ def _refused_alike(records: list[RequestRecord]) -> bool:
                                       and r.status not in (408, 429) for r in records)
 
 
-def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+def arrival_times(n: int, rate: float, burstiness: float, seed: int,
+                  ramp: tuple[str, float, float] | None = None) -> list[float]:
     """Seconds after start when each request is sent: all at once for an infinite rate,
-    else gamma-distributed gaps (shape = burstiness; 1 is Poisson) with mean 1/rate."""
-    if math.isinf(rate):
+    else gamma-distributed gaps (shape = burstiness; 1 is Poisson) with mean 1/rate.
+    ``ramp`` (vLLM's --ramp-up-strategy, --ramp-up-start-rps, --ramp-up-end-rps): request i
+    of n arrives at its own rate, from start to end as i / (n - 1) goes from 0 to 1, linearly
+    (start + (end - start) x progress) or exponentially (start x (end / start) ^ progress)."""
+    if ramp is None and math.isinf(rate):
         return [0.0] * n
     rng = np.random.default_rng(seed)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
-    gaps[0] = 0.0
+    if ramp is None:
+        rates = np.full(n, rate)
+    else:
+        strategy, start, end = ramp
+        progress = np.arange(n) / max(n - 1, 1)
+        rates = (start + (end - start) * progress if strategy == "linear"
+                 else start * (end / start) ** progress)
+    gaps = rng.gamma(shape=burstiness, size=n) / (np.maximum(rates, 1e-9) * burstiness)
+    gaps[0] = 0.0  # the first request at once (a linear ramp may start at 0 requests/s)
     return list(np.cumsum(gaps))
+
+
+def schedule(n: int, cfg: LoadConfig) -> list[float]:
+    """``cfg``'s arrival times for n requests (its rate, or its ramp when it has one)."""
+    ramp = ((cfg.ramp_up_strategy, cfg.ramp_up_start_rps, cfg.ramp_up_end_rps)
+            if cfg.ramp_up_strategy else None)
+    return arrival_times(n, cfg.request_rate, cfg.burstiness, cfg.seed, ramp)
 
 
 async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
@@ -235,7 +231,7 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
     slots = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
     records = [RequestRecord(i, encode_s=enc) for i, (_, enc) in enumerate(payloads)]
     if times is None:  # else a replayed trace's own (load/trace.py)
-        times = arrival_times(len(payloads), cfg.request_rate, cfg.burstiness, cfg.seed)
+        times = schedule(len(payloads), cfg)
     sent: list[float] = []
 
     finished: list[RequestRecord] = []
@@ -247,10 +243,10 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
                 if refused.is_set():
                     return
                 sent.append(time.perf_counter())
-                await one_request(session, url, headers, payloads[i][0], records[i])
+                await one_request(session, url, headers, payloads[i][0], records[i], cfg)
         else:
             sent.append(time.perf_counter())
-            await one_request(session, url, headers, payloads[i][0], records[i])
+            await one_request(session, url, headers, payloads[i][0], records[i], cfg)
         finished.append(records[i])
         if cfg.abort_after and len(finished) == cfg.abort_after and _refused_alike(finished):
             refused.set()
@@ -288,7 +284,7 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
 def scheduled_rate(n: int, cfg: LoadConfig) -> float:
     """The rate the seeded schedule itself asks for ((n - 1) / last arrival): a Poisson
     schedule of n requests deviates from the nominal rate by about 1/sqrt(n)."""
-    times = arrival_times(n, cfg.request_rate, cfg.burstiness, cfg.seed)
+    times = schedule(n, cfg)
     return (n - 1) / times[-1] if n > 1 and times[-1] > 0 else math.inf
 
 
@@ -304,6 +300,8 @@ def phase_result(records: list[RequestRecord], duration: float, send_rate: float
 def document(cfg: LoadConfig, phases: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     config = asdict(cfg)
     config["request_rate"] = "inf" if math.isinf(cfg.request_rate) else cfg.request_rate
+    config["model"] = None if cfg.model is None else printable(cfg.model)  # the target's words
+    config["api_key"] = "(set)" if cfg.api_key else None  # a secret stays out of result files
     for phase in phases.values():
         if math.isinf(phase.get("requested_rate", 0)):
             phase["requested_rate"] = "inf"

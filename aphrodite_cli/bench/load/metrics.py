@@ -68,6 +68,12 @@ class RequestRecord:
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
 
+def stage_ms(name: str) -> str:
+    """A server stage's name in results, where it holds milliseconds: ``decode_s`` (the
+    server's timing, in seconds) -> ``decode_ms``."""
+    return name.removesuffix("_s") + "_ms"
+
+
 def _ms(values: list[float]) -> dict[str, float]:
     out = summary([v * 1000 for v in values])
     if values:
@@ -98,7 +104,7 @@ def compute(records: list[RequestRecord], duration_s: float,
             continue
         for key, value in (r.server.get("timings") or {}).items():
             if key.endswith("_s") and isinstance(value, int | float):
-                stages.setdefault(key, []).append(float(value))
+                stages.setdefault(stage_ms(key), []).append(float(value))
         for hit in r.server.get("cache_hits") or []:
             hits, misses = hits + bool(hit), misses + (not hit)
     return {

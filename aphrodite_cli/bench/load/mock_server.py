@@ -28,20 +28,17 @@ def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
     the role chunk (``{"role": "assistant", "content": ""}``) that vLLM and others send first:
     it holds no token. ``require_model``: a request without ``model`` (or with another) gets
     the OpenAI API's 400, as guidellm's mock and real servers answer. ``max_concurrency``:
-    at most that many requests are served at once, the others wait for a slot and their
-    delays count from when they get it, so the capacity is known: ``max_concurrency`` / (TTFT
-    + ITL x (tokens - 1)) requests per second."""
+    ``max_concurrency`` servers, each serving one request at a time for TTFT + ITL x (tokens
+    - 1); a request waits for the first free one. The servers keep their schedule on a clock
+    of their own (a server is free at its last request's scheduled end, not when the event
+    loop got round to finishing it), so the mock's own overhead and wake-up lateness cost it
+    no throughput: its capacity is ``max_concurrency`` / (TTFT + ITL x (tokens - 1))
+    requests per second exactly, overhead included, as long as it has the CPU to keep up."""
     headers_ms = min(headers_ms, ttft_ms)
-    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    free_at = [0.0] * (max_concurrency or 0)  # perf_counter when each server is free
 
     async def chat(request: web.Request) -> web.StreamResponse:
-        if slots is None:
-            return await answer(request)
-        async with slots:
-            return await answer(request)
-
-    async def answer(request: web.Request) -> web.StreamResponse:
-        start = time.perf_counter()  # delays count from the request's arrival (or its slot)
+        start = time.perf_counter()  # delays count from the request's arrival (or its server)
         body = await request.json()
         if require_model and body.get("model") != model:
             return web.json_response({"error": {
@@ -50,6 +47,11 @@ def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
                 "param": "model", "code": "model_not_found"}}, status=400)
         n = int(output_tokens or body.get("max_tokens") or body.get("max_completion_tokens")
                 or 16)
+        if free_at:  # the first free server takes it, on the servers' own clock
+            server = min(range(len(free_at)), key=free_at.__getitem__)
+            start = max(start, free_at[server])
+            free_at[server] = start + (ttft_ms + itl_ms * max(n - 1, 0)) / 1000
+            await _sleep_until(start)
         chat_api = request.path.endswith("chat/completions")
         rid = f"mock-{time.monotonic_ns()}"
         if not body.get("stream"):

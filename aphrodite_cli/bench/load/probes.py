@@ -68,7 +68,7 @@ class Probes:
                 record = RequestRecord(len(self.records))
                 self.records.append(record)
                 inflight.append(asyncio.create_task(
-                    one_request(session, url, headers, body, record)))
+                    one_request(session, url, headers, body, record, cfg)))
                 gap = float(rng.exponential(1.0 / self.rate))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), gap)

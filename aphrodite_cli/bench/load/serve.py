@@ -23,6 +23,7 @@ from aphrodite_cli.bench.load.datasets import (
     load_jsonl,
     random_mm,
 )
+from aphrodite_cli.bench.load.metrics import stage_ms
 from aphrodite_cli.bench.load.observe import PhaseWatch
 from aphrodite_cli.bench.load.target import Target
 from aphrodite_cli.bench.load.vllm_compat import count_tokens, flat_fields
@@ -129,10 +130,12 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
             ] if args.num_warmups else []
             if warmups:  # server warm-up (JIT, pools): never measured
                 await run_phase(warmups, LoadConfig(**{**cfg.__dict__,
-                                                       "request_rate": math.inf}))
+                                                       "request_rate": math.inf,
+                                                       "ramp_up_strategy": None}))
             if mode == "warm":  # the same media, sent once before measuring: never measured
                 await run_phase(payloads, LoadConfig(**{**cfg.__dict__,
-                                                        "request_rate": math.inf}))
+                                                        "request_rate": math.inf,
+                                                       "ramp_up_strategy": None}))
             task = progress.add_task(f"{mode} phase", total=len(payloads))
             async with PhaseWatch(cfg, mode, reset_caches=args.reset_caches,
                                   scrape_metrics=args.scrape_metrics,
@@ -159,8 +162,8 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                 "e2e_ms": [r.e2e * 1e3 for r in records if r.ok and r.e2e is not None],
                 "pixels": [sum(m.width * m.height * m.frames for m in req.media)
                            for req, r in zip(dataset, records, strict=True) if r.ok],
-                "stages_ms": {k: [float(((r.server or {}).get("timings") or {}).get(k, 0)) * 1e3
-                                  for r in records if r.ok]
+                "stages_ms": {stage_ms(k): [float(((r.server or {}).get("timings") or {})
+                                                  .get(k, 0)) * 1e3 for r in records if r.ok]
                               for k in SERVED_STAGES},
             }
             result.update(flat_fields(result, list(args.percentile_metrics),

@@ -12,11 +12,14 @@ Profiles (guidellm's idea for the sweep):
 - ``--rates`` / ``--concurrencies``: the given points;
 - ``sweep``: one request at a time (the synchronous bound), all at once (the saturation
   bound), then ``--num-points`` rates spaced evenly between the two;
-- with ``--slo``: the capacity search. The synchronous and saturation runs bound the range,
-  then bisection to ``--rate-precision`` finds the highest rate at which every SLO holds.
-  A point meets the SLOs only when nothing failed, the served rate kept up with the offered
-  schedule (``KEEP_UP``) and every percentile's *upper* interval bound is within its limit,
-  so a noisy machine gives a lower capacity, never a lucky higher one.
+- with ``--slo``: the capacity search (:mod:`aphrodite_cli.bench.load.capacity`; with ``--profile
+  sweep`` too, after the profile's points, which it reuses). The synchronous and saturation
+  runs bound the range, then bisection to ``--rate-precision`` finds the highest offered rate
+  at which every SLO holds. A point meets the SLOs only when nothing failed, the client sent
+  and the server served at the offered schedule's rate (``KEEP_UP``) and every percentile's
+  *upper* interval bound is within its limit, so a noisy machine gives a lower capacity, never
+  a lucky higher one. The capacity is what that point's server sustained (completions over
+  the point's whole span), never the burst's rate nor an offered rate.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from typing import Any
 import numpy as np
 
 from aphrodite_cli.bench.harness.media_host import MediaHost
+from aphrodite_cli.bench.load import capacity as capacity_search
+from aphrodite_cli.bench.load.capacity import sustained_rate
 from aphrodite_cli.bench.load.client import (
     LoadConfig,
     build_payload,
@@ -142,6 +147,7 @@ class Sweep:
         self.cfg, self.payloads, self.settings, self.slos = cfg, payloads, settings, slos
         self.on_point = on_point
         self.points: list[dict[str, Any]] = []
+        self._bounds: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     async def point(self, *, rate: float = math.inf, concurrency: int | None = None,
                     kind: str = "rate", requests: int | None = None) -> dict[str, Any]:
@@ -171,10 +177,14 @@ class Sweep:
             slo_results.append({"slo": slo.label, **interval,
                                 "met": interval["high"] is not None and interval["high"]
                                 <= slo.ms})
-        kept_up = offered is None or (served is not None and served >= KEEP_UP * offered)
+        sent = send_rate if math.isfinite(send_rate) else None
+        # kept up: the client sent at the schedule's rate and the server completed at it
+        kept_up = offered is None or (served is not None and served >= KEEP_UP * offered
+                                      and sent is not None and sent >= KEEP_UP * offered)
         point = {"kind": kind, "offered_rate": rate if math.isfinite(rate) else None,
-                 "scheduled_rate": offered, "concurrency": concurrency,
-                 "requests": requests, "served_rate": served, "kept_up": kept_up,
+                 "scheduled_rate": offered, "sent_rate": sent, "concurrency": concurrency,
+                 "requests": requests, "served_rate": served,
+                 "sustained_rate": sustained_rate(records), "kept_up": kept_up,
                  "slos": slo_results,
                  "met": result["failed"] == 0 and kept_up and all(r["met"] for r in slo_results),
                  "result": {**result, "samples": samples}}
@@ -184,11 +194,14 @@ class Sweep:
         return point
 
     async def bounds(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The synchronous point (one at a time) and the saturation point (all at once)."""
-        sync = await self.point(rate=math.inf, concurrency=1, kind="synchronous")
-        saturation = await self.point(rate=math.inf, kind="saturation",
-                                      requests=max(self.settings.min_requests * 2, 40))
-        return sync, saturation
+        """The synchronous point (one at a time) and the saturation point (all at once),
+        measured once (the profile and the capacity search share them)."""
+        if self._bounds is None:
+            sync = await self.point(rate=math.inf, concurrency=1, kind="synchronous")
+            saturation = await self.point(rate=math.inf, kind="saturation",
+                                          requests=max(self.settings.min_requests * 2, 40))
+            self._bounds = (sync, saturation)
+        return self._bounds
 
     async def profile(self) -> None:
         """guidellm's sweep: the bounds, then evenly spaced rates between them."""
@@ -201,51 +214,16 @@ class Sweep:
             await self.point(rate=low + (high - low) * i / (n + 1))
 
     async def capacity(self) -> dict[str, Any]:
-        """The highest measured rate meeting every SLO: bracket with the bounds, then
-        bisect until the bracket is narrower than --rate-precision."""
-        sync, saturation = await self.bounds()
-        top = saturation["served_rate"] or sync["served_rate"]
-        if not sync["met"] or not top:
-            return {"rate": None, "limited_by": "slo", "point": None,
-                    "why": "the SLOs are not met even one request at a time"}
-        high = await self.point(rate=top)
-        if high["met"]:
-            return {"rate": top, "limited_by": "saturation", "point": high["slos"],
-                    "why": "the SLOs hold up to the highest rate the server served"}
-        # below the top (a server can serve one at a time faster than a burst), so the
-        # bracket is never upside down
-        low_rate = min(sync["served_rate"] or top / 8, top / 2)
-        low = await self.point(rate=low_rate)
-        tries = 2
-        while not low["met"] and tries < self.settings.max_search_points:
-            low_rate /= 2
-            low, tries = await self.point(rate=low_rate), tries + 1
-        if not low["met"]:
-            return {"rate": None, "limited_by": "slo", "point": None,
-                    "why": f"no rate down to {low_rate:.3g}/s met the SLOs"}
-        lo, hi, failing = low_rate, top, high
-        while (hi - lo) / hi > self.settings.rate_precision and \
-                tries < self.settings.max_search_points:
-            mid = (lo + hi) / 2
-            point = await self.point(rate=mid)
-            tries += 1
-            if point["met"]:
-                lo, low = mid, point
-            else:
-                hi, failing = mid, point
-        limited = "saturation" if not failing["kept_up"] else "slo"
-        return {"rate": lo, "limited_by": limited, "point": low["slos"],
-                "bracket": [lo, hi], "why": (
-                    "above it the server no longer kept up with the offered rate"
-                    if limited == "saturation" else "above it an SLO's interval crossed its "
-                    "limit")}
+        """The highest rate the server sustained through a whole point with every SLO met
+        (:func:`aphrodite_cli.bench.load.capacity.search`)."""
+        return await capacity_search.search(self)
 
 
 async def run_sweep(cfg: LoadConfig, make: Callable[[int, int], list], *, modes: tuple[str, ...],
                     settings: SweepSettings, slos: list[Slo], rates: list[float],
                     concurrencies: list[int], pool_size: int, seed: int,
-                    media_delivery: str, on_point: Callable[[str, dict[str, Any]], None]
-                    ) -> dict[str, Any]:
+                    media_delivery: str, on_point: Callable[[str, dict[str, Any]], None],
+                    profile: bool = False) -> dict[str, Any]:
     """Every phase's points (and capacity, with SLOs)."""
     host = MediaHost() if media_delivery == "http" else None
     phases: dict[str, Any] = {}
@@ -269,6 +247,8 @@ async def run_sweep(cfg: LoadConfig, make: Callable[[int, int], list], *, modes:
             phase_start = time.perf_counter()
             capacity = None
             if slos:
+                if profile:  # the profile's points first; the search reuses them
+                    await sweep.profile()
                 capacity = await sweep.capacity()
             elif rates or concurrencies:
                 for rate in rates:

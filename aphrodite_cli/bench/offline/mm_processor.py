@@ -84,16 +84,15 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
     from aphrodite_cli.bench.harness.media_host import MediaHost
     from aphrodite_cli.bench.load.client import media_url, nonce
     from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm, render_media
-    from engine.config import PipelineConfig
     from engine.errors import InternalError
     from engine.models.loader import load_model
     from engine.processing.chat_parts import parse_messages
-    from engine.processing.pipeline import Pipeline
+    from engine.processing.pipeline import Pipeline, pipeline_config
 
     loaded = load_model(model, weights=encoder)  # a hub model: no weights without the encoder
     buckets = buckets or parse_buckets('{"720,1280,1": 1}')
     # The server's pipeline, with its default settings; media from the loopback host only.
-    pipeline = Pipeline(loaded, PipelineConfig.create(allowed_media_domains=("127.0.0.1",)))
+    pipeline = Pipeline(loaded, pipeline_config(allowed_media_domains=("127.0.0.1",)))
     cache, video = pipeline.cache, pipeline.video
     timer = _encoder_timer(loaded) if encoder else None
     if jsonl is not None:

@@ -68,12 +68,66 @@ def load_result(path: Path, kinds: tuple[str, ...] | None = None) -> dict[str, A
                           hint="pass a file that the matching aphrodite bench command wrote",
                           code="result_wrong_kind")
     version = doc.get("schema_version")
+    if version in UPGRADES.get(kind, {}):
+        doc = upgrade(doc, kind)
+        version = doc["schema_version"]
     if version != SCHEMA_VERSIONS[kind]:
         raise ConfigError(f"{path} is a {kind} result of schema version {version}; this "
                           f"aphrodite reads version {SCHEMA_VERSIONS[kind]}",
                           hint="re-run the benchmark with this version, or compare it with "
                                "the aphrodite version that wrote it", code="result_old_schema")
     check_fields(doc, kind, path)
+    return doc
+
+
+def _stage_names_in_ms(stages: object) -> object:
+    """Version 1 named server stages holding milliseconds ``*_s``: ``decode_s`` ->
+    ``decode_ms``."""
+    if not isinstance(stages, dict):
+        return stages
+    return {(k.removesuffix("_s") + "_ms" if isinstance(k, str) and k.endswith("_s") else k): v
+            for k, v in stages.items()}
+
+
+def _serve_phase_v1(phase: object) -> None:
+    if not isinstance(phase, dict):
+        return
+    if "server_stages_ms" in phase:
+        phase["server_stages_ms"] = _stage_names_in_ms(phase["server_stages_ms"])
+    samples = phase.get("samples")
+    if isinstance(samples, dict) and "stages_ms" in samples:
+        samples["stages_ms"] = _stage_names_in_ms(samples["stages_ms"])
+
+
+def _serve_v1(doc: dict[str, Any]) -> None:
+    phases = doc.get("phases")
+    for phase in phases.values() if isinstance(phases, dict) else ():
+        _serve_phase_v1(phase)
+
+
+def _sweep_v1(doc: dict[str, Any]) -> None:
+    phases = doc.get("phases")
+    for phase in phases.values() if isinstance(phases, dict) else ():
+        points = phase.get("points") if isinstance(phase, dict) else None
+        for point in points if isinstance(points, list) else ():
+            if isinstance(point, dict):
+                _serve_phase_v1(point.get("result"))
+
+
+#: kind -> {an older schema version: what turns it into the next one}: files written by an
+#: older aphrodite are read, not refused, where the change was a rename
+UPGRADES: dict[str, dict[int, Any]] = {"serve": {1: _serve_v1}, "sweep": {1: _sweep_v1}}
+
+
+def upgrade(doc: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``doc`` brought to this code's schema version, one version at a time; the version it
+    was written in is kept as ``upgraded_from``."""
+    doc = json.loads(json.dumps(doc))  # a copy: the caller's document stays as read
+    written = doc.get("schema_version")
+    while (step := UPGRADES.get(kind, {}).get(doc.get("schema_version"))) is not None:
+        step(doc)
+        doc["schema_version"] += 1
+    doc["upgraded_from"] = written
     return doc
 
 

@@ -58,7 +58,7 @@ class ServeResult(_Result):
     """``bench serve``: per phase (cold, warm) the client's per-request samples and summary."""
 
     KIND = "serve"
-    VERSION = 1
+    VERSION = 2  # 2: server stages in ms named *_ms (were *_s); version 1 is read, upgraded
     phases: dict[str, ServePhase]
     config: dict[str, Any] = {}
     target: dict[str, Any] = {}
@@ -126,7 +126,7 @@ class SweepResult(_Result):
     """``bench sweep``: per phase the measured load points and the capacity under the SLOs."""
 
     KIND = "sweep"
-    VERSION = 1
+    VERSION = 2  # 2: stages named *_ms; capacity a sustained rate; version 1 is read, upgraded
     phases: dict[str, SweepPhase]
     slos: list[str] = []
 

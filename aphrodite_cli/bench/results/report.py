@@ -8,10 +8,12 @@ import html
 import io
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
 
+from aphrodite_cli.bench.load.metrics import stage_ms
 from aphrodite_cli.bench.results.report_serve_extras import serve_markdown, serve_plots
 from engine.timings import SERVED_STAGES as STAGES
 
@@ -72,7 +74,8 @@ def plots(docs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[str, bytes]]:
             bottom = np.zeros(len(phases))
             for stage in STAGES:
                 medians = [float(np.median(r.get("samples", {}).get("stages_ms", {})
-                                           .get(stage, [0]) or [0])) for r in phases.values()]
+                                           .get(stage_ms(stage), [0]) or [0]))
+                           for r in phases.values()]
                 ax.bar(list(phases), medians, bottom=bottom, label=stage[:-2])
                 bottom += np.array(medians)
             ax.set_ylabel("median ms per request")
@@ -182,8 +185,12 @@ def _serve_header(doc: dict[str, Any]) -> str:
     """What a published number needs next to it: target, model, dataset, load, phases, date."""
     config, target = doc.get("config") or {}, doc.get("target") or {}
     rate = config.get("request_rate", "inf")
-    return (f"Target {target.get('base_url') or config.get('base_url') or '?'}"
-            f"{target.get('endpoint') or ''}, model {config.get('model') or '?'}, dataset "
+    from aphrodite_cli.bench.load.escape import markdown_safe
+
+    # the target's words (its model id) and the user's (the URL), as text, never Markdown
+    return (f"Target {markdown_safe(target.get('base_url') or config.get('base_url') or '?')}"
+            f"{markdown_safe(target.get('endpoint') or '')}, model "
+            f"{markdown_safe(config.get('model') or '?')}, dataset "
             f"{doc.get('dataset', '?')} ({doc.get('num_prompts', '?')} prompts per phase), "
             f"rate {rate}/s, concurrency {config.get('max_concurrency') or 'unlimited'}, "
             f"phases {', '.join(doc.get('phases') or {})}, run {doc.get('created_utc', '?')}.")
@@ -382,7 +389,10 @@ def _markdown_tables_to_html(md: str) -> str:
                 table.append(line)
             continue
         if table:
-            rows = [[html.escape(c.strip()) for c in r.strip("|").split("|")] for r in table]
+            # cells split at unescaped pipes; Markdown's backslash escapes undone, then HTML's
+            rows = [[html.escape(re.sub(r"\\(.)", r"\1", c.strip()))
+                     for c in re.split(r"(?<!\\)\|", r.strip().removeprefix("|")
+                                       .removesuffix("|"))] for r in table]
             head = "".join(f"<th>{c}</th>" for c in rows[0])
             rest = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>"
                            for r in rows[1:])

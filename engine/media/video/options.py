@@ -128,6 +128,8 @@ OPTION_CLASSES: dict[str, type[BackendOptions]] = {
 }
 if set(OPTION_CLASSES) != set(NAMES):  # pragma: no cover - a registration mistake
     raise RuntimeError("every backend in backend_info.BACKENDS needs its options class here")
+if envs.VIDEO_BACKENDS != NAMES:  # pragma: no cover - a registration mistake
+    raise RuntimeError("engine.envs.VIDEO_BACKENDS must list backend_info.BACKENDS' names")
 
 
 @dataclass(frozen=True)

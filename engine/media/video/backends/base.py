@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from engine.errors import MediaDecodeError
 from engine.media import frame_memory
 from engine.media.video.backend_info import BACKENDS
 from engine.media.video.options import BackendOptions
@@ -31,6 +32,18 @@ class VideoBackend(ABC):
     @abstractmethod
     def decode(self, data: bytes, scan: ContainerScan, indices: list[int],
                options: BackendOptions) -> np.ndarray: ...
+
+
+def check_frame_size(width: int, height: int, scan: ContainerScan) -> None:
+    """Every decoded frame must have the stream's declared size: the caps were checked on
+    that size, and a stream that switches to a bigger one mid-way would otherwise decode
+    past them (and frames of two sizes do not stack). Checked before the frame is
+    converted or kept."""
+    if (width, height) != (scan.width, scan.height):
+        raise MediaDecodeError(
+            f"a decoded frame is {width}x{height}, the stream declared {scan.width}x"
+            f"{scan.height}: frames that change size mid-stream are refused",
+            hint="re-encode the video at one frame size", code="video_frame_size_changed")
 
 
 def rotate_for_display(frame: np.ndarray, rotation: float | int | None) -> np.ndarray:

@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 
 from engine.errors import MediaDecodeError, UnsupportedMediaError
-from engine.media.video.backends.base import VideoBackend, stack
+from engine.media.video.backends.base import VideoBackend, check_frame_size, stack
 from engine.media.video.options import OpenCVOptions
 from engine.media.video.scan import ContainerScan
 
@@ -45,6 +45,9 @@ class OpenCVBackend(VideoBackend):
                     ok, bgr = cap.retrieve()
                     if not ok:
                         break
+                    rows, cols = bgr.shape[:2]
+                    if (cols, rows) != (scan.width, scan.height):  # OpenCV may rotate
+                        check_frame_size(rows, cols, scan)
                     frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
             return stack(frames, scan)
         finally:

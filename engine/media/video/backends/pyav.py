@@ -29,7 +29,12 @@ import av
 import numpy as np
 
 from engine.media import frame_memory
-from engine.media.video.backends.base import VideoBackend, rotate_for_display, stack
+from engine.media.video.backends.base import (
+    VideoBackend,
+    check_frame_size,
+    rotate_for_display,
+    stack,
+)
 from engine.media.video.options import PyAVOptions
 from engine.media.video.scan import ContainerScan
 
@@ -74,7 +79,9 @@ def to_rgb(frame, converter: _GraphConverter | None = None) -> np.ndarray:
 class _Collector:
     """Converts sampled frames into one (T, H, W, 3) array, off the decoding threads."""
 
-    def __init__(self, count: int, stream, height: int, width: int) -> None:
+    def __init__(self, count: int, stream, scan: ContainerScan) -> None:
+        height, width = scan.height, scan.width
+        self.scan = scan
         self.count = count
         self.stream = stream  # an av.VideoStream
         # Allocated here, in the calling thread: glibc serves a large block requested from a
@@ -88,6 +95,7 @@ class _Collector:
         self.lock = threading.Lock()
 
     def add(self, slot: int, frame) -> None:
+        check_frame_size(frame.width, frame.height, self.scan)
         with self.lock:
             turns = round((getattr(frame, "rotation", 0) or 0) / 90) % 2
             h, w = (frame.width, frame.height) if turns else (frame.height, frame.width)
@@ -149,7 +157,7 @@ class PyAVBackend(VideoBackend):
         use_pts = options.skip_nonref and scan.has_pts and len(set(scan.pts)) == len(scan.pts)
         with av.open(io.BytesIO(data), mode="r") as container:
             stream = container.streams.video[0]
-            collector = _Collector(len(indices), stream, scan.height, scan.width)
+            collector = _Collector(len(indices), stream, scan)
             if not use_pts:
                 stream.codec_context.thread_type = "FRAME"
                 stream.codec_context.thread_count = options.threads

@@ -1,0 +1,1 @@
+"""Media: where it may come from (policy), fetching (connector), and decoding per modality."""

@@ -1,0 +1,138 @@
+"""An API server's steps 2-7 (CONTRIBUTING.md's "One request, as folders"): a chat's parts,
+limits, media policy, fetch (under a fetch slot), decode (GPU videos under this process's
+budget share) and the HF processor, or a completion's prompts; everything before the engine,
+raising before any response byte. The stages themselves are the
+:class:`~engine.processing.pipeline.Pipeline`'s; this adds what one API server shares among its
+requests: fetch slots, the decode-queue bound, the GPU decode budget, metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import InvalidRequestError, OverloadedError
+from engine.media.inflight import Ticket
+from engine.media.pool import decode_executor
+from engine.media.video import load_video_async
+from engine.media.video.backend_info import BACKENDS
+from engine.processing.chat_parts import parse_messages
+from engine.processing.media_items import use_frames
+from engine.processing.preprocess import ProcessedPrompt
+from engine.server.protocol import GenerationFields, parse_generation_fields, parse_prompts
+from engine.timings import zero_preprocess_timings
+
+if TYPE_CHECKING:
+    from engine.server.app import State
+
+
+async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, client: str = ""
+                       ) -> tuple[GenerationFields, ProcessedPrompt]:
+    """A chat's fields (step 1) and steps 2-7: everything before the engine; raises before
+    any response byte. Fetched media is charged to ``ticket`` (the request's share of the
+    bytes in flight); ``client`` (the peer address) bounds its share of the fetch slots."""
+    fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap)
+    parsed = parse_messages(data.get("messages"))
+    counts = Counter(parsed.counts())
+    pipeline = state.pipeline
+    pipeline.check_counts(counts)
+    video = pipeline.video_for(fields.media_io_kwargs)
+    kwargs = pipeline.kwargs_for(fields.mm_processor_kwargs)
+    text = await asyncio.get_running_loop().run_in_executor(  # templating: off the loop
+        decode_executor(), pipeline.render, parsed.messages)
+    items, fetch_s = [], 0.0
+    # Only requests with media take a decode-queue slot: text never waits behind video.
+    with preprocess_slot(state) if parsed.media else contextlib.nullcontext():
+        if parsed.media:
+            sources = await pipeline.check_sources(state.connector, parsed.media)
+            started = asyncio.get_running_loop().time()  # fetch deadlines include queueing
+            async with fetch_slot(state, sources, started, client):
+                items, fetch_s = await pipeline.fetch(
+                    state.connector, parsed.media, video, sources=sources,
+                    decoders=None if state.decoders is None
+                    else state.decoders.for_client(client), ticket=ticket, started=started)
+            for item in items:
+                state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
+            if state.gpu_budget is not None and BACKENDS[video.backend].gpu:
+                await decode_gpu_videos(state, items, video)
+        loop = asyncio.get_running_loop()
+        processed = await loop.run_in_executor(decode_executor(), pipeline.process,
+                                               text, items, kwargs)
+    processed.timings["fetch_s"] = fetch_s
+    for hit in processed.item_hits:
+        state.metrics.cache.labels("hit" if hit else "miss").inc()
+    if counts.get("video") and processed.timings["media_decode_s"]:
+        state.metrics.video_decode.labels(video.backend).observe(
+            processed.timings["media_decode_s"])
+    return fields, processed
+
+
+@contextlib.asynccontextmanager
+async def fetch_slot(state: State, sources: list, started: float, client: str):
+    """One of --max-concurrent-fetches (at most --max-fetches-per-client per client), for a
+    request with http(s) media only (data URLs and local files are read at once). Waiting
+    counts against the fetch deadline: a request that gets no slot before its shortest media
+    fetch timeout is a 503, not a wait without end."""
+    remote = [s for s in sources if s.kind == "http"]
+    if not remote:
+        yield
+        return
+    timeout = min(state.media_limits.for_modality(s.modality).fetch_timeout_s for s in remote)
+    async with state.fetch_slots.hold(client, started + timeout, timeout):
+        yield
+
+
+@contextlib.contextmanager
+def preprocess_slot(state: State):
+    """At most --max-decode-queue requests fetching, decoding or preprocessing per API server;
+    past that a 503 with Retry-After at once (the decode pool's queue stays bounded)."""
+    if state.preprocessing >= state.config.max_decode_queue:
+        raise OverloadedError(
+            f"this API server already has {state.preprocessing} requests fetching, "
+            "decoding or preprocessing media", code="decode_queue_full",
+            hint="retry after the Retry-After seconds, or raise --max-decode-queue")
+    state.count(preprocessing=1)
+    try:
+        yield
+    finally:
+        state.count(preprocessing=-1)
+
+
+async def decode_gpu_videos(state: State, items: list, video) -> None:
+    """GPU decodes hold this process's budget share while they run (they wait, first come
+    first served, when it is used up); an item bigger than the share is a 413."""
+    for item in items:
+        if item.modality != "video" or item.encoded is None:
+            continue
+        task = load_video_async(item.encoded, video, state.media_limits, state.gpu_budget)
+        state.metrics.gpu_budget.set(state.gpu_budget.in_use)
+        try:
+            item.decoded = use_frames(item, await task)
+        finally:
+            state.metrics.gpu_budget.set(state.gpu_budget.in_use)
+
+
+async def prepare_prompts(state: State, data: dict[str, Any]
+                          ) -> tuple[GenerationFields, list[ProcessedPrompt]]:
+    """A text completion's ``prompt`` (a string, a list of strings, a list of token ids or a
+    list of lists of token ids), each tokenized (off the event loop) or taken as it is."""
+    fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
+                                     chat=False)
+    prompts = parse_prompts(data.get("prompt"), state.vocab_size,
+                            set(state.preprocessor.expansion_ids.values())
+                            | set(state.preprocessor.feature_ids.values()))
+    loop = asyncio.get_running_loop()
+    processed = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            one = await loop.run_in_executor(decode_executor(), state.pipeline.process,
+                                             prompt, [])
+        else:
+            one = ProcessedPrompt(prompt, {}, [], zero_preprocess_timings(), {})
+        if not one.input_ids:
+            raise InvalidRequestError("the prompt is empty (no tokens)", param="prompt")
+        one.timings["fetch_s"] = 0.0
+        processed.append(one)
+    return fields, processed

@@ -1,0 +1,114 @@
+"""One response's identity and shapes, shared by its JSON and its SSE answer.
+
+A chat request has one prompt; a text completion may have several (``prompt`` as a list):
+each is its own engine request of ``n`` rows, and choice ``index`` is ``prompt_index * n +
+sample`` as OpenAI numbers them. Usage sums over the prompts. A choice is built in one place
+(:meth:`Reply.choice`): a chat ``message`` in a JSON body, a chat ``delta`` in a stream
+chunk, ``text`` for a completion either way.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from engine.processing.preprocess import ProcessedPrompt
+from engine.server.logprobs import ChatLogprobs, CompletionLogprobs
+from engine.server.protocol import GenerationFields
+from engine.server.wire import Done
+from engine.timings import SERVED_STAGES
+
+if TYPE_CHECKING:
+    from engine.server.app import State
+
+
+def finish_reason(reason: str | None) -> str | None:
+    """The engine's reason as OpenAI spells it (a cancelled row ended: ``stop``)."""
+    return {"abort": "stop"}.get(reason, reason) if reason else None
+
+
+class Reply:
+    """What the JSON body and the SSE chunks of one request have in common: the id, the
+    object names, the choices' shapes and logprobs, usage, and the server-side extension
+    (stage timings, cache hits; metrics are observed as each prompt finishes)."""
+
+    def __init__(self, state: State, fields: GenerationFields, prompts: list[ProcessedPrompt],
+                 start: float, *, chat: bool) -> None:
+        self.state = state
+        self.fields = fields
+        self.prompts = prompts
+        self.start = start
+        self.chat = chat
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.n = fields.sampling.n
+        self.prompt_tokens = sum(len(p.input_ids) for p in prompts)
+        self._logprobs: dict[int, ChatLogprobs | CompletionLogprobs] = {}
+
+    def at(self, prompt: int, index: int) -> int:
+        """The choice index of row ``index`` of prompt ``prompt``."""
+        return prompt * self.n + index
+
+    def envelope(self, choices: list[dict[str, Any]], *, chunk: bool) -> dict[str, Any]:
+        obj = "text_completion"
+        if self.chat:
+            obj = "chat.completion.chunk" if chunk else "chat.completion"
+        return {"id": self.id, "object": obj, "created": self.created,
+                "model": self.state.name, "choices": choices}
+
+    def choice(self, at: int, text: str, reason: str | None, logprobs: Any, *,
+               first: bool | None = None) -> dict[str, Any]:
+        """One choice; ``first`` None: a whole answer (JSON), else a stream chunk's delta
+        (a chat delta names the role in the choice's first chunk)."""
+        if not self.chat:
+            content: dict[str, Any] = {"text": text}
+        elif first is None:
+            content = {"message": {"role": "assistant", "content": text}}
+        else:
+            content = {"delta": {"content": text, **({"role": "assistant"} if first else {})}}
+        return {"index": at, **content, "finish_reason": finish_reason(reason),
+                "logprobs": logprobs}
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": self.prompt_tokens + completion_tokens}
+
+    def add_logprobs(self, at: int, token_id: int | None, lp: tuple | None
+                     ) -> dict[str, Any] | None:
+        """Record one token's logprobs for choice ``at``; returns them in a stream chunk's
+        shape (None when the request asked for none)."""
+        if not self.fields.logprobs or lp is None or token_id is None:
+            return None
+        return self._choice_logprobs(at).add(token_id, lp)
+
+    def logprobs(self, at: int) -> dict[str, Any] | None:
+        """Choice ``at``'s logprobs in a JSON body's shape (None when not asked for)."""
+        return self._choice_logprobs(at).body() if self.fields.logprobs else None
+
+    def _choice_logprobs(self, at: int) -> ChatLogprobs | CompletionLogprobs:
+        found = self._logprobs.get(at)
+        if found is None:
+            kind = ChatLogprobs if self.chat else CompletionLogprobs
+            found = self._logprobs[at] = kind(self.state.token_strings,
+                                              self.fields.tokens_as_ids)
+        return found
+
+    def extension(self, prompt: int, done: Done | None) -> dict[str, Any]:
+        """The ``aphrodite`` extension after prompt ``prompt`` finished (``done``; None for a
+        request that ran nothing), observing its metrics. With several prompts the timings
+        are those of the one that finished last (the request's end)."""
+        state = self.state
+        processed = self.prompts[prompt]
+        timings = {**processed.timings, **(done.timings if done else {}),
+                   "server_total_s": round(time.perf_counter() - self.start, 6)}
+        if done is not None:
+            state.metrics.observe_request(
+                state.name, e2e_s=timings["server_total_s"],
+                decode_s=float(timings.get("decode_s", 0.0)),
+                prompt=len(processed.input_ids),
+                generated=sum(len(out.token_ids) for out in done.outputs))
+        for name in SERVED_STAGES:
+            if name in timings:
+                state.metrics.stage.labels(name[:-2]).observe(float(timings[name]))
+        return {"timings": timings, "cache_hits": [h for p in self.prompts for h in p.item_hits]}

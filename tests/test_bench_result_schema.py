@@ -1,0 +1,68 @@
+"""Result files: a file missing a field its readers need is refused naming that field (not
+only a field of the wrong type), and version 1 serve/sweep files, whose server stages were
+named ``*_s`` while holding milliseconds, are read upgraded to the ``*_ms`` names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aphrodite_cli.bench.load.metrics import RequestRecord, compute
+from aphrodite_cli.bench.results.files import SCHEMA_VERSIONS, load_result
+from engine.errors import ConfigError
+
+
+def _write(path, doc: dict):
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize(("kind", "doc", "named"), [
+    ("serve", {}, "phases"),
+    ("serve", {"phases": {"cold": {"completed": 3}}}, "phases.cold.samples"),
+    ("sweep", {}, "phases"),
+    ("sweep", {"phases": {"cold": {"capacity": None}}}, "phases.cold.points"),
+    ("sweep", {"phases": {"cold": {"points": [{"kind": "rate"}]}}},
+     "phases.cold.points.0.result"),
+])
+def test_a_result_missing_a_required_field_is_refused_naming_it(tmp_path, kind, doc, named):
+    path = _write(tmp_path / f"{kind}.json",
+                  {"schema_version": SCHEMA_VERSIONS[kind], "kind": kind, **doc})
+    with pytest.raises(ConfigError) as info:
+        load_result(path)
+    assert info.value.code == "result_incomplete"
+    assert f"{named} (Field required)" in info.value.message, info.value.message
+
+
+def test_server_stages_are_named_in_ms():
+    record = RequestRecord(0, ok=True, ttft=0.1, e2e=0.5, output_tokens=2,
+                           server={"timings": {"decode_s": 0.352, "processor_s": 0.01}})
+    stages = compute([record], 1.0)["server_stages_ms"]
+    assert set(stages) == {"decode_ms", "processor_ms"}
+    assert stages["decode_ms"]["median"] == pytest.approx(352.0)
+
+
+def test_a_version_1_file_is_read_with_its_stages_renamed(tmp_path):
+    stages = {"decode_s": {"median": 352.0}, "processor_s": {"median": 10.0}}
+    old = _write(tmp_path / "serve-old.json", {
+        "schema_version": 1, "kind": "serve", "phases": {"cold": {
+            "server_stages_ms": stages,
+            "samples": {"ttft_ms": [1.0], "stages_ms": {"decode_s": [352.0]}}}}})
+    doc = load_result(old)
+    cold = doc["phases"]["cold"]
+    assert doc["schema_version"] == SCHEMA_VERSIONS["serve"] == 2
+    assert doc["upgraded_from"] == 1
+    assert cold["server_stages_ms"]["decode_ms"] == {"median": 352.0}
+    assert cold["samples"]["stages_ms"] == {"decode_ms": [352.0]}
+    sweep = _write(tmp_path / "sweep-old.json", {
+        "schema_version": 1, "kind": "sweep", "phases": {"cold": {"capacity": {"rate": 3.0},
+                                                                 "points": [{
+            "kind": "rate", "result": {"server_stages_ms": stages}}]}}})
+    point = load_result(sweep)["phases"]["cold"]["points"][0]
+    assert set(point["result"]["server_stages_ms"]) == {"decode_ms", "processor_ms"}
+    # a version this code never wrote is still refused by name
+    future = _write(tmp_path / "serve-new.json", {"schema_version": 3, "kind": "serve",
+                                                  "phases": {}})
+    with pytest.raises(ConfigError, match="schema version 3"):
+        load_result(future)

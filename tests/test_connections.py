@@ -1,0 +1,118 @@
+"""Connection limits' parts: accept errors logged once (a real asyncio server out of
+descriptors), the open-file limit raised to the hard limit, the total cap under it."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.server.connections import RESERVED_FDS, total_connection_cap
+
+pytestmark = pytest.mark.timeout(120)
+
+CHILD = r"""
+import asyncio, logging, os, resource, sys
+from engine.server.connections import AcceptErrorLog
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+resource.setrlimit(resource.RLIMIT_NOFILE, (48, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+async def main():
+    log = AcceptErrorLog()
+    if sys.argv[1] == "guarded":
+        asyncio.get_running_loop().set_exception_handler(log)
+    server = await asyncio.get_running_loop().create_server(asyncio.Protocol, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.sleep(float(sys.argv[2]))
+    print("errors", log.count, flush=True)
+    sys.stderr.flush()
+    os._exit(0)
+asyncio.run(main())
+"""
+
+
+def run_out_of_descriptors(mode: str) -> tuple[str, str]:
+    child = subprocess.Popen([sys.executable, "-c", CHILD, mode, "4"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    port = int(child.stdout.readline())
+    socks = []
+    for _ in range(80):
+        socks.append(socket.create_connection(("127.0.0.1", port)))
+    out, err = child.communicate(timeout=60)
+    for sock in socks:
+        sock.close()
+    return out, err
+
+
+def test_accept_errors_are_logged_once():
+    out, err = run_out_of_descriptors("guarded")
+    assert int(out.split("errors")[1]) >= 1  # it did run out
+    assert err.count("accepting a connection failed") == 1
+    assert "Traceback" not in err
+    _, unguarded = run_out_of_descriptors("plain")
+    assert unguarded.count("socket.accept() out of system resource") >= 1  # asyncio's own
+
+
+def test_the_total_cap_stays_under_the_open_file_limit():
+    assert total_connection_cap(4096) == 4096 - RESERVED_FDS
+    assert total_connection_cap(100) == 64
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert total_connection_cap() <= max(soft - RESERVED_FDS, 64)
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()
+            if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()
+            and b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_a_default_serve_decodes_in_worker_processes_at_the_hard_open_file_limit():
+    import base64
+    import json
+    import urllib.request
+
+    import numpy as np
+
+    from tests.server_harness import ServerProcess
+
+    server = ServerProcess().wait_ready()
+    try:
+        pid = server.pid_of("API server")
+        limits = Path(f"/proc/{pid}/limits").read_text().splitlines()
+        line = next(x for x in limits if x.startswith("Max open files"))
+        served_soft, served_hard = line.split()[3:5]
+        assert served_soft == served_hard, line
+        workers = _children(pid)
+        assert len(workers) == 2  # --decode-isolation process, --decode-workers 2
+        before = sum(_cpu_ticks(w) for w in workers)
+        noise = np.random.default_rng(0).integers(0, 256, (1500, 1500, 3), dtype=np.uint8)
+        png = _png(noise)
+        body = json.dumps({"max_tokens": 1, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {
+                "url": "data:image/png;base64," + base64.b64encode(png).decode()}}]}]})
+        req = urllib.request.Request(f"{server.base}/v1/chat/completions", data=body.encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            assert resp.status == 200
+        assert sum(_cpu_ticks(w) for w in workers) > before  # the PNG decoded there
+    finally:
+        assert server.stop() == 0
+
+
+def _png(pixels) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()

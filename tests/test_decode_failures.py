@@ -1,0 +1,156 @@
+"""A decoder failure of any exception type is that item's 4xx, in both isolation modes: the
+decode worker survives (no restart) and the in-process path answers 422, not 500.
+
+The hostile files are real: a DDS header with pixel-format flags Pillow does not implement
+(``NotImplementedError``), and byte-mutated MP3 audio and MP4 video found, by a seeded search
+in the test, to make PyAV or the scan raise something other than the project's own errors
+(``ValueError``, ``UnicodeDecodeError``, ``AttributeError``, ``InvalidDataError``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import struct
+import urllib.request
+from collections.abc import Callable
+
+import pytest
+
+from engine.config import MediaLimits
+from engine.errors import AphroditeError, ConfigError, MediaDecodeError
+from engine.media.audio import decode_audio
+from engine.media.image import decode_image
+from engine.media.isolation import DecodeWorkers
+from engine.media.video import load_video
+from engine.media.video.options import build_spec
+from engine.processing.media_items import InProcessDecoders
+from tests.fixtures import synthetic
+from tests.server_harness import ServerProcess
+
+pytestmark = pytest.mark.timeout(300)
+LIMITS = MediaLimits.from_env()
+
+
+def dds_with_unknown_pixel_format() -> bytes:
+    header = bytearray(128)
+    header[0:4] = b"DDS "
+    struct.pack_into("<IIII", header, 4, 124, 0x1007, 4, 4)  # size, flags, height, width
+    struct.pack_into("<II", header, 76, 32, 0x80000)  # pixel format: size, unknown flags
+    return bytes(header) + bytes(64)
+
+
+def foreign_failure(base: bytes, decode: Callable[[bytes], object], seed: int,
+                    tries: int = 600) -> tuple[bytes, str]:
+    """``base`` with a few bytes changed so that ``decode`` raises an exception that is not
+    one of the project's (searched with a fixed seed; the first hit is returned)."""
+    rng = random.Random(seed)
+    for _ in range(tries):
+        data = bytearray(base)
+        for _ in range(rng.randint(1, 20)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        try:
+            decode(bytes(data))
+        except AphroditeError:
+            continue
+        except Exception as exc:
+            return bytes(data), type(exc).__name__
+    pytest.fail("no mutation made the decoder raise a foreign exception")
+
+
+def spec(backend: str = "pyav"):
+    return build_spec({"backend": backend, "num_frames": 4}, backend, error=ConfigError)
+
+
+@pytest.fixture(scope="module")
+def hostile() -> dict[str, tuple[bytes, str]]:
+    video = synthetic.make_video(width=64, height=48, seconds=1)
+    mp3 = synthetic.make_audio(seconds=1, fmt="mp3")
+    dds = dds_with_unknown_pixel_format()
+    with pytest.raises(NotImplementedError):
+        decode_image(dds, LIMITS)  # the raw decoder's own failure, before any wrapping
+    return {
+        "image": (dds, "NotImplementedError"),
+        "video": foreign_failure(video, lambda d: load_video(d, spec(), LIMITS), seed=1),
+        "audio": foreign_failure(mp3, lambda d: decode_audio(d, max_seconds=600), seed=1),
+    }
+
+
+def _decode(decoders, modality: str, data: bytes):
+    if modality == "image":
+        return decoders.decode_image(data, LIMITS)
+    if modality == "video":
+        return decoders.decode_video(data, spec(), LIMITS)
+    return decoders.decode_audio(data, sampling_rate=16_000, max_seconds=600)
+
+
+@pytest.mark.parametrize("modality", ["image", "video", "audio"])
+def test_a_foreign_exception_is_a_422_and_the_worker_lives(hostile, modality):
+    data, raised = hostile[modality]
+    pool = DecodeWorkers(1, timeout_s=60)
+    try:
+        before = pool.pids()
+        with pytest.raises(MediaDecodeError) as info:
+            _decode(pool, modality, data)
+        assert info.value.status == 422 and info.value.code == "media_decode_failed"
+        assert raised in info.value.message
+        assert pool.restarts == 0 and pool.pids() == before
+        # the same worker decodes a valid file next
+        assert _decode(pool, "image", synthetic.make_image(32, 32)).size == (32, 32)
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("modality", ["image", "video", "audio"])
+def test_in_process_decoding_turns_foreign_exceptions_into_422(hostile, modality):
+    data, _ = hostile[modality]
+    with pytest.raises(MediaDecodeError) as info:
+        _decode(InProcessDecoders, modality, data)
+    assert info.value.status == 422
+
+
+def _post(server: ServerProcess, parts: list[dict]) -> tuple[int, dict]:
+    body = json.dumps({"model": "tiny:qwen2_vl", "max_tokens": 2, "messages": [
+        {"role": "user", "content": parts}]}).encode()
+    req = urllib.request.Request(f"{server.base}/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _restarts(server: ServerProcess) -> float:
+    with urllib.request.urlopen(f"{server.base}/metrics", timeout=30) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("aphrodite_decode_worker_restarts_total"):
+                return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_served_decoder_failures_are_422_naming_the_item(hostile, isolation):
+    server = ServerProcess("tiny:qwen2_vl", "--decode-isolation", isolation,
+                           "--decode-workers", "1", "--mm-processor-cache-gb", "0",
+                           "--media-io-kwargs", '{"video": {"backend": "pyav"}}').wait_ready()
+    try:
+        good = "data:image/png;base64," + base64.b64encode(
+            synthetic.make_image(32, 32, fmt="PNG")).decode()
+        dds = "data:image/x-dds;base64," + base64.b64encode(hostile["image"][0]).decode()
+        video = "data:video/mp4;base64," + base64.b64encode(hostile["video"][0]).decode()
+        for parts, item in (
+                ([{"type": "image_url", "image_url": {"url": good}},
+                  {"type": "image_url", "image_url": {"url": dds}}], "media item 2 (image)"),
+                ([{"type": "video_url", "video_url": {"url": video}}], "media item 1 (video)")):
+            status, doc = _post(server, parts)
+            assert status == 422, doc
+            assert doc["error"]["code"] == "media_decode_failed"
+            assert doc["error"]["message"].startswith(item), doc
+        status, doc = _post(server, [{"type": "image_url", "image_url": {"url": good}}])
+        assert status == 200, doc
+        if isolation == "process":
+            assert _restarts(server) == 0
+    finally:
+        assert server.stop() == 0

@@ -1,0 +1,241 @@
+"""Front door, round three, against a real `aphrodite serve` over loopback: body accounting
+that cannot lock others out, text limits checked before templating, connection limits."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from engine.server.text_limits import TextLimits
+from tests.server_harness import ServerProcess
+
+pytestmark = pytest.mark.timeout(300)
+PER_CLIENT = 8
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = ServerProcess("--max-request-body-mb", "1", "--max-inflight-media-mb", "1.2",
+                         "--request-body-timeout-s", "30", "--header-read-timeout-s", "2",
+                         "--keep-alive-timeout-s", "2", "--max-messages", "100",
+                         "--max-connections-per-client", str(PER_CLIENT)).wait_ready()
+    yield proc
+    assert proc.stop() == 0
+
+
+def connect(server, source: str = "127.0.0.1") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), source_address=(source, 0))
+    sock.settimeout(60)
+    return sock
+
+
+def head(length: int | None, chunked: bool = False) -> bytes:
+    size = f"Content-Length: {length}\r\n" if length is not None else ""
+    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            f"\r\n{size}{'Transfer-Encoding: chunked' + chr(13) + chr(10) if chunked else ''}"
+            "\r\n").encode()
+
+
+def response(sock: socket.socket) -> tuple[int, dict]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed after {data!r}")
+        data += chunk
+    header, _, rest = data.partition(b"\r\n\r\n")
+    status = int(header.split(b" ", 2)[1])
+    length = next((int(line.split(b":")[1]) for line in header.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), None)
+    while length is not None and len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    try:
+        return status, json.loads(rest[:length] if length is not None else rest)
+    except ValueError:
+        return status, {}
+
+
+def post(server, body: dict, path: str = "/v1/chat/completions",
+         source: str = "127.0.0.1") -> tuple[int, dict]:
+    raw = json.dumps(body).encode()
+    sock = connect(server, source)
+    try:
+        sock.sendall(head(len(raw)).replace(b"/v1/chat/completions", path.encode()) + raw)
+        return response(sock)
+    finally:
+        sock.close()
+
+
+def chat(content, **fields) -> dict:
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": 2, **fields}
+
+
+def noise_png(side: int) -> str:
+    pixels = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def inflight(server) -> float:
+    with urllib.request.urlopen(f"{server.base}/metrics", timeout=30) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("aphrodite_media_bytes_in_flight "):
+                return float(line.split()[-1])
+    raise AssertionError("no in-flight gauge")
+
+
+# -- bodies ---------------------------------------------------------------------------------
+def test_a_declared_length_over_the_cap_is_413_at_once(server):
+    """Not 503 (in-flight bound): the declaration alone is refused, before any charge."""
+    sock = connect(server)
+    try:
+        sock.sendall(head(1 << 30))
+        status, doc = response(sock)
+        assert status == 413, doc
+        assert doc["error"]["code"] == "request_too_large"
+        assert "--max-request-body-mb" in doc["error"]["message"]
+    finally:
+        sock.close()
+    assert inflight(server) == 0
+
+
+def test_a_declared_but_unsent_body_holds_nothing(server):
+    """A socket that declares 0.9 MB (under the cap) and sends nothing used to hold 0.9 of
+    the 1.2 MB bound; now a 0.4 MB image request from someone else is served meanwhile."""
+    holder = connect(server, "127.0.0.2")
+    try:
+        holder.sendall(head(900_000))
+        image = noise_png(300)
+        assert len(image) > 300_000
+        status, doc = post(server, chat([{"type": "text", "text": "hi"}, {
+            "type": "image_url", "image_url": {"url": image}}]))
+        assert status == 200, doc
+    finally:
+        holder.close()
+
+
+def test_a_chunked_body_is_counted_while_it_streams(server):
+    sock = connect(server, "127.0.0.3")
+    try:
+        sock.sendall(head(None, chunked=True))
+        piece = b'{"messages": [{"role": "user", "content": "' + b"a" * 600_000
+        sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        seen = 0.0
+        for _ in range(300):  # until the server has read what was sent
+            seen = inflight(server)
+            if seen >= 600_000:
+                break
+            time.sleep(0.1)
+        assert seen >= 600_000
+        more = b"b" * 600_000  # past the 1 MB cap while streaming: 413
+        sock.sendall(f"{len(more):x}\r\n".encode() + more + b"\r\n")
+        status, doc = response(sock)
+        assert status == 413 and doc["error"]["code"] == "request_too_large", doc
+    finally:
+        sock.close()
+    for _ in range(300):
+        if inflight(server) == 0:
+            break
+        time.sleep(0.1)
+    assert inflight(server) == 0
+
+
+# -- text -----------------------------------------------------------------------------------
+def test_too_many_messages_are_refused_before_templating(server):
+    body = {"messages": [{"role": "user", "content": "a"}] * 1000, "max_tokens": 2}
+    status, doc = post(server, body)
+    assert status == 400 and doc["error"]["code"] == "too_many_messages", doc
+    assert "--max-messages" in doc["error"]["message"]
+
+
+def test_text_that_cannot_fit_is_refused_from_its_bytes(server):
+    status, doc = post(server, chat("word " * 120_000))
+    assert status == 400 and doc["error"]["code"] == "prompt_too_long", doc
+    assert "--max-prompt-bytes" in doc["error"]["message"]
+    status, doc = post(server, {"prompt": "word " * 120_000, "max_tokens": 2},
+                       path="/v1/completions")
+    assert status == 400 and doc["error"]["code"] == "prompt_too_long", doc
+    status, doc = post(server, chat("a short prompt"))
+    assert status == 200, doc
+
+
+class _Tokenizer:
+    def __init__(self, vocab: list[str]) -> None:
+        self.vocab = {t: i for i, t in enumerate(vocab)}
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.vocab
+
+
+def test_the_derived_byte_bound_is_what_cannot_fit():
+    limits = TextLimits.derive(_Tokenizer(["a", "Ġthe", "ĠĠĠĠ"]), 100, None, None)
+    assert limits.max_prompt_bytes == 100 * 8 and limits.max_messages == 100
+    assert TextLimits.derive(_Tokenizer(["a"]), 100, 5, 7) == TextLimits(5, 7)
+
+
+# -- connections ----------------------------------------------------------------------------
+def closed_by_server(sock: socket.socket) -> bool:
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_headers_that_never_finish_are_cut_off(server):
+    """Half a request head, then silence: closed at the header-read timeout (2 s here; the
+    old code kept it for aiohttp's hour-long default)."""
+    sock = connect(server, "127.0.0.4")
+    try:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        assert closed_by_server(sock)
+    finally:
+        sock.close()
+
+
+def test_an_idle_kept_alive_connection_is_closed(server):
+    sock = connect(server, "127.0.0.4")
+    try:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _ = response(sock)
+        assert status == 200
+        assert closed_by_server(sock)  # keep-alive timeout 2 s
+    finally:
+        sock.close()
+
+
+def test_one_client_cannot_hold_every_connection(server):
+    """PER_CLIENT connections from one address (headers sent, body withheld: held until the
+    30 s body deadline); the next from that address is a 503 at once, while another client
+    is served."""
+    held = [connect(server, "127.0.0.5") for _ in range(PER_CLIENT)]
+    try:
+        for sock in held:
+            sock.sendall(head(100))
+        extra = connect(server, "127.0.0.5")
+        try:
+            status, doc = response(extra)
+            assert status == 503 and doc["error"]["code"] == "too_many_connections", doc
+            assert "--max-connections-per-client" in doc["error"]["message"]
+        finally:
+            extra.close()
+        status, doc = post(server, chat("hi"), source="127.0.0.6")
+        assert status == 200, doc
+    finally:
+        for sock in held:
+            sock.close()
