@@ -326,6 +326,7 @@ def test_num_runs_gives_intervals_that_gate_and_report_use(mock_port, tmp_path):
              "--no-reset-caches", "--jsonl", "--result-filename", name, "--out-dir",
              str(tmp_path), *extra], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "cold: over 3 runs" in done.stdout and "ttft_ms_p50" in done.stdout
         return tmp_path / name
 
     a = bench("a.json")

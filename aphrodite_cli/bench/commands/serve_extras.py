@@ -75,5 +75,12 @@ def print_phase_extras(doc: dict[str, Any], fmt: str, say: Any) -> None:
                           f"{_p(s['ttft_ms'], 'p50')}/{_p(s['ttft_ms'], 'p99')}",
                           f"{_p(s['tpot_ms'], 'p50')}/{_p(s['tpot_ms'], 'p99')}"]
                          for s in slices["intervals"]], fmt)
+        ci = phase.get("ci95")
+        if ci and tables:
+            print_table(f"{mode}: over {len(phase.get('runs') or [])} runs (95% interval of "
+                        "the mean, Student t)", ["metric", "mean", "95% CI"],
+                        [[name, "-" if c["mean"] is None else f"{c['mean']:.4g}",
+                          "-" if c["low"] is None else f"[{c['low']:.4g}, {c['high']:.4g}]"]
+                         for name, c in ci.items()], fmt)
         for warning in phase.get("warnings") or []:
             say.print(f"{mode}: warning: {warning}", markup=False)
