@@ -283,6 +283,11 @@ def test_cache_resets_reach_every_api_server_and_bench_checks_the_counted_hits(t
         assert cold["server_metrics"]["processor_cache"]["misses"] == 4
         assert cold["server_metrics"]["processor_cache"]["hits"] == 0
         assert cold["server_metrics"]["check"] == "ok"
+        # the server's media tokens per request (the tiny model: a 64x48 image is a few)
+        tokens = cold["mm_tokens"]
+        assert tokens["source"] == "aphrodite.mm_tokens" and tokens["requests_with_counts"] == 4
+        assert tokens["per_request"]["image"]["min"] > 0
+        assert tokens["throughput"]["image_tokens_per_s"] > 0
         assert cold["server_metrics"]["deltas"][
             'aphrodite_requests_total{route="/v1/chat/completions",status="200"}'] == 4
         assert "processor cache 0 hits, 4 misses (ok)" in done.stdout
