@@ -119,6 +119,20 @@ def serve(
              "which pins one core; default: the CPUs the process may use (its affinity and cgroup "
              "quota; torch's own default counts every core). API servers use "
              "APHRODITE_API_SERVER_TORCH_THREADS.")] = EngineConfig.num_threads,
+    enable_prefix_caching: Annotated[bool, typer.Option(
+        help="Keep the keys and values of prompts' leading blocks (text, and media by their "
+             "content) and reuse them for later prompts that start the same way (vLLM's "
+             "flag and default).")] = EngineConfig.enable_prefix_caching,
+    prefix_cache_gb: Annotated[float, typer.Option(
+        help="Prefix cache size in GB, on the model's device, e.g. 4.")
+    ] = EngineConfig.prefix_cache_gb,
+    encoder_cache_gb: Annotated[float, typer.Option(
+        help="Encoder output cache size in GB (0 disables), on the model's device: a media "
+             "item seen before skips the encoder when its prefix misses, e.g. 1.")
+    ] = EngineConfig.encoder_cache_gb,
+    block_size: Annotated[int, typer.Option(
+        help="Tokens per prefix-cache block (vLLM's flag): prompts share cached keys and "
+             "values a whole block at a time, e.g. 16.")] = EngineConfig.block_size,
     max_model_len: Annotated[int, typer.Option(
         min=16, help="Prompt plus output tokens per request, e.g. 8192.")
     ] = ServerConfig.max_model_len,
@@ -137,7 +151,8 @@ def serve(
     ] = ServerConfig.decode_timeout_s,
     decode_cpu_budget_s: Annotated[float, typer.Option(
         min=0, help="CPU seconds (all threads) one isolated decode may use before it is "
-                    "stopped with a 422, e.g. 30; 0: no budget.")
+                    "stopped with a 422, e.g. 30; 0: no budget. With --decode-isolation "
+                    "thread: the decode's wall-clock seconds, checked between frames.")
     ] = ServerConfig.decode_cpu_budget_s,
     decode_memory_gb: Annotated[float, typer.Option(
         min=0.25, help="Address-space limit of one decode worker in GB, e.g. 8.")
@@ -193,7 +208,10 @@ def serve(
         # the engine's settings, checked here once and handed whole to the engine process
         engine=EngineConfig(max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=max_num_batched_tokens,
-                            num_threads=num_threads, device=device, dtype=dtype),
+                            num_threads=num_threads, device=device, dtype=dtype,
+                            enable_prefix_caching=enable_prefix_caching,
+                            prefix_cache_gb=prefix_cache_gb, encoder_cache_gb=encoder_cache_gb,
+                            block_size=block_size),
         max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,

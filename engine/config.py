@@ -165,6 +165,12 @@ def _check_count(flag: str, value: object, *, optional: bool, example: str) -> N
                           + (" (or leave it out)" if optional else ""), code="invalid_flag")
 
 
+def _check_size(flag: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1 << 20:
+        raise ConfigError(f"{flag} must be a size in GB of 0 or more, not {value!r}",
+                          hint=f"e.g. {flag} 0.5 (0 turns the cache off)", code="invalid_flag")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The engine's settings: what the ``serve`` flags, ``LLM(...)``'s arguments and the
@@ -181,6 +187,12 @@ class EngineConfig:
     may use (its affinity, at most its cgroup's CPU quota; torch itself counts all cores).
     ``reserved_gpu_bytes``: GPU memory the engine leaves to others (the API servers' video
     decoders): its allocator is capped at the device's total minus this.
+    ``enable_prefix_caching``: keep the keys and values of prompts' leading blocks (text, and
+    media by their content) for later prompts that start the same way (vLLM's default).
+    ``prefix_cache_gb``, ``encoder_cache_gb``: the prefix cache's and the encoder output
+    cache's bounds in GiB, on the model's device (0 turns a cache off).
+    ``block_size``: tokens per prefix-cache block (vLLM's ``--block-size``): a prompt's
+    cached prefix is a whole number of blocks.
     """
 
     max_num_seqs: int = 8
@@ -190,12 +202,17 @@ class EngineConfig:
     dtype: str = "auto"
     num_threads: int | None = None
     reserved_gpu_bytes: int = 0
+    enable_prefix_caching: bool = True
+    prefix_cache_gb: float = 0.5
+    encoder_cache_gb: float = 0.25
+    block_size: int = 16
 
     def __post_init__(self) -> None:
         _check_count("--max-num-seqs", self.max_num_seqs, optional=False, example="8")
         _check_count("--max-num-batched-tokens", self.max_num_batched_tokens, optional=True,
                      example="8192")
         _check_count("--num-threads", self.num_threads, optional=True, example="4")
+        _check_count("--block-size", self.block_size, optional=False, example="16")
         if self.scheduling not in SCHEDULING:
             raise ConfigError(f"scheduling {self.scheduling!r} is not supported",
                               hint=f"use one of {', '.join(SCHEDULING)}", code="invalid_flag")
@@ -211,6 +228,21 @@ class EngineConfig:
             raise ConfigError(f"reserved GPU memory must be a byte count of 0 or more, not "
                               f"{self.reserved_gpu_bytes!r}",
                               hint="set it with --mm-ipc-gpu-memory-gb", code="invalid_flag")
+        _check_size("--prefix-cache-gb", self.prefix_cache_gb)
+        _check_size("--encoder-cache-gb", self.encoder_cache_gb)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigError(f"--enable-prefix-caching must be true or false, not "
+                              f"{self.enable_prefix_caching!r}",
+                              hint="pass --enable-prefix-caching or --no-enable-prefix-caching",
+                              code="invalid_flag")
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        return int(self.prefix_cache_gb * (1 << 30))
+
+    @property
+    def encoder_cache_bytes(self) -> int:
+        return int(self.encoder_cache_gb * (1 << 30))
 
     @classmethod
     def create(cls, **settings: Any) -> EngineConfig:

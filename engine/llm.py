@@ -40,6 +40,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     metrics: dict[str, Any] = field(default_factory=dict)
     finished: bool = True
+    #: prompt tokens whose keys and values came from the prefix cache (vLLM's name)
+    num_cached_tokens: int = 0
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -97,7 +99,8 @@ class LLM:
                  **engine_settings: Any) -> None:
         """``engine_settings``: any :class:`~engine.config.EngineConfig` field, e.g.
         ``max_num_seqs=4``, ``max_num_batched_tokens=2048``, ``scheduling="static"``,
-        ``device="cuda"``, ``dtype="bfloat16"``, ``num_threads=4`` (checked there: a bad or
+        ``device="cuda"``, ``dtype="bfloat16"``, ``num_threads=4``,
+        ``enable_prefix_caching=False``, ``prefix_cache_gb=1.0`` (checked there: a bad or
         unknown one is a :class:`~engine.errors.ConfigError`)."""
         engine_config = EngineConfig.create(**engine_settings)
         self.loaded = load_model(model, chat_template=chat_template, revision=revision,
@@ -127,7 +130,7 @@ class LLM:
             self._decode_logprobs(req.outputs)
             metrics = {**processed.timings, **req.timings, "item_cache_hits": processed.item_hits}
             results.append(RequestOutput(req.request_id, text, processed.input_ids, req.outputs,
-                                         metrics))
+                                         metrics, num_cached_tokens=req.num_cached_tokens))
         return results
 
     def _decode_logprobs(self, outputs: list[CompletionOutput]) -> None:

@@ -66,3 +66,17 @@ def test_a_version_1_file_is_read_with_its_stages_renamed(tmp_path):
                                                   "phases": {}})
     with pytest.raises(ConfigError, match="schema version 3"):
         load_result(future)
+
+
+def test_the_prefix_cache_share_is_summed_from_usage_and_validated(tmp_path):
+    records = [RequestRecord(i, ok=True, ttft=0.1, e2e=0.5, output_tokens=2, prompt_tokens=100,
+                             cached_tokens=cached) for i, cached in enumerate((0, 96))]
+    summary = compute(records, 1.0)["prefix_cache"]
+    assert summary == {"cached_tokens": 96, "prompt_tokens": 200, "hit_rate": 0.48}
+    assert compute([], 1.0)["prefix_cache"]["hit_rate"] is None  # nothing reported
+    bad = _write(tmp_path / "serve-bad.json", {
+        "schema_version": 2, "kind": "serve", "phases": {"warm": {
+            "samples": {}, "prefix_cache": {"hit_rate": "most"}}}})
+    with pytest.raises(ConfigError) as info:
+        load_result(bad)
+    assert "phases.warm.prefix_cache.hit_rate" in info.value.message

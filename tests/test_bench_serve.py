@@ -180,6 +180,9 @@ def test_cold_and_warm_phases_against_the_real_server(tmp_path):
     assert warm["server_cache"]["hit_rate"] == 1.0 and warm["server_cache"]["hits"] == 6
     assert cold["cache_check"] == warm["cache_check"] == "ok"
     assert cold["completed"] == warm["completed"] == 6
+    # the warm phase's prompts were sent before: all but their last tokens come from the
+    # server's prefix cache (cold ones share at most the chat template's start)
+    assert warm["prefix_cache"]["hit_rate"] > 0.5 > cold["prefix_cache"]["hit_rate"]
     assert "processor_ms" in cold["server_stages_ms"] and result["environment"]["packages"]
     assert not any(k.endswith("_s") for k in cold["server_stages_ms"])  # ms, named so
     assert result["formulas"]["tpot"].startswith("(e2e - ttft)")

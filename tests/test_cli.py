@@ -181,7 +181,9 @@ def test_serve_and_run_help_document_every_flag_with_examples():
                      "--limit-mm-per-prompt", "--mm-processor-kwargs", "--media-io-kwargs",
                      "--mm-processor-cache-gb", "--mm-ipc-gpu-memory-gb", "--api-server-count",
                      "--max-request-body-mb", "--max-num-seqs", "--max-num-batched-tokens",
-                     "--num-threads", "--max-model-len",
+                     "--num-threads", "--max-model-len", "--enable-prefix-caching",
+                     "--no-enable-prefix-caching", "--prefix-cache-gb", "--encoder-cache-gb",
+                     "--block-size",
                      "--decode-isolation", "--decode-workers", "--decode-timeout-s",
                      "--decode-memory-gb", "--max-decode-queue", "--max-inflight-media-mb",
                      "--max-pending-requests"):

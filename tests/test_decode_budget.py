@@ -118,6 +118,38 @@ def test_a_decode_over_its_cpu_budget_is_stopped():
         pool.close()
 
 
+
+@pytest.mark.parametrize("modality", ["video", "audio"])
+def test_in_the_api_servers_threads_the_budget_is_checked_between_frames(modality):
+    """``--decode-isolation thread``: no process to stop, so the video and audio loops check
+    the decode's budget between frames: a budget shorter than one decode is the item's 422
+    naming the flag, a budget of 0 is none, and the budget ends with the decode (the next one
+    on the same thread has its own)."""
+    from engine.media.video.options import build_spec
+    from engine.processing.media_items import InProcessDecoders
+
+    limits = MediaLimits.from_env()
+    if modality == "video":
+        data = synthetic.make_video(width=320, height=240, seconds=2)
+        spec = build_spec({"backend": "pyav", "num_frames": 32, "skip_nonref": False}, "pyav",
+                          error=ValueError)
+
+        def decode(decoders):
+            return decoders.decode_video(data, spec, limits).frames.shape[0]
+    else:
+        data = synthetic.make_audio(seconds=20, rate=48_000, fmt="flac")
+
+        def decode(decoders):
+            return decoders.decode_audio(data, sampling_rate=16_000, max_seconds=60).samples.size
+
+    done = decode(InProcessDecoders(0.0))
+    assert done > 0
+    with pytest.raises(MediaDecodeError) as info:
+        decode(InProcessDecoders(1e-6))
+    assert info.value.status == 422 and info.value.code == "media_decode_cpu_budget"
+    assert "--decode-cpu-budget-s" in str(info.value)
+    assert decode(InProcessDecoders(600.0)) == done
+
 # -- audio ----------------------------------------------------------------------------------
 def test_a_1_hz_clip_without_a_length_is_refused_before_resampling():
     """One frame of it resamples to 262 million samples (1 GB): the old code ran out of the

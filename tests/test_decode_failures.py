@@ -106,9 +106,24 @@ def test_a_foreign_exception_is_a_422_and_the_worker_lives(hostile, modality):
 def test_in_process_decoding_turns_foreign_exceptions_into_422(hostile, modality):
     data, _ = hostile[modality]
     with pytest.raises(MediaDecodeError) as info:
-        _decode(InProcessDecoders, modality, data)
+        _decode(InProcessDecoders(), modality, data)
     assert info.value.status == 422
 
+
+
+async def test_the_async_gpu_decode_path_turns_foreign_exceptions_into_422(hostile):
+    """The API server's own decode path for GPU backends (``load_video_async``, holding the
+    GPU decode budget) maps a decoder's foreign exception as the workers do; run here with a
+    CPU backend and a real budget, since the mapping is the backend's caller's."""
+    from engine.media.video import load_video_async
+    from engine.media.video.budget import GpuDecodeBudget
+
+    data, _ = hostile["video"]
+    with pytest.raises(MediaDecodeError) as info:
+        await load_video_async(data, spec(), LIMITS, GpuDecodeBudget(1 << 30))
+    assert info.value.status == 422 and info.value.code == "media_decode_failed"
+    good = synthetic.make_video(width=64, height=48, seconds=1)
+    assert (await load_video_async(good, spec(), LIMITS)).frames.shape[0] == 4
 
 def _post(server: ServerProcess, parts: list[dict]) -> tuple[int, dict]:
     body = json.dumps({"model": "tiny:qwen2_vl", "max_tokens": 2, "messages": [

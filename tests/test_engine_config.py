@@ -28,6 +28,11 @@ from engine.server.config import ServerConfig
     ({"device": "cuda:x"}, "--device"),
     ({"scheduling": "eager"}, "scheduling"),
     ({"reserved_gpu_bytes": -1}, "--mm-ipc-gpu-memory-gb"),
+    ({"prefix_cache_gb": -0.5}, "--prefix-cache-gb"),
+    ({"prefix_cache_gb": float("nan")}, "--prefix-cache-gb"),
+    ({"encoder_cache_gb": "1"}, "--encoder-cache-gb"),
+    ({"enable_prefix_caching": "yes"}, "--enable-prefix-caching"),
+    ({"block_size": 0}, "--block-size"),
 ])
 def test_a_bad_engine_setting_is_a_config_error_naming_its_flag(settings, flag):
     with pytest.raises(ConfigError) as info:

@@ -32,8 +32,11 @@ def test_a_request_that_breaks_the_model_fails_alone_and_its_batch_mates_are_ans
     # Poison: half the image patches are gone, so the vision tower's output no longer fits
     # the prompt's image placeholders and the forward pass raises.
     pixels = good[0].mm["pixel_values"]
+    # (Other pixels are another item: their own content key, or the engine's caches would
+    # rightly hand it good[0]'s encoder output.)
     bad = dataclasses.replace(good[0], mm={**good[0].mm, "pixel_values": pixels[: len(pixels)
-                                                                                // 2]})
+                                                                                // 2]},
+                              mm_hashes=["poisoned"])
     # A long batching window puts all four into the first forward pass.
     engine = Engine(model.loaded, EngineConfig(max_num_seqs=8), batch_wait_s=2.0)
     try:

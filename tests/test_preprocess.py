@@ -258,11 +258,12 @@ class RecordingDecoders(InProcessDecoders):
     """The in-process decoders, recording which backend each video decode used."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.video_backends: list[str] = []
 
     def decode_video(self, data, spec, limits):
         self.video_backends.append(spec.backend)
-        return InProcessDecoders.decode_video(data, spec, limits)
+        return super().decode_video(data, spec, limits)
 
 
 def video_through_cache(pre: Preprocessor, clip: bytes, request: dict | None,
@@ -297,7 +298,7 @@ def test_qwen3_vl_fetched_video_timestamps_come_from_the_clip_and_survive_the_ca
     assert hit.input_ids == miss.input_ids
     spec = parse_video_io_kwargs({"num_frames": 4},
                                  server_video_spec({"video": {"backend": "pyav"}}))
-    video = InProcessDecoders.decode_video(clip, spec, MediaLimits.from_env())
+    video = InProcessDecoders().decode_video(clip, spec, MediaLimits.from_env())
     assert video.metadata.sampled_indices == [0, 5, 10, 15]
     ref = lm.processor(text=[lm.spec.placeholders["video"] + "Hi"], videos=[video.frames],
                        video_metadata=[hf_video_metadata(video.metadata)], do_sample_frames=False,

@@ -120,6 +120,33 @@ def test_cached_prompt_tokens_are_neither_prefilled_nor_charged_to_the_budget():
     assert step.chunk == Chunk(100, 164, final=False) and step.starts_chunk
 
 
+def test_a_request_whose_prefix_is_cached_fits_a_budget_its_full_length_would_not():
+    budget = config(max_num_batched_tokens=64)
+    # uncached, 100 tokens are over the budget: a chunked prefill of the first 64
+    cold = plan([SeqState(100)], running=0, config=budget)
+    assert cold.starts_chunk and cold.chunk == Chunk(0, 64, final=False) and not cold.admit
+    # with 48 of them cached only 52 are prefilled: it joins in one step, charged 52 (the
+    # next row, 20 more, waits)
+    warm = plan([SeqState(100, cached_tokens=48), SeqState(20)], running=0, config=budget)
+    assert warm.admit == (52,) and warm.chunk is None and warm.prefill_tokens == 52
+    # two cached rows of one budget together; their full lengths would not both fit
+    pair = plan([SeqState(60, cached_tokens=32), SeqState(60, cached_tokens=32)], running=0,
+                config=budget)
+    assert pair.admit == (28, 28) and pair.prefill_tokens == 56
+
+
+def test_the_runners_usable_prefix_is_the_schedulers_first_uncached_token():
+    """The engine sets ``cached_tokens`` from the prefix cache's usable prefix: the scheduler
+    starts the prefill exactly where the runner's cache leaves off."""
+    from engine.executor.prefix_cache import usable_prefix
+
+    for cached, length, span in [(48, 48, None), (48, 49, None), (48, 100, (20, 40)),
+                                 (32, 100, (20, 40)), (16, 100, (16, 40)), (0, 7, None)]:
+        usable = usable_prefix(cached, length, span, 16)
+        seq = SeqState(length, cached_tokens=usable, media_span=span)
+        assert seq.first_uncached == usable and seq.tokens_to_prefill == length - usable
+
+
 def test_the_waiting_queue_is_read_only_as_far_as_needed():
     """The engine hands its whole queue over; a step reads one row past those that join."""
     read = []

@@ -114,7 +114,7 @@ def test_image_and_video_families_over_http(media, arch):
     finally:
         assert server.stop() == 0
     limits = MediaLimits.from_env()
-    video = InProcessDecoders.decode_video(media.files["/clip.mp4"][0],
+    video = InProcessDecoders().decode_video(media.files["/clip.mp4"][0],
                                            server_video_spec(video_io), limits)
     processor = loaded(arch).processor
     text = processor.apply_chat_template([{"role": "user", "content": [
@@ -164,7 +164,7 @@ def test_smolvlm_image_or_video_over_http_and_both_refused_before_any_fetch(medi
     finally:
         assert server.stop() == 0
     limits = MediaLimits.from_env()
-    clip = InProcessDecoders.decode_video(media.files["/clip.mp4"][0],
+    clip = InProcessDecoders().decode_video(media.files["/clip.mp4"][0],
                                           server_video_spec(video_io), limits)
     processor = loaded("smolvlm").processor
 

@@ -23,10 +23,11 @@ def test_every_kind_crosses_a_connection_as_itself():
     delta = wire.Delta("7-0", 1, 42, " hi", "stop", (-0.5, 1, [42, 7], [-0.5, -1.5]))
     messages = [
         wire.Submit("7-0", [1, 2, 3], {"pixel_values": np.arange(6, dtype=np.uint8)},
-                    {"max_tokens": 4, "n": 2}),
+                    {"max_tokens": 4, "n": 2}, ["image-a"], [(1, 2)]),
         wire.Cancel("7-0"), wire.StatsQuery("7-stats-1"),
         wire.Events([delta, delta._replace(index=0, token_id=None, text="")]),
-        wire.Done("7-0", [wire.Output(0, "hi", [42], "length")], {"decode_s": 0.1}),
+        wire.Done("7-0", [wire.Output(0, "hi", [42], "length")], {"decode_s": 0.1},
+                  num_cached_tokens=16),
         wire.Done("7-1", [], {}, wire.Failure({"error": {"message": "x"}}, 400)),
         wire.Stats("7-stats-1", {"rss_bytes": 1.0}),
     ]
@@ -40,6 +41,8 @@ def test_every_kind_crosses_a_connection_as_itself():
                 assert got.rid == message.rid and got.input_ids == message.input_ids
                 assert np.array_equal(got.mm["pixel_values"], message.mm["pixel_values"])
                 assert got.sampling == message.sampling
+                # the prefix cache names the media by their content keys and token ranges
+                assert (got.mm_hashes, got.mm_positions) == (["image-a"], [(1, 2)])
             else:
                 assert got == message
         assert not receiver.poll()

@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from engine.config import EngineConfig
 from engine.errors import AphroditeError, InternalError
@@ -42,7 +43,7 @@ class Engine:
         # torch's own default counts the machine's cores, not the ones this process may use
         torch.set_num_threads(self.config.num_threads or usable_cpus())
         reserve_gpu_memory(self.config.device, self.config.reserved_gpu_bytes)
-        self.runner = TransformersRunner(loaded, self.config.device, self.config.dtype)
+        self.runner = TransformersRunner(loaded, self.config)
         self.batch_wait_s = batch_wait_s
         self._queue: queue.Queue[EngineRequest | None] = queue.Queue()
         self.waiting: collections.deque[_Row] = collections.deque()
@@ -76,7 +77,8 @@ class Engine:
     def scheduler_stats(self) -> dict[str, float]:
         """Rows running and waiting now, and the step counters (for /metrics)."""
         return {"num_rows_running": self._running_rows() + (self.prefilling is not None),
-                "num_rows_waiting": len(self.waiting) + self._queue.qsize(), **self.stats}
+                "num_rows_waiting": len(self.waiting) + self._queue.qsize(), **self.stats,
+                **self.runner.cache_stats()}
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -94,8 +96,17 @@ class Engine:
         chunked = self.prefilling
         progress = None if chunked is None else Prefilling(
             self._seqs[chunked.row.request.request_id], chunked.done)
-        return plan((self._seqs[r.request.request_id] for r in self.waiting),
-                    self._running_rows(), self.config, progress)
+        return plan((self._waiting_seq(r) for r in self.waiting), self._running_rows(),
+                    self.config, progress)
+
+    def _waiting_seq(self, row: _Row) -> SeqState:
+        """A waiting row as the scheduler sees it now: with the prompt tokens the prefix
+        cache holds at this step (the prefill that follows takes exactly those), so only the
+        uncached ones are charged to the token budget. Read lazily: only the rows the plan
+        looks at are looked up."""
+        seq = self._seqs[row.request.request_id]
+        cached = self.runner.cached_tokens(row.request)
+        return seq if cached == seq.cached_tokens else replace(seq, cached_tokens=cached)
 
     def _step_done(self) -> None:
         for callback in list(self.on_step):
@@ -185,27 +196,34 @@ class Engine:
         started = time.perf_counter()
         joined = self._prefill(chosen)
         if joined is not None:
-            self._joined(joined, started, step.prefill_tokens)
+            # the uncached prompt tokens of the rows that joined (a failed request's none)
+            self.stats["prefill_tokens_total"] += sum(
+                size for size, row in zip(step.admit, chosen, strict=True)
+                if row in joined.rows)
+            self._joined(joined, started)
 
     def _prefill_chunk(self, chunked: ChunkedPrefill, chunk: Chunk) -> None:
         try:
+            if chunk.start != chunked.done:  # the plan and the prefix cache disagree
+                raise InternalError(f"chunk {chunk.start}:{chunk.end} planned after "
+                                    f"{chunked.done} prompt tokens in")
             self.batches += 1
             joined = self.runner.prefill_chunk(chunked, chunk.start, chunk.end)
         except Exception as exc:
             self.prefilling = None
             self._fail([chunked.row], exc)
             return
+        self.stats["prefill_tokens_total"] += chunk.tokens
         if joined is not None:
             self.prefilling = None
-            self._joined(joined, chunked.started, int(chunked.inputs["attention_mask"].sum()))
+            self._joined(joined, chunked.started)
 
-    def _joined(self, joined: RunningBatch, started: float, tokens: int) -> None:
+    def _joined(self, joined: RunningBatch, started: float) -> None:
         """Prefilled rows join the running batch (their stage timings recorded)."""
         running = self._running_rows()
         # the prefill ends with the first tokens (so TTFT = queue + encoder + prefill)
         finished = min((r.first_token_at for r in joined.rows if r.first_token_at),
                        default=time.perf_counter())
-        self.stats["prefill_tokens_total"] += tokens
         encoder_s = self.runner.encoder_s
         size = running + len(joined.rows)
         for row in joined.rows:

@@ -87,6 +87,9 @@ class EngineRequest:
     error: BaseException | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     on_done: Callable[[EngineRequest], None] | None = None
+    #: prompt tokens whose keys and values came from the prefix cache (vLLM's
+    #: ``num_cached_tokens``; ``usage.prompt_tokens_details.cached_tokens``)
+    num_cached_tokens: int = 0
 
     def finish(self) -> None:
         """Mark done (the engine thread calls this once) and run ``on_done``: a caller that

@@ -12,14 +12,17 @@ separately.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.executor import kv
+from engine.config import EngineConfig
+from engine.executor import kv, sampler
 from engine.executor.detokenize import OutputText, byte_tokens
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
+from engine.executor.warm_cache import WarmCaches, media_span
 from engine.models.encoder import time_encoder
 from engine.models.loader import LoadedModel
 from engine.processing import device_normalize
@@ -100,15 +103,23 @@ class ChunkedPrefill:
     done: int = 0
     #: when the first chunk was planned: the prefill's start in the stage timings
     started: float = field(default_factory=time.perf_counter)
+    #: the prompt's block hashes (prefix caching): its blocks are stored after the last chunk
+    hashes: list[bytes] = field(default_factory=list)
+
+
+#: the media tensors a prefill whose media are cached leaves out (what the encoders read; the
+#: position rules read only the grids and token types)
+_MEDIA_TENSORS = frozenset({"pixel_values", "pixel_values_videos", "input_features"})
 
 
 class TransformersRunner:
     """Prefills and steps rows of :class:`EngineRequest` on a Hugging Face model."""
 
-    def __init__(self, loaded: LoadedModel, device: str = "cpu", dtype: str = "auto") -> None:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        """``config``: where the model runs (device, dtype) and its caches' settings."""
         self.loaded = loaded
-        self.device = device
-        self.model = loaded.model(device, dtype)
+        self.device = config.device
+        self.model = loaded.model(config.device, config.dtype)
         kv.check_supported(self.model.config)
         self.tokenizer = loaded.tokenizer
         self.byte_ids = byte_tokens(self.tokenizer)
@@ -127,11 +138,18 @@ class TransformersRunner:
         # transformers 5 names the cache argument ``cache`` (``past_key_values`` before)
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        encoder = getattr(self.model, loaded.spec.encoder_attr, None) or getattr(
+            getattr(self.model, "model", None), loaded.spec.encoder_attr, None)
+        self.caches = WarmCaches(self.model, encoder, self.media_token_ids, config)
+        self.prefix_cache, self.encoder_cache = self.caches.prefix, self.caches.encoder
 
     def _add_encoder_time(self, seconds: float) -> None:
         self.encoder_s += seconds
 
-    def _inputs(self, rows: list[_Row]) -> dict[str, Any]:
+    def _inputs(self, rows: list[_Row], pixels: bool = True) -> dict[str, Any]:
+        """The rows' model inputs (``pixels`` False: without the media's pixel and audio
+        tensors, for a prefill whose media the prefix cache covers: nothing is moved to the
+        device or normalized for it)."""
         import torch
 
         seqs = [r.request.prompt.input_ids for r in rows]
@@ -147,7 +165,7 @@ class TransformersRunner:
         merged: dict[str, list[Any]] = {}
         for r in rows:
             for key, value in r.request.prompt.mm.items():
-                if key != types_key:
+                if key != types_key and (pixels or key not in _MEDIA_TENSORS):
                     merged.setdefault(key, []).append(value)
         padded = self.loaded.spec.padded_keys
         for key, values in merged.items():
@@ -162,54 +180,108 @@ class TransformersRunner:
             inputs[types_key] = types.to(self.device)
         return inputs
 
+    def cached_tokens(self, request: EngineRequest) -> int:
+        """How many of ``request``'s prompt tokens a prefill now takes from the prefix cache
+        (the scheduler's ``SeqState.cached_tokens``; not counted as a lookup)."""
+        return self.caches.cached_tokens(request.prompt)
+
+    def cache_stats(self) -> dict[str, float]:
+        """The prefix and encoder caches' counters for /metrics."""
+        return self.caches.stats()
+
     def prefill(self, rows: list[_Row]) -> RunningBatch:
-        """One forward pass over the prompts of ``rows`` (left-padded, media concatenated in
-        order): their caches, each row's first token (sampled and handed on) and the positions
-        their next tokens take. On an exception nothing was handed on."""
+        """The prompts of ``rows`` prefilled: those with no cached prefix in one forward pass
+        (left-padded, media concatenated in order), each of the others alone from the end of
+        its cached prefix; their caches joined, each row's first token (sampled and handed
+        on) and the positions their next tokens take. On an exception nothing was handed
+        on."""
+        self.encoder_s = 0.0
+        found = [self.caches.lookup(row.request, row.index == 0) for row in rows]
+        parts: list[tuple[RunningBatch, Any]] = []
+        plain = [(r, h) for r, (h, length) in zip(rows, found, strict=True) if not length]
+        if plain:
+            parts.append(self._forward_rows([r for r, _ in plain], [h for _, h in plain]))
+        for row, (hashes, length) in zip(rows, found, strict=True):
+            if length:
+                plan = self._plan(row, hashes, length)
+                logits = self._forward_chunk(plan, length, len(row.request.prompt.input_ids))
+                parts.append((RunningBatch([row], plan.cache, plan.inputs["attention_mask"],
+                                           plan.mrope), logits))
+        groups = [(list(b.rows), logits) for b, logits in parts]
+        batch = parts[0][0]
+        for other, _ in parts[1:]:
+            batch.join(other)
+        for group, logits in groups:
+            self._advance(group, logits)
+        return batch
+
+    def _forward_rows(self, rows: list[_Row], hashes: list[list[bytes]]
+                      ) -> tuple[RunningBatch, Any]:
+        """One forward pass over the whole prompts of ``rows``: their batch and last logits
+        (nothing handed on); their blocks go into the prefix cache."""
         import torch
         from transformers import DynamicCache
 
-        self.encoder_s = 0.0
         inputs = self._inputs(rows)
         # The model's own rule for prompt positions (3-D M-RoPE for Qwen-VL: vision tokens
         # by their grid, text after them), as ``generate`` computes them.
         positions = self.model._prepare_position_ids_for_generation(inputs["input_ids"],
                                                                    dict(inputs))
         cache = DynamicCache(config=self.model.config)
-        with torch.inference_mode():
+        with torch.inference_mode(), self.caches.keyed([r.request.prompt for r in rows]):
             out = self.model(**inputs, position_ids=positions, **{self._cache_arg: cache},
                              use_cache=True, logits_to_keep=1)
         deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
         mrope = deltas is not None and positions.ndim == 3
         lengths = inputs["attention_mask"].sum(dim=1).tolist()
+        width = inputs["input_ids"].shape[1]
         for i, row in enumerate(rows):
             row.position = int(lengths[i])
             row.rope_delta = int(deltas[i, 0]) if mrope else 0
-        batch = RunningBatch(rows, cache, inputs["attention_mask"], mrope)
-        self._advance(rows, out.logits[:, -1, :])
-        return batch
+            self.caches.store(cache, i, width - int(lengths[i]), hashes[i])
+        return RunningBatch(rows, cache, inputs["attention_mask"], mrope), out.logits[:, -1, :]
 
     def start_chunked(self, row: _Row) -> ChunkedPrefill:
         """Set up the chunked prefill of one row's prompt (positions computed once, for the
-        whole prompt, by the model's own rule)."""
+        whole prompt, by the model's own rule), from the end of its cached prefix: the
+        scheduler's first chunk starts at ``done``."""
+        self.encoder_s = 0.0
+        hashes, length = self.caches.lookup(row.request, row.index == 0)
+        return self._plan(row, hashes, length)
+
+    def _plan(self, row: _Row, hashes: list[bytes], cached: int) -> ChunkedPrefill:
+        """A row's prefill after its first ``cached`` tokens, whose keys and values the cache
+        starts with."""
         from transformers import DynamicCache
 
-        inputs = self._inputs([row])
+        ids = row.request.prompt.input_ids
+        media = media_span(ids, self.media_token_ids)
+        inputs = self._inputs([row], pixels=media is None or cached <= media[1])
         positions = self.model._prepare_position_ids_for_generation(inputs["input_ids"],
                                                                    dict(inputs))
         deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
         mrope = deltas is not None and positions.ndim == 3
-        return ChunkedPrefill(row, inputs, positions, DynamicCache(config=self.model.config),
-                              mrope, int(deltas[0, 0]) if mrope else 0)
+        cache = DynamicCache(config=self.model.config)
+        self.caches.fill(cache, hashes, cached)
+        return ChunkedPrefill(row, inputs, positions, cache, mrope,
+                              int(deltas[0, 0]) if mrope else 0, done=cached, hashes=hashes)
 
     def prefill_chunk(self, plan: ChunkedPrefill, start: int, end: int) -> RunningBatch | None:
         """Prefill prompt tokens ``[start, end)`` (the chunk with media holds all of it);
         after the last chunk, the row (its first token handed on) as a batch of one, ready to
         join."""
+        logits = self._forward_chunk(plan, start, end)
+        if logits is None:
+            return None
+        batch = RunningBatch([plan.row], plan.cache, plan.inputs["attention_mask"], plan.mrope)
+        self._advance([plan.row], logits)
+        return batch
+
+    def _forward_chunk(self, plan: ChunkedPrefill, start: int, end: int) -> Any:
+        """Forward prompt tokens ``[start, end)`` of ``plan``; after the last chunk, the row's
+        last logits (nothing handed on; its blocks go into the prefix cache), else None."""
         import torch
 
-        if start == 0:
-            self.encoder_s = 0.0
         inputs = plan.inputs
         chunk = {"input_ids": inputs["input_ids"][:, start:end],
                  "attention_mask": inputs["attention_mask"][:, :end]}
@@ -220,10 +292,12 @@ class TransformersRunner:
             chunk[spec.token_types_key] = inputs[spec.token_types_key][
                 :, 0 if spec.bidirectional_media else start:end]
         ids = chunk["input_ids"][0].tolist()
+        keyed: Any = contextlib.nullcontext()
         if any(t in self.media_token_ids for t in ids):  # the chunk with the media span
             chunk.update({k: v for k, v in inputs.items() if k not in (
                 "input_ids", "attention_mask", spec.token_types_key)})
-        with torch.inference_mode():
+            keyed = self.caches.keyed([plan.row.request.prompt])
+        with torch.inference_mode(), keyed:
             out = self.model(**chunk, position_ids=plan.positions[..., start:end],
                              **{self._cache_arg: plan.cache}, use_cache=True, logits_to_keep=1)
         plan.done = end
@@ -232,9 +306,8 @@ class TransformersRunner:
         row = plan.row
         row.position = int(inputs["attention_mask"].sum())
         row.rope_delta = plan.rope_delta
-        batch = RunningBatch([row], plan.cache, inputs["attention_mask"], plan.mrope)
-        self._advance([row], out.logits[:, -1, :])
-        return batch
+        self.caches.store(plan.cache, 0, 0, plan.hashes)
+        return out.logits[:, -1, :]
 
     def decode(self, batch: RunningBatch) -> None:
         """One decode step for every row of ``batch``: each row's last token goes in, its next
@@ -266,68 +339,14 @@ class TransformersRunner:
 
     def _advance(self, rows: list[_Row], logits: Any) -> None:
         tokens = self._sample(rows, logits)
-        logprobs = self._logprobs(rows, logits, tokens)
+        logprobs = sampler.logprobs(rows, logits, tokens)
         now = time.perf_counter()
         for row, token, lp in zip(rows, tokens, logprobs, strict=True):
             row.last_token = token
             self._step(row, token, now, lp)
 
-    def _logprobs(self, rows: list[_Row], logits: Any, tokens: list[int]
-                  ) -> list[TokenLogprobs | None]:
-        """For the rows whose request asked (``logprobs`` k not None), the sampled token's
-        log-probability and rank and the k most likely tokens', in the model's raw
-        distribution: log_softmax of the logits before temperature, top-k and top-p (vLLM's
-        default ``logprobs_mode="raw_logprobs"``). One log_softmax and one top-k over those
-        rows only; the others cost nothing."""
-        out: list[TokenLogprobs | None] = [None] * len(rows)
-        wanted = [i for i, r in enumerate(rows)
-                  if r.request.params.logprobs is not None and not r.done]
-        if not wanted:
-            return out
-        import torch
-
-        index = torch.tensor(wanted, dtype=torch.long, device=logits.device)
-        lps = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
-        chosen = torch.tensor([tokens[i] for i in wanted], dtype=torch.long,
-                              device=lps.device)[:, None]
-        picked = lps.gather(1, chosen)
-        ranks = ((lps > picked).sum(dim=1) + 1).tolist()
-        picked_list = picked[:, 0].tolist()
-        k = min(max(rows[i].request.params.logprobs for i in wanted), lps.shape[-1])
-        top_v: list[list[float]] = [[] for _ in wanted]
-        top_i: list[list[int]] = [[] for _ in wanted]
-        if k:
-            top = torch.topk(lps, k, dim=-1)
-            top_v, top_i = top.values.tolist(), top.indices.tolist()
-        for j, i in enumerate(wanted):
-            n = rows[i].request.params.logprobs
-            out[i] = TokenLogprobs(picked_list[j], int(ranks[j]), top_i[j][:n], top_v[j][:n])
-        return out
-
     def _sample(self, rows: list[_Row], logits: Any) -> list[int]:
-        """Each row's next token: greedy rows take the argmax; the others sample with their own
-        temperature/top-k/top-p and generator (seeded per row)."""
-        import torch
-
-        tokens = logits.argmax(dim=-1).tolist()
-        for i, row in enumerate(rows):
-            p = row.request.params
-            if p.temperature == 0:
-                continue
-            scores = logits[i].float() / p.temperature
-            if p.top_k and p.top_k > 0:
-                kth = torch.topk(scores, min(p.top_k, scores.numel())).values[-1]
-                scores = scores.masked_fill(scores < kth, float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            if p.top_p < 1.0:
-                sorted_p, order = torch.sort(probs, descending=True)
-                keep = torch.cumsum(sorted_p, 0) - sorted_p < p.top_p
-                mask = torch.zeros_like(probs, dtype=torch.bool)
-                mask[order[keep]] = True
-                probs = torch.where(mask, probs, torch.zeros_like(probs))
-                probs = probs / probs.sum()
-            tokens[i] = int(torch.multinomial(probs, 1, generator=row.generator).item())
-        return tokens
+        return sampler.sample(rows, logits)
 
     def _step(self, row: _Row, token: int, now: float, lp: TokenLogprobs | None = None
               ) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.errors import MediaDecodeError, MediaTooLargeError, UnsupportedMediaError, sanitize
+from engine.media import decode_deadline
 
 DEFAULT_SAMPLING_RATE = 16_000
 
@@ -84,6 +85,7 @@ def decode_audio(
         source_seconds = 0.0
         source_samples = 0
         for frame in container.decode(stream):
+            decode_deadline.check()
             # checked on the source frame, before the resampler multiplies it
             source_samples += frame.samples * max(len(frame.layout.channels), 1)
             if source_samples > max_decode_samples:

@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from engine.config import MediaLimits
+from engine.media import decode_deadline
 from engine.media.audio import decode_audio
 from engine.media.connector import MediaConnector
 from engine.media.decode_errors import as_decode_error
@@ -23,26 +24,35 @@ if TYPE_CHECKING:
 
 class InProcessDecoders:
     """The decoding calls of :class:`~engine.media.isolation.DecodeWorkers`, run here (any
-    decoder exception is the item's client error, as it is from a worker)."""
+    decoder exception is the item's client error, as it is from a worker). ``budget_s``:
+    seconds one video or audio decode may take, checked between frames
+    (:mod:`engine.media.decode_deadline`); 0: none."""
 
-    @staticmethod
-    def decode_image(data: bytes, limits: MediaLimits) -> Any:
+    def __init__(self, budget_s: float = 0.0) -> None:
+        self.budget_s = budget_s
+
+    def for_client(self, client: str) -> InProcessDecoders:
+        """The same decoders (threads are not shared out per client, the decode pool is)."""
+        return self
+
+    def decode_image(self, data: bytes, limits: MediaLimits) -> Any:
         try:
             return decode_image(data, limits)
         except Exception as exc:
             raise as_decode_error("image", exc) from None
 
-    @staticmethod
-    def decode_video(data: bytes, spec: VideoLoadSpec, limits: MediaLimits) -> Any:
+    def decode_video(self, data: bytes, spec: VideoLoadSpec, limits: MediaLimits) -> Any:
         try:
-            return load_video(data, spec, limits)
+            with decode_deadline.budget(self.budget_s, "video"):
+                return load_video(data, spec, limits)
         except Exception as exc:
             raise as_decode_error("video", exc) from None
 
-    @staticmethod
-    def decode_audio(data: bytes, *, sampling_rate: int, max_seconds: float) -> Any:
+    def decode_audio(self, data: bytes, *, sampling_rate: int, max_seconds: float) -> Any:
         try:
-            return decode_audio(data, sampling_rate=sampling_rate, max_seconds=max_seconds)
+            with decode_deadline.budget(self.budget_s, "audio"):
+                return decode_audio(data, sampling_rate=sampling_rate,
+                                    max_seconds=max_seconds)
         except Exception as exc:
             raise as_decode_error("audio", exc) from None
 
@@ -65,7 +75,7 @@ def item_for(modality: str, data: bytes, limits: MediaLimits, video: VideoLoadSp
              sampling_rate: int, decoders: Any = None) -> MediaItem:
     """A MediaItem whose hash is the encoded bytes and whose decode runs the media path
     (in ``decoders``, the decode worker processes, when given; else in this process)."""
-    run = decoders if decoders is not None else InProcessDecoders
+    run = decoders if decoders is not None else InProcessDecoders()
     if modality == "image":
         return MediaItem("image", encoded=data, decode=lambda: run.decode_image(data, limits),
                          media_kwargs={"background": limits.image_background})

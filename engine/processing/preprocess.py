@@ -84,6 +84,12 @@ class ProcessedPrompt:
     item_hits: list[bool]
     timings: dict[str, float]
     modality_counts: dict[str, int]
+    #: each item's content key (bytes + settings, as the processor cache names it) and the
+    #: [offset, offset + length) range of its feature tokens in ``input_ids``, in prompt
+    #: order (vLLM's ``mm_hashes``/``mm_positions``): prefix caching mixes the keys into the
+    #: hashes of the blocks those tokens fall in
+    mm_hashes: list[str] = field(default_factory=list)
+    mm_positions: list[tuple[int, int]] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -235,15 +241,16 @@ class Preprocessor:
         check_one_visual_modality(counts, self.loaded.spec)
         processed: list[ProcessedItem] = []
         hits: list[bool] = []
+        keys: list[str] = []
         for index, item in enumerate(items):
             start = time.perf_counter()
-            key = None
-            if self.cache.enabled:
-                key = item_key(self.loaded.name, item.modality, content_hash(item.hash_source()),
-                               kwargs, item.media_kwargs)
+            # always: the engine's prefix cache names the item by it too
+            key = item_key(self.loaded.name, item.modality, content_hash(item.hash_source()),
+                           kwargs, item.media_kwargs)
+            keys.append(key)
             mid = time.perf_counter()
             timings["hash_s"] += mid - start
-            cached = self.cache.get(key) if key is not None else None
+            cached = self.cache.get(key) if self.cache.enabled else None
             timings["cache_lookup_s"] += time.perf_counter() - mid
             if cached is not None:
                 processed.append(cached)
@@ -258,32 +265,63 @@ class Preprocessor:
             start = time.perf_counter()
             result = self.process_item(item, data, kwargs)
             timings["processor_s"] += time.perf_counter() - start
-            if key is not None:
+            if self.cache.enabled:
                 self.cache.put(key, result, result.nbytes)
             processed.append(result)
             hits.append(False)
         start = time.perf_counter()
-        input_ids, mm = self.assemble(prompt, items, processed)
+        input_ids, mm, order = self._assemble(prompt, items, processed)
         timings["processor_s"] += time.perf_counter() - start
-        return ProcessedPrompt(input_ids, mm, hits, timings, dict(counts))
+        return ProcessedPrompt(input_ids, mm, hits, timings, dict(counts),
+                               [keys[i] for i in order],
+                               self.item_positions(input_ids, [processed[i] for i in order]))
+
+    def item_positions(self, input_ids: list[int], placed: list[ProcessedItem]
+                       ) -> list[tuple[int, int]]:
+        """(offset, length) of each placed item's feature tokens, first to last: item ``k``
+        holds the feature tokens after those of the items before it. Where the prompt's
+        feature tokens do not add up to the items' counts, every item is said to reach from
+        the first feature token to the end (less reuse, never a wrong one)."""
+        features = set(self.feature_ids.values())
+        at = [i for i, t in enumerate(input_ids) if t in features]
+        if len(at) != sum(p.num_tokens for p in placed) or any(
+                p.num_tokens < 1 for p in placed):
+            first = at[0] if at else 0
+            return [(first, len(input_ids) - first)] * len(placed)
+        out: list[tuple[int, int]] = []
+        seen = 0
+        for result in placed:
+            first, last = at[seen], at[seen + result.num_tokens - 1]
+            out.append((first, last - first + 1))
+            seen += result.num_tokens
+        return out
 
     def assemble(self, prompt: str, items: list[MediaItem], processed: list[ProcessedItem]
                  ) -> tuple[list[int], dict[str, Any]]:
+        input_ids, mm, _ = self._assemble(prompt, items, processed)
+        return input_ids, mm
+
+    def _assemble(self, prompt: str, items: list[MediaItem], processed: list[ProcessedItem]
+                  ) -> tuple[list[int], dict[str, Any], list[int]]:
+        """The prompt's ids and tensors, and the items' indices in the order their
+        placeholders come."""
         import torch
 
-        queues: dict[str, list[ProcessedItem]] = {}
-        for item, result in zip(items, processed, strict=True):
-            queues.setdefault(item.modality, []).append(result)
+        queues: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            queues.setdefault(item.modality, []).append(i)
         order = {m: iter(q) for m, q in queues.items()}
         input_ids: list[int] = []
         placed: list[ProcessedItem] = []  # the items in the order their placeholders come
+        placed_at: list[int] = []
         if self.loaded.spec.assemble_text:
             # The expansions' text meets the prompt's (Gemma 3: "user\n" + "\n\n<image>..."
             # is one "\n\n\n" token): put each item's text in, then tokenize once.
             pieces: list[str] = []
             last = 0
             for found in self._placeholder.finditer(prompt):
-                placed.append(next(order[self._token_modality[found.group()]]))
+                placed_at.append(next(order[self._token_modality[found.group()]]))
+                placed.append(processed[placed_at[-1]])
                 pieces += [prompt[last:found.start()], placed[-1].text or ""]
                 last = found.end()
             input_ids = self._encode("".join(pieces) + prompt[last:])
@@ -295,7 +333,8 @@ class Preprocessor:
             for token in self._tokenize(prompt):
                 modality = self._id_modality.get(token)
                 if modality:
-                    placed.append(next(order[modality]))
+                    placed_at.append(next(order[modality]))
+                    placed.append(processed[placed_at[-1]])
                     input_ids.extend(placed[-1].expansion)
                 else:
                     input_ids.append(token)
@@ -316,4 +355,4 @@ class Preprocessor:
             for token, value in self.type_ids.items():
                 types[ids == token] = value
             merged[self.loaded.spec.token_types_key] = types
-        return input_ids, merged
+        return input_ids, merged, placed_at

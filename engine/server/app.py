@@ -35,6 +35,7 @@ from engine.media.inflight import InflightBytes, Ticket
 from engine.media.pool import decode_executor
 from engine.media.video.budget import GpuDecodeBudget
 from engine.models.loader import LoadedModel
+from engine.processing.media_items import InProcessDecoders
 from engine.processing.pipeline import Pipeline
 from engine.server.admin_routes import add_admin_routes
 from engine.server.config import ServerConfig
@@ -83,7 +84,8 @@ class State:
                                       config.max_fetches_per_client)
         self.metrics = Metrics()
         self.pending = 0
-        self.decoders = None
+        # in this process's threads, checked between frames against the same budget
+        self.decoders: Any = InProcessDecoders(config.decode_cpu_budget_s)
         if config.decode_isolation == "process":
             from engine.media.isolation import DecodeWorkers
 
@@ -95,7 +97,7 @@ class State:
         self.preprocessing = 0  # requests fetching, decoding or in the HF processor
         self.metrics.sample(self.metrics.inflight_bytes, lambda: self.inflight.in_use)
         decoders = self.decoders
-        if decoders is not None:
+        if not isinstance(decoders, InProcessDecoders):  # workers restart; threads do not
             self.metrics.follow(self.metrics.decode_restarts, lambda: decoders.restarts)
         self.count()
         # This process's share of --mm-ipc-gpu-memory-gb, for GPU video backends.
@@ -287,7 +289,7 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
         if refresher is not None:
             refresher.cancel()
         await app[STATE].connector.close()
-        if app[STATE].decoders is not None:
+        if not isinstance(app[STATE].decoders, InProcessDecoders):
             app[STATE].decoders.close()
 
     app.cleanup_ctx.append(lifecycle)

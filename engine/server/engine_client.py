@@ -96,20 +96,25 @@ class EngineClient:
             self._conn.send(message)
 
     def _submit(self, rid: str, input_ids: list[int], mm: dict[str, Any],
-                sampling: dict[str, Any]) -> None:
+                sampling: dict[str, Any],
+                mm_items: tuple[list[str], list[tuple[int, int]]] = ([], [])) -> None:
         """Large inputs into shared memory, then the request to the engine: in a worker
         thread, so the megabytes of copying stay off the event loop. Segments of a message
         that was not sent are removed (no engine will map them)."""
         message, segments = shared_inputs.export(mm)
         try:
-            self._send(Submit(rid, input_ids, message, sampling))
+            self._send(Submit(rid, input_ids, message, sampling, *mm_items))
         except BaseException:
             shared_inputs.discard(segments)
             raise
 
-    async def generate(self, input_ids: list[int], mm: dict[str, Any], sampling: dict[str, Any]):
+    async def generate(self, input_ids: list[int], mm: dict[str, Any], sampling: dict[str, Any],
+                       mm_items: tuple[list[str], list[tuple[int, int]]] = ([], [])):
         """Yields the request's :class:`~engine.server.wire.Delta` s as the engine makes
-        them, then its :class:`~engine.server.wire.Done` (a failed request raises instead)."""
+        them, then its :class:`~engine.server.wire.Done` (a failed request raises instead).
+        ``mm_items``: the prompt's items' content keys and token ranges
+        (``ProcessedPrompt.mm_hashes``, ``mm_positions``), which the engine's prefix cache
+        names the media by."""
         if not self.alive:
             raise ServiceUnavailableError("the engine process is not running",
                                     hint="check the server log; restart the server")
@@ -121,7 +126,7 @@ class EngineClient:
             # numpy, not torch: torch's pickler would move every tensor into shared memory and
             # pass a file descriptor per storage, which the processor cache then keeps open.
             plain = {k: v.numpy() if hasattr(v, "numpy") else v for k, v in mm.items()}
-            await asyncio.to_thread(self._submit, rid, input_ids, plain, sampling)
+            await asyncio.to_thread(self._submit, rid, input_ids, plain, sampling, mm_items)
             while True:
                 message = await queue.get()
                 if isinstance(message, Delta):

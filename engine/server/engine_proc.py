@@ -134,7 +134,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                         "code": "internal_error"}}, 500)
             outputs = [Output(o.index, o.text, o.token_ids, o.finish_reason)
                        for o in req.outputs]
-            send(Done(rid, outputs, req.timings, error))
+            send(Done(rid, outputs, req.timings, error, req.num_cached_tokens))
 
         def submit(message: Submit) -> None:
             rid = message.rid
@@ -148,7 +148,9 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                 return
             tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                        for k, v in mm.items()}
-            prompt = ProcessedPrompt(message.input_ids, tensors, [], {}, {})
+            prompt = ProcessedPrompt(message.input_ids, tensors, [], {}, {},
+                                     list(message.mm_hashes),
+                                     [tuple(p) for p in message.mm_positions])
 
             def on_event(event) -> None:
                 lp = event.logprobs

@@ -85,7 +85,14 @@ class Metrics:
             ("prefill_tokens_total", "Prompt tokens prefilled"),
             ("decode_tokens_total", "Tokens decoded (one per row per step)"),
             ("batch_size_last", "Rows in the last decode step"),
-            ("batch_size_max", "Most rows in one decode step so far"))}
+            ("batch_size_max", "Most rows in one decode step so far"),
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
+            ("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
+            ("prefix_cache_bytes", "Bytes of keys and values the prefix cache holds"),
+            ("encoder_cache_hits", "Media items whose encoder output came from the encoder "
+                                   "cache"),
+            ("encoder_cache_misses", "Media items the encoder ran on (encoder cache on)"),
+            ("encoder_cache_bytes", "Bytes of encoder outputs the encoder cache holds"))}
         self.engine_up = self.gauge("aphrodite_engine_stats_up",
                                     "1 when the engine answered this scrape's stats request in "
                                     "time, 0 when its numbers above are unknown (NaN)",
@@ -133,6 +140,14 @@ class Metrics:
                                           ["model_name"], registry=self.registry)
         self.vllm_generation_tokens = Counter("vllm:generation_tokens", "Tokens generated",
                                               ["model_name"], registry=self.registry)
+        # counted per finished request here (a sum over API servers stays right); the
+        # engine's own running counts are the aphrodite_engine_prefix_cache_* gauges
+        self.vllm_prefix_queries = Counter("vllm:prefix_cache_queries",
+                                           "Prompt tokens looked up in the prefix cache",
+                                           ["model_name"], registry=self.registry)
+        self.vllm_prefix_hits = Counter("vllm:prefix_cache_hits",
+                                        "Prompt tokens found in the prefix cache",
+                                        ["model_name"], registry=self.registry)
         self.vllm_running = self.gauge("vllm:num_requests_running",
                                        "Requests of the API server(s) in the engine",
                                        ["model_name"])
@@ -168,8 +183,11 @@ class Metrics:
                 entry[2] = now
 
     def observe_request(self, model: str, *, e2e_s: float, decode_s: float, prompt: int,
-                        generated: int) -> None:
-        """One finished request in vLLM's metrics."""
+                        generated: int, cached: int = 0) -> None:
+        """One finished request in vLLM's metrics (``cached``: its prompt tokens from the
+        prefix cache)."""
+        self.vllm_prefix_queries.labels(model).inc(prompt)
+        self.vllm_prefix_hits.labels(model).inc(cached)
         self.vllm_e2e.labels(model).observe(e2e_s)
         self.vllm_ttft.labels(model).observe(max(e2e_s - decode_s, 0.0))
         if generated > 1:

@@ -51,8 +51,8 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
             async with fetch_slot(state, sources, started, client):
                 items, fetch_s = await pipeline.fetch(
                     state.connector, parsed.media, video, sources=sources,
-                    decoders=None if state.decoders is None
-                    else state.decoders.for_client(client), ticket=ticket, started=started)
+                    decoders=state.decoders.for_client(client), ticket=ticket,
+                    started=started)
             for item in items:
                 state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
             if state.gpu_budget is not None and BACKENDS[video.backend].gpu:

@@ -46,6 +46,8 @@ class Reply:
         self.n = fields.sampling.n
         self.prompt_tokens = sum(len(p.input_ids) for p in prompts)
         self._logprobs: dict[int, ChatLogprobs | CompletionLogprobs] = {}
+        #: per prompt, its tokens the engine's prefix cache supplied
+        self._cached_tokens: dict[int, int] = {}
 
     def at(self, prompt: int, index: int) -> int:
         """The choice index of row ``index`` of prompt ``prompt``."""
@@ -71,9 +73,12 @@ class Reply:
         return {"index": at, **content, "finish_reason": finish_reason(reason),
                 "logprobs": logprobs}
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
+    def usage(self, completion_tokens: int) -> dict[str, Any]:
+        """OpenAI's usage, with the prompt tokens the prefix cache supplied (as OpenAI and
+        vLLM report them), in the JSON body and the stream's last chunk alike."""
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": self.prompt_tokens + completion_tokens}
+                "total_tokens": self.prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": sum(self._cached_tokens.values())}}
 
     def add_logprobs(self, at: int, token_id: int | None, lp: tuple | None
                      ) -> dict[str, Any] | None:
@@ -108,7 +113,9 @@ class Reply:
                 state.name, e2e_s=timings["server_total_s"],
                 decode_s=float(timings.get("decode_s", 0.0)),
                 prompt=len(processed.input_ids),
-                generated=sum(len(out.token_ids) for out in done.outputs))
+                generated=sum(len(out.token_ids) for out in done.outputs),
+                cached=done.num_cached_tokens)
+            self._cached_tokens[prompt] = done.num_cached_tokens
         for name in SERVED_STAGES:
             if name in timings:
                 state.metrics.stage.labels(name[:-2]).observe(float(timings[name]))

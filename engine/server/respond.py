@@ -71,7 +71,8 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
     param = "messages" if chat else "prompt"
     params = [fields.sampling_for(len(p.input_ids), state.config.max_model_len, param)
               for p in prompts]
-    generations = [state.engine.generate(p.input_ids, p.mm, sp.__dict__)
+    generations = [state.engine.generate(p.input_ids, p.mm, sp.__dict__,
+                                         (p.mm_hashes, p.mm_positions))
                    for p, sp in zip(prompts, params, strict=True)]
     reply = Reply(state, fields, prompts, start, chat=chat)
     if fields.stream:

@@ -28,12 +28,17 @@ Logprobs = tuple[float, int, list[int], list[float]]
 class Submit(NamedTuple):
     """Run a prompt: ``mm`` is :func:`shared_inputs.export`'s message (the engine maps it
     back with ``shared_inputs.attach``), ``sampling`` the keyword arguments of
-    :class:`~engine.executor.sampling.SamplingParams`."""
+    :class:`~engine.executor.sampling.SamplingParams`; ``mm_hashes`` and ``mm_positions``
+    the prompt's items' content keys and ``(offset, length)`` token ranges, in prompt order
+    (``ProcessedPrompt.mm_hashes``, ``mm_positions``), which the prefix cache names the media
+    by."""
 
     rid: str
     input_ids: list[int]
     mm: dict[str, Any]
     sampling: dict[str, Any]
+    mm_hashes: tuple[str, ...] | list[str] = ()
+    mm_positions: tuple[tuple[int, int], ...] | list[tuple[int, int]] = ()
 
 
 class Cancel(NamedTuple):
@@ -83,12 +88,14 @@ class Failure(NamedTuple):
 
 
 class Done(NamedTuple):
-    """A request's end; sent after its last :class:`Events`. ``error`` is None when it ran."""
+    """A request's end; sent after its last :class:`Events`. ``error`` is None when it ran;
+    ``num_cached_tokens``: its prompt tokens the prefix cache supplied (vLLM's name)."""
 
     rid: str
     outputs: list[Output]
     timings: dict[str, Any]
     error: Failure | None = None
+    num_cached_tokens: int = 0
 
 
 class Stats(NamedTuple):

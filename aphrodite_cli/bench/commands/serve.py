@@ -277,13 +277,15 @@ def _print_serve_table(doc: dict, fmt: str = "table") -> None:
     pcts = doc.get("metric_percentiles") or [50.0, 99.0]
     columns = ["phase", "ok/failed", "req/s", "out tok/s",
                *(f"{m.upper()} {'/'.join(f'p{p:g}' for p in pcts)} ms" for m in metrics),
-               "cache hit"]
+               "cache hit", "prefix hit"]
     rows = []
     for mode, p in doc["phases"].items():
         hit = p["server_cache"]["hit_rate"]
+        prefix = (p.get("prefix_cache") or {}).get("hit_rate")
         cells = ["/".join("-" if p.get(f"p{q:g}_{m}_ms") is None else
                           f"{p[f'p{q:g}_{m}_ms']:.1f}" for q in pcts) for m in metrics]
         rows.append([mode, f"{p['completed']}/{p['failed']}", f"{p['request_throughput']:.2f}",
                      f"{p['output_throughput']:.1f}", *cells,
-                     "-" if hit is None else f"{hit:.0%}"])
+                     "-" if hit is None else f"{hit:.0%}",
+                     "-" if prefix is None else f"{prefix:.0%}"])
     print_table(f"bench serve: {doc['num_prompts']} prompts per phase", columns, rows, fmt)

@@ -51,6 +51,8 @@ class RequestRecord:
     e2e: float | None = None
     output_tokens: int = 0
     prompt_tokens: int = 0
+    #: of them, what the target's prefix cache supplied (usage.prompt_tokens_details)
+    cached_tokens: int = 0
     request_bytes: int = 0
     encode_s: float = 0.0
     server: dict[str, Any] | None = None
@@ -129,4 +131,13 @@ def compute(records: list[RequestRecord], duration_s: float,
         "server_stages_ms": {k: _ms(v) for k, v in sorted(stages.items())},
         "server_cache": {"hits": hits, "misses": misses,
                          "hit_rate": hits / (hits + misses) if hits + misses else None},
+        "prefix_cache": _prefix_cache(done),
     }
+
+
+def _prefix_cache(done: list[RequestRecord]) -> dict[str, Any]:
+    """Prompt tokens the target's prefix cache supplied, of those it reported (usage)."""
+    cached = sum(r.cached_tokens for r in done)
+    prompt = sum(r.prompt_tokens for r in done)
+    return {"cached_tokens": cached, "prompt_tokens": prompt,
+            "hit_rate": cached / prompt if prompt else None}

@@ -124,6 +124,13 @@ class _Stream:
                 raise ResponseProblem("invalid_usage", "usage counts are not non-negative "
                                       f"integers: {json.dumps(usage)[:200]}")
             record.output_tokens, record.prompt_tokens = completion, prompt
+            # of them, what the target's prefix cache supplied (OpenAI's and vLLM's field)
+            details = usage.get("prompt_tokens_details")
+            cached = (details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+            if not _count(cached):
+                raise ResponseProblem("invalid_usage", "usage counts are not non-negative "
+                                      f"integers: {json.dumps(usage)[:200]}")
+            record.cached_tokens = cached
             record.token_source = "usage"
             details = usage.get("prompt_tokens_details")  # cached / image / audio tokens
             record.prompt_details = details if isinstance(details, dict) else None

@@ -40,6 +40,16 @@ class ServeCache(_Open):
     hit_rate: float | None = None
 
 
+class ServePrefixCache(_Open):
+    """The target's prefix cache in a phase: prompt tokens it supplied (``usage.
+    prompt_tokens_details.cached_tokens``) of those it reported; ``hit_rate`` None when it
+    reported none (absent in results written before it was measured)."""
+
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+    hit_rate: float | None = None
+
+
 class ServePhase(_Open):
     """One phase (cold, warm): the per-request samples the gate pools, and the summary the
     report prints (absent in a hand-made file: the report prints "-")."""
@@ -52,6 +62,7 @@ class ServePhase(_Open):
     tpot_ms: Stats = Stats()
     e2e_ms: Stats = Stats()
     server_cache: ServeCache = ServeCache()
+    prefix_cache: ServePrefixCache = ServePrefixCache()
 
 
 class ServeResult(_Result):

@@ -265,7 +265,8 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
         if kind == "serve":
             lines += [_serve_header(doc), ""]
             lines += ["| phase | ok | failed | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |"
-                      " E2E p50 ms | cache hit rate |", "|---|---|---|---|---|---|---|---|---|"]
+                      " E2E p50 ms | cache hit rate | prefix hit rate |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
             for phase, r in doc["phases"].items():
                 ttft, tpot, e2e = (r.get(m) or {} for m in ("ttft_ms", "tpot_ms", "e2e_ms"))
                 lines.append(f"| {phase} | {_num(r.get('completed'))} | "
@@ -275,7 +276,8 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
                              f"{_num(ttft.get('p99'), '.1f')} | "
                              f"{_num(tpot.get('median'), '.2f')} | "
                              f"{_num(e2e.get('median'), '.1f')} | "
-                             f"{_num((r.get('server_cache') or {}).get('hit_rate'), '.0%')} |")
+                             f"{_num((r.get('server_cache') or {}).get('hit_rate'), '.0%')} | "
+                             f"{_num((r.get('prefix_cache') or {}).get('hit_rate'), '.0%')} |")
             lines += ["", *serve_markdown(doc)]
         elif kind == "video-decode":
             lines += ["| backend | options | median s | x full decode | frames exact |",

@@ -10,6 +10,7 @@ import numpy as np
 
 from engine.config import MediaLimits
 from engine.errors import MediaDecodeError, MediaTooLargeError
+from engine.media.decode_errors import as_decode_error
 from engine.media.pool import decode_executor
 from engine.media.video.backend_info import BACKENDS
 from engine.media.video.options import VideoLoadSpec
@@ -104,7 +105,16 @@ def load_video(data: bytes, spec: VideoLoadSpec, limits: MediaLimits) -> VideoFr
 
 async def load_video_async(data: bytes, spec: VideoLoadSpec, limits: MediaLimits,
                            budget=None) -> VideoFrames:
-    """:func:`load_video` on the decode pool; GPU backends hold ``budget`` while decoding."""
+    """:func:`load_video` on the decode pool; GPU backends hold ``budget`` while decoding.
+    Any decoder exception is the item's client error (as from a decode worker)."""
+    try:
+        return await _load_video_async(data, spec, limits, budget)
+    except Exception as exc:
+        raise as_decode_error("video", exc) from None
+
+
+async def _load_video_async(data: bytes, spec: VideoLoadSpec, limits: MediaLimits,
+                            budget) -> VideoFrames:
     loop = asyncio.get_running_loop()
     pool = decode_executor()
     start = time.perf_counter()

@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from engine.errors import MediaDecodeError
-from engine.media import frame_memory
+from engine.media import decode_deadline, frame_memory
 from engine.media.video.backend_info import BACKENDS
 from engine.media.video.options import BackendOptions
 from engine.media.video.scan import ContainerScan
@@ -38,7 +38,8 @@ def check_frame_size(width: int, height: int, scan: ContainerScan) -> None:
     """Every decoded frame must have the stream's declared size: the caps were checked on
     that size, and a stream that switches to a bigger one mid-way would otherwise decode
     past them (and frames of two sizes do not stack). Checked before the frame is
-    converted or kept."""
+    converted or kept; and, in the API server's own threads, the decode's time budget."""
+    decode_deadline.check()
     if (width, height) != (scan.width, scan.height):
         raise MediaDecodeError(
             f"a decoded frame is {width}x{height}, the stream declared {scan.width}x"

@@ -1,0 +1,68 @@
+"""Choosing each row's next token from its logits, and the logprobs a request asked for.
+
+A row here is the runner's: its ``request.params`` (:class:`~engine.executor.sampling.
+SamplingParams`), its own seeded ``generator`` and ``done``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from engine.executor.request import TokenLogprobs
+
+
+def logprobs(rows: Sequence[Any], logits: Any, tokens: list[int]) -> list[TokenLogprobs | None]:
+    """For the rows whose request asked (``logprobs`` k not None), the sampled token's
+    log-probability and rank and the k most likely tokens', in the model's raw
+    distribution: log_softmax of the logits before temperature, top-k and top-p (vLLM's
+    default ``logprobs_mode="raw_logprobs"``). One log_softmax and one top-k over those
+    rows only; the others cost nothing."""
+    out: list[TokenLogprobs | None] = [None] * len(rows)
+    wanted = [i for i, r in enumerate(rows)
+              if r.request.params.logprobs is not None and not r.done]
+    if not wanted:
+        return out
+    import torch
+
+    index = torch.tensor(wanted, dtype=torch.long, device=logits.device)
+    lps = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+    chosen = torch.tensor([tokens[i] for i in wanted], dtype=torch.long,
+                          device=lps.device)[:, None]
+    picked = lps.gather(1, chosen)
+    ranks = ((lps > picked).sum(dim=1) + 1).tolist()
+    picked_list = picked[:, 0].tolist()
+    k = min(max(rows[i].request.params.logprobs for i in wanted), lps.shape[-1])
+    top_v: list[list[float]] = [[] for _ in wanted]
+    top_i: list[list[int]] = [[] for _ in wanted]
+    if k:
+        top = torch.topk(lps, k, dim=-1)
+        top_v, top_i = top.values.tolist(), top.indices.tolist()
+    for j, i in enumerate(wanted):
+        n = rows[i].request.params.logprobs
+        out[i] = TokenLogprobs(picked_list[j], int(ranks[j]), top_i[j][:n], top_v[j][:n])
+    return out
+
+def sample(rows: Sequence[Any], logits: Any) -> list[int]:
+    """Each row's next token: greedy rows take the argmax; the others sample with their own
+    temperature/top-k/top-p and generator (seeded per row)."""
+    import torch
+
+    tokens = logits.argmax(dim=-1).tolist()
+    for i, row in enumerate(rows):
+        p = row.request.params
+        if p.temperature == 0:
+            continue
+        scores = logits[i].float() / p.temperature
+        if p.top_k and p.top_k > 0:
+            kth = torch.topk(scores, min(p.top_k, scores.numel())).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        if p.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sorted_p, 0) - sorted_p < p.top_p
+            mask = torch.zeros_like(probs, dtype=torch.bool)
+            mask[order[keep]] = True
+            probs = torch.where(mask, probs, torch.zeros_like(probs))
+            probs = probs / probs.sum()
+        tokens[i] = int(torch.multinomial(probs, 1, generator=row.generator).item())
+    return tokens

@@ -1,0 +1,192 @@
+"""The runner's warm caches: prefix blocks (:mod:`engine.executor.prefix_cache`) cut from a
+prefilled row's keys and values and filled into a new row's cache, and the encoder output
+cache (:mod:`engine.executor.encoder_cache`) named by the items of a forward pass.
+
+A block's value is one tensor ``(2 * layers, kv_heads, block_size, head_dim)``: every layer's
+keys, then every layer's values, for those tokens (one allocation per block, freed when the
+block is evicted). Only full-attention caches are cut: a sliding-window layer (Gemma 3's local
+layers) keeps just the last columns of a prompt, so a prefix's keys are no longer there;
+families with one run without prefix caching (:func:`supported`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.executor import kv
+from engine.executor.encoder_cache import EncoderCache
+from engine.executor.prefix_cache import PrefixCache, usable_prefix
+
+#: prompts whose block hashes are kept (a few batches' worth of waiting requests)
+_HASHES_KEPT = 256
+
+
+def supported(config: Any) -> bool:
+    """Whether this model's cache layers can be cut into prefix blocks (no sliding window)."""
+    from transformers import DynamicCache
+
+    return not any(getattr(layer, "is_sliding", False)
+                   for layer in kv._layers(DynamicCache(config=config)))
+
+
+def store(store_in: PrefixCache, cache: Any, row: int, start: int, hashes: Sequence[bytes]
+          ) -> None:
+    """Put the blocks of ``hashes`` that ``store_in`` lacks, taken from row ``row`` of
+    ``cache`` whose prompt starts at column ``start`` (left padding before it)."""
+    import torch
+
+    missing = store_in.missing(hashes)
+    if not missing:
+        return
+    size = store_in.block_size
+    first, end = missing[0], missing[-1] + 1
+    layers = kv._layers(cache)
+    if len({(layer.keys.shape[1], layer.keys.shape[-1]) for layer in layers}) > 1:
+        return  # layers of different shapes: not stacked into blocks (none such registered)
+    span = slice(start + first * size, start + end * size)
+    with torch.inference_mode():
+        stacked = torch.stack([layer.keys[row, :, span] for layer in layers]
+                              + [layer.values[row, :, span] for layer in layers])
+        blocks = stacked.split(size, dim=-2)
+        values = {}
+        for i in missing:
+            block = blocks[i - first].clone()
+            values[i] = (block, block.numel() * block.element_size())
+    store_in.put(hashes, values)
+
+
+def fill(cache: Any, blocks: list[Any]) -> None:
+    """A fresh one-row ``cache`` holding the keys and values of ``blocks`` (in order)."""
+    import torch
+
+    with torch.inference_mode():
+        joined = torch.cat(blocks, dim=-2) if len(blocks) > 1 else blocks[0]
+        layers = kv._layers(cache)
+        count = len(layers)
+        for j, layer in enumerate(layers):
+            layer.update(joined[j].unsqueeze(0), joined[count + j].unsqueeze(0))
+
+
+def media_span(input_ids: Sequence[int], media_ids: set[int]) -> tuple[int, int] | None:
+    """The first and last media (feature) token of a prompt, or None."""
+    at = [i for i, t in enumerate(input_ids) if t in media_ids]
+    return (at[0], at[-1]) if at else None
+
+
+def prompt_hashes(store_in: PrefixCache, prompt: Any, media_ids: set[int]) -> list[bytes]:
+    """A prompt's block hashes. A prompt with media tokens but no content keys (a caller that
+    sent none) is hashed only up to its first media token: without the keys two images would
+    look the same."""
+    ids = prompt.input_ids
+    span = media_span(ids, media_ids)
+    hashed = ids if span is None or prompt.mm_hashes else ids[:span[0]]
+    return store_in.hashes(hashed, prompt.mm_hashes if span else (),
+                           prompt.mm_positions if span else ())
+
+
+def lookup(store_in: PrefixCache, prompt: Any, media_ids: set[int], *, count: bool,
+           hashes: list[bytes] | None = None) -> tuple[list[bytes], int]:
+    """A prompt's block hashes (``hashes``: computed before) and how many of its first tokens
+    a prefill takes from the cache (``count``: the lookup goes into the hit statistics)."""
+    ids = prompt.input_ids
+    span = media_span(ids, media_ids)
+    if hashes is None:
+        hashes = prompt_hashes(store_in, prompt, media_ids)
+    length = usable_prefix(store_in.longest(hashes) * store_in.block_size, len(ids), span,
+                           store_in.block_size)
+    if count:
+        store_in.record(len(ids), length)
+    return hashes, length
+
+
+class WarmCaches:
+    """A runner's prefix cache (None when off, or for a family whose cache layers cannot be
+    cut into blocks: sliding windows, Gemma 3) and encoder output cache (None when its bound
+    is 0 or the model has no encoder)."""
+
+    def __init__(self, model: Any, encoder: Any, media_token_ids: set[int],
+                 config: EngineConfig) -> None:
+        self.media_token_ids = media_token_ids
+        self.prefix = PrefixCache(config.prefix_cache_bytes, config.block_size) if (
+            config.enable_prefix_caching and config.prefix_cache_bytes > 0
+            and supported(model.config)) else None
+        self.encoder = EncoderCache(config.encoder_cache_bytes) if (
+            encoder is not None and config.encoder_cache_bytes > 0) else None
+        if self.encoder is not None:
+            self.encoder.install(encoder)
+        #: the block hashes of recent prompts (by identity, held weakly: a finished prompt's
+        #: tensors are not kept): the scheduler asks for a waiting prompt's cached length at
+        #: every step it looks at it
+        self._hashes: OrderedDict[int, tuple[weakref.ref, list[bytes]]] = OrderedDict()
+
+    def stats(self) -> dict[str, float]:
+        """Counters for /metrics: tokens queried and hit, blocks and bytes held; encoder
+        items hit and missed, bytes held."""
+        out: dict[str, float] = {}
+        if self.prefix is not None:
+            st = self.prefix.stats
+            out.update(prefix_cache_queries=st.queries, prefix_cache_hits=st.hits,
+                       prefix_cache_blocks=st.blocks, prefix_cache_bytes=st.bytes)
+        if self.encoder is not None:
+            enc = self.encoder.stats
+            out.update(encoder_cache_hits=enc.hits, encoder_cache_misses=enc.misses,
+                       encoder_cache_bytes=enc.bytes)
+        return out
+
+    def lookup(self, request: Any, first_row: bool) -> tuple[list[bytes], int]:
+        """A row's prompt's block hashes and its cached prefix length (0 without a prefix
+        cache); a request's first row counts the lookup and reports its cached tokens."""
+        if self.prefix is None:
+            return [], 0
+        hashes, length = lookup(self.prefix, request.prompt, self.media_token_ids,
+                                count=first_row, hashes=self._prompt_hashes(request.prompt))
+        if first_row:
+            request.num_cached_tokens = length
+        return hashes, length
+
+    def cached_tokens(self, prompt: Any) -> int:
+        """How many of ``prompt``'s first tokens a prefill now takes from the prefix cache
+        (0 without one); not counted in the statistics."""
+        if self.prefix is None:
+            return 0
+        return lookup(self.prefix, prompt, self.media_token_ids, count=False,
+                      hashes=self._prompt_hashes(prompt))[1]
+
+    def _prompt_hashes(self, prompt: Any) -> list[bytes]:
+        assert self.prefix is not None
+        found = self._hashes.get(id(prompt))
+        if found is not None and found[0]() is prompt:
+            self._hashes.move_to_end(id(prompt))
+            return found[1]
+        hashes = prompt_hashes(self.prefix, prompt, self.media_token_ids)
+        self._hashes[id(prompt)] = (weakref.ref(prompt), hashes)
+        while len(self._hashes) > _HASHES_KEPT:
+            self._hashes.popitem(last=False)
+        return hashes
+
+    def store(self, cache: Any, row: int, start: int, hashes: Sequence[bytes]) -> None:
+        if self.prefix is not None:
+            store(self.prefix, cache, row, start, hashes)
+
+    def fill(self, cache: Any, hashes: Sequence[bytes], cached: int) -> None:
+        """``cache`` starts with the keys and values of the first ``cached`` tokens."""
+        if cached and self.prefix is not None:
+            fill(cache, self.prefix.get(hashes[:cached // self.prefix.block_size]))
+
+    def keyed(self, prompts: list[Any]) -> Any:
+        """The encoder cache's lookups in a forward pass over ``prompts``, named by their
+        items' content keys in the order their tensors are concatenated (nothing cached
+        when a prompt with media tokens came without keys)."""
+        if self.encoder is None:
+            return contextlib.nullcontext()
+        keys: list[str] = []
+        for prompt in prompts:
+            if not prompt.mm_hashes and media_span(prompt.input_ids, self.media_token_ids):
+                return contextlib.nullcontext()
+            keys += prompt.mm_hashes
+        return self.encoder.keyed(tuple(keys))

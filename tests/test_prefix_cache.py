@@ -1,0 +1,306 @@
+"""Prefix caching and the encoder output cache.
+
+Pure parts first (block hashes chained and keyed by media content, the LRU under a byte bound,
+how much of a found prefix a prefill may take), then the engine on every family: a second
+prompt that shares a prefix (the same image, the same text start, another question) takes it
+from the cache, reports its cached tokens, does not run the encoder, and its logits are those
+the model's own ``generate`` gives it alone; another image of the same size never shares the
+media's blocks; a small bound evicts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.executor.encoder_cache import EncoderCache, nbytes
+from engine.executor.engine import Engine
+from engine.executor.prefix_cache import PrefixCache, block_hashes, usable_prefix
+from engine.executor.request import EngineRequest
+from tests.engine_fixtures import FAMILIES, llm
+from tests.test_scheduler import (
+    after_tokens,
+    assert_generate_logits,
+    greedy,
+    media_item,
+    record_logits,
+)
+
+# -- pure ---------------------------------------------------------------------------------
+
+
+def test_block_hashes_are_chained_and_cover_full_blocks_only():
+    ids = list(range(40))
+    hashes = block_hashes(ids, 16)
+    assert len(hashes) == 2  # the last 8 tokens are no full block
+    changed = block_hashes([99, *ids[1:]], 16)
+    assert changed[0] != hashes[0] and changed[1] != hashes[1]  # the parent changes the child
+    later = block_hashes(ids[:16] + [7] * 24, 16)
+    assert later[0] == hashes[0] and later[1] != hashes[1]
+    assert block_hashes(ids, 16) == hashes  # by identity only: the same tokens, the same hash
+
+
+def test_media_keys_go_into_the_blocks_their_tokens_touch():
+    ids = [1] * 64  # the same placeholder tokens for two different images
+    one = block_hashes(ids, 16, ["image-a"], [(20, 8)])
+    two = block_hashes(ids, 16, ["image-b"], [(20, 8)])
+    assert one[0] == two[0]  # before the item: shared
+    assert one[1] != two[1] and one[2] != two[2] and one[3] != two[3]  # from it on: never
+    plain = block_hashes(ids, 16)
+    assert one[0] == plain[0] and one[1] != plain[1]
+    with pytest.raises(ValueError):
+        block_hashes(ids, 16, ["a"], [])
+
+
+def test_the_lru_keeps_a_prefix_under_its_byte_bound_and_evicts_deepest_blocks_first():
+    cache = PrefixCache(max_bytes=100, block_size=4)
+    a = cache.hashes(list(range(12)))  # three blocks
+    cache.put(a, {i: (f"a{i}", 30) for i in range(3)})
+    assert cache.longest(a) == 3 and cache.stats.bytes == 90
+    b = cache.hashes([0, 1, 2, 3, 9, 9, 9, 9])  # shares a's first block
+    assert cache.longest(b) == 1 and cache.missing(b) == [1]
+    cache.put(b, {1: ("b1", 30)})
+    # over the bound: a's deepest block went first, its shared first block stayed
+    assert cache.stats.bytes == 90 and cache.stats.evictions == 1
+    assert cache.longest(a) == 2 and cache.longest(b) == 2
+    assert cache.get(a[:2]) == ["a0", "a1"]
+    cache.put(cache.hashes([5] * 4), {0: ("c", 30)})  # evicts b's block, the least recent
+    assert cache.longest(b) == 1 and cache.longest(a) == 2
+    cache.put(cache.hashes([6] * 4), {0: ("huge", 101)})  # larger than the bound: not kept
+    assert cache.stats.bytes <= 100 and cache.longest(cache.hashes([6] * 4)) == 0
+
+
+def test_a_prefill_takes_whole_blocks_never_the_last_token_nor_part_of_the_media():
+    assert usable_prefix(48, 48, None, 16) == 32  # the last token's logits are recomputed
+    assert usable_prefix(48, 49, None, 16) == 48
+    assert usable_prefix(48, 100, (20, 40), 16) == 48  # the whole media span is cached
+    assert usable_prefix(32, 100, (20, 40), 16) == 16  # half the span: back before it
+    assert usable_prefix(16, 100, (16, 40), 16) == 16  # ends right before it
+    assert usable_prefix(0, 100, None, 16) == 0
+
+
+def test_the_encoder_cache_returns_a_pass_seen_before_without_running_it():
+    import torch
+
+    runs = []
+
+    class Encoder(torch.nn.Module):
+        def forward(self, x):
+            runs.append(1)
+            return {"features": x * 2}
+
+    encoder = Encoder()
+    cache = EncoderCache(max_bytes=64)
+    cache.install(encoder)
+    x = torch.ones(4)
+    with cache.keyed(("img-a",)):
+        first = encoder(x)
+    with cache.keyed(("img-a",)):
+        again = encoder(x)
+    assert len(runs) == 1 and torch.equal(first["features"], again["features"])
+    assert again is not first  # a fresh container each time
+    with cache.keyed(("img-b",)):
+        encoder(x)
+    encoder(x)  # unnamed: never cached
+    assert len(runs) == 3 and (cache.stats.hits, cache.stats.misses) == (1, 2)
+    with cache.keyed(("img-c",)):
+        encoder(torch.ones(12))  # 48 more bytes: the oldest entry (img-a's) goes
+    assert cache.stats.bytes == 64 and cache.stats.evictions == 1
+    with cache.keyed(("img-a",)):
+        encoder(x)
+    assert len(runs) == 5
+    assert nbytes((x, [x], {"a": x})) == 48
+
+
+# -- the engine on every family -----------------------------------------------------------
+
+SYSTEM = "You are a careful assistant who looks at everything you are shown. " * 2
+COMMON = "Look closely at it and at every detail of it before you answer anything. " * 2
+
+
+def shared_prompts(arch: str) -> list:
+    """Two questions about one item after a shared start, and the second about another item
+    of the same size (the same placeholder tokens)."""
+    model = llm(arch)
+    spec = model.loaded.spec
+    modality = spec.modalities[0]
+    placeholder = spec.placeholders[modality]
+    return [model.prepare(SYSTEM + placeholder + COMMON + question, [media_item(modality, seed)],
+                          None, False)[1]
+            for seed, question in ((1, "What is it?"), (1, "Which colours are there?"),
+                                   (2, "Which colours are there?"))]
+
+
+def media_span(engine: Engine, prompt) -> tuple[int, int]:
+    at = [i for i, t in enumerate(prompt.input_ids) if t in engine.runner.media_token_ids]
+    return at[0], at[-1]
+
+
+def run(engine: Engine, prompt, tokens: int = 4) -> EngineRequest:
+    req = engine.submit(EngineRequest(prompt, greedy(tokens)))
+    assert req.done.wait(120) and req.error is None, req.error
+    return req
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_a_shared_prefix_is_reused_with_the_logits_of_the_models_own_generate(arch):
+    model = llm(arch)
+    first, second, other = shared_prompts(arch)
+    engine = Engine(model.loaded)
+    logits = record_logits(engine)
+    try:
+        if engine.runner.prefix_cache is None:
+            # sliding-window layers keep only a prompt's last columns: no prefix to cut
+            assert arch == "gemma3"
+            return
+        reqs = [run(engine, p) for p in (first, second, other)]
+        span = media_span(engine, second)
+        assert reqs[0].num_cached_tokens == 0
+        # the image and the text before the question came from the cache: no encoder ran
+        assert reqs[1].num_cached_tokens > span[1]
+        assert reqs[1].timings["encoder_s"] == 0.0
+        # another image: only the text before it is shared
+        assert 0 < reqs[2].num_cached_tokens <= span[0]
+        assert reqs[2].timings["encoder_s"] > 0.0
+        for req, prompt in zip(reqs, (first, second, other), strict=True):
+            assert_generate_logits(engine, logits, req, prompt, 4)
+        stats = engine.scheduler_stats()
+        assert stats["prefix_cache_hits"] == reqs[1].num_cached_tokens + \
+            reqs[2].num_cached_tokens
+        assert stats["prefix_cache_queries"] == sum(len(p.input_ids)
+                                                    for p in (first, second, other))
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_the_same_media_after_another_start_skips_the_encoder(arch):
+    """The prefix misses before the item (another system text), but the encoder's output for
+    that item is cached: the encoder's layers do not run and the logits are unchanged."""
+
+    model = llm(arch)
+    spec = model.loaded.spec
+    modality = spec.modalities[0]
+    prompts = [model.prepare(start + spec.placeholders[modality] + "What is it?",
+                             [media_item(modality, 3)], None, False)[1]
+               for start in ("First start. ", "A different start of the prompt. ")]
+    engine = Engine(model.loaded, EngineConfig(enable_prefix_caching=False))
+    runner = engine.runner
+    encoder = getattr(runner.model, spec.encoder_attr, None) or getattr(
+        runner.model.model, spec.encoder_attr)
+    layers_ran = []
+    hook = next(encoder.children()).register_forward_hook(lambda *_: layers_ran.append(1))
+    logits = record_logits(engine)
+    try:
+        reqs = [run(engine, p) for p in prompts]
+        assert len(layers_ran) == 1  # the first request's; the second took the output
+        assert (runner.encoder_cache.stats.hits, runner.encoder_cache.stats.misses) == (1, 1)
+        assert reqs[1].num_cached_tokens == 0
+        for req, prompt in zip(reqs, prompts, strict=True):
+            assert_generate_logits(engine, logits, req, prompt, 4)
+    finally:
+        hook.remove()
+        engine.close()
+
+
+def test_a_row_prefilled_beside_others_is_reused_from_its_own_columns():
+    """Rows of different lengths prefilled together are left-padded: the prefix stored for
+    the shorter one is its own columns, and a request reusing it while the first ones still
+    run gets the logits of the model's own generate."""
+
+    model = llm("qwen2_5_vl")
+    first, second, _ = shared_prompts("qwen2_5_vl")
+    longer = model.prepare("Some other long text that is not shared at all. " * 8, [], None,
+                           True)[1]
+    engine = Engine(model.loaded, EngineConfig(), batch_wait_s=1.0)
+    logits = record_logits(engine)
+    try:
+        on_event, started = after_tokens(1)
+        running = [engine.submit(EngineRequest(longer, greedy(30))),
+                   engine.submit(EngineRequest(first, greedy(30), on_event=on_event))]
+        assert started.wait(120)
+        reuse = run(engine, second)
+        for r in running:
+            assert r.done.wait(120) and r.error is None
+        assert running[1].timings["batch_size"] == 2  # prefilled together
+        assert reuse.num_cached_tokens > media_span(engine, second)[1]
+        assert reuse.timings["batch_size"] >= 2  # joined the running batch
+        assert_generate_logits(engine, logits, reuse, second, 4)
+    finally:
+        engine.close()
+
+
+def test_a_cached_prefix_and_chunked_prefill_and_a_small_bound_that_evicts():
+    model = llm("qwen2_vl")
+    first, second, other = shared_prompts("qwen2_vl")
+    engine = Engine(model.loaded, EngineConfig(max_num_batched_tokens=32, encoder_cache_gb=0))
+    logits = record_logits(engine)
+    try:
+        run(engine, first)
+        reuse = run(engine, second)  # over the budget: chunks after the cached prefix
+        assert reuse.num_cached_tokens > media_span(engine, second)[1]
+        assert_generate_logits(engine, logits, reuse, second, 4)
+    finally:
+        engine.close()
+    block = engine.runner.prefix_cache.stats.bytes // engine.runner.prefix_cache.stats.blocks
+    small = Engine(model.loaded, EngineConfig(prefix_cache_gb=3 * block / (1 << 30)))
+    try:
+        reqs = [run(small, p) for p in (first, other, second)]
+        stats = small.runner.prefix_cache.stats
+        assert stats.bytes <= 3 * block and stats.evictions > 0
+        # a prompt's deepest blocks go first: the three leading blocks, which every prompt
+        # here shares, are all that stays
+        assert [r.num_cached_tokens for r in reqs] == [0, 48, 48]
+    finally:
+        small.close()
+
+
+def test_the_token_budget_is_charged_only_the_uncached_prompt_tokens():
+    """A prompt longer than --max-num-batched-tokens whose cached prefix leaves fewer tokens
+    than the budget joins in one prefill, not in chunks; the step counters count the tokens
+    actually prefilled; its logits are the model's own."""
+
+    model = llm("qwen2_5_vl")
+    first, second, _ = shared_prompts("qwen2_5_vl")
+    engine = Engine(model.loaded, EngineConfig())
+    logits = record_logits(engine)
+    try:
+        run(engine, first)
+        cached = engine.runner.cached_tokens(EngineRequest(second, greedy(4)))
+        length = len(second.input_ids)
+        assert 0 < cached < length
+        # the benchmarks swap settings between runs the same way; read at every step
+        engine.config = dataclasses.replace(engine.config,
+                                            max_num_batched_tokens=length - cached + 1)
+        chunked = []
+        start = engine.runner.start_chunked
+        engine.runner.start_chunked = lambda row: (chunked.append(row), start(row))[1]
+        before = engine.stats["prefill_tokens_total"]
+        reuse = run(engine, second)
+        assert reuse.num_cached_tokens == cached and not chunked
+        assert engine.stats["prefill_tokens_total"] - before == length - cached
+        assert_generate_logits(engine, logits, reuse, second, 4)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_block_size_sets_the_grain_of_a_cached_prefix(block_size):
+    """``--block-size`` (vLLM's flag) reaches the prefix cache: the second question about the
+    same image reuses a whole number of blocks of that size, covering the image, and the
+    cache holds blocks of that many tokens."""
+    model = llm("qwen2_5_vl")
+    first, second, _ = shared_prompts("qwen2_5_vl")
+    engine = Engine(model.loaded, EngineConfig(block_size=block_size, encoder_cache_gb=0))
+    try:
+        run(engine, first)
+        reuse = run(engine, second)
+        assert engine.runner.prefix_cache.block_size == block_size
+        assert reuse.num_cached_tokens % block_size == 0
+        assert reuse.num_cached_tokens > media_span(engine, second)[1]
+        shared = next(i for i, (a, b) in enumerate(zip(first.input_ids, second.input_ids,
+                                                      strict=False)) if a != b)
+        assert reuse.num_cached_tokens == shared // block_size * block_size
+    finally:
+        engine.close()

@@ -1,0 +1,77 @@
+"""Served: a second question about the same image reports the prompt tokens the prefix cache
+supplied in ``usage.prompt_tokens_details.cached_tokens`` (streamed and not), and /metrics
+counts them in vLLM's ``vllm:prefix_cache_queries``/``vllm:prefix_cache_hits`` and the
+engine's own counters; ``--no-enable-prefix-caching`` turns it off with the same answers."""
+
+from __future__ import annotations
+
+import base64
+import re
+import urllib.request
+
+import openai
+import pytest
+
+from tests.fixtures import synthetic
+from tests.server_harness import ServerProcess
+
+pytestmark = pytest.mark.timeout(400)
+
+MODEL = "tiny:qwen2_5_vl"
+START = "Look closely at this picture and at every detail in it before you answer. " * 2
+
+
+def metric(text: str, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    assert found, f"{name} not on /metrics"
+    return float(found.group(1))
+
+
+def ask(client: openai.OpenAI, image: str, question: str, stream: bool = False):
+    messages = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": image}},
+        {"type": "text", "text": START + question}]}]
+    common = {"model": MODEL, "max_tokens": 3, "temperature": 0, "messages": messages,
+              "extra_body": {"ignore_eos": True}}
+    if not stream:
+        reply = client.chat.completions.create(**common)
+        return reply.choices[0].message.content, reply.usage
+    chunks = list(client.chat.completions.create(
+        **common, stream=True, stream_options={"include_usage": True}))
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), \
+        chunks[-1].usage
+
+
+def test_cached_tokens_in_usage_and_prefix_cache_counters_on_metrics():
+    image = "data:image/jpeg;base64," + base64.b64encode(
+        synthetic.make_image(160, 120, fmt="JPEG", seed=5)).decode()
+    answers = {}
+    for flags in ((), ("--no-enable-prefix-caching",)):
+        server = ServerProcess(MODEL, *flags).wait_ready()
+        try:
+            client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0)
+            replies = [ask(client, image, "What is in it?"),
+                       ask(client, image, "Which colours does it have?"),
+                       ask(client, image, "Which colours does it have?", stream=True)]
+            with urllib.request.urlopen(f"{server.base}/metrics", timeout=30) as resp:
+                text = resp.read().decode()
+        finally:
+            assert server.stop() == 0
+        answers[flags] = [content for content, _ in replies]
+        cached = [usage.prompt_tokens_details.cached_tokens for _, usage in replies]
+        prompts = [usage.prompt_tokens for _, usage in replies]
+        queries = metric(text, "vllm:prefix_cache_queries_total")
+        hits = metric(text, "vllm:prefix_cache_hits_total")
+        if flags:
+            assert cached == [0, 0, 0] and hits == 0
+            continue
+        # the image and the text after it came from the cache, the last prompt all but its
+        # last token (whole blocks of 16)
+        assert cached[0] == 0 and 0 < cached[1] < prompts[1]
+        assert cached[2] == (prompts[2] - 1) // 16 * 16
+        assert queries == sum(prompts) and hits == sum(cached)
+        assert metric(text, "aphrodite_engine_prefix_cache_hits") == hits
+        assert metric(text, "aphrodite_engine_prefix_cache_queries") == queries
+        assert metric(text, "aphrodite_engine_encoder_cache_misses") == 1
+        assert metric(text, "aphrodite_engine_prefix_cache_bytes") > 0
+    assert answers[()] == answers[("--no-enable-prefix-caching",)]
