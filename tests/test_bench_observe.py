@@ -221,6 +221,17 @@ def _chat(base: str, image_url: str) -> tuple[str, list[bool]]:
             "aphrodite"]["cache_hits"]
 
 
+def _cached_tokens(base: str) -> int:
+    words = " ".join(f"word{i}" for i in range(120))
+    body = json.dumps({"messages": [{"role": "user", "content": words}],
+                       "max_tokens": 1}).encode()
+    req = urllib.request.Request(f"{base}/v1/chat/completions", data=body, headers={
+        "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        usage = json.loads(resp.read())["usage"]
+    return (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+
+
 def _post(base: str, path: str) -> dict:
     req = urllib.request.Request(f"{base}{path}", data=b"", method="POST",
                                  headers={"Connection": "close"})
@@ -265,8 +276,13 @@ def test_cache_resets_reach_every_api_server_and_bench_checks_the_counted_hits(t
         assert set(warmed) == api_pids
         assert all(v[-1] == [True] for v in warmed.values())  # both hold the image now
         assert _post(server.base, "/reset_mm_cache") == {"reset": True, "api_servers": 2}
+        # the engine's prefix cache: a long prompt's second send reuses blocks; after the
+        # reset, none (the reset runs on the engine thread between two steps)
+        assert _cached_tokens(server.base) >= 0
+        assert _cached_tokens(server.base) > 0
         prefix = _post(server.base, "/reset_prefix_cache")
-        assert set(prefix) >= {"reset"} and (prefix["reset"] or prefix.get("note"))
+        assert prefix["reset"] is True and prefix["blocks_dropped"] > 0, prefix
+        assert _cached_tokens(server.base) == 0
         time.sleep(0.5)  # the sibling's reader clears on the engine's message, not on ours
         after = until_both_answered()
         # each API server's first lookup after the reset missed: every cache was emptied

@@ -163,7 +163,7 @@ class EngineClient:
         finally:
             self._queues.pop(rid, None)
 
-    async def reset(self, what: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    async def reset(self, what: str, timeout_s: float = 40.0) -> dict[str, Any] | None:
         """Ask the engine to reset a cache (``mm`` or ``prefix``, see
         :mod:`engine.server.admin_routes`); its answer, or None when it is gone or silent."""
         if not self.alive:
