@@ -138,6 +138,8 @@ def test_media_tokens_come_from_the_targets_usage_else_are_unknown():
     assert out["requests_with_counts"] == 1 and out["per_request"]["image"]["mean"] == 64
     assert out["throughput"]["image_tokens_per_s"] == 32.0
     assert "usage.prompt_tokens_details" in out["source"] and "unknown" in out["source"]
+    b.server = {"timings": {}, "cache_hits": [], "mm_tokens": {}}  # this server, text only
+    assert mm_token_summary([b], 1.0)["requests_with_counts"] == 1
     assert modality(BenchRequest("", messages=[{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {}}, {"type": "image_url"}]}])) == "image+audio"
 

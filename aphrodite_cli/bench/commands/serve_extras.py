@@ -20,7 +20,8 @@ def _group_rows(groups: dict[str, Any]) -> list[list[str]]:
     for name, g in groups.items():
         mm = g.get("mm_tokens") or {}
         per = mm.get("per_request") or {}
-        tokens = ", ".join(f"{m} {s.get('mean', 0):.0f}" for m, s in per.items()) or "unknown"
+        tokens = ", ".join(f"{m} {s.get('mean', 0):.0f}" for m, s in per.items()) or (
+            "none" if mm.get("requests_with_counts") else "unknown")
         rows.append([name, f"{g['completed']}/{g['failed']}",
                      f"{g['request_throughput']:.2f}", f"{g['output_throughput']:.1f}",
                      f"{_p(g['ttft_ms'], 'p50')}/{_p(g['ttft_ms'], 'p99')}",

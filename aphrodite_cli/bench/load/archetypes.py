@@ -127,7 +127,7 @@ def mm_tokens(record: RequestRecord) -> tuple[dict[str, int] | None, str]:
         if found:
             return found, "usage.prompt_tokens_details"
     exposed = (record.server or {}).get("mm_tokens")
-    if isinstance(exposed, dict) and exposed:
+    if isinstance(exposed, dict):  # {} from this server: no media token
         return {str(k): int(v) for k, v in exposed.items() if isinstance(v, int | float)
                 }, "aphrodite.mm_tokens"
     return None, "unknown"

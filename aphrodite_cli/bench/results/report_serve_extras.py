@@ -24,7 +24,9 @@ def _groups(title: str, groups: dict[str, Any]) -> list[str]:
              "request |", "|---|---|---|---|---|---|---|---|---|"]
     for name, g in groups.items():
         per = (g.get("mm_tokens") or {}).get("per_request") or {}
-        tokens = ", ".join(f"{m} {s.get('mean', 0):.0f}" for m, s in per.items()) or "unknown"
+        mm = g.get("mm_tokens") or {}
+        tokens = ", ".join(f"{m} {s.get('mean', 0):.0f}" for m, s in per.items()) or (
+            "none" if mm.get("requests_with_counts") else "unknown")
         lines.append(f"| {name} | {g.get('completed')} | {g.get('failed')} | "
                      f"{_n(g.get('request_throughput'), '.2f')} | "
                      f"{_n(g.get('output_throughput'))} | {_pp(g.get('ttft_ms'))} | "
