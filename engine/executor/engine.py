@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from engine.config import EngineConfig
 from engine.errors import AphroditeError, InternalError
@@ -25,6 +26,20 @@ from engine.executor.scheduler import Chunk, Prefilling, SeqState, StepPlan, pla
 from engine.models.loader import LoadedModel
 
 logger = logging.getLogger("aphrodite.engine")
+
+
+class _Call:
+    """A function the engine thread runs between two steps (it comes through the request
+    queue, so an idle engine wakes for it); ``done`` is set once it ran."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn, self.result, self.done = fn, None, threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        finally:
+            self.done.set()
 
 
 class Engine:
@@ -45,7 +60,7 @@ class Engine:
         reserve_gpu_memory(self.config.device, self.config.reserved_gpu_bytes)
         self.runner = TransformersRunner(loaded, self.config)
         self.batch_wait_s = batch_wait_s
-        self._queue: queue.Queue[EngineRequest | None] = queue.Queue()
+        self._queue: queue.Queue[EngineRequest | _Call | None] = queue.Queue()
         self.waiting: collections.deque[_Row] = collections.deque()
         self.running: RunningBatch | None = None
         self.prefilling: ChunkedPrefill | None = None
@@ -65,6 +80,21 @@ class Engine:
     def submit(self, request: EngineRequest) -> EngineRequest:
         self._queue.put(request)
         return request
+
+    def reset_prefix_cache(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Empty the prefix cache (``POST /reset_prefix_cache``), on the engine thread between
+        two steps: a step planned on cached blocks never finds them gone. Waits for it."""
+        prefix = self.runner.prefix_cache
+        if prefix is None:
+            return {"reset": False, "has_cache": False,
+                    "note": "prefix caching is off (or this model's cache cannot be cut into "
+                            "blocks): nothing to reset"}
+        call = _Call(prefix.clear)
+        self._queue.put(call)  # wakes an idle engine; a busy one takes it before its next step
+        if not call.done.wait(timeout_s):
+            return {"reset": False, "note": f"the engine did not reach a step boundary in "
+                                            f"{timeout_s:g} s"}
+        return {"reset": True, "blocks_dropped": call.result}
 
     def close(self) -> None:
         self._queue.put(None)
@@ -136,7 +166,10 @@ class Engine:
                 return False
             self._enqueue(nxt)
 
-    def _enqueue(self, req: EngineRequest) -> None:
+    def _enqueue(self, req: EngineRequest | _Call) -> None:
+        if isinstance(req, _Call):  # a function for between two steps (reset_prefix_cache)
+            req.run()
+            return
         import torch
 
         req.outputs = [CompletionOutput(i) for i in range(req.params.n)]

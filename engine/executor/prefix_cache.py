@@ -130,6 +130,15 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def clear(self) -> int:
+        """Drop every block (``POST /reset_prefix_cache``); the counters of lookups stay.
+        Returns how many blocks were dropped."""
+        with self._lock:
+            dropped = len(self._blocks)
+            self._blocks.clear()
+            self.stats.bytes = self.stats.blocks = 0
+            return dropped
+
 
 def usable_prefix(cached: int, length: int, media: tuple[int, int] | None,
                   block_size: int = BLOCK_SIZE) -> int:

@@ -74,3 +74,12 @@ class ProcessorCache:
                 self.stats.bytes -= size
                 self.stats.evictions += 1
             self.stats.entries = len(self._items)
+
+    def clear(self) -> int:
+        """Drop every entry (``POST /reset_mm_cache``); the hit and miss counts stay. Returns
+        how many entries were dropped."""
+        with self._lock:
+            dropped = len(self._items)
+            self._items.clear()
+            self.stats.bytes = self.stats.entries = 0
+            return dropped

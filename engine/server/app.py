@@ -37,6 +37,7 @@ from engine.media.video.budget import GpuDecodeBudget
 from engine.models.loader import LoadedModel
 from engine.processing.media_items import InProcessDecoders
 from engine.processing.pipeline import Pipeline
+from engine.server.admin_routes import add_admin_routes
 from engine.server.config import ServerConfig
 from engine.server.engine_client import EngineClient
 from engine.server.fetch_slots import FetchSlots, client_key
@@ -299,4 +300,5 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
+    add_admin_routes(app, STATE)
     return app

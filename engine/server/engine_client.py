@@ -18,6 +18,9 @@ from engine.server.wire import (
     Done,
     Events,
     FromEngine,
+    ResetAnswer,
+    ResetMmCache,
+    ResetQuery,
     Stats,
     StatsQuery,
     Submit,
@@ -48,6 +51,8 @@ class EngineClient:
         self._ids = itertools.count()
         self._prefix = f"{os.getpid()}-"
         self.alive = True
+        #: called (in the reader thread) when the engine passes a processor cache reset on
+        self.on_reset_mm_cache: list = []
         self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)
         self._reader.start()
 
@@ -64,6 +69,10 @@ class EngineClient:
             self._route(message)
 
     def _route(self, message: FromEngine) -> None:
+        if isinstance(message, ResetMmCache):  # see engine.server.admin_routes
+            for clear in list(self.on_reset_mm_cache):
+                clear()
+            return
         if isinstance(message, Events):  # one engine step's token events
             self._deliver_batch(message.deltas)
             return
@@ -149,6 +158,23 @@ class EngineClient:
             await asyncio.to_thread(self._send, StatsQuery(rid))
             message = await asyncio.wait_for(queue.get(), timeout_s)
             return message.values if isinstance(message, Stats) else None
+        except (TimeoutError, OSError):
+            return None
+        finally:
+            self._queues.pop(rid, None)
+
+    async def reset(self, what: str, timeout_s: float = 40.0) -> dict[str, Any] | None:
+        """Ask the engine to reset a cache (``mm`` or ``prefix``, see
+        :mod:`engine.server.admin_routes`); its answer, or None when it is gone or silent."""
+        if not self.alive:
+            return None
+        rid = f"{self._prefix}reset-{next(self._ids)}"
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = (asyncio.get_running_loop(), queue)
+        try:
+            await asyncio.to_thread(self._send, ResetQuery(rid, what))
+            message = await asyncio.wait_for(queue.get(), timeout_s)
+            return message.values if isinstance(message, ResetAnswer) else None
         except (TimeoutError, OSError):
             return None
         finally:

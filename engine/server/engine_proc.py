@@ -22,6 +22,9 @@ from engine.server.wire import (
     Events,
     Failure,
     Output,
+    ResetAnswer,
+    ResetMmCache,
+    ResetQuery,
     Stats,
     StatsQuery,
     Submit,
@@ -92,6 +95,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
     from engine.processing.preprocess import ProcessedPrompt
 
     lives: list[dict] = []  # each API server's requests in the engine
+    senders: list = []  # each API server's send (a processor cache reset goes to all)
 
     def handle(conn: Connection) -> None:
         lock = threading.Lock()
@@ -100,7 +104,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
 
         pending: list[Delta] = []  # this step's token events, sent as one message
 
-        def send(message: Done | Stats) -> None:
+        def send(message: Done | Stats | ResetAnswer | ResetMmCache) -> None:
             with lock, contextlib.suppress(OSError, EOFError):
                 conn.send(message)
 
@@ -117,6 +121,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                     conn.send(Events(batch))
 
         engine.on_step.append(flush)
+        senders.append(send)
 
         def finish(rid: str, req: EngineRequest) -> None:
             flush()  # its last events go before its done
@@ -169,6 +174,10 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
             elif isinstance(message, StatsQuery):
                 send(Stats(message.rid, process_stats(sum(map(len, lives)),
                                                       engine.scheduler_stats())))
+            elif isinstance(message, ResetQuery):
+                from engine.server.admin_routes import engine_answer
+
+                send(ResetAnswer(message.rid, engine_answer(engine, message.what, senders)))
 
         # One call per message: nothing of the last request stays bound to this loop while
         # it waits for the next message.

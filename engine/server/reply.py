@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from engine.processing.preprocess import ProcessedPrompt
 from engine.server.logprobs import ChatLogprobs, CompletionLogprobs
 from engine.server.protocol import GenerationFields
+from engine.server.token_counts import mm_token_counts
 from engine.server.wire import Done
 from engine.timings import SERVED_STAGES
 
@@ -118,4 +119,5 @@ class Reply:
         for name in SERVED_STAGES:
             if name in timings:
                 state.metrics.stage.labels(name[:-2]).observe(float(timings[name]))
-        return {"timings": timings, "cache_hits": [h for p in self.prompts for h in p.item_hits]}
+        return {"timings": timings, "cache_hits": [h for p in self.prompts for h in p.item_hits],
+                "mm_tokens": mm_token_counts(state.preprocessor.feature_ids, self.prompts)}

@@ -8,10 +8,12 @@ Only plain values travel: ids, numbers, strings, numpy arrays or shared-memory r
 (:mod:`engine.server.shared_inputs`); token strings for logprobs are decoded by the API
 server.
 
-API server -> engine: :class:`Submit`, :class:`Cancel`, :class:`StatsQuery`.
+API server -> engine: :class:`Submit`, :class:`Cancel`, :class:`StatsQuery`,
+:class:`ResetQuery`.
 Engine -> API server: :class:`Events` (one engine step's :class:`Delta` s, one message per
 step), :class:`Done` (a request's end: its :class:`Output` s, timings, or its
-:class:`Failure`), :class:`Stats`.
+:class:`Failure`), :class:`Stats`, :class:`ResetAnswer`, and :class:`ResetMmCache` to every
+API server (see :mod:`engine.server.admin_routes`).
 """
 
 from __future__ import annotations
@@ -103,5 +105,25 @@ class Stats(NamedTuple):
     values: dict[str, float]
 
 
-ToEngine = Submit | Cancel | StatsQuery
-FromEngine = Events | Done | Stats
+class ResetQuery(NamedTuple):
+    """Reset a cache: ``what`` is ``mm`` (every API server's processor cache: the engine
+    sends :class:`ResetMmCache` down every connection) or ``prefix`` (the engine's prefix
+    cache); answered by :class:`ResetAnswer`."""
+
+    rid: str
+    what: str
+
+
+class ResetAnswer(NamedTuple):
+    """What a :class:`ResetQuery` did (``reset``, and a ``note`` when nothing was)."""
+
+    rid: str
+    values: dict[str, Any]
+
+
+class ResetMmCache(NamedTuple):
+    """To every API server: clear your processor cache."""
+
+
+ToEngine = Submit | Cancel | StatsQuery | ResetQuery
+FromEngine = Events | Done | Stats | ResetAnswer | ResetMmCache

@@ -62,3 +62,25 @@ MaxResponseMb = Annotated[float, typer.Option(
 OutDir = Annotated[Path, typer.Option(
     "--out-dir", "--result-dir", help="Folder the result file is written to.")]
 OutputFormat = Annotated[options.OutputFormat, typer.Option(help=options.OUTPUT_FORMAT_HELP)]
+
+# What bench serve watches around each phase (aphrodite_cli/bench/load/observe.py)
+ResetCaches = Annotated[bool, typer.Option(
+    help="Before a cold phase, POST /reset_mm_cache and /reset_prefix_cache (vLLM's routes) "
+         "when the target has them; a target without them is said in the output and the "
+         "result.")]
+ProbeRequestRate = Annotated[float | None, typer.Option(
+    min=0.01, help="Also send small text-only probe requests at this rate (requests/s) during "
+                   "each phase, measured apart: their TTFT/E2E show how much the media stall "
+                   "other traffic.")]
+SliceSeconds = Annotated[float | None, typer.Option(
+    min=0.001, help="Per-interval metrics every this-many seconds of a phase (completed, "
+                    "req/s, TTFT/TPOT p50/p99, failures), in the result and the report.")]
+Archetypes = Annotated[str | None, typer.Option(
+    metavar="JSON|FILE",
+    help='Named request kinds with weights, e.g. {"photo": {"weight": 3, "buckets": '
+         '{"480,640,1": 1}}, "clip": {"weight": 1, "buckets": {"240,320,16": 1}}, "chat": '
+         '{"weight": 1, "items": 0}}; every metric is broken down per kind and modality.')]
+NumRuns = Annotated[int, typer.Option(
+    min=1, max=100, help="Run the phases this many times against the same target; each "
+                         "headline metric gets a 95% confidence interval across the runs "
+                         "(Student t), which bench gate and report use.")]

@@ -52,21 +52,30 @@ def gate(
         out.print(f"\n{'REGRESSION' if regressed else 'PASS'}: capacity dropped in "
                   f"{len(regressed)} of {len(capacity)} phases", markup=False)
         raise typer.Exit(1 if regressed else 0)
+    from aphrodite_cli.bench.results import runs
+
     verdicts = g.compare(baseline, candidate, g.parse_thresholds(threshold))
     table = g.markdown(verdicts)
-    regressed = [v for v in verdicts if v.regressed]
+    regressed: list = [v for v in verdicts if v.regressed]
+    # files of bench serve --num-runs N on both sides: the run-level intervals too
+    run_verdicts = runs.compare(baseline, candidate, g.parse_thresholds(threshold),
+                                g.DEFAULT_THRESHOLD)
+    if run_verdicts:
+        table += "\n\n" + runs.markdown(run_verdicts)
+        regressed += [v for v in run_verdicts if v["regressed"]]
     if output_format == "json":
         from aphrodite_cli.output import print_json
 
-        print_json({"verdicts": g.verdicts_json(verdicts), "regressed": len(regressed)})
+        print_json({"verdicts": g.verdicts_json(verdicts), "run_verdicts": run_verdicts,
+                    "regressed": len(regressed)})
         if markdown_out:
             markdown_out.write_text(table + "\n")
         raise typer.Exit(1 if regressed else 0)
     out.print(table, markup=False)
     if markdown_out:
         markdown_out.write_text(table + "\n")
-    out.print(f"\n{'REGRESSION' if regressed else 'PASS'}: {len(regressed)} of {len(verdicts)} "
-              "metrics regressed", markup=False)
+    out.print(f"\n{'REGRESSION' if regressed else 'PASS'}: {len(regressed)} of "
+              f"{len(verdicts) + len(run_verdicts)} metrics regressed", markup=False)
     raise typer.Exit(1 if regressed else 0)
 
 

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from aphrodite_cli.bench.commands import flags
+from aphrodite_cli.bench.commands.serve_extras import print_phase_extras
 from aphrodite_cli.options import DatasetName, RampUpStrategy
 from aphrodite_cli.output import err, out, print_table
 
@@ -45,10 +46,12 @@ def serve_cmd(
     api_key: flags.ApiKey = None,
     dataset: Annotated[DatasetName, typer.Option(
         "--dataset", "--dataset-name",
-        help="random-mm, jsonl, or vLLM's random (text only: random-mm with no media).")
+        help="random-mm, jsonl, vLLM's random (text only: random-mm with no media), or "
+             "trace (a timed JSONL replayed at its arrival times: arrival_s, prompt, media, "
+             "output_len).")
     ] = "random-mm",
-    dataset_path: Annotated[Path | None, typer.Option(help="JSONL file for --dataset jsonl.")
-                            ] = None,
+    dataset_path: Annotated[Path | None, typer.Option(
+        help="JSONL file for --dataset jsonl or trace.")] = None,
     media_dir: Annotated[Path | None, typer.Option(help="Folder for media paths in JSONL.")
                          ] = None,
     num_prompts: Annotated[int, typer.Option(min=1)] = 50,
@@ -96,6 +99,11 @@ def serve_cmd(
         min=0, help="Stop at once (exit 1) when the first this-many answers are all the same "
                     "4xx, as a wrong URL, model or key gives; 0: never.")] = 5,
     out_dir: flags.OutDir = Path("results"),
+    reset_caches: flags.ResetCaches = True,
+    probe_request_rate: flags.ProbeRequestRate = None,
+    slice_seconds: flags.SliceSeconds = None,
+    archetypes: flags.Archetypes = None,
+    num_runs: flags.NumRuns = 1,
     request_timeout: flags.RequestTimeout = 300.0,
     ramp_up_strategy: Annotated[RampUpStrategy | None, typer.Option(
         help="vLLM's ramp-up: the request rate goes from --ramp-up-start-rps to "
@@ -113,6 +121,7 @@ def serve_cmd(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from aphrodite_cli.bench.load import vllm_compat
+    from aphrodite_cli.bench.load.archetypes import parse_archetypes
     from aphrodite_cli.bench.load.client import LoadConfig
     from aphrodite_cli.bench.load.datasets import parse_buckets
     from aphrodite_cli.bench.load.escape import printable
@@ -134,7 +143,7 @@ def serve_cmd(
                               code="invalid_flag")
         endpoint = backends[backend]
     if not endpoint.rstrip("/").endswith("chat/completions") and (
-            items_per_request > 0 or dataset == "jsonl"):
+            items_per_request > 0 or dataset in ("jsonl", "trace")):
         raise ConfigError(f"--endpoint {endpoint} takes text prompts only, so it cannot carry "
                           "media", hint="use /v1/chat/completions, or --items-per-request 0 "
                           "(--dataset-name random)", code="invalid_flag")
@@ -173,7 +182,10 @@ def serve_cmd(
                      prompt_len=prompt_len, output_len=output_len, seed=seed,
                      embedded=embedded, percentile_metrics=tuple(pct_metrics),
                      metric_percentiles=tuple(pcts),
-                     tokenizer=vllm_compat.load_tokenizer(tokenizer) if tokenizer else None)
+                     tokenizer=vllm_compat.load_tokenizer(tokenizer) if tokenizer else None,
+                     reset_caches=reset_caches, probe_request_rate=probe_request_rate,
+                     slice_seconds=slice_seconds,
+                     archetypes=parse_archetypes(archetypes), num_runs=num_runs)
     from aphrodite_cli.bench.load.client import TargetRefused
     from engine.errors import BenchmarkFailed
 
@@ -208,6 +220,7 @@ def serve_cmd(
     if jsonl:
         path.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in flat))
     _print_serve_table(doc, output_format)
+    print_phase_extras(doc, output_format, say)
     say.print(f"result: {path}", markup=False)
     too_many = []
     for mode, phase in doc["phases"].items():

@@ -214,7 +214,8 @@ def schedule(n: int, cfg: LoadConfig) -> list[float]:
 
 async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
                     on_done: Callable[[], None] | None = None,
-                    session: aiohttp.ClientSession | None = None
+                    session: aiohttp.ClientSession | None = None,
+                    times: list[float] | None = None
                     ) -> tuple[list[RequestRecord], float, float]:
     """Send every payload on the arrival schedule; returns records, duration and the
     achieved send rate."""
@@ -229,7 +230,8 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
             timeout=aiohttp.ClientTimeout(total=cfg.timeout_s))
     slots = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
     records = [RequestRecord(i, encode_s=enc) for i, (_, enc) in enumerate(payloads)]
-    times = schedule(len(payloads), cfg)
+    if times is None:  # else a replayed trace's own (load/trace.py)
+        times = schedule(len(payloads), cfg)
     sent: list[float] = []
 
     finished: list[RequestRecord] = []

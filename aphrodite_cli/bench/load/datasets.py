@@ -47,6 +47,8 @@ class BenchRequest:
     media: list[MediaSpec] = field(default_factory=list)
     output_len: int = 16
     messages: list[dict[str, Any]] | None = None  # jsonl requests carry their own
+    kind: str | None = None  # its archetype (--archetypes), for the per-kind breakdown
+    arrival_s: float | None = None  # when a replayed trace sends it (load/trace.py)
 
 
 def parse_buckets(text: str | None) -> dict[tuple[int, int, int], float]:

@@ -56,6 +56,8 @@ class RequestRecord:
     request_bytes: int = 0
     encode_s: float = 0.0
     server: dict[str, Any] | None = None
+    # the answer's usage.prompt_tokens_details (cached, image, video, audio tokens), if any
+    prompt_details: dict[str, Any] | None = None
 
     @property
     def usage_reported(self) -> bool:

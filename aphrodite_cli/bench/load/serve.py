@@ -24,6 +24,7 @@ from aphrodite_cli.bench.load.datasets import (
     random_mm,
 )
 from aphrodite_cli.bench.load.metrics import stage_ms
+from aphrodite_cli.bench.load.observe import PhaseWatch
 from aphrodite_cli.bench.load.target import Target
 from aphrodite_cli.bench.load.vllm_compat import count_tokens, flat_fields
 from aphrodite_cli.options import DatasetName, Mode
@@ -53,6 +54,13 @@ class ServeArgs:
     metric_percentiles: tuple[float, ...] = (99.0,)
     #: counts tokens client-side when the target reports no usage
     tokenizer: Any = None
+    #: what is watched around each phase (see :mod:`aphrodite_cli.bench.load.observe`)
+    reset_caches: bool = True
+    scrape_metrics: bool = True
+    probe_request_rate: float | None = None
+    slice_seconds: float | None = None
+    archetypes: dict | None = None
+    num_runs: int = 1  # the phases this many times, with run-to-run intervals (results/runs.py)
 
 
 def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
@@ -61,6 +69,19 @@ def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
             raise ConfigError("--dataset jsonl needs --dataset-path FILE")
         rows = load_jsonl(Path(args.dataset_path), args.media_dir)
         return (rows * (args.num_prompts // max(len(rows), 1) + 1))[: args.num_prompts]
+    if args.dataset == "trace":
+        from aphrodite_cli.bench.load.trace import load_trace
+
+        if not args.dataset_path:
+            raise ConfigError("--dataset-name trace needs --dataset-path FILE.jsonl")
+        return load_trace(Path(args.dataset_path), args.media_dir, limit=args.num_prompts,
+                          nonce=run_nonce)
+    if args.archetypes:
+        from aphrodite_cli.bench.load.archetypes import archetype_dataset
+
+        return archetype_dataset(args.num_prompts, args.archetypes, buckets=args.buckets,
+                                 prompt_len=args.prompt_len, output_len=args.output_len,
+                                 seed=args.seed, nonce=run_nonce)
     return random_mm(args.num_prompts, items=args.items_per_request, buckets=args.buckets,
                      prompt_len=args.prompt_len, output_len=args.output_len, seed=args.seed,
                      nonce=run_nonce)
@@ -116,11 +137,18 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                                                         "request_rate": math.inf,
                                                        "ramp_up_strategy": None}))
             task = progress.add_task(f"{mode} phase", total=len(payloads))
-            records, duration, send_rate = await run_phase(
-                payloads, cfg, on_done=lambda t=task: progress.advance(t))
+            async with PhaseWatch(cfg, mode, reset_caches=args.reset_caches,
+                                  scrape_metrics=args.scrape_metrics,
+                                  probe_rate=args.probe_request_rate,
+                                  slice_seconds=args.slice_seconds) as watch:
+                records, duration, send_rate = await run_phase(
+                    payloads, cfg, on_done=lambda t=task: progress.advance(t),
+                    times=[r.arrival_s or 0.0 for r in dataset] if args.dataset == "trace"
+                    else None)
             if args.tokenizer is not None:
                 count_tokens(args.tokenizer, records)
             result = phase_result(records, duration, send_rate, cfg)
+            watch.annotate(result, dataset, records, duration)
             hit_rate = result["server_cache"]["hit_rate"]
             result["cache_check"] = None
             if hit_rate is not None:
@@ -169,4 +197,10 @@ def run(cfg: LoadConfig, args: ServeArgs, target: Target, progress: Any
     ``cfg`` at its root and model, then run the phases."""
     with target:
         cfg.base_url, cfg.model = target.root, target.model
-        return asyncio.run(run_serve(cfg, args, progress, target.model_source))
+        done = [asyncio.run(run_serve(cfg, args, progress, target.model_source))
+                for _ in range(args.num_runs)]
+    if len(done) == 1:
+        return done[0]
+    from aphrodite_cli.bench.results.runs import combine
+
+    return combine([doc for doc, _ in done], [rows for _, rows in done])

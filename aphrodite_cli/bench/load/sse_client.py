@@ -132,6 +132,8 @@ class _Stream:
                                       f"integers: {json.dumps(usage)[:200]}")
             record.cached_tokens = cached
             record.token_source = "usage"
+            details = usage.get("prompt_tokens_details")  # cached / image / audio tokens
+            record.prompt_details = details if isinstance(details, dict) else None
         if "aphrodite" in chunk:  # this project's extension: stage timings, cache hits
             record.server = _extension(chunk["aphrodite"])
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aphrodite_cli.bench.load.metrics import stage_ms
+from aphrodite_cli.bench.results.report_serve_extras import serve_markdown, serve_plots
 from engine.timings import SERVED_STAGES as STAGES
 
 
@@ -91,6 +92,7 @@ def plots(docs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[str, bytes]]:
             ax.set_title("Latency against media size")
             ax.legend()
             out.append((f"{name}: latency vs pixels", _png(fig)))
+            out += serve_plots(path, doc, plt, _png)
         elif kind == "video-decode":
             fig, ax = plt.subplots(figsize=(7, 3.6))
             labels = [b["backend"] + ("" if not b["options"] else " " + ",".join(
@@ -203,7 +205,7 @@ def comparison(baseline: list[Path], candidate: list[Path]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from aphrodite_cli.bench.results import gate
+    from aphrodite_cli.bench.results import gate, runs
     from aphrodite_cli.bench.results.files import load_result
 
     verdicts = gate.compare(baseline, candidate)
@@ -215,6 +217,9 @@ def comparison(baseline: list[Path], candidate: list[Path]
              f"**Verdict: {'REGRESSION' if regressed else 'PASS'}** ({len(regressed)} of "
              f"{len(verdicts)} metrics slower beyond their threshold with 95% confidence, "
              f"{len(improved)} faster).", "", gate.markdown(verdicts), ""]
+    run_verdicts = runs.compare(baseline, candidate, {}, gate.DEFAULT_THRESHOLD)
+    if run_verdicts:  # both sides ran with --num-runs N: the run-to-run intervals too
+        lines += [runs.markdown(run_verdicts), ""]
     for v in verdicts:
         change = (v.ratio - 1) * 100
         word = ("slower" if v.regressed else "faster" if v.improved else
@@ -273,6 +278,7 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
                              f"{_num(e2e.get('median'), '.1f')} | "
                              f"{_num((r.get('server_cache') or {}).get('hit_rate'), '.0%')} | "
                              f"{_num((r.get('prefix_cache') or {}).get('hit_rate'), '.0%')} |")
+            lines += ["", *serve_markdown(doc)]
         elif kind == "video-decode":
             lines += ["| backend | options | median s | x full decode | frames exact |",
                       "|---|---|---|---|---|"]
@@ -398,4 +404,6 @@ def _markdown_tables_to_html(md: str) -> str:
             parts.append(f"<h1>{html.escape(line[2:])}</h1>")
         elif line.startswith("## "):
             parts.append(f"<h2>{html.escape(line[3:])}</h2>")
+        elif line.startswith(("- ", "**")):  # notes and captions (serve's extras)
+            parts.append(f"<p>{html.escape(line.removeprefix('- ').replace('**', ''))}</p>")
     return "\n".join(parts)

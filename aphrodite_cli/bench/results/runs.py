@@ -1,0 +1,158 @@
+"""``bench serve --num-runs N``: the same benchmark N times against one target, with a 95%
+confidence interval for each headline metric across the runs, and the gate's run-level check.
+
+Method: Student's t-interval of the mean of the N per-run values, mean +- t(0.975, N-1) x
+s / sqrt(N) (s: the runs' sample standard deviation). Runs are the unit because run-to-run
+noise (placement, caches, other tenants) is what a single run's request-level bootstrap
+cannot see; the t-interval is exact for normal per-run values and close for the run-level
+means and medians measured here.
+
+The result keeps every run: a phase's ``runs`` lists each run's headline metrics, ``ci95``
+holds the interval per metric, ``samples`` pool the requests of every run (what the gate's
+request-level comparison pools), and the phase's other fields are the first run's.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+#: t(0.975, df) for df = 1..30; beyond, the normal quantile's neighbourhood (1.96 at infinity)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+METHOD = "Student t-interval of the per-run values"
+
+#: The headline metrics: name -> (path in a phase result, higher is better)
+HEADLINE: dict[str, tuple[tuple[str, ...], bool]] = {
+    "request_throughput": (("request_throughput",), True),
+    "output_throughput": (("output_throughput",), True),
+    "ttft_ms_p50": (("ttft_ms", "median"), False),
+    "ttft_ms_p99": (("ttft_ms", "p99"), False),
+    "tpot_ms_p50": (("tpot_ms", "median"), False),
+    "e2e_ms_p50": (("e2e_ms", "median"), False),
+    "e2e_ms_p99": (("e2e_ms", "p99"), False),
+}
+
+
+def t975(df: int) -> float:
+    if df < 1:
+        return math.nan
+    return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
+
+
+def t_interval(values: list[float]) -> dict[str, Any]:
+    """Mean and its 95% t-interval (low = high = mean for one value: no spread known)."""
+    n = len(values)
+    if not n:
+        return {"n": 0, "mean": None, "low": None, "high": None, "method": METHOD}
+    mean = statistics.fmean(values)
+    half = t975(n - 1) * statistics.stdev(values) / math.sqrt(n) if n > 1 else 0.0
+    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half, "method": METHOD}
+
+
+def _get(phase: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    value: Any = phase
+    for key in path:
+        value = (value or {}).get(key) if isinstance(value, dict) else None
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def headline(phase: dict[str, Any]) -> dict[str, float | None]:
+    return {name: _get(phase, path) for name, (path, _) in HEADLINE.items()}
+
+
+def _pool(into: dict[str, Any], more: dict[str, Any]) -> None:
+    for key, values in more.items():
+        if isinstance(values, list):
+            into.setdefault(key, []).extend(values)
+        elif isinstance(values, dict):
+            _pool(into.setdefault(key, {}), values)
+
+
+def combine(docs: list[dict[str, Any]], rows: list[dict[str, list[dict[str, Any]]]]
+            ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """N runs' (result, rows) -> one result: the first run's, with ``runs``, ``ci95`` and
+    pooled ``samples`` per phase, and every run's rows (each with its ``run``)."""
+    doc = docs[0]
+    for mode, phase in doc["phases"].items():
+        per_run = [d["phases"][mode] for d in docs if mode in d["phases"]]
+        phase["runs"] = [headline(p) for p in per_run]
+        phase["ci95"] = {name: t_interval([v for r in phase["runs"]
+                                           if (v := r[name]) is not None])
+                         for name in HEADLINE}
+        samples: dict[str, Any] = {}
+        for p in per_run:
+            _pool(samples, p.get("samples") or {})
+        phase["samples"] = samples
+    doc["num_runs"] = len(docs)
+    merged: dict[str, list[dict[str, Any]]] = {}
+    for n, run_rows in enumerate(rows, 1):
+        for mode, mode_rows in run_rows.items():
+            merged.setdefault(mode, []).extend({**r, "run": n} for r in mode_rows)
+    return doc, merged
+
+
+def compare(baseline: list[Path], candidate: list[Path], thresholds: dict[str, float],
+            default: float) -> list[dict[str, Any]]:
+    """The gate's run-level check, for phases both sides ran with ``--num-runs`` >= 2: a
+    headline metric regresses when the candidate's 95% interval lies wholly on the worse side
+    of the baseline's, beyond the threshold (latency: candidate low > baseline high x (1 +
+    threshold); throughput: candidate high < baseline low x (1 - threshold))."""
+    from aphrodite_cli.bench.results.files import load_result
+
+    def intervals(paths: list[Path]) -> dict[tuple[str, str], dict[str, Any]]:
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for path in paths:
+            doc = load_result(path, ("serve",))
+            for mode, phase in (doc.get("phases") or {}).items():
+                for name, ci in (phase.get("ci95") or {}).items():
+                    if (ci or {}).get("n", 0) >= 2:
+                        out[(mode, name)] = ci
+        return out
+
+    if not all(_is_serve(p) for p in [*baseline, *candidate]):
+        return []
+    base, cand = intervals(baseline), intervals(candidate)
+    verdicts = []
+    for key in sorted(set(base) & set(cand)):
+        mode, name = key
+        b, c = base[key], cand[key]
+        higher_better = HEADLINE[name][1]
+        # ttft_ms_p50 takes --threshold ttft_ms_p50:..., else ttft_ms:...
+        threshold = thresholds.get(name, thresholds.get(name.rsplit("_", 1)[0], default))
+        if higher_better:
+            regressed = c["high"] < b["low"] * (1 - threshold)
+            improved = c["low"] > b["high"] * (1 + threshold)
+        else:
+            regressed = c["low"] > b["high"] * (1 + threshold)
+            improved = c["high"] < b["low"] * (1 - threshold)
+        verdicts.append({"phase": mode, "metric": name, "baseline": b, "candidate": c,
+                         "threshold": threshold, "regressed": regressed,
+                         "improved": improved})
+    return verdicts
+
+
+def _is_serve(path: Path) -> bool:
+    import json
+
+    try:
+        return json.loads(Path(path).read_text()).get("kind") == "serve"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def markdown(verdicts: list[dict[str, Any]]) -> str:
+    rows = ["| phase | run-level metric | baseline mean [95% CI] | candidate mean [95% CI] | "
+            "verdict |", "|---|---|---|---|---|"]
+    for v in verdicts:
+        b, c = v["baseline"], v["candidate"]
+        verdict = ("**regression**" if v["regressed"] else "improvement" if v["improved"]
+                   else "no significant change")
+        rows.append(f"| {v['phase']} | {v['metric']} | {b['mean']:.4g} [{b['low']:.4g}, "
+                    f"{b['high']:.4g}] (n={b['n']}) | {c['mean']:.4g} [{c['low']:.4g}, "
+                    f"{c['high']:.4g}] (n={c['n']}) | {verdict} (threshold "
+                    f"{v['threshold']:.0%}) |")
+    return "\n".join(rows)

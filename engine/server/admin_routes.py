@@ -1,0 +1,91 @@
+"""Cache resets, under vLLM's route names, for benchmarks that need a cold start without a
+restart: ``POST /reset_mm_cache`` (the API servers' processor caches) and ``POST
+/reset_prefix_cache`` (the engine's prefix cache). Behind the same API key as every other
+route.
+
+How a reset reaches every API server (``--api-server-count N``: each has its own processor
+cache): the API server that took the request asks the engine process, which holds one
+connection to every API server, and the engine sends
+:class:`~engine.server.wire.ResetMmCache` down each of them before it answers. Each API
+server's engine reader clears its cache when that message arrives, and the asking server's
+own copy comes down its connection before the answer, so the 200 means: this server's cache
+is empty, and every sibling has been told (it clears as soon as its reader reads the
+message, ahead of any request the engine answers it later).
+
+The prefix cache lives in the engine: the engine resets it when it has one with a reset
+(``Engine.reset_prefix_cache()``), else the answer is a 200 that says nothing was reset and
+why, so a benchmark can report it instead of assuming a cold cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+#: where an app keeps the AppKey of its state (given by the app factory, so this module
+#: needs no import of the app's)
+_STATE_KEY = web.AppKey("admin_state_key", web.AppKey)
+
+
+def engine_answer(engine: Any, what: str, senders: list[Callable[[Any], None]]
+                  ) -> dict[str, Any]:
+    """In the engine process: carry out ``what`` (``mm``: tell every API server to clear its
+    processor cache; ``prefix``: reset the prefix cache) and say what was done."""
+    if what == "mm":
+        from engine.server.wire import ResetMmCache
+
+        for send in list(senders):
+            send(ResetMmCache())
+        return {"reset": True, "api_servers": len(senders)}
+    if what == "prefix":
+        reset = getattr(engine, "reset_prefix_cache", None)
+        if reset is None:
+            return {"reset": False, "has_cache": False,
+                    "note": "this engine has no prefix cache: nothing to reset"}
+        answer = reset()
+        if isinstance(answer, dict):
+            return {"reset": True, **answer}
+        return {"reset": answer is not False,
+                **({} if answer is not False else
+                   {"note": "the engine's prefix cache is disabled or could not be reset"})}
+    return {"reset": False, "note": f"unknown cache {what!r}"}
+
+
+async def reset_mm_cache(request: web.Request) -> web.Response:
+    """Clear every API server's processor cache (vLLM's ``POST /reset_mm_cache``)."""
+    state = request.app[request.app[_STATE_KEY]]
+    answer = await state.engine.reset("mm")
+    if answer is None:  # the engine is gone: at least this server starts cold
+        dropped = state.pipeline.cache.clear()
+        answer = {"reset": True, "api_servers": 1, "entries": dropped,
+                  "note": "the engine did not answer: only this API server's cache was "
+                          "cleared"}
+    return web.json_response(answer)
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """Reset the engine's prefix cache (vLLM's ``POST /reset_prefix_cache``); a 200 with
+    ``"reset": false`` and a note when the engine has none."""
+    answer = await request.app[request.app[_STATE_KEY]].engine.reset("prefix")
+    if answer is None:
+        return web.json_response({"error": {"message": "the engine did not answer the reset",
+                                            "type": "service_unavailable", "param": None,
+                                            "code": "engine_unavailable"}}, status=503)
+    return web.json_response(answer)
+
+
+def add_admin_routes(app: web.Application, state_key: web.AppKey) -> None:
+    """Register the reset routes (the app's state, the engine client and the pipeline, is
+    ``app[state_key]``), and at startup, once that state exists, clear this API server's
+    processor cache whenever the engine passes a reset on."""
+    app[_STATE_KEY] = state_key
+    app.router.add_post("/reset_mm_cache", reset_mm_cache)
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+
+    async def listen(app: web.Application) -> None:
+        state = app[state_key]
+        state.engine.on_reset_mm_cache.append(state.pipeline.cache.clear)
+
+    app.on_startup.append(listen)
