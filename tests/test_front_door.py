@@ -162,6 +162,17 @@ def test_models_metrics_and_version_need_the_key_health_does_not(server):
     assert call(server, "/health")[0] == 200
 
 
+def test_the_cache_resets_need_the_key(server):
+    """``POST /reset_mm_cache`` and ``/reset_prefix_cache`` empty caches every client shares:
+    without the key they are refused before they run; with it they answer 200."""
+    for path in ("/reset_mm_cache", "/reset_prefix_cache"):
+        status, headers, _ = call(server, path, body=b"", method="POST")
+        assert status == 401 and headers["WWW-Authenticate"] == "Bearer", path
+        status, _, _ = call(server, path, body=b"", method="POST",
+                            headers={"Authorization": f"Bearer {KEY}"})
+        assert status == 200, path
+
+
 @pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded",
                                    "multipart/form-data; boundary=x"])
 def test_a_body_that_is_not_json_is_415(server, ctype):
