@@ -1,4 +1,4 @@
-"""Connection limits of one API server (DESIGN.md, step 0).
+"""Connection limits of one API server (CONTRIBUTING.md's request map, step 0).
 
 Before any request is read, a connection costs a descriptor and a little memory; without
 limits one client holding ~1,100 idle connections exhausted a 1,024-descriptor limit, so
