@@ -47,6 +47,17 @@ EXPECTED: dict[str, set[tuple[int, str]]] = {
 HEADER_TIMEOUT_SLACK_S = 5.0
 
 
+def status_and_code(status_line: bytes | str, payload: bytes) -> tuple[int, str | None]:
+    """An HTTP answer's status (0 when its first line has none) and its OpenAI error code."""
+    parts = status_line.split()
+    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    try:
+        code = json.loads(payload)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        code = None
+    return status, code
+
+
 @dataclass(frozen=True)
 class FrontDoor:
     """The front-door attacks (counts of concurrent attackers, 0: off) and the server
@@ -204,13 +215,7 @@ class Attackers:
             name, _, value = line.decode("latin-1").partition(":")
             headers[name.strip().lower()] = value.strip()
         payload = await reader.readexactly(int(headers.get("content-length", "0")))
-        parts = status_line.split()
-        status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-        try:
-            code = json.loads(payload)["error"]["code"]
-        except (ValueError, KeyError, TypeError):
-            code = None
-        return status, code
+        return status_and_code(status_line, payload)
 
     def _head(self, length: int | None) -> bytes:
         size = (f"Content-Length: {length}" if length is not None
@@ -356,10 +361,4 @@ class Attackers:
     @staticmethod
     def _parse(data: bytes) -> tuple[int, str | None]:
         head, _, payload = data.partition(b"\r\n\r\n")
-        parts = head.split(b"\r\n", 1)[0].split()
-        status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-        try:
-            code = json.loads(payload)["error"]["code"]
-        except (ValueError, KeyError, TypeError):
-            code = None
-        return status, code
+        return status_and_code(head.split(b"\r\n", 1)[0], payload)
