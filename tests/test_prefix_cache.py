@@ -304,3 +304,46 @@ def test_block_size_sets_the_grain_of_a_cached_prefix(block_size):
         assert reuse.num_cached_tokens == shared // block_size * block_size
     finally:
         engine.close()
+
+
+def test_a_full_cache_keeps_the_blocks_a_mixed_prefill_just_looked_up():
+    """A cache at its bound, a step that admits a cached prompt beside a new one: the new
+    one's blocks are stored only after the cached one's were taken, so storing them cannot
+    evict what the step is about to use (the prefill never fails and is never retried alone),
+    and the logits are the model's own."""
+    model = llm("qwen2_vl")
+    first, second, other = shared_prompts("qwen2_vl")
+    probe = Engine(model.loaded, EngineConfig(encoder_cache_gb=0))
+    try:
+        run(probe, first)
+        stats = probe.runner.prefix_cache.stats
+        block, blocks = stats.bytes // stats.blocks, stats.blocks
+    finally:
+        probe.close()
+    # room for exactly the first prompt's blocks: the other prompt's evict them
+    engine = Engine(model.loaded, EngineConfig(encoder_cache_gb=0,
+                                               prefix_cache_gb=blocks * block / (1 << 30)),
+                    batch_wait_s=1.0)
+    failures: list[BaseException] = []
+    prefill = engine.runner.prefill
+
+    def watched(rows):
+        try:
+            return prefill(rows)
+        except BaseException as exc:
+            failures.append(exc)
+            raise
+
+    engine.runner.prefill = watched
+    logits = record_logits(engine)
+    try:
+        run(engine, first)
+        reqs = [engine.submit(EngineRequest(p, greedy(4))) for p in (other, second)]
+        for r in reqs:
+            assert r.done.wait(120) and r.error is None, r.error
+        assert failures == []
+        assert reqs[1].num_cached_tokens > media_span(engine, second)[1]
+        assert_generate_logits(engine, logits, reqs[1], second, 4)
+        assert_generate_logits(engine, logits, reqs[0], other, 4)
+    finally:
+        engine.close()

@@ -481,3 +481,29 @@ def test_decode_steps_grow_the_cache_in_place_and_survive_merges_leaves_and_rest
     merged = torch.cat([torch.cat([pad, joined], dim=-2), expect[:1]])[..., 2:, :]
     assert torch.equal(keys, torch.cat([merged, col], dim=-2))
     assert torch.equal(values, keys)
+
+
+def test_a_request_that_fails_mid_prefill_stops_its_rows_already_running():
+    """n=2 over the token budget: row 0 is prefilled in chunks and runs; row 1's chunk
+    raises. The request gets the error at once and row 0 takes no more steps (it does not
+    decode to max_tokens for a client that only gets an error)."""
+    model = llm("qwen2_5_vl")
+    prompt = prompts_of("qwen2_5_vl")[-1]  # the long one, over a 32-token budget
+    engine = Engine(model.loaded, EngineConfig(max_num_batched_tokens=32,
+                                               enable_prefix_caching=False))
+    chunk = engine.runner.prefill_chunk
+
+    def failing(plan, start, end):
+        if plan.row.index == 1:
+            raise RuntimeError("injected failure in row 1's prefill")
+        return chunk(plan, start, end)
+
+    engine.runner.prefill_chunk = failing
+    try:
+        req = engine.submit(EngineRequest(prompt, SamplingParams(
+            max_tokens=200, temperature=0, ignore_eos=True, n=2)))
+        assert req.done.wait(120)
+        assert isinstance(req.error, AphroditeError)
+        assert len(req.outputs[0].token_ids) < 200
+    finally:
+        engine.close()

@@ -337,15 +337,24 @@ class Engine:
 
     def _fail(self, rows: list[_Row], exc: Exception) -> None:
         """The request of ``rows`` failed: it gets the error (no finish event) and all its
-        rows end, those still waiting included. ``rows`` are no longer in the batch."""
+        rows end: those still waiting or being prefilled at once, those running at the next
+        retirement (no more steps for them). ``rows`` are no longer in the batch."""
         req = rows[0].request
         req.error = _as_error(exc, req)
-        waiting = [r for r in self.waiting if r.request is req]
-        for row in waiting:
+        ended = [r for r in self.waiting if r.request is req]
+        for row in ended:
             self.waiting.remove(row)
-        for row in [*rows, *waiting]:
+        chunked = self.prefilling
+        if chunked is not None and chunked.row.request is req and chunked.row not in rows:
+            self.prefilling = None
+            ended.append(chunked.row)
+        for row in [*rows, *ended]:
             row.done = True
             self._row_ended(row)
+        if self.running is not None:
+            for row in self.running.rows:
+                if row.request is req:
+                    row.done = True  # retired (and counted) by _retire before the next step
 
     def _retire(self) -> None:
         """Finished rows leave the batch; a request whose rows all ended is done."""

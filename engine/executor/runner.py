@@ -195,24 +195,28 @@ class TransformersRunner:
         its cached prefix; their caches joined, each row's first token (sampled and handed
         on) and the positions their next tokens take. On an exception nothing was handed
         on."""
+        import torch
+
         self.encoder_s = 0.0
         found = [self.caches.lookup(row.request, row.index == 0) for row in rows]
+        # Every cached row's keys and values are taken from the cache before any forward
+        # pass stores new blocks: a full cache would evict blocks just looked up.
+        plans = [(row, self._plan(row, hashes, length), length)
+                 for row, (hashes, length) in zip(rows, found, strict=True) if length]
         parts: list[tuple[RunningBatch, Any]] = []
         plain = [(r, h) for r, (h, length) in zip(rows, found, strict=True) if not length]
         if plain:
             parts.append(self._forward_rows([r for r, _ in plain], [h for _, h in plain]))
-        for row, (hashes, length) in zip(rows, found, strict=True):
-            if length:
-                plan = self._plan(row, hashes, length)
-                logits = self._forward_chunk(plan, length, len(row.request.prompt.input_ids))
-                parts.append((RunningBatch([row], plan.cache, plan.inputs["attention_mask"],
-                                           plan.mrope), logits))
-        groups = [(list(b.rows), logits) for b, logits in parts]
+        for row, plan, length in plans:
+            logits = self._forward_chunk(plan, length, len(row.request.prompt.input_ids))
+            parts.append((RunningBatch([row], plan.cache, plan.inputs["attention_mask"],
+                                       plan.mrope), logits))
+        logits = torch.cat([part_logits for _, part_logits in parts])
         batch = parts[0][0]
         for other, _ in parts[1:]:
             batch.join(other)
-        for group, logits in groups:
-            self._advance(group, logits)
+        # one sampling for all rows: a failure hands nothing on (the rows are retried alone)
+        self._advance(list(batch.rows), logits)
         return batch
 
     def _forward_rows(self, rows: list[_Row], hashes: list[list[bytes]]

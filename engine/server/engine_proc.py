@@ -187,7 +187,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
             except (EOFError, OSError):
                 with contextlib.suppress(ValueError):
                     engine.on_step.remove(flush)
-                for req in live.values():
+                for req in list(live.values()):  # the engine thread pops
                     req.cancel()
                 return
 
