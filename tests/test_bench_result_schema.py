@@ -59,8 +59,17 @@ def test_a_version_1_file_is_read_with_its_stages_renamed(tmp_path):
         "schema_version": 1, "kind": "sweep", "phases": {"cold": {"capacity": {"rate": 3.0},
                                                                  "points": [{
             "kind": "rate", "result": {"server_stages_ms": stages}}]}}})
-    point = load_result(sweep)["phases"]["cold"]["points"][0]
+    upgraded = load_result(sweep)["phases"]["cold"]
+    point = upgraded["points"][0]
     assert set(point["result"]["server_stages_ms"]) == {"decode_ms", "processor_ms"}
+    # version 1's capacity was an offered rate: the gate will not compare it with a
+    # sustained one (an unchanged server would look slower)
+    assert upgraded["capacity"] == {"rate": 3.0, "definition": "offered"}
+    from aphrodite_cli.bench.results.gate import compare_capacity
+
+    with pytest.raises(ConfigError, match="offered rate") as info:
+        compare_capacity([sweep], [sweep])
+    assert "run bench sweep again" in info.value.hint
     # a version this code never wrote is still refused by name
     future = _write(tmp_path / "serve-new.json", {"schema_version": 3, "kind": "serve",
                                                   "phases": {}})

@@ -165,7 +165,7 @@ def test_the_gate_compares_sweeps_on_capacity(tmp_path):
 
     def sweep_file(name: str, rate: float | None) -> Path:
         path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps({"kind": "sweep", "schema_version": 1, "phases": {
+        path.write_text(json.dumps({"kind": "sweep", "schema_version": 2, "phases": {
             "cold": {"capacity": {"rate": rate}, "points": []}}}))
         return path
 

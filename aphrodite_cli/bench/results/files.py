@@ -108,6 +108,11 @@ def _serve_v1(doc: dict[str, Any]) -> None:
 def _sweep_v1(doc: dict[str, Any]) -> None:
     phases = doc.get("phases")
     for phase in phases.values() if isinstance(phases, dict) else ():
+        capacity = phase.get("capacity") if isinstance(phase, dict) else None
+        if isinstance(capacity, dict):
+            # version 1's capacity was the offered rate of the best point (version 2: the
+            # rate served through it, never higher): said, so the gate does not compare them
+            capacity["definition"] = "offered"
         points = phase.get("points") if isinstance(phase, dict) else None
         for point in points if isinstance(points, list) else ():
             if isinstance(point, dict):

@@ -125,6 +125,11 @@ def _capacities(paths: list[Path]) -> dict[str, list[float]]:
         for phase, result in (doc.get("phases") or {}).items():
             if result.get("capacity") is None:
                 continue  # measured points only (no --slo): no capacity to compare
+            if result["capacity"].get("definition", "sustained") != "sustained":
+                raise ConfigError(
+                    f"{path} is a sweep of an older aphrodite whose capacity was the offered "
+                    "rate, not the sustained rate this one measures (never higher): the two "
+                    "cannot be compared", hint="run bench sweep again for that side")
             out.setdefault(phase, []).append(float(result["capacity"].get("rate") or 0.0))
     return out
 
