@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
 import tempfile
@@ -118,12 +119,19 @@ def sample_processes(roles: dict[str, int]) -> dict[str, Any]:
             seen.add(pid)
             by_role["other"] = by_role.get("other", 0) + (rss_bytes(pid) or 0)
         todo += _children(pid) if pid else []
+    sockets = 0
     for pid in seen:
         try:
-            fds += len(list(Path(f"/proc/{pid}/fd").iterdir()))
+            links = [os.readlink(p) for p in Path(f"/proc/{pid}/fd").iterdir()]
         except OSError:
-            continue
-    return {"rss_bytes": sum(by_role.values()), "open_fds": fds, "rss_by_role": by_role}
+            continue  # the process ended meanwhile (or an fd closed while read: next sample)
+        # Sockets come and go with the clients and the attacks: counted apart, so the open
+        # files (regular files, pipes, shared memory, event fds) stay a leak measure.
+        socket_links = sum(link.startswith("socket:") for link in links)
+        sockets += socket_links
+        fds += len(links) - socket_links
+    return {"rss_bytes": sum(by_role.values()), "open_fds": fds, "open_sockets": sockets,
+            "rss_by_role": by_role}
 
 
 def slope_mb_per_min(samples: list[dict[str, Any]], key: str | None = None, *,
