@@ -143,8 +143,9 @@ class WarmCaches:
         cache); a request's first row counts the lookup and reports its cached tokens."""
         if self.prefix is None:
             return [], 0
+        hashes = self._prompt_hashes(self.prefix, request.prompt)
         hashes, length = lookup(self.prefix, request.prompt, self.media_token_ids,
-                                count=first_row, hashes=self._prompt_hashes(request.prompt))
+                                count=first_row, hashes=hashes)
         if first_row:
             request.num_cached_tokens = length
         return hashes, length
@@ -155,15 +156,14 @@ class WarmCaches:
         if self.prefix is None:
             return 0
         return lookup(self.prefix, prompt, self.media_token_ids, count=False,
-                      hashes=self._prompt_hashes(prompt))[1]
+                      hashes=self._prompt_hashes(self.prefix, prompt))[1]
 
-    def _prompt_hashes(self, prompt: Any) -> list[bytes]:
-        assert self.prefix is not None
+    def _prompt_hashes(self, store_in: PrefixCache, prompt: Any) -> list[bytes]:
         found = self._hashes.get(id(prompt))
         if found is not None and found[0]() is prompt:
             self._hashes.move_to_end(id(prompt))
             return found[1]
-        hashes = prompt_hashes(self.prefix, prompt, self.media_token_ids)
+        hashes = prompt_hashes(store_in, prompt, self.media_token_ids)
         self._hashes[id(prompt)] = (weakref.ref(prompt), hashes)
         while len(self._hashes) > _HASHES_KEPT:
             self._hashes.popitem(last=False)

@@ -110,7 +110,7 @@ def soak(
     from aphrodite_cli.bench.load.soak import failures, run_soak, server_roles
     from aphrodite_cli.bench.load.target import Target
     from aphrodite_cli.bench.results.files import write_result
-    from engine.errors import ConfigError
+    from engine.errors import ConfigError, InternalError
 
     if not embedded:
         raise ConfigError("bench soak runs against its embedded server (it watches the "
@@ -162,7 +162,8 @@ def soak(
     try:
         with target:
             base, server = f"{target.root}/v1", target.server
-            assert server is not None  # embedded
+            if server is None:  # the soak's Target is embedded: it always starts one
+                raise InternalError("bench soak has no embedded server to watch")
             doc = run_soak(base, target.model, server_roles("".join(server.lines)),
                            duration_s=duration, hostile_share=hostile_share,
                            concurrency=concurrency, seed=seed, media_base=host.base,
