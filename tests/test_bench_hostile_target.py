@@ -143,6 +143,23 @@ def hostile_app() -> web.Application:
 
     routes["several-per-chunk-no-usage"] = several
 
+    @route("eos-first")
+    async def eos_first(request):  # the model ended at once: a role chunk, a finish reason
+        resp = await _stream(request)
+        await resp.write(_sse({"choices": [{"index": 0, "delta": {"role": "assistant",
+                                                                   "content": ""}}]}))
+        await resp.write(_sse({"choices": [{"index": 0, "delta": {},
+                                            "finish_reason": "stop"}]}))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    @route("nothing")
+    async def nothing(request):  # [DONE] and nothing else: not an answer
+        resp = await _stream(request)
+        await resp.write(_sse({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
     @route("ok")
     async def ok(request):
         resp = await _stream(request)
@@ -187,6 +204,7 @@ async def _run(port: int, route: str, n: int = 3, **cfg_args) -> dict:
     ("hang-up", "disconnected", ""),
     ("no-done", "stream_incomplete", "without data: [DONE]"),
     ("error-event", "stream_error:internal_error", "engine died"),
+    ("nothing", "no_tokens", "without a content token"),
 ])
 async def test_every_broken_answer_is_a_counted_failure_with_its_type(aiohttp_server, route,
                                                                       kind, says):
@@ -237,6 +255,18 @@ async def test_output_tokens_come_from_usage_else_from_chunks(aiohttp_server):
     without = await _run(server.port, "several-per-chunk-no-usage")
     assert without["total_output_tokens"] == 3 * 2
     assert without["output_tokens_from"] == "stream chunks"
+
+
+async def test_an_answer_that_ends_before_its_first_token_is_completed_as_vllm_counts_it(
+        aiohttp_server):
+    """EOS first (a random model does that): the stream ends with a finish reason and no
+    token. vLLM's bench counts it completed with 0 tokens; so does this one, without a TTFT
+    sample, and says how many there were."""
+    server = await aiohttp_server(hostile_app())
+    result = await _run(server.port, "eos-first")
+    assert result["completed"] == 3 and result["failed"] == 0, result
+    assert result["empty_answers"] == 3 and result["total_output_tokens"] == 0
+    assert all(r.ttft is None and r.finish_reason == "stop" for r in result["records"])
 
 
 def test_escapes():

@@ -204,6 +204,47 @@ def test_the_same_media_after_another_start_skips_the_encoder(arch):
         engine.close()
 
 
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_rows_with_different_cached_prefixes_are_prefilled_in_one_pass(arch):
+    """Three waiting rows: one whose cached prefix covers its item, one whose prefix ends
+    before its item (the encoder runs for it alone), one with no prefix at all. They are
+    prefilled together in one forward pass (not one at a time: concurrent cold requests
+    sharing only a chat template's first block must not lose their batched encoder and
+    prefill), and each gets the logits of the model's own ``generate``."""
+
+    model = llm(arch)
+    first, second, other = shared_prompts(arch)
+    spec = model.loaded.spec
+    modality = spec.modalities[0]
+    fresh = model.prepare("An unrelated start of a prompt. " + spec.placeholders[modality]
+                          + "Describe it.", [media_item(modality, 5)], None, False)[1]
+    engine = Engine(model.loaded, EngineConfig(encoder_cache_gb=0), batch_wait_s=1.0)
+    logits = record_logits(engine)
+    try:
+        if engine.runner.prefix_cache is None:
+            assert arch == "gemma3"
+            return
+        run(engine, first)
+        passes = []  # the model's forward passes over more than one token per row
+        hook = engine.runner.model.register_forward_pre_hook(
+            lambda _m, _a, kw: passes.append(kw["input_ids"].shape) if kw[
+                "input_ids"].shape[1] > 1 else None, with_kwargs=True)
+        reqs = [engine.submit(EngineRequest(p, greedy(4))) for p in (second, other, fresh)]
+        for req in reqs:
+            assert req.done.wait(120) and req.error is None, req.error
+        hook.remove()
+        assert len(passes) == 1 and passes[0][0] == 3, passes  # one prefill for all three
+        assert [r.timings["batch_size"] for r in reqs] == [3, 3, 3]
+        span = media_span(engine, second)
+        assert reqs[0].num_cached_tokens > span[1]
+        assert 0 < reqs[1].num_cached_tokens <= span[0]
+        assert reqs[2].num_cached_tokens == 0
+        for req, prompt in zip(reqs, (second, other, fresh), strict=True):
+            assert_generate_logits(engine, logits, req, prompt, 4)
+    finally:
+        engine.close()
+
+
 def test_a_row_prefilled_beside_others_is_reused_from_its_own_columns():
     """Rows of different lengths prefilled together are left-padded: the prefix stored for
     the shorter one is its own columns, and a request reusing it while the first ones still

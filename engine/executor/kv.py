@@ -94,6 +94,28 @@ def take(cache: Any, indices: list[int]) -> Any:
     return part
 
 
+def compact(cache: Any, columns: list[list[int]]) -> None:
+    """Row ``i`` keeps its columns ``columns[i]`` (in order), right-aligned and left-padded
+    with zeros to the longest row's count, in place: a prefill that wrote each row's new
+    tokens after a gap (the cached prefixes left-padded to the longest, the new tokens to
+    theirs) leaves each row's tokens side by side again. Full-attention layers only."""
+    import torch
+
+    width = max(len(c) for c in columns)
+    index = torch.tensor([[0] * (width - len(c)) + c for c in columns], dtype=torch.long)
+    keep = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in columns])
+    for layer in _layers(cache):
+        if _sliding(layer):
+            raise ConfigError("prefix-cached rows cannot be compacted in a sliding-window layer",
+                              hint="serve this family with --no-enable-prefix-caching",
+                              code="unsupported_cache_layout")
+        at = index.to(layer.keys.device)[:, None, :, None].expand(
+            -1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+        zero = keep.to(layer.keys.device, layer.keys.dtype)[:, None, :, None]
+        layer.keys = layer.keys.gather(-2, at) * zero
+        layer.values = layer.values.gather(-2, at) * zero
+
+
 def drop_left(cache: Any, columns: int) -> None:
     """Cut the first ``columns`` positions (padding no row attends to), in place."""
     if columns <= 0:

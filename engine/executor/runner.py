@@ -190,60 +190,99 @@ class TransformersRunner:
         return self.caches.stats()
 
     def prefill(self, rows: list[_Row]) -> RunningBatch:
-        """The prompts of ``rows`` prefilled: those with no cached prefix in one forward pass
-        (left-padded, media concatenated in order), each of the others alone from the end of
-        its cached prefix; their caches joined, each row's first token (sampled and handed
-        on) and the positions their next tokens take. On an exception nothing was handed
-        on."""
-        import torch
-
+        """The prompts of ``rows`` prefilled in one forward pass, each from the end of its
+        cached prefix (none: the whole prompt): the cached keys and values left-padded to
+        the longest prefix, the uncached tokens left-padded to the longest rest, the media
+        of the rows whose media span is not cached concatenated in order; then the cache
+        compacted (each row's prefix and rest side by side, left-padded), each row's first
+        token sampled and handed on, and the positions their next tokens take. On an
+        exception nothing was handed on."""
         self.encoder_s = 0.0
         found = [self.caches.lookup(row.request, row.index == 0) for row in rows]
-        # Every cached row's keys and values are taken from the cache before any forward
-        # pass stores new blocks: a full cache would evict blocks just looked up.
-        plans = [(row, self._plan(row, hashes, length), length)
-                 for row, (hashes, length) in zip(rows, found, strict=True) if length]
-        parts: list[tuple[RunningBatch, Any]] = []
-        plain = [(r, h) for r, (h, length) in zip(rows, found, strict=True) if not length]
-        if plain:
-            parts.append(self._forward_rows([r for r, _ in plain], [h for _, h in plain]))
-        for row, plan, length in plans:
-            logits = self._forward_chunk(plan, length, len(row.request.prompt.input_ids))
-            parts.append((RunningBatch([row], plan.cache, plan.inputs["attention_mask"],
-                                       plan.mrope), logits))
-        logits = torch.cat([part_logits for _, part_logits in parts])
-        batch = parts[0][0]
-        for other, _ in parts[1:]:
-            batch.join(other)
+        batch, logits = self._forward_rows(rows, [h for h, _ in found],
+                                           [length for _, length in found])
         # one sampling for all rows: a failure hands nothing on (the rows are retried alone)
         self._advance(list(batch.rows), logits)
         return batch
 
-    def _forward_rows(self, rows: list[_Row], hashes: list[list[bytes]]
+    def _row_positions(self, row: _Row) -> tuple[Any, int | None]:
+        """A row's prompt positions by the model's own rule (3-D M-RoPE for Qwen-VL: vision
+        tokens by their grid, text after them), as ``generate`` computes them, and its rope
+        delta (None without M-RoPE)."""
+        inputs = self._inputs([row], pixels=False)
+        positions = self.model._prepare_position_ids_for_generation(inputs["input_ids"],
+                                                                   dict(inputs))
+        deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
+        mrope = deltas is not None and positions.ndim == 3
+        return positions, int(deltas[0, 0]) if mrope else None
+
+    def _forward_rows(self, rows: list[_Row], hashes: list[list[bytes]], cached: list[int]
                       ) -> tuple[RunningBatch, Any]:
-        """One forward pass over the whole prompts of ``rows``: their batch and last logits
-        (nothing handed on); their blocks go into the prefix cache."""
+        """One forward pass over the uncached tokens of ``rows`` (the first ``cached[i]`` of
+        row ``i`` come from the prefix cache): their batch and last logits (nothing handed
+        on); their blocks go into the prefix cache."""
         import torch
         from transformers import DynamicCache
 
-        inputs = self._inputs(rows)
-        # The model's own rule for prompt positions (3-D M-RoPE for Qwen-VL: vision tokens
-        # by their grid, text after them), as ``generate`` computes them.
-        positions = self.model._prepare_position_ids_for_generation(inputs["input_ids"],
-                                                                   dict(inputs))
+        # Every row's cached keys and values are taken before the pass stores new blocks: a
+        # full cache would evict blocks just looked up.
         cache = DynamicCache(config=self.model.config)
-        with torch.inference_mode(), self.caches.keyed([r.request.prompt for r in rows]):
+        self.caches.fill_rows(cache, hashes, cached)
+        prefix = max(cached)
+        seqs = [r.request.prompt.input_ids for r in rows]
+        rest = [len(s) - c for s, c in zip(seqs, cached, strict=True)]
+        width = max(rest)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), prefix + width), dtype=torch.long)
+        encoded = []  # rows whose media the encoder reads in this pass
+        parts, deltas = [], []
+        spec = self.loaded.spec
+        types = None
+        for i, (row, seq, c, n) in enumerate(zip(rows, seqs, cached, rest, strict=True)):
+            ids[i, width - n:] = torch.tensor(seq[c:], dtype=torch.long)
+            mask[i, prefix - c:prefix] = 1
+            mask[i, prefix + width - n:] = 1
+            media = media_span(seq, self.media_token_ids)
+            if media is not None and c <= media[1]:
+                encoded.append(row)
+            positions, delta = self._row_positions(row)
+            pad = positions.new_zeros((*positions.shape[:-1], width - n))
+            parts.append(torch.cat([pad, positions[..., c:]], dim=-1))
+            deltas.append(delta)
+            row_types = row.request.prompt.mm.get(spec.token_types_key)
+            if row_types is not None:
+                if types is None:
+                    types = torch.zeros((len(rows), width), dtype=torch.long)
+                types[i, width - n:] = row_types[0, c:]
+        inputs: dict[str, Any] = {k: v for k, v in self._inputs(encoded).items()
+                                  if k not in ("input_ids", "attention_mask",
+                                               spec.token_types_key)} if encoded else {}
+        inputs.update(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
+        if types is not None:
+            inputs[spec.token_types_key] = types.to(self.device)
+        positions = torch.cat(parts, dim=-2).to(self.device)
+        mrope = any(d is not None for d in deltas)
+        with torch.inference_mode(), self.caches.keyed([r.request.prompt for r in encoded]):
             out = self.model(**inputs, position_ids=positions, **{self._cache_arg: cache},
                              use_cache=True, logits_to_keep=1)
-        deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
-        mrope = deltas is not None and positions.ndim == 3
-        lengths = inputs["attention_mask"].sum(dim=1).tolist()
-        width = inputs["input_ids"].shape[1]
+        lengths = [len(s) for s in seqs]
+        total = max(lengths)
+        if prefix:  # each row's prefix and rest side by side, left-padded
+            kv.compact(cache, [list(range(prefix - c, prefix)) + list(
+                range(prefix + width - n, prefix + width)) for c, n in zip(cached, rest,
+                                                                            strict=True)])
+            mask = torch.zeros((len(rows), total), dtype=torch.long)
+            for i, length in enumerate(lengths):
+                mask[i, total - length:] = 1
+            mask = mask.to(self.device)
+        else:
+            mask = inputs["attention_mask"]
         for i, row in enumerate(rows):
-            row.position = int(lengths[i])
-            row.rope_delta = int(deltas[i, 0]) if mrope else 0
-            self.caches.store(cache, i, width - int(lengths[i]), hashes[i])
-        return RunningBatch(rows, cache, inputs["attention_mask"], mrope), out.logits[:, -1, :]
+            row.position = lengths[i]
+            row.rope_delta = deltas[i] or 0
+            self.caches.store(cache, i, total - lengths[i] if prefix else width - rest[i],
+                              hashes[i])
+        return RunningBatch(rows, cache, mask, mrope), out.logits[:, -1, :]
 
     def start_chunked(self, row: _Row) -> ChunkedPrefill:
         """Set up the chunked prefill of one row's prompt (positions computed once, for the

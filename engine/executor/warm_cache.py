@@ -178,6 +178,31 @@ class WarmCaches:
         if cached and self.prefix is not None:
             fill(cache, self.prefix.get(hashes[:cached // self.prefix.block_size]))
 
+    def fill_rows(self, cache: Any, hashes: Sequence[Sequence[bytes]], cached: Sequence[int]
+                  ) -> None:
+        """A fresh ``cache`` holding, for row ``i``, the keys and values of its first
+        ``cached[i]`` tokens, left-padded with zeros to the longest (nothing when none is
+        cached)."""
+        import torch
+
+        prefix = max(cached, default=0)
+        if not prefix or self.prefix is None:
+            return
+        size = self.prefix.block_size
+        rows = [self.prefix.get(h[:c // size]) if c else [] for h, c in zip(
+            hashes, cached, strict=True)]
+        sample = next(blocks[0] for blocks in rows if blocks)
+        with torch.inference_mode():
+            stacked = sample.new_zeros((sample.shape[0], len(rows), sample.shape[1], prefix,
+                                        sample.shape[-1]))
+            for i, (blocks, c) in enumerate(zip(rows, cached, strict=True)):
+                if blocks:
+                    stacked[:, i, :, prefix - c:] = torch.cat(blocks, dim=-2)
+            layers = kv._layers(cache)
+            count = len(layers)
+            for j, layer in enumerate(layers):
+                layer.update(stacked[j], stacked[count + j])
+
     def keyed(self, prompts: list[Any]) -> Any:
         """The encoder cache's lookups in a forward pass over ``prompts``, named by their
         items' content keys in the order their tensors are concatenated (nothing cached

@@ -47,6 +47,8 @@ class RequestRecord:
     text: list[str] = field(default_factory=list)  # the streamed pieces (for --tokenizer)
     sent_at: float = 0.0
     ttft: float | None = None
+    #: the last finish reason the answer gave (a complete answer with none and no token fails)
+    finish_reason: str | None = None
     itl: list[float] = field(default_factory=list)
     e2e: float | None = None
     output_tokens: int = 0
@@ -111,6 +113,8 @@ def compute(records: list[RequestRecord], duration_s: float,
             hits, misses = hits + bool(hit), misses + (not hit)
     return {
         "completed": len(done), "failed": len(records) - len(done),
+        # completed with 0 output tokens (the model ended at once): no TTFT sample
+        "empty_answers": sum(1 for r in done if r.ttft is None),
         "failures_by_type": dict(Counter(r.error or "unknown" for r in records if not r.ok)),
         # one answer body per failure type, as the target sent it (what to fix, at a glance)
         "failure_examples": {r.error or "unknown": r.error_body for r in reversed(records)

@@ -14,7 +14,10 @@ Failure types (``RequestRecord.error``; the example, escaped, is ``error_body``)
 - ``stream_error[:<code>]``: the server sent an error event inside the stream;
 - ``stream_incomplete``: the stream ended without ``data: [DONE]``;
 - ``disconnected``: the connection broke mid-answer; ``connection_failed``: no connection;
-- ``no_tokens``: a complete stream without a single content token.
+- ``no_tokens``: a complete stream without a single content token and without a finish
+  reason. One that gave a finish reason (the model's end-of-sequence came first) is a
+  completed answer with 0 output tokens and no TTFT, as vLLM's ``bench serve`` counts it
+  (``empty_answers`` in the result).
 """
 
 from __future__ import annotations
@@ -103,6 +106,9 @@ class _Stream:
                 raise ResponseProblem("invalid_chunk", "the content is a "
                                       f"{type(piece).__name__}, not text: "
                                       f"{payload[:200].decode('utf-8', 'replace')}")
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                record.finish_reason = reason[:40]
             # A chunk with no text (the role chunk many servers send first, an empty delta)
             # is not a token: it starts no TTFT and adds no ITL sample.
             if piece:
@@ -217,7 +223,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
                 return
             await _read_stream(resp, record, max_bytes, keep_text)
         record.e2e = time.perf_counter() - record.sent_at
-        record.ok = record.ttft is not None
+        record.ok = record.ttft is not None or record.finish_reason is not None
         if not record.ok:
             record.error = "no_tokens"
             record.error_body = "a complete stream without a content token"
