@@ -17,6 +17,7 @@ from engine.config import EngineConfig
 from engine.executor.encoder_cache import EncoderCache, nbytes
 from engine.executor.engine import Engine
 from engine.executor.prefix_cache import PrefixCache, block_hashes, usable_prefix
+from engine.executor import runner as runner_module
 from engine.executor.request import EngineRequest
 from tests.engine_fixtures import FAMILIES, llm
 from tests.test_scheduler import (
@@ -205,12 +206,16 @@ def test_the_same_media_after_another_start_skips_the_encoder(arch):
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
-def test_rows_with_different_cached_prefixes_are_prefilled_in_one_pass(arch):
+def test_rows_with_different_cached_prefixes_are_prefilled_in_one_pass(arch, monkeypatch):
     """Three waiting rows: one whose cached prefix covers its item, one whose prefix ends
     before its item (the encoder runs for it alone), one with no prefix at all. They are
     prefilled together in one forward pass (not one at a time: concurrent cold requests
     sharing only a chat template's first block must not lose their batched encoder and
-    prefill), and each gets the logits of the model's own ``generate``."""
+    prefill), and each gets the logits of the model's own ``generate``. (Rows of very
+    different lengths go in separate passes by default, ``length_groups``: here all rows
+    are put in one, the case that has padding both in the cached and the new columns.)"""
+    monkeypatch.setattr(runner_module, "length_groups", lambda lengths: [list(range(len(
+        lengths)))])
 
     model = llm(arch)
     first, second, other = shared_prompts(arch)
@@ -243,6 +248,20 @@ def test_rows_with_different_cached_prefixes_are_prefilled_in_one_pass(arch):
             assert_generate_logits(engine, logits, req, prompt, 4)
     finally:
         engine.close()
+
+
+def test_rows_are_grouped_into_passes_that_waste_little_on_padding():
+    groups = runner_module.length_groups
+    assert groups([240, 790, 250, 800, 245]) == [[0, 4, 2], [1, 3]]
+    assert groups([100] * 4) == [[0, 1, 2, 3]]
+    assert groups([10, 1000]) == [[0], [1]]
+    assert groups([]) == []
+    # no pass computes more than the slack's share of its tokens as padding
+    lengths = [17, 300, 31, 290, 1200, 44, 280, 1100, 5]
+    for group in groups(lengths):
+        own = sum(lengths[i] for i in group)
+        assert len(group) * max(lengths[i] for i in group) <= 1.15 * own
+    assert sorted(i for g in groups(lengths) for i in g) == list(range(len(lengths)))
 
 
 def test_a_row_prefilled_beside_others_is_reused_from_its_own_columns():
