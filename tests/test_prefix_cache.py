@@ -14,10 +14,10 @@ import dataclasses
 import pytest
 
 from engine.config import EngineConfig
+from engine.executor import runner as runner_module
 from engine.executor.encoder_cache import EncoderCache, nbytes
 from engine.executor.engine import Engine
 from engine.executor.prefix_cache import PrefixCache, block_hashes, usable_prefix
-from engine.executor import runner as runner_module
 from engine.executor.request import EngineRequest
 from tests.engine_fixtures import FAMILIES, llm
 from tests.test_scheduler import (

@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.errors import ConfigError
 from engine.models import hub
+from engine.models.cpu_linear import pack_linears
 from engine.models.patch_embed import convolutions_as_products
 from engine.models.registry import DEFAULT_ARCH, ArchSpec, arch_for_config, get_arch
 from engine.paths import cache_root
@@ -114,6 +115,7 @@ class LoadedModel:
                 torch_dtype = ("auto" if dtype == "auto" else getattr(torch, dtype))
                 model = cls.from_pretrained(self.path, dtype=torch_dtype).to(device).eval()
                 convolutions_as_products(model)
+                pack_linears(model)
                 self._model = model
             return self._model
 

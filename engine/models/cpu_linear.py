@@ -1,0 +1,68 @@
+"""Linear layers on the CPU through oneDNN, with weights packed once at load.
+
+PyTorch's ``nn.Linear`` on a CPU calls MKL's sgemm for float32. On an AMD EPYC (these
+machines) that is MKL's generic path, about 90 GFLOPS on one core, while oneDNN's matrix
+product over a weight packed in its own blocked layout reaches about 240 GFLOPS for the shapes
+of a prefill (hundreds to thousands of rows) and about 140 for a decode step of 8 rows,
+with float32 results (``scripts/cpu_linear_bench.py`` measures both on the machine at hand).
+vLLM's CPU backend packs its linear weights with oneDNN the same way; this is most of why its
+encoder and prefill cost half of ours on the same core before this module.
+
+:func:`pack_linears` packs every float32 ``nn.Linear`` of a model on the CPU (its ``forward``
+becomes an instance attribute, so hooks still run) through torch's own oneDNN operators
+(``torch.ops.mkldnn``: no new dependency). The plain weight stays (tied weights, such as an
+output head that is the embedding table, and other readers of ``.weight`` keep working): the
+packed copy doubles those layers' memory, which is why ``APHRODITE_CPU_ONEDNN_LINEAR=0``
+turns it off. Inputs of fewer than :data:`MIN_ROWS` rows (a lone decode row: oneDNN is
+slower there), of another dtype, or that need gradients take the plain path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine import envs
+
+#: fewer rows than this go through ``F.linear`` (one decode row is faster there)
+MIN_ROWS = 4
+
+
+def available() -> bool:
+    """Whether this torch build has oneDNN on this CPU."""
+    import torch
+
+    return bool(torch.backends.mkldnn.is_available())
+
+
+def pack_linears(model: Any) -> int:
+    """Pack ``model``'s float32 CPU linear layers for oneDNN (see the module's text); how
+    many were packed (0 when turned off or unavailable)."""
+    import torch
+
+    if not envs.APHRODITE_CPU_ONEDNN_LINEAR or not available():
+        return 0
+    packed = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if type(module) is torch.nn.Linear and weight is not None and \
+                weight.dtype == torch.float32 and weight.device.type == "cpu":
+            module.forward = _packed_forward(module)
+            packed += 1
+    return packed
+
+
+def _packed_forward(module: Any) -> Any:
+    import torch
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        blocked = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None)
+
+    def forward(x: Any) -> Any:
+        if x.dtype != torch.float32 or x.numel() < MIN_ROWS * x.shape[-1] or (
+                torch.is_grad_enabled() and (x.requires_grad or module.weight.requires_grad)):
+            return F.linear(x, module.weight, module.bias)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), blocked, module.bias, "none",
+                                                  [], "")
+
+    return forward
