@@ -112,7 +112,8 @@ def serve(
     ] = EngineConfig.max_num_seqs,
     max_num_batched_tokens: Annotated[int | None, typer.Option(
         help="Prompt tokens prefilled in one step when requests join the running "
-             "batch, e.g. 8192 (a longer prompt is prefilled alone); default: no cap.")
+             "batch, e.g. 8192 (a longer prompt is prefilled alone, a chunk per step); "
+             "default: vLLM's, 2048 on a CPU and 8192 on a GPU.")
     ] = EngineConfig.max_num_batched_tokens,
     num_threads: Annotated[int | None, typer.Option(
         help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "

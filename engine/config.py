@@ -171,6 +171,16 @@ def _check_size(flag: str, value: object) -> None:
                           hint=f"e.g. {flag} 0.5 (0 turns the cache off)", code="invalid_flag")
 
 
+#: ``max_num_batched_tokens`` when none is given, per device kind: vLLM's defaults for its
+#: OpenAI server (2048 on a CPU; 8192 on a GPU, where vLLM also uses 2048 below 70 GiB). A
+#: burst of requests is then prefilled a budget's worth per step, first come first served,
+#: while the rows already running decode between steps: the first requests get their first
+#: token sooner than if every waiting prompt were prefilled in one pass (measured with the
+#: small Qwen2.5-VL at concurrency 8, cold: TTFT p50 1991 ms instead of 3551 ms, the same
+#: requests/s).
+DEFAULT_BATCHED_TOKENS = {"cpu": 2048, "cuda": 8192}
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The engine's settings: what the ``serve`` flags, ``LLM(...)``'s arguments and the
@@ -180,7 +190,8 @@ class EngineConfig:
 
     ``max_num_seqs``: rows in the running batch (a request's ``n`` samples are ``n`` rows).
     ``max_num_batched_tokens``: prompt tokens prefilled in one step; a longer prompt is
-    prefilled alone, a chunk per step. ``None``: no cap.
+    prefilled alone, a chunk per step. ``None``: vLLM's defaults for its OpenAI server,
+    :data:`DEFAULT_BATCHED_TOKENS` per device kind (see :attr:`token_budget`).
     ``scheduling``: see :data:`Scheduling`.
     ``device``, ``dtype``: where the model runs, and its weights' type.
     ``num_threads``: torch threads of the engine's process; ``None``: the CPUs the process
@@ -206,6 +217,14 @@ class EngineConfig:
     prefix_cache_gb: float = 0.5
     encoder_cache_gb: float = 0.25
     block_size: int = 16
+
+    @property
+    def token_budget(self) -> int:
+        """Prompt tokens one step prefills: ``max_num_batched_tokens``, else the device
+        kind's default (:data:`DEFAULT_BATCHED_TOKENS`)."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return DEFAULT_BATCHED_TOKENS[str(self.device).partition(":")[0]]
 
     def __post_init__(self) -> None:
         _check_count("--max-num-seqs", self.max_num_seqs, optional=False, example="8")

@@ -4,8 +4,6 @@ check that the engine executing these plans gives each row the logits it gets al
 
 from __future__ import annotations
 
-import pytest
-
 from engine.config import EngineConfig
 from engine.executor.scheduler import (
     Chunk,
@@ -54,8 +52,9 @@ def test_the_token_budget_splits_a_join_and_no_row_overtakes_an_older_one():
     assert plan(seqs(64), running=0, config=budget).admit == (64,)  # exactly the budget
 
 
-def test_without_a_budget_every_row_that_has_room_joins():
-    assert plan(seqs(5000, 7000, 9000), running=0, config=config()).admit == (5000, 7000, 9000)
+def test_a_large_budget_lets_every_row_that_has_room_join():
+    assert plan(seqs(5000, 7000, 9000), running=0, config=config(
+        max_num_batched_tokens=1 << 20)).admit == (5000, 7000, 9000)
 
 
 def test_a_prompt_over_the_budget_alone_starts_a_chunked_prefill():
@@ -163,6 +162,19 @@ def test_the_waiting_queue_is_read_only_as_far_as_needed():
     assert len(read) <= 1
 
 
-def test_a_chunk_in_progress_needs_a_token_budget():
-    with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        plan([], running=0, config=config(), prefilling=Prefilling(SeqState(100), 10))
+def test_without_a_token_budget_the_devices_default_applies_as_in_vllm():
+    """No --max-num-batched-tokens: vLLM's OpenAI-server defaults, 2048 prompt tokens per
+    step on a CPU and 8192 on a GPU; a burst of prompts is admitted a budget's worth at a
+    time, and a prompt over it is chunked."""
+    assert config().token_budget == 2048
+    assert config(device="cuda:1").token_budget == 8192
+    assert config(max_num_batched_tokens=100).token_budget == 100
+    burst = plan(seqs(800, 800, 800, 800), running=0, config=config(max_num_seqs=8))
+    assert burst.admit == (800, 800)
+    gpu = plan(seqs(800, 800, 800, 800), running=0, config=config(device="cuda",
+                                                                    max_num_seqs=8))
+    assert gpu.admit == (800, 800, 800, 800)
+    long = plan(seqs(5000), running=0, config=config())
+    assert long.chunk is not None and long.chunk.tokens == 2048
+    step = plan([], running=0, config=config(), prefilling=Prefilling(SeqState(3000), 2048))
+    assert (step.chunk.start, step.chunk.end) == (2048, 3000)

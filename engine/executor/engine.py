@@ -202,9 +202,8 @@ class Engine:
         """The scheduler's view of a request's rows. Only a prompt over the token budget can be
         chunked: only its media span is looked up."""
         ids = req.prompt.input_ids
-        budget = self.config.max_num_batched_tokens
         span = None
-        if budget is not None and len(ids) > budget:
+        if len(ids) > self.config.token_budget:
             media = self.runner.media_token_ids
             at = [i for i, t in enumerate(ids) if t in media]
             span = (at[0], at[-1]) if at else None

@@ -108,10 +108,8 @@ def plan(waiting: Iterable[SeqState], running: int, config: EngineConfig,
          prefilling: Prefilling | None = None) -> StepPlan:
     """The next step, from the waiting rows (oldest first; read only as far as needed), the
     number of rows in the running batch, the settings and the prompt being chunked, if any."""
-    budget = config.max_num_batched_tokens
+    budget = config.token_budget
     if prefilling is not None:  # rule 1
-        if budget is None:
-            raise ValueError("a chunked prefill needs max_num_batched_tokens")
         chunk = next_chunk(prefilling.seq, prefilling.done, budget)
         return StepPlan(chunk=chunk, decode_rows=running + chunk.final)
     if config.scheduling == "static" and running:  # rule 2
@@ -122,7 +120,7 @@ def plan(waiting: Iterable[SeqState], running: int, config: EngineConfig,
         if running + len(admit) >= config.max_num_seqs:
             break
         size = seq.tokens_to_prefill
-        if budget is not None and total + size > budget:  # rule 4
+        if total + size > budget:  # rule 4
             if not admit:
                 chunk = next_chunk(seq, seq.first_uncached, budget)
                 return StepPlan(chunk=chunk, starts_chunk=True,
