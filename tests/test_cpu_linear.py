@@ -90,3 +90,16 @@ def test_every_familys_logits_are_those_of_its_unpacked_layers(arch, monkeypatch
         for m, forward in saved.items():
             m.forward = forward
     torch.testing.assert_close(with_packed, plain, atol=1e-4, rtol=1e-4)
+
+
+def test_a_weight_packed_for_its_owner_is_packed_again_when_it_changes(monkeypatch):
+    calls = _calls(monkeypatch)
+    owner = torch.nn.Module()
+    x = torch.randn(12, 32)
+    first, second = torch.randn(16, 32), torch.randn(16, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(cpu_linear.linear(owner, x, first, None),
+                                   torch.nn.functional.linear(x, first), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cpu_linear.linear(owner, x, second, None),
+                                   torch.nn.functional.linear(x, second), atol=1e-5, rtol=1e-5)
+    assert len(calls) == 2

@@ -51,6 +51,27 @@ def pack_linears(model: Any) -> int:
     return packed
 
 
+def linear(owner: Any, x: Any, weight: Any, bias: Any) -> Any:
+    """``F.linear(x, weight, bias)``, through a oneDNN copy of ``weight`` packed on first use
+    and kept on ``owner`` (a module whose weight this is, e.g. a patch embedding's flattened
+    kernel), when packing is on and ``x`` qualifies (see the module's text)."""
+    import torch
+    import torch.nn.functional as F
+
+    if x.dtype != torch.float32 or weight.device.type != "cpu" or x.numel() < MIN_ROWS * \
+            x.shape[-1] or torch.is_grad_enabled() or not envs.APHRODITE_CPU_ONEDNN_LINEAR or \
+            not available():
+        return F.linear(x, weight, bias)
+    key = (weight.data_ptr(), tuple(weight.shape))
+    packed = owner.__dict__.get("_onednn_packed")
+    if packed is None or packed[0] != key:
+        with torch.no_grad():
+            packed = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(),
+                                                                   None))
+        owner.__dict__["_onednn_packed"] = packed
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed[1], bias, "none", [], "")
+
+
 def _packed_forward(module: Any) -> Any:
     import torch
     import torch.nn.functional as F

@@ -6,7 +6,8 @@ pixels into flat patches). That convolution is a matrix product of the flat patc
 flattened kernel, and torch's CPU convolution is about 4x slower than the product (3000 patches
 into 32 channels: 12.4 -> 3.4 ms; into 1280 channels, Qwen2.5-VL-3B's width: 383 -> 92 ms).
 vLLM makes the same substitution. The values differ from the convolution's by float rounding
-only (relative 1.5e-6: the sums run in another order).
+only (relative 1.5e-6: the sums run in another order). On a CPU in float32 the product goes
+through oneDNN with the kernel packed once (:func:`engine.models.cpu_linear.linear`).
 
 :func:`convolutions_as_products` switches every such convolution of a model in place (its
 class, not its weights: the state dict and every other input shape keep the convolution).
@@ -17,6 +18,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from engine.models import cpu_linear
+
 
 def _one_patch(module: Any, x: Any) -> bool:
     dims = len(module.kernel_size)
@@ -24,10 +27,8 @@ def _one_patch(module: Any, x: Any) -> bool:
 
 
 def _product(module: Any, x: Any) -> Any:
-    import torch.nn.functional as F
-
-    out = F.linear(x.reshape(x.shape[0], -1), module.weight.reshape(module.out_channels, -1),
-                   module.bias)
+    out = cpu_linear.linear(module, x.reshape(x.shape[0], -1),
+                            module.weight.reshape(module.out_channels, -1), module.bias)
     return out.view(x.shape[0], module.out_channels, *([1] * len(module.kernel_size)))
 
 
