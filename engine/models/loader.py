@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError
-from engine.models import hub
+from engine.models import attention, hub
 from engine.models.cpu_linear import pack_linears
 from engine.models.patch_embed import convolutions_as_products
 from engine.models.registry import DEFAULT_ARCH, ArchSpec, arch_for_config, get_arch
@@ -116,6 +116,7 @@ class LoadedModel:
                 model = cls.from_pretrained(self.path, dtype=torch_dtype).to(device).eval()
                 convolutions_as_products(model)
                 pack_linears(model)
+                attention.use(model)
                 self._model = model
             return self._model
 

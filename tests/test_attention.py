@@ -1,0 +1,106 @@
+"""The engine's attention (engine/models/attention.py): a CPU decode step over rows of very
+different lengths attends each row over its own columns, with SDPA's results; anything else is
+SDPA itself; every family's decode logits stay those of the model's own ``generate``."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.models import attention
+from tests.engine_fixtures import FAMILIES, llm
+from tests.test_scheduler import assert_generate_logits, greedy, media_item, record_logits
+
+torch = pytest.importorskip("torch")
+sdpa_module = pytest.importorskip("transformers.integrations.sdpa_attention")
+
+
+class _Module:
+    num_key_value_groups = 3
+    is_causal = True
+
+
+def _spy(monkeypatch) -> list:
+    calls: list = []
+    real = sdpa_module.sdpa_attention_forward
+
+    def counting(module, query, key, *args, **kwargs):
+        calls.append((query.shape[0], key.shape[2]))
+        return real(module, query, key, *args, **kwargs)
+
+    monkeypatch.setattr(sdpa_module, "sdpa_attention_forward", counting)
+    return calls
+
+
+def _inputs(lengths: list[int], width: int):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(len(lengths), 12, 1, 16, generator=gen)
+    k = torch.randn(len(lengths), 4, width, 16, generator=gen)
+    v = torch.randn(len(lengths), 4, width, 16, generator=gen)
+    mask = torch.zeros(len(lengths), 1, 1, width, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        mask[i, ..., width - n:] = True
+    return q, k, v, mask
+
+
+def test_rows_of_very_different_lengths_attend_over_their_own_columns(monkeypatch):
+    q, k, v, mask = _inputs([40, 300, 45, 38], 300)
+    expected = sdpa_module.sdpa_attention_forward(_Module(), q, k, v, mask)[0]
+    calls = _spy(monkeypatch)
+    out = attention.attention(_Module(), q, k, v, mask)[0]
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert calls == [(1, 40), (1, 300), (1, 45), (1, 38)]  # each row over its own columns
+    float_mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    out = attention.attention(_Module(), q, k, v, float_mask)[0]
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["little padding", "not right-aligned", "prefill", "no mask"])
+def test_anything_else_is_sdpa_itself(monkeypatch, case):
+    q, k, v, mask = _inputs([290, 300, 280, 295], 300)
+    if case == "not right-aligned":
+        q, k, v, mask = _inputs([40, 300, 45, 38], 300)
+        mask[0, ..., -1] = False  # a hole at the end: not one run up to the last column
+    if case == "prefill":
+        q = torch.randn(4, 12, 7, 16)
+        mask = mask.expand(4, 1, 7, 300)
+    if case == "no mask":
+        mask = None
+    calls = _spy(monkeypatch)
+    out = attention.attention(_Module(), q, k, v, mask)[0]
+    assert calls == [(4, 300)]
+    assert out.shape == (4, q.shape[2], 12, 16)
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_every_family_decodes_rows_of_different_lengths_with_generates_logits(arch,
+                                                                             monkeypatch):
+    """A short text row and a long row with the family's media decoding together: each row's
+    logits are those of the model's own ``generate`` on it alone."""
+    from engine.config import EngineConfig
+    from engine.executor.engine import Engine
+    from engine.executor.request import EngineRequest
+
+    model = llm(arch)
+    spec = model.loaded.spec
+    modality = spec.modalities[0]
+    # (not a prompt of 3 tokens: a tiny random model may pick EOS early, which the engine
+    # feeds on with ignore_eos while generate's min_new_tokens forbids it)
+    short = model.prepare("Hi there, how are you doing today? Tell me.", [], None, False)[1]
+    long = model.prepare("Look at this, every part of it, slowly. " * 3
+                         + spec.placeholders[modality] + " What is it? " * 6,
+                         [media_item(modality, 2)], None, False)[1]
+    assert len(long.input_ids) > 2 * len(short.input_ids)
+    engine = Engine(model.loaded, EngineConfig(enable_prefix_caching=False), batch_wait_s=1.0)
+    assert engine.runner.model.config._attn_implementation in (attention.NAME, "eager")
+    calls = _spy(monkeypatch)
+    logits = record_logits(engine)
+    try:
+        reqs = [engine.submit(EngineRequest(p, greedy(4))) for p in (short, long)]
+        for req in reqs:
+            assert req.done.wait(120) and req.error is None, req.error
+        if engine.runner.model.config._attn_implementation == attention.NAME:
+            assert any(rows == 1 for rows, _ in calls), "no decode step went row by row"
+        for req, prompt in zip(reqs, (short, long), strict=True):
+            assert_generate_logits(engine, logits, req, prompt, 4)
+    finally:
+        engine.close()
