@@ -19,6 +19,7 @@ SDPA by :func:`use`.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 #: the transformers attention implementation name the engine's models use
@@ -26,8 +27,9 @@ NAME = "aphrodite_sdpa"
 #: the share of a decode step's key/value frame that must be padding for rows to go apart
 MIN_WASTE = 0.25
 
-#: the last mask seen and its rows' first columns (a step's layers share one mask)
-_last: list[Any] = [None, None]
+#: per thread (each engine steps its model on its own thread): the last mask seen and its
+#: rows' first columns (a step's layers share one mask)
+_last = threading.local()
 
 
 def _row_starts(mask: Any, kv_len: int) -> list[int] | None:
@@ -35,8 +37,9 @@ def _row_starts(mask: Any, kv_len: int) -> list[int] | None:
     last column and the padding before them is at least MIN_WASTE of the frame; else None."""
     import torch
 
-    if _last[0] is mask:
-        return _last[1]
+    seen = getattr(_last, "seen", None)
+    if seen is not None and seen[0] is mask:
+        return seen[1]
     starts = None
     m = mask
     if m.dim() == 4 and m.shape[1] == 1 and m.shape[2] == 1 and m.shape[3] == kv_len:
@@ -47,7 +50,7 @@ def _row_starts(mask: Any, kv_len: int) -> list[int] | None:
             keep[:, -1].all())
         if right_aligned and int(counts.sum()) <= (1 - MIN_WASTE) * keep.numel():
             starts = first.tolist()
-    _last[0], _last[1] = mask, starts
+    _last.seen = (mask, starts)
     return starts
 
 
