@@ -53,9 +53,13 @@ class VllmEngineProcess:
                 "api_servers": config.api_server_count,
                 "reserved_gpu_bytes": int(config.mm_ipc_gpu_memory_gb * (1 << 30)),
                 "engine_args": engine_args(config, model_path, served_name)}
+        # vLLM's own temporary files (its engine's IPC sockets, its workers' rendezvous file)
+        # go in the server's private folder, which the supervisor removes however it stops
+        scratch = os.path.join(os.path.dirname(address), "vllm-tmp")
+        os.makedirs(scratch, mode=0o700, exist_ok=True)
+        env = {**bridge_env(python), "TMPDIR": scratch}
         self.proc = subprocess.Popen([str(python), "-m", "engine.vllm_bridge"],
-                                     stdin=subprocess.PIPE, pass_fds=(write,),
-                                     env=bridge_env(python))
+                                     stdin=subprocess.PIPE, pass_fds=(write,), env=env)
         os.close(write)
         self.ready = ReadyPipe(read)
         stdin = self.proc.stdin  # (a pipe: Popen was asked for one)

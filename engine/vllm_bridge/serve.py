@@ -45,6 +45,12 @@ from engine.server.wire import (
 logger = logging.getLogger("aphrodite.vllm_bridge")
 #: how much of an error message from vLLM a client sees
 MAX_MESSAGE = 500
+#: times a request vLLM ends with its retryable "error" is submitted again (before any token)
+RETRIES = 1
+
+
+class EngineFailed(Exception):
+    """vLLM ended a request with finish reason "error" (a 503: the client may retry)."""
 
 
 def failure(message: str, status: int, code: str, kind: str = "invalid_request_error"
@@ -149,29 +155,30 @@ class Bridge:
             params = sampling_params(message.sampling)
             kwargs = {"tokenization_kwargs": {"add_special_tokens": False}} \
                 if message.prompt is not None else {}
-            async for out in self.llm.generate(prompt, params, rid, **kwargs):
-                deltas: list[Delta] = []
-                for c in out.outputs:
-                    new = list(c.token_ids)
-                    lps = list(c.logprobs or []) if c.logprobs is not None else []
-                    texts.setdefault(c.index, []).append(c.text)
-                    ids.setdefault(c.index, []).extend(new)
-                    if c.finish_reason is not None:
-                        reasons[c.index] = c.finish_reason
-                    for k, tid in enumerate(new):
-                        last = k == len(new) - 1
-                        lp = token_logprobs(tid, lps[k] if k < len(lps) else None, top) \
-                            if params.logprobs is not None else None
-                        deltas.append(Delta(rid, c.index, tid, c.text if last else "",
-                                            c.finish_reason if last else None, lp))
-                    if not new and (c.text or c.finish_reason):
-                        deltas.append(Delta(rid, c.index, None, c.text, c.finish_reason, None))
-                if deltas:
-                    send(Events(deltas))
-                if out.prompt_token_ids is not None:
-                    prompt_ids = list(out.prompt_token_ids)
-                cached = out.num_cached_tokens or cached
-                metrics = out.metrics or metrics
+            for attempt in range(1 + RETRIES):
+                generation = self.llm.generate(prompt, params, rid if not attempt else
+                                               f"{rid}.retry{attempt}", **kwargs)
+                try:
+                    async for out in generation:
+                        if any(c.finish_reason == "error" for c in out.outputs):
+                            # vLLM's retryable failure (its processor cache and its engine's
+                            # disagreed; the items go again with their data): again, if the
+                            # client has seen nothing yet
+                            if attempt < RETRIES and not any(ids.values()):
+                                logger.warning("request %s: vLLM asked for a retry", rid)
+                                break
+                            raise EngineFailed("vLLM's engine failed the request; retry it")
+                        deltas = self.deltas(rid, out, texts, ids, reasons, params, top)
+                        if deltas:
+                            send(Events(deltas))
+                        if out.prompt_token_ids is not None:
+                            prompt_ids = list(out.prompt_token_ids)
+                        cached = out.num_cached_tokens or cached
+                        metrics = out.metrics or metrics
+                    else:
+                        break  # it ran to its end
+                finally:
+                    await generation.aclose()
         except asyncio.CancelledError:
             return  # cancelled by the API server: it expects nothing more
         except Exception as exc:
@@ -180,6 +187,29 @@ class Bridge:
         outputs = [Output(i, "".join(texts[i]), ids.get(i, []), reasons.get(i))
                    for i in sorted(texts)]
         send(Done(rid, outputs, stage_timings(metrics, submitted), None, cached, prompt_ids))
+
+    @staticmethod
+    def deltas(rid: str, out: Any, texts: dict[int, list[str]], ids: dict[int, list[int]],
+               reasons: dict[int, str | None], params: Any, top: int) -> list[Delta]:
+        """One vLLM output step (deltas of each row) as the wire's events, one per token (the
+        step's text on its last token), recorded for the request's :class:`Output` s."""
+        events: list[Delta] = []
+        for c in out.outputs:
+            new = list(c.token_ids)
+            lps = list(c.logprobs or []) if c.logprobs is not None else []
+            texts.setdefault(c.index, []).append(c.text)
+            ids.setdefault(c.index, []).extend(new)
+            if c.finish_reason is not None:
+                reasons[c.index] = c.finish_reason
+            for k, tid in enumerate(new):
+                last = k == len(new) - 1
+                lp = token_logprobs(tid, lps[k] if k < len(lps) else None, top) \
+                    if params.logprobs is not None else None
+                events.append(Delta(rid, c.index, tid, c.text if last else "",
+                                    c.finish_reason if last else None, lp))
+            if not new and (c.text or c.finish_reason):
+                events.append(Delta(rid, c.index, None, c.text, c.finish_reason, None))
+        return events
 
     @staticmethod
     def refusal(rid: str, exc: BaseException) -> Failure:
@@ -194,6 +224,8 @@ class Bridge:
                            "invalid_request_error" if status < 500 else "overloaded_error")
         if isinstance(exc, EngineDeadError):
             return failure("vLLM's engine stopped", 503, "engine_dead", "internal_error")
+        if isinstance(exc, EngineFailed):
+            return failure(str(exc), 503, "engine_error", "internal_error")
         if isinstance(exc, VLLMClientError | ValueError | TypeError | KeyError):
             logger.info("request %s refused by vLLM: %s", rid, exc)
             return failure(str(exc), 400, "invalid_request")
