@@ -175,7 +175,7 @@ def serve(
     max_inflight_media_mb: Annotated[float, typer.Option(
         min=0.01, help="Fetched media bytes held per API server before 503 + Retry-After, in MB, "
                     "e.g. 2048.")] = ServerConfig.max_inflight_media_mb,
-    engine: Annotated[str, typer.Option(
+    engine_kind: Annotated[str, typer.Option(
         "--engine", help="aphrodite (this project's engine: one process, one device) or vllm "
                          "(vLLM's AsyncLLM in its own environment, .venv-vllm from `make "
                          "setup-vllm`: tensor/pipeline/data parallel, several nodes with Ray; "
@@ -239,7 +239,7 @@ def serve(
                             enable_prefix_caching=enable_prefix_caching,
                             prefix_cache_gb=prefix_cache_gb, encoder_cache_gb=encoder_cache_gb,
                             block_size=block_size),
-        engine_kind=engine,  # type: ignore[arg-type]  (checked by the launcher)
+        engine_kind=engine_kind,  # type: ignore[arg-type]  (checked by the launcher)
         vllm=VllmConfig(tensor_parallel_size=tensor_parallel_size,
                         pipeline_parallel_size=pipeline_parallel_size,
                         data_parallel_size=data_parallel_size,

