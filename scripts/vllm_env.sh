@@ -40,6 +40,11 @@ STAMP="$VLLM_HOME/.aphrodite-vllm-ready"
 LINK="$ROOT/.venv-vllm"
 ERROR="$ROOT/.venv-vllm.error"
 WANT="$DIST==$VLLM_VERSION"
+# PyAV: vLLM's own server decodes audio files with it (the peer comparisons and the tests
+# send vLLM's server the same audio); `serve --engine vllm` hands vLLM decoded audio and
+# needs no decoder there
+EXTRAS=(av)
+STAMP_TEXT="$WANT ${EXTRAS[*]}"
 
 say() { echo "vllm_env: $*" >&2; }
 fail() {
@@ -57,7 +62,7 @@ link() {
 }
 
 # Quick path: built and checked before.
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VLLM_HOME/bin/python" ]; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_TEXT" ] && [ -x "$VLLM_HOME/bin/python" ]; then
   link
   exit 0
 fi
@@ -152,6 +157,10 @@ if ! vllm_loads; then
   vllm_loads || fail "vLLM's environment does not import (torch/torchvision/vllm; log: $CACHE/vllm-build.log)"
   say "$WANT installed in $VLLM_HOME"
 fi
-echo "$WANT" >"$STAMP"
+if ! "$VLLM_HOME/bin/python" -c 'import av' >/dev/null 2>&1; then
+  "$VLLM_HOME/bin/python" -m pip install -q "${EXTRAS[@]}" >>"$CACHE/vllm-build.log" 2>&1 ||
+    fail "pip install ${EXTRAS[*]} into vLLM's environment failed (log: $CACHE/vllm-build.log)"
+fi
+echo "$STAMP_TEXT" >"$STAMP"
 link
 say "ready: .venv-vllm -> $VLLM_HOME"

