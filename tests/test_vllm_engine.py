@@ -213,6 +213,24 @@ def test_vllm_flags_pass_through_by_vllms_names():
         VllmConfig(tensor_parallel_size=0)
 
 
+def test_max_model_len_over_the_models_is_capped_for_vllm(tmp_path):
+    """vLLM refuses a --max-model-len over the model's limit (the server's default 8192 on a
+    4096-position model): the server serves with the model's and says so."""
+    from engine.server.config import ServerConfig
+    from engine.server.launcher import _fit_vllm_length
+    from engine.server.vllm_spec import model_max_len
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"text_config": {"max_position_embeddings": 4096}, "max_position_embeddings": 128}))
+    assert model_max_len(str(tmp_path)) == 4096
+    said = []
+    fitted = _fit_vllm_length(ServerConfig(engine_kind="vllm"), str(tmp_path), said.append)
+    assert fitted.max_model_len == 4096 and "8192" in said[0]
+    kept = _fit_vllm_length(ServerConfig(engine_kind="vllm", max_model_len=2048),
+                            str(tmp_path), said.append)
+    assert kept.max_model_len == 2048 and len(said) == 1
+
+
 def test_mm_ipc_budget_comes_out_of_vllms_share():
     gib = 1 << 30
     assert carve_utilization(0.9, 0, 80 * gib) == 0.9

@@ -226,6 +226,21 @@ def _wait_ready(host: str, port: int, procs: list[Any], events: list[Any],
                       + (f" ({', '.join(waiting)} not listening)" if waiting else ""))
 
 
+def _fit_vllm_length(config: ServerConfig, model_path: str, announce) -> ServerConfig:
+    """vLLM refuses a --max-model-len over the model's own limit: the server's length (the
+    default 8192 included) is capped there, for vLLM and the API servers alike, and said so."""
+    from dataclasses import replace
+
+    from engine.server.vllm_spec import model_max_len
+
+    limit = model_max_len(model_path)
+    if limit is None or config.max_model_len <= limit:
+        return config
+    announce(f"--max-model-len {config.max_model_len} is over the model's "
+             f"max_position_embeddings {limit}: serving with --max-model-len {limit}")
+    return replace(config, max_model_len=limit)
+
+
 def _start_engine(config: ServerConfig, ctx: Any, model_path: str, name: str, address: str,
                   authkey: bytes) -> tuple[Any, Any]:
     """The engine process and the pipe it sends its pid down once it accepts API servers:
@@ -283,6 +298,8 @@ def run(config: ServerConfig, *, announce=print) -> int:
 
 def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     model_path, name = validate_in_child(config)
+    if config.engine_kind == "vllm":
+        config = _fit_vllm_length(config, model_path, announce)
     ctx = multiprocessing.get_context("spawn")
     folder = Path(tempfile.mkdtemp(prefix="aphrodite-"))
     address = str(folder / "engine.sock")

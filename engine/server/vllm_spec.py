@@ -10,6 +10,7 @@ Stdlib only.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,20 @@ def bridge_env(python: Path, base: dict[str, str] | None = None) -> dict[str, st
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     return env
+
+
+def model_max_len(model_path: str) -> int | None:
+    """The longest sequence the model's config allows (``max_position_embeddings``, its text
+    model's for a multimodal one), as vLLM derives its limit; None when it says nothing."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for holder in (config.get("text_config") or {}, config):
+        value = holder.get("max_position_embeddings")
+        if isinstance(value, int | float) and value > 0:
+            return int(value)
+    return None
 
 
 def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any]:
