@@ -311,7 +311,8 @@ class TestQwen25VL:
     server on the same folder."""
 
     @pytest.fixture(scope="class")
-    def servers(self):
+    @classmethod
+    def servers(cls):
         for ours, peer in server_pair("qwen2_5_vl"):
             yield {"qwen": ours, "peer": peer}
 
@@ -432,7 +433,8 @@ class TestQwen2Audio:
     vLLM's own server on the same folder."""
 
     @pytest.fixture(scope="class")
-    def servers(self):
+    @classmethod
+    def servers(cls):
         for ours, peer in server_pair("qwen2_audio", "--api-server-count", "2"):
             yield {"audio": ours, "audio-peer": peer}
 
