@@ -16,7 +16,7 @@ from aphrodite_cli.options import (
     split_hosts,
 )
 from aphrodite_cli.output import out
-from engine.config import EngineConfig, PipelineConfig
+from engine.config import EngineConfig, PipelineConfig, VllmConfig
 from engine.server.config import ServerConfig
 
 EPILOG = """Examples:
@@ -31,7 +31,10 @@ EPILOG = """Examples:
   --media-io-kwargs '{"video": {"backend": "torchcodec"}}'
   --limit-mm-per-prompt '{"image": 4, "video": 1}' --allowed-media-domains cdn.example.com
 
-  aphrodite serve --api-key secret --api-server-count 2 --port 8000"""
+  aphrodite serve --api-key secret --api-server-count 2 --port 8000
+
+  aphrodite serve Qwen/Qwen2.5-VL-72B-Instruct --engine vllm --tensor-parallel-size 8
+  # vLLM's engine behind this front door (make setup-vllm builds its environment)"""
 
 
 def serve(
@@ -173,6 +176,30 @@ def serve(
     max_inflight_media_mb: Annotated[float, typer.Option(
         min=0.01, help="Fetched media bytes held per API server before 503 + Retry-After, in MB, "
                     "e.g. 2048.")] = ServerConfig.max_inflight_media_mb,
+    engine_kind: Annotated[str, typer.Option(
+        "--engine", help="aphrodite (this project's engine: one process, one device) or vllm "
+                         "(vLLM's AsyncLLM in its own environment, .venv-vllm from `make "
+                         "setup-vllm`: tensor/pipeline/data parallel, several nodes with Ray; "
+                         "media still fetched and decoded here, processed by vLLM).")
+    ] = ServerConfig.engine_kind,
+    tensor_parallel_size: Annotated[int, typer.Option(
+        help="--engine vllm: GPUs each model replica is split across, e.g. 8.")
+    ] = VllmConfig.tensor_parallel_size,
+    pipeline_parallel_size: Annotated[int, typer.Option(
+        help="--engine vllm: pipeline stages (across nodes with Ray), e.g. 2.")
+    ] = VllmConfig.pipeline_parallel_size,
+    data_parallel_size: Annotated[int, typer.Option(
+        help="--engine vllm: model replicas, e.g. 2.")] = VllmConfig.data_parallel_size,
+    distributed_executor_backend: Annotated[str | None, typer.Option(
+        help="--engine vllm: mp (one node) or ray (several nodes); default: vLLM's choice.")
+    ] = VllmConfig.distributed_executor_backend,
+    gpu_memory_utilization: Annotated[float, typer.Option(
+        help="--engine vllm: fraction of each GPU vLLM plans for, e.g. 0.9; "
+             "--mm-ipc-gpu-memory-gb comes out of it (out of the KV cache).")
+    ] = VllmConfig.gpu_memory_utilization,
+    vllm_python: Annotated[str | None, typer.Option(
+        help="--engine vllm: the Python of vLLM's environment; default .venv-vllm/bin/python.")
+    ] = VllmConfig.python,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = EngineConfig.device,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")
     ] = EngineConfig.dtype,
@@ -213,6 +240,12 @@ def serve(
                             enable_prefix_caching=enable_prefix_caching,
                             prefix_cache_gb=prefix_cache_gb, encoder_cache_gb=encoder_cache_gb,
                             block_size=block_size),
+        engine_kind=engine_kind,  # type: ignore[arg-type]  (checked by the launcher)
+        vllm=VllmConfig(tensor_parallel_size=tensor_parallel_size,
+                        pipeline_parallel_size=pipeline_parallel_size,
+                        data_parallel_size=data_parallel_size,
+                        distributed_executor_backend=distributed_executor_backend,
+                        gpu_memory_utilization=gpu_memory_utilization, python=vllm_python),
         max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,

@@ -276,3 +276,41 @@ class EngineConfig:
                               f"{', '.join(unknown)}", hint=f"engine settings: {', '.join(names)}",
                               code="invalid_flag")
         return cls(**settings)
+
+
+#: Which engine runs the model: this project's ("aphrodite": one process, one device) or
+#: vLLM's AsyncLLM in its own environment ("vllm": multi-GPU, multi-node)
+EngineKind = Literal["aphrodite", "vllm"]
+ENGINE_KINDS: tuple[EngineKind, ...] = ("aphrodite", "vllm")
+DISTRIBUTED_BACKENDS = ("mp", "ray", "uni", "external_launcher")
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """vLLM's engine settings for ``serve --engine vllm``, by vLLM's flag names (the shared
+    ones, ``--max-num-seqs``, ``--max-model-len``, ``--enable-prefix-caching``, ``--dtype``,
+    are :class:`EngineConfig`'s and the server's). ``python``: the interpreter of vLLM's
+    environment; None: the project's ``.venv-vllm`` (``make setup-vllm``)."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    gpu_memory_utilization: float = 0.9
+    python: str | None = None
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--tensor-parallel-size", self.tensor_parallel_size),
+                            ("--pipeline-parallel-size", self.pipeline_parallel_size),
+                            ("--data-parallel-size", self.data_parallel_size)):
+            _check_count(flag, value, optional=False, example="2")
+        if self.distributed_executor_backend is not None and \
+                self.distributed_executor_backend not in DISTRIBUTED_BACKENDS:
+            raise ConfigError(f"--distributed-executor-backend "
+                              f"{self.distributed_executor_backend!r} is not supported",
+                              hint=f"use one of {', '.join(DISTRIBUTED_BACKENDS)} (ray for "
+                                   "several nodes)", code="invalid_flag")
+        value = self.gpu_memory_utilization
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], not {value!r}",
+                              hint="e.g. --gpu-memory-utilization 0.9", code="invalid_flag")

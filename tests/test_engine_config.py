@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 
-from engine.config import EngineConfig, PipelineConfig
+from engine.config import EngineConfig, PipelineConfig, VllmConfig
 from engine.errors import ConfigError
 from engine.server.config import ServerConfig
 
@@ -68,7 +68,8 @@ def test_serve_flag_defaults_are_the_config_defaults():
     """Each of ``serve``'s defaults is written once, in the dataclass its value goes to."""
     from aphrodite_cli.serve import serve
 
-    owners = {f.name: (cls, f) for cls in (ServerConfig, PipelineConfig, EngineConfig)
+    owners = {f.name: (cls, f) for cls in (ServerConfig, PipelineConfig, EngineConfig,
+                                           VllmConfig)
               for f in dataclasses.fields(cls)}
     checked = 0
     for name, param in inspect.signature(serve).parameters.items():
@@ -77,7 +78,7 @@ def test_serve_flag_defaults_are_the_config_defaults():
         cls, f = owners[name]
         assert param.default == f.default, (name, cls.__name__)
         checked += 1
-    assert checked >= 29
+    assert checked >= 35
     assert not {f.name for f in dataclasses.fields(EngineConfig)} & {
         f.name for f in dataclasses.fields(ServerConfig)}  # one home per setting
 

@@ -90,6 +90,11 @@ class ProcessedPrompt:
     #: hashes of the blocks those tokens fall in
     mm_hashes: list[str] = field(default_factory=list)
     mm_positions: list[tuple[int, int]] = field(default_factory=list)
+    #: for an engine that runs its own processor (``--engine vllm``): the prompt text with
+    #: one placeholder per item (``input_ids`` then only its text tokens, ``mm`` the decoded
+    #: items) and the request's processor kwargs
+    text: str | None = None
+    processor_kwargs: dict[str, Any] | None = None
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import EngineConfig, PipelineConfig
+from engine.config import EngineConfig, EngineKind, PipelineConfig, VllmConfig
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class ServerConfig:
     #: the engine's settings, checked where the flags are read and handed whole to the
     #: engine process (the launcher sets its reserved GPU bytes: mm_ipc_gpu_memory_gb)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    #: which engine runs the model (``--engine``); vLLM's own settings when it is "vllm"
+    engine_kind: EngineKind = "aphrodite"
+    vllm: VllmConfig = field(default_factory=VllmConfig)
     max_model_len: int = 8192
     max_tokens_cap: int = 4096
     max_concurrent_fetches: int = 16

@@ -47,7 +47,8 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
     from engine.server.connections import raise_open_file_limit
 
     raise_open_file_limit()  # the API servers inherit it
-    check_device(config.engine.device)
+    if config.engine_kind == "aphrodite":  # vLLM places its model itself
+        check_device(config.engine.device)
     loaded = load_model(config.model, chat_template=config.chat_template,
                         served_name=config.served_model_name, revision=config.revision,
                         download_dir=config.download_dir)
@@ -225,6 +226,47 @@ def _wait_ready(host: str, port: int, procs: list[Any], events: list[Any],
                       + (f" ({', '.join(waiting)} not listening)" if waiting else ""))
 
 
+def _fit_vllm_length(config: ServerConfig, model_path: str, announce) -> ServerConfig:
+    """vLLM refuses a --max-model-len over the model's own limit: the server's length (the
+    default 8192 included) is capped there, for vLLM and the API servers alike, and said so."""
+    from dataclasses import replace
+
+    from engine.server.vllm_spec import model_max_len
+
+    limit = model_max_len(model_path)
+    if limit is None or config.max_model_len <= limit:
+        return config
+    announce(f"--max-model-len {config.max_model_len} is over the model's "
+             f"max_position_embeddings {limit}: serving with --max-model-len {limit}")
+    return replace(config, max_model_len=limit)
+
+
+def _start_engine(config: ServerConfig, ctx: Any, model_path: str, name: str, address: str,
+                  authkey: bytes) -> tuple[Any, Any]:
+    """The engine process and the pipe it sends its pid down once it accepts API servers:
+    ours (``--engine aphrodite``), or vLLM's AsyncLLM in vLLM's own environment (``--engine
+    vllm``, :mod:`engine.server.vllm_process`). Either way the engine leaves the API servers'
+    video decode budget (``--mm-ipc-gpu-memory-gb``) free on the GPU."""
+    if config.engine_kind == "vllm":
+        from engine.server.vllm_process import VllmEngineProcess
+
+        engine = VllmEngineProcess(config, model_path, name, address, authkey)
+        return engine, engine.ready
+    from dataclasses import replace
+
+    from engine.server.engine_proc import serve_engine
+
+    ready, ready_child = ctx.Pipe(duplex=False)
+    engine_config = replace(config.engine,
+                            reserved_gpu_bytes=int(config.mm_ipc_gpu_memory_gb * (1 << 30)))
+    engine = ctx.Process(target=serve_engine, name="engine process", daemon=False, kwargs=dict(
+        address=address, authkey=authkey, model=model_path, chat_template=config.chat_template,
+        config=engine_config, ready=ready_child, api_servers=config.api_server_count))
+    engine.start()
+    ready_child.close()
+    return engine, ready
+
+
 def check_flags(config: ServerConfig) -> None:
     """The checks that need no model (and no torch): a bad flag is reported as such (exit 2)
     before the port is bound, whatever holds the port. (The media policy and video options
@@ -234,6 +276,13 @@ def check_flags(config: ServerConfig) -> None:
     if config.decode_isolation not in ("thread", "process"):
         raise ConfigError(f"--decode-isolation {config.decode_isolation!r} must be thread or "
                           "process")
+    if config.engine_kind == "vllm":
+        from engine.server.vllm_spec import find_python
+
+        find_python(config.vllm.python)  # vLLM's environment is there, or how to build it
+    elif config.engine_kind != "aphrodite":
+        raise ConfigError(f"--engine {config.engine_kind!r} is not supported",
+                          hint="use aphrodite or vllm", code="invalid_flag")
 
 
 def run(config: ServerConfig, *, announce=print) -> int:
@@ -249,23 +298,13 @@ def run(config: ServerConfig, *, announce=print) -> int:
 
 def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     model_path, name = validate_in_child(config)
+    if config.engine_kind == "vllm":
+        config = _fit_vllm_length(config, model_path, announce)
     ctx = multiprocessing.get_context("spawn")
     folder = Path(tempfile.mkdtemp(prefix="aphrodite-"))
     address = str(folder / "engine.sock")
     authkey = secrets.token_bytes(32)
-    ready, ready_child = ctx.Pipe(duplex=False)
-    from dataclasses import replace
-
-    from engine.server.engine_proc import serve_engine
-
-    # the engine leaves the API servers' video decode budget free on the GPU
-    engine_config = replace(config.engine,
-                            reserved_gpu_bytes=int(config.mm_ipc_gpu_memory_gb * (1 << 30)))
-    engine = ctx.Process(target=serve_engine, name="engine process", daemon=False, kwargs=dict(
-        address=address, authkey=authkey, model=model_path, chat_template=config.chat_template,
-        config=engine_config, ready=ready_child, api_servers=config.api_server_count))
-    engine.start()
-    ready_child.close()
+    engine, ready = _start_engine(config, ctx, model_path, name, address, authkey)
     stopping = {"flag": False}
 
     def stop(*_: Any) -> None:
@@ -320,9 +359,15 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
         engine.join(10)
         if engine.exitcode is None:
             engine.terminate()
+            engine.join(20 if config.engine_kind == "vllm" else 5)  # vLLM stops its workers
+        if engine.exitcode is None:
+            engine.kill()
             engine.join(5)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if hasattr(ready, "fd"):  # the vLLM engine's ready pipe
+            with contextlib.suppress(OSError):
+                ready.close()
         shutil.rmtree(folder, ignore_errors=True)  # the engine removes it itself when it can
         if metrics_dir is not None:  # so do the API servers (the last one out)
             shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import InvalidRequestError, OverloadedError
+from engine.errors import ClientError, InvalidRequestError, OverloadedError
+from engine.media.decode_errors import name_item
 from engine.media.inflight import Ticket
 from engine.media.pool import decode_executor
 from engine.media.video import load_video_async
@@ -21,6 +23,7 @@ from engine.media.video.backend_info import BACKENDS
 from engine.processing.chat_parts import parse_messages
 from engine.processing.media_items import use_frames
 from engine.processing.preprocess import ProcessedPrompt
+from engine.server import vllm_inputs
 from engine.server.protocol import GenerationFields, parse_generation_fields, parse_prompts
 from engine.timings import zero_preprocess_timings
 
@@ -58,8 +61,13 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
             if state.gpu_budget is not None and BACKENDS[video.backend].gpu:
                 await decode_gpu_videos(state, items, video)
         loop = asyncio.get_running_loop()
-        processed = await loop.run_in_executor(decode_executor(), pipeline.process,
-                                               text, items, kwargs)
+        if state.config.engine_kind == "vllm":  # vLLM runs its own processor
+            processed = await loop.run_in_executor(
+                decode_executor(), decoded_prompt, state, text, items,
+                vllm_processor_kwargs(state, fields.mm_processor_kwargs))
+        else:
+            processed = await loop.run_in_executor(decode_executor(), pipeline.process,
+                                                   text, items, kwargs)
     processed.timings["fetch_s"] = fetch_s
     for hit in processed.item_hits:
         state.metrics.cache.labels("hit" if hit else "miss").inc()
@@ -67,6 +75,37 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
         state.metrics.video_decode.labels(video.backend).observe(
             processed.timings["media_decode_s"])
     return fields, processed
+
+
+def vllm_processor_kwargs(state: State, request: dict[str, Any] | None
+                          ) -> dict[str, Any] | None:
+    """The processor kwargs vLLM's processor gets for one request: the server's
+    (--mm-processor-kwargs) with the request's on top, the request's bounded as ours are
+    (its own processor checks the values)."""
+    merged = {**(state.config.pipeline.mm_processor_kwargs or {}), **(request or {})}
+    return merged or None
+
+
+def decoded_prompt(state: State, text: str, items: list, kwargs: dict[str, Any] | None
+                   ) -> ProcessedPrompt:
+    """``--engine vllm``: the prompt text and its items decoded (under the same decode
+    workers, budgets and caps as ours), for vLLM's own processor; ``input_ids`` holds the
+    text's tokens (placeholders not expanded) for the length checks before the engine,
+    which reports the real prompt back."""
+    timings = zero_preprocess_timings()
+    decoded = []
+    start = time.perf_counter()
+    for index, item in enumerate(items):
+        try:
+            data = item.decoded if item.decoded is not None else item.decode()
+        except ClientError as err:
+            raise name_item(err, index, item.modality) from None
+        decoded.append((item.modality, data, item.metadata))
+    timings["media_decode_s"] = time.perf_counter() - start
+    ids = state.loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ProcessedPrompt(list(ids), vllm_inputs.pack(decoded), [], timings,
+                           dict(Counter(i.modality for i in items)), text=text,
+                           processor_kwargs=kwargs)
 
 
 @contextlib.asynccontextmanager

@@ -44,7 +44,6 @@ class Reply:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.n = fields.sampling.n
-        self.prompt_tokens = sum(len(p.input_ids) for p in prompts)
         self._logprobs: dict[int, ChatLogprobs | CompletionLogprobs] = {}
         #: per prompt, its tokens the engine's prefix cache supplied
         self._cached_tokens: dict[int, int] = {}
@@ -72,6 +71,11 @@ class Reply:
             content = {"delta": {"content": text, **({"role": "assistant"} if first else {})}}
         return {"index": at, **content, "finish_reason": finish_reason(reason),
                 "logprobs": logprobs}
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompts' tokens (as the engine counted them, when it tokenizes itself)."""
+        return sum(len(p.input_ids) for p in self.prompts)
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         """OpenAI's usage, with the prompt tokens the prefix cache supplied (as OpenAI and
@@ -106,6 +110,9 @@ class Reply:
         are those of the one that finished last (the request's end)."""
         state = self.state
         processed = self.prompts[prompt]
+        if done is not None and done.prompt_token_ids is not None:
+            # the engine ran its own processor (--engine vllm): its prompt is the real one
+            processed.input_ids = list(done.prompt_token_ids)
         timings = {**processed.timings, **(done.timings if done else {}),
                    "server_total_s": round(time.perf_counter() - self.start, 6)}
         if done is not None:

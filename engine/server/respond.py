@@ -71,13 +71,25 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
     param = "messages" if chat else "prompt"
     params = [fields.sampling_for(len(p.input_ids), state.config.max_model_len, param)
               for p in prompts]
-    generations = [state.engine.generate(p.input_ids, p.mm, sp.__dict__,
-                                         (p.mm_hashes, p.mm_positions))
+    vllm = state.config.engine_kind == "vllm"
+    generations = [state.engine.generate(p.input_ids, p.mm, _sampling(sp, fields, vllm),
+                                         (p.mm_hashes, p.mm_positions), p.text,
+                                         p.processor_kwargs)
                    for p, sp in zip(prompts, params, strict=True)]
     reply = Reply(state, fields, prompts, start, chat=chat)
     if fields.stream:
         return await respond_stream(request, reply, generations)
     return await respond_json(request, reply, generations)
+
+
+def _sampling(params: Any, fields: Any, vllm: bool) -> dict[str, Any]:
+    """The engine's sampling fields. vLLM counts the prompt after its processor expanded the
+    placeholders, so a request without ``max_tokens`` leaves the limit to it (None: up to the
+    model length, as vLLM's own server does)."""
+    sampling = dict(params.__dict__)
+    if vllm and fields.max_tokens is None:
+        sampling["max_tokens"] = None
+    return sampling
 
 
 async def respond_json(request: web.Request, reply: Reply, generations: list

@@ -39,6 +39,12 @@ class Submit(NamedTuple):
     sampling: dict[str, Any]
     mm_hashes: tuple[str, ...] | list[str] = ()
     mm_positions: tuple[tuple[int, int], ...] | list[tuple[int, int]] = ()
+    #: for an engine that runs its own processor (``--engine vllm``): the chat-templated
+    #: prompt text with one placeholder per item (None: ``input_ids`` is the prompt), ``mm``
+    #: then holds the decoded items (see :mod:`engine.server.vllm_inputs`), and the
+    #: request's processor kwargs travel here
+    prompt: str | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
 
 
 class Cancel(NamedTuple):
@@ -96,6 +102,9 @@ class Done(NamedTuple):
     timings: dict[str, Any]
     error: Failure | None = None
     num_cached_tokens: int = 0
+    #: the prompt as the engine tokenized it, when that is not the API server's
+    #: ``input_ids`` (``--engine vllm`` expands the placeholders itself): usage counts these
+    prompt_token_ids: list[int] | None = None
 
 
 class Stats(NamedTuple):

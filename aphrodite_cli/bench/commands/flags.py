@@ -25,6 +25,10 @@ Endpoint = Annotated[str | None, typer.Option(
          "text prompts).")]
 Embedded = Annotated[bool, typer.Option(
     help="Start this project's server (tiny default model) for the run.")]
+EmbeddedEngine = Annotated[str, typer.Option(
+    "--engine", help="With --embedded: the server's engine, aphrodite or vllm (serve --engine "
+                     "vllm: vLLM's engine behind this front door; needs .venv-vllm and a "
+                     "--model vLLM can run, e.g. one from `aphrodite model make-tiny`).")]
 Model = Annotated[str | None, typer.Option(
     help="Model name to send (and to serve with --embedded); default: the first of the "
          "target's GET /v1/models.")]

@@ -42,6 +42,7 @@ def serve_cmd(
         help="vLLM's --backend: openai-chat (/v1/chat/completions) or openai/vllm "
              "(/v1/completions), when --endpoint is not given.")] = None,
     embedded: flags.Embedded = False,
+    server_engine: flags.EmbeddedEngine = "aphrodite",
     model: flags.Model = None,
     api_key: flags.ApiKey = None,
     dataset: Annotated[DatasetName, typer.Option(
@@ -132,7 +133,8 @@ def serve_cmd(
 
     say = err if output_format == "json" else out  # stdout carries only the JSON then
     target = Target(base_url, host=host, port=port, embedded=embedded, model=model,
-                    api_key=api_key, announce=lambda msg: say.print(printable(msg), markup=False))
+                    engine=server_engine, api_key=api_key,
+                    announce=lambda msg: say.print(printable(msg), markup=False))
     if dataset == "random":  # vLLM's text-only random dataset
         dataset, items_per_request = "random-mm", 0
     if endpoint is None:
@@ -180,7 +182,8 @@ def serve_cmd(
                      num_prompts=num_prompts, num_warmups=num_warmups, mode=mode,
                      items_per_request=items_per_request, buckets=parse_buckets(bucket_config),
                      prompt_len=prompt_len, output_len=output_len, seed=seed,
-                     embedded=embedded, percentile_metrics=tuple(pct_metrics),
+                     embedded=embedded, embedded_engine=server_engine,
+                     percentile_metrics=tuple(pct_metrics),
                      metric_percentiles=tuple(pcts),
                      tokenizer=vllm_compat.load_tokenizer(tokenizer) if tokenizer else None,
                      reset_caches=reset_caches, probe_request_rate=probe_request_rate,

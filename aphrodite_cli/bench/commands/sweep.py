@@ -30,6 +30,7 @@ def sweep_cmd(
     port: flags.Port = None,
     endpoint: flags.Endpoint = None,
     embedded: flags.Embedded = False,
+    server_engine: flags.EmbeddedEngine = "aphrodite",
     model: flags.Model = None,
     api_key: flags.ApiKey = None,
     mode: flags.Mode = "cold",
@@ -76,7 +77,7 @@ def sweep_cmd(
     from engine.errors import BenchmarkFailed, ConfigError
 
     target = Target(base_url, host=host, port=port, embedded=embedded, model=model,
-                    api_key=api_key)
+                    engine=server_engine, api_key=api_key)
     try:
         rate_list = [float(r) for r in (rates or "").split(",") if r.strip()]
         conc_list = [int(c) for c in (concurrencies or "").split(",") if c.strip()]

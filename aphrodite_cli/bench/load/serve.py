@@ -50,6 +50,8 @@ class ServeArgs:
     seed: int = 0
     #: the target is this project's server, started for the run (see :class:`Target`)
     embedded: bool = False
+    #: the embedded server's engine (``serve --engine``)
+    embedded_engine: str = "aphrodite"
     percentile_metrics: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
     metric_percentiles: tuple[float, ...] = (99.0,)
     #: counts tokens client-side when the target reports no usage
@@ -109,6 +111,15 @@ def request_rows(phase: str, records: list) -> list[dict[str, Any]]:
             **{f"server_{k.removeprefix('server_').removesuffix('_s')}_ms": ms(float(v))
                for k, v in timings.items() if k.endswith("_s") and isinstance(v, int | float)}})
     return rows
+
+
+def _embedded_server(args: ServeArgs) -> str | None:
+    """What the result file says the embedded server was (None: an outside target)."""
+    if not args.embedded:
+        return None
+    if args.embedded_engine == "vllm":
+        return "aphrodite serve --engine vllm (vLLM's engine and processor behind this front door)"
+    return "aphrodite serve (tiny Qwen2.5-VL, video backend opencv, processor cache 4 GB)"
 
 
 async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
@@ -184,9 +195,7 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                                  "model_source": model_source,
                                  "target": {"base_url": cfg.base_url,
                                             "endpoint": cfg.endpoint,
-                                            "embedded_server": "aphrodite serve (tiny "
-                                            "Qwen2.5-VL, video backend opencv, processor cache "
-                                            "4 GB)" if args.embedded else None},
+                                            "embedded_server": _embedded_server(args)},
                                  "pid": os.getpid()})
     return doc, rows
 

