@@ -12,6 +12,7 @@ with the build's own error (``.venv-vllm.error``), so CI never passes by skippin
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import shutil
@@ -237,6 +238,10 @@ def test_vllm_flags_pass_through_by_vllms_names():
         "distributed_executor_backend": "ray", "gpu_memory_utilization": 0.8,
         "max_num_seqs": 32, "max_model_len": 4096, "enable_prefix_caching": False,
         "dtype": "bfloat16", "max_num_batched_tokens": 8192, "limit_mm_per_prompt": {"image": 2}}
+    assert "block_size" not in args  # vLLM's default, as ours
+    config = dataclasses.replace(config, engine=dataclasses.replace(config.engine,
+                                                                    block_size=32))
+    assert engine_args(config, "/models/m", "m")["block_size"] == 32
     with pytest.raises(ConfigError, match="--distributed-executor-backend"):
         VllmConfig(distributed_executor_backend="slurm")
     with pytest.raises(ConfigError, match="--tensor-parallel-size"):
@@ -278,6 +283,22 @@ def test_bench_embedded_engine_flags_are_checked_before_anything_starts():
         Target("http://127.0.0.1:8000", engine="vllm")
     target = Target(embedded=True, engine="vllm", model="/models/tiny")
     assert target.server_args[:2] == ("--engine", "vllm")
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--num-threads", "2"), ("--device", "cuda"),
+                                             ("--prefix-cache-gb", "1"),
+                                             ("--encoder-cache-gb", "0")])
+def test_our_engines_own_flags_are_refused_with_vllm_not_ignored(flag, value):
+    """They would have no effect on vLLM's engine: a one-line error naming the flag and what
+    to use instead, exit 2, before vLLM's environment is even looked for."""
+    result = subprocess.run([sys.executable, "-m", "aphrodite_cli.main", "serve", "--engine",
+                             "vllm", flag, value, "--vllm-python", "/nonexistent/python",
+                             "--port", str(free_port())], capture_output=True, text=True,
+                            timeout=120)
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    assert f"{flag} sets this project's engine" in out and "--engine vllm" in out
+    assert "make setup-vllm" not in out and "Traceback" not in out
 
 
 def test_missing_vllm_environment_is_one_line_naming_the_build():

@@ -277,8 +277,12 @@ def check_flags(config: ServerConfig) -> None:
         raise ConfigError(f"--decode-isolation {config.decode_isolation!r} must be thread or "
                           "process")
     if config.engine_kind == "vllm":
-        from engine.server.vllm_spec import find_python
+        from engine.server.vllm_spec import find_python, ours_only_flags
 
+        for flag, instead in ours_only_flags(config.engine):
+            raise ConfigError(f"{flag} sets this project's engine and has no effect with "
+                              f"--engine vllm", hint=f"leave it out; {instead}",
+                              code="invalid_flag")
         find_python(config.vllm.python)  # vLLM's environment is there, or how to build it
     elif config.engine_kind != "aphrodite":
         raise ConfigError(f"--engine {config.engine_kind!r} is not supported",

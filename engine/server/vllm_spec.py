@@ -87,9 +87,32 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
         args["distributed_executor_backend"] = vllm.distributed_executor_backend
     if engine.max_num_batched_tokens is not None:
         args["max_num_batched_tokens"] = engine.max_num_batched_tokens
+    if engine.block_size != 16:  # vLLM's --block-size (its default is 16 as ours)
+        args["block_size"] = engine.block_size
     if config.pipeline.limit_mm_per_prompt:
         args["limit_mm_per_prompt"] = dict(config.pipeline.limit_mm_per_prompt)
     return args
+
+
+#: our engine's own settings: flag, how to read it from an EngineConfig, its default, and
+#: what to use with vLLM instead (``serve --engine vllm`` refuses them rather than ignore them)
+_OURS_ONLY = (
+    ("--num-threads", lambda e: e.num_threads, None,
+     "vLLM's CPU worker binds its own threads: VLLM_CPU_OMP_THREADS_BIND"),
+    ("--device", lambda e: e.device, "cpu", "vLLM runs on the device of its build"),
+    ("--prefix-cache-gb", lambda e: e.prefix_cache_gb, 0.5,
+     "vLLM's prefix cache lives in its KV cache: --gpu-memory-utilization, or "
+     "VLLM_CPU_KVCACHE_SPACE on a CPU"),
+    ("--encoder-cache-gb", lambda e: e.encoder_cache_gb, 0.25,
+     "vLLM sizes its encoder cache itself"),
+)
+
+
+def ours_only_flags(engine: Any) -> list[tuple[str, str]]:
+    """The flags of this project's engine that an :class:`~engine.config.EngineConfig` sets
+    to something other than their defaults, each with what to use with vLLM instead."""
+    return [(flag, instead) for flag, read, default, instead in _OURS_ONLY
+            if read(engine) != default]
 
 
 def carve_utilization(utilization: float, reserved_bytes: int, total_bytes: int) -> float:
