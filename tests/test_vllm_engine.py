@@ -285,6 +285,21 @@ def test_bench_embedded_engine_flags_are_checked_before_anything_starts():
     assert target.server_args[:2] == ("--engine", "vllm")
 
 
+def test_a_request_without_max_tokens_is_capped_for_vllm_as_for_ours():
+    """vLLM would otherwise generate up to the model length (32k on a large model); it gets
+    the server's cap, and its scheduler stops at the model length if that comes first."""
+    from engine.server.protocol import parse_generation_fields
+    from engine.server.respond import _sampling
+
+    fields = parse_generation_fields({"messages": []}, max_tokens_cap=300)
+    params = fields.sampling_for(10, 32768, "messages")
+    assert _sampling(params, fields, vllm=True)["max_tokens"] == 300
+    assert _sampling(params, fields, vllm=False)["max_tokens"] == 300
+    given = parse_generation_fields({"messages": [], "max_tokens": 7}, max_tokens_cap=300)
+    assert _sampling(given.sampling_for(10, 32768, "messages"), given,
+                     vllm=True)["max_tokens"] == 7
+
+
 @pytest.mark.parametrize(("flag", "value"), [("--num-threads", "2"), ("--device", "cuda"),
                                              ("--prefix-cache-gb", "1"),
                                              ("--encoder-cache-gb", "0")])

@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.errors import AphroditeError
+from engine.executor.sampling import MAX_TOKENS_CAP
 from engine.server.reply import Reply
 from engine.server.wire import Done
 
@@ -84,11 +85,12 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
 
 def _sampling(params: Any, fields: Any, vllm: bool) -> dict[str, Any]:
     """The engine's sampling fields. vLLM counts the prompt after its processor expanded the
-    placeholders, so a request without ``max_tokens`` leaves the limit to it (None: up to the
-    model length, as vLLM's own server does)."""
+    placeholders, so for a request without ``max_tokens`` the room left is vLLM's to find: it
+    gets the server's max-tokens cap and stops at the model length if that comes first (its
+    scheduler ends a sequence there), as this engine's requests are capped."""
     sampling = dict(params.__dict__)
     if vllm and fields.max_tokens is None:
-        sampling["max_tokens"] = None
+        sampling["max_tokens"] = min(fields.max_tokens_cap, MAX_TOKENS_CAP)
     return sampling
 
 
