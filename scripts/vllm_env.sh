@@ -43,7 +43,7 @@ WANT="$DIST==$VLLM_VERSION"
 # PyAV: vLLM's own server decodes audio files with it (the peer comparisons and the tests
 # send vLLM's server the same audio); `serve --engine vllm` hands vLLM decoded audio and
 # needs no decoder there
-EXTRAS=(av)
+EXTRAS=(av==18.1.0)  # the PyAV the project pins (pyproject.toml)
 STAMP_TEXT="$WANT ${EXTRAS[*]}"
 
 say() { echo "vllm_env: $*" >&2; }
