@@ -69,6 +69,7 @@ def _worker_main(conn, memory_limit_bytes: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
     allocator = frame_memory.SharedAllocator(f"{os.getppid()}-{os.getpid()}")
     frame_memory.install(allocator)
+    conn.send("ready")  # started: CPU time from here on is the requests'
     while True:
         try:
             message = conn.recv()
@@ -111,6 +112,8 @@ def _worker_main(conn, memory_limit_bytes: int) -> None:
 class _Worker:
     process: Any
     conn: Any
+    #: the worker said it finished starting (its imports are not a request's CPU time)
+    ready: bool = False
 
 
 class DecodeWorkers:
@@ -205,8 +208,15 @@ class DecodeWorkers:
     def _call(self, kind: str, args: tuple, client: str = "") -> tuple[np.ndarray, Any]:
         worker = self._take(client)
         start = time.monotonic()
-        cpu_start = _cpu_seconds(worker.process.pid) if self.cpu_budget_s else 0.0
         try:
+            if not worker.ready:  # a new worker's start-up is not this decode's CPU time
+                while not worker.conn.poll(0.05):
+                    if not worker.process.is_alive() or time.monotonic() - start > \
+                            self.timeout_s:
+                        raise EOFError
+                worker.conn.recv()
+                worker.ready = True
+            cpu_start = _cpu_seconds(worker.process.pid) if self.cpu_budget_s else 0.0
             worker.conn.send((kind, args))
             while not worker.conn.poll(0.05):
                 if not worker.process.is_alive():
