@@ -321,8 +321,7 @@ class TransformersRunner:
         for i, row in enumerate(rows):
             row.position = lengths[i]
             row.rope_delta = deltas[i] or 0
-            self.caches.store(cache, i, total - lengths[i] if prefix else width - rest[i],
-                              hashes[i])
+            self.caches.store(cache, i, total - lengths[i], hashes[i])
         return RunningBatch(rows, cache, mask, mrope), out.logits[:, -1, :]
 
     def start_chunked(self, row: _Row) -> ChunkedPrefill:
@@ -346,7 +345,7 @@ class TransformersRunner:
         deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
         mrope = deltas is not None and positions.ndim == 3
         cache = DynamicCache(config=self.model.config)
-        self.caches.fill(cache, hashes, cached)
+        self.caches.fill_rows(cache, [hashes], [cached])
         return ChunkedPrefill(row, inputs, positions, cache, mrope,
                               int(deltas[0, 0]) if mrope else 0, done=cached, hashes=hashes)
 

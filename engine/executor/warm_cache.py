@@ -60,18 +60,6 @@ def store(store_in: PrefixCache, cache: Any, row: int, start: int, hashes: Seque
     store_in.put(hashes, values)
 
 
-def fill(cache: Any, blocks: list[Any]) -> None:
-    """A fresh one-row ``cache`` holding the keys and values of ``blocks`` (in order)."""
-    import torch
-
-    with torch.inference_mode():
-        joined = torch.cat(blocks, dim=-2) if len(blocks) > 1 else blocks[0]
-        layers = kv._layers(cache)
-        count = len(layers)
-        for j, layer in enumerate(layers):
-            layer.update(joined[j].unsqueeze(0), joined[count + j].unsqueeze(0))
-
-
 def media_span(input_ids: Sequence[int], media_ids: set[int]) -> tuple[int, int] | None:
     """The first and last media (feature) token of a prompt, or None."""
     at = [i for i, t in enumerate(input_ids) if t in media_ids]
@@ -172,11 +160,6 @@ class WarmCaches:
     def store(self, cache: Any, row: int, start: int, hashes: Sequence[bytes]) -> None:
         if self.prefix is not None:
             store(self.prefix, cache, row, start, hashes)
-
-    def fill(self, cache: Any, hashes: Sequence[bytes], cached: int) -> None:
-        """``cache`` starts with the keys and values of the first ``cached`` tokens."""
-        if cached and self.prefix is not None:
-            fill(cache, self.prefix.get(hashes[:cached // self.prefix.block_size]))
 
     def fill_rows(self, cache: Any, hashes: Sequence[Sequence[bytes]], cached: Sequence[int]
                   ) -> None:
