@@ -204,8 +204,9 @@ def test_items_pack_and_unpack_as_vllm_takes_them():
     frames = np.ones((3, 4, 6, 3), np.uint8)
     meta = {"total_num_frames": 30, "fps": 10.0, "frames_indices": [0, 10, 20]}
     samples = np.zeros(160, np.float32)
-    packed = vllm_inputs.pack([("image", image, None), ("video", frames, meta),
-                               ("audio", (samples, 16000), None), ("image", image, None)])
+    packed = vllm_inputs.pack([("image", image, None, None), ("video", frames, meta, None),
+                               ("audio", (samples, 16000), None, None),
+                               ("image", image, None, None)])
     data = vllm_inputs.unpack(packed)
     assert [a.shape for a in data["image"]] == [(4, 6, 3), (4, 6, 3)]
     video, video_meta = data["video"][0]
@@ -213,6 +214,108 @@ def test_items_pack_and_unpack_as_vllm_takes_them():
     assert video_meta["do_sample_frames"] is False  # sampled already (vLLM's own rule)
     assert vllm_inputs.video_metadata({"total_num_frames": 3}, 3)["do_sample_frames"] is True
     assert data["audio"][0][1] == 16000 and data["audio"][0][0].dtype == np.float32
+
+
+def test_a_left_out_item_reaches_vllm_as_none_under_its_uuid():
+    """An item vLLM's processor cache holds goes as None with its name (vLLM's
+    ``multi_modal_uuids``, which its processor takes instead of hashing): the list form even
+    for one item (vLLM drops a modality whose data is a bare None); a named item with data
+    keeps it; an item with neither is refused before it is sent."""
+    from engine.server.wire import Submit
+    from engine.vllm_bridge.serve import vllm_prompt
+
+    left_out = vllm_inputs.left_out
+
+    frames = np.ones((2, 4, 6, 3), np.uint8)
+    packed = vllm_inputs.pack([("image", None, None, "key-a"),
+                               ("video", frames, {"total_num_frames": 2}, "key-v"),
+                               ("image", np.zeros((4, 6, 3), np.uint8), None, None)])
+    assert left_out(packed)
+    assert vllm_inputs.uuids(packed) == {"image": ["key-a", None], "video": ["key-v"]}
+    assert vllm_inputs.unpack(vllm_inputs.pack([("video", None, None, "v"),
+                                                ("audio", None, None, "a")])) == {
+        "video": [None], "audio": [None]}
+    prompt = vllm_prompt(Submit("r", [1], packed, {}, prompt="<image><video><image>"), packed)
+    images = prompt["multi_modal_data"]["image"]
+    assert images[0] is None and images[1].size == (6, 4)
+    assert prompt["multi_modal_data"]["video"][0].shape == (2, 4, 6, 3)
+    assert prompt["multi_modal_uuids"] == {"image": ["key-a", None], "video": ["key-v"]}
+    one = vllm_inputs.pack([("image", None, None, "key-a")])
+    assert vllm_prompt(Submit("r", [1], one, {}, prompt="<image>"), one)[
+        "multi_modal_data"] == {"image": [None]}
+    plain = vllm_inputs.pack([("audio", (np.zeros(8, np.float32), 16000), None, None)])
+    assert not left_out(plain) and "multi_modal_uuids" not in vllm_prompt(
+        Submit("r", [1], plain, {}, prompt="<audio>"), plain)
+    with pytest.raises(ValueError, match="neither data nor a uuid"):
+        vllm_inputs.pack([("image", None, None, None)])
+
+
+def test_the_ledger_forgets_by_its_byte_bound_and_on_reset():
+    from engine.server.vllm_media import Ledger, estimate
+
+    k = 1 << 14
+    ledger = Ledger(3 * k)
+    ledger.remember([("a", k), ("b", k), ("c", k)])
+    assert all(ledger.holds(key) for key in "abc")
+    ledger.remember([("d", k)])  # "a" was used least recently
+    assert not ledger.holds("a") and ledger.holds("d")
+    ledger.remember([("huge", 4 * k)])  # over the whole bound: never held
+    assert not ledger.holds("huge") and ledger.holds("b")
+    ledger.forget(["b"])
+    assert not ledger.holds("b")
+    assert ledger.clear() == 2 and not ledger.holds("d")
+    assert not Ledger(0).enabled
+    assert estimate("image", np.zeros((100, 200, 3), np.uint8)) == 60_000 * 8
+    assert estimate("audio", (np.zeros(10_000, np.float32), 16000)) == 40_000
+    assert estimate("image", np.zeros((1, 1, 3), np.uint8)) == 1 << 14  # the floor
+
+
+def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
+    """vllm_media.generate over a stand-in for the engine connection that answers as the
+    bridge does: ``mm_data_needed`` before any token for a prompt with an item left out.
+    The prompt goes once more with every item decoded, the left-out keys are forgotten and
+    those sent remembered once it ran; a second refusal, or one after a token, reaches the
+    client."""
+    import asyncio
+
+    from engine.processing.preprocess import ProcessedPrompt
+    from engine.server.engine_client import EngineError
+    from engine.server.vllm_media import DATA_NEEDED, Ledger, generate
+    from engine.server.wire import Delta, Done
+
+    class Bridge:
+        def __init__(self, refusals: int, token_first: bool = False) -> None:
+            self.refusals, self.token_first, self.seen = refusals, token_first, []
+
+        async def generate(self, ids, mm, sampling, items, text, kwargs):
+            self.seen.append(mm)
+            if self.token_first:
+                yield Delta("r", 0, 5, "x", None, None)
+            if self.refusals > 0:
+                self.refusals -= 1
+                raise EngineError({"message": "lacks", "code": DATA_NEEDED}, 503)
+            yield Done("r", [], {})
+
+    def prompt() -> ProcessedPrompt:
+        left = vllm_inputs.pack([("image", None, None, "held")])
+        full = vllm_inputs.pack([("image", np.zeros((2, 2, 3), np.uint8), None, "held")])
+        return ProcessedPrompt([1], left, [True], {}, {"image": 1}, mm_hashes=["held"],
+                               text="<image>", refill=lambda: (full, [("held", 1 << 14)]))
+
+    async def run(bridge: Bridge, ledger: Ledger, resends: list) -> list:
+        return [m async for m in generate(bridge, ledger, prompt(), {},
+                                          lambda: resends.append(1))]
+
+    ledger, resends = Ledger(1 << 20), []
+    ledger.remember([("held", 1 << 14)])
+    bridge = Bridge(refusals=1)
+    assert isinstance(asyncio.run(run(bridge, ledger, resends))[-1], Done)
+    assert [vllm_inputs.left_out(mm) for mm in bridge.seen] == [True, False]
+    assert resends == [1] and ledger.holds("held")  # forgotten, then remembered once it ran
+    for refused in (Bridge(refusals=2), Bridge(refusals=1, token_first=True)):
+        with pytest.raises(EngineError):
+            asyncio.run(run(refused, Ledger(1 << 20), []))
+        assert len(refused.seen) == (1 if refused.token_first else 2)
 
 
 def test_vllm_flags_pass_through_by_vllms_names():
@@ -224,7 +327,7 @@ def test_vllm_flags_pass_through_by_vllms_names():
         engine_kind="vllm", max_model_len=4096,
         engine=EngineConfig(max_num_seqs=32, enable_prefix_caching=False, dtype="bfloat16",
                             max_num_batched_tokens=8192),
-        pipeline=PipelineConfig(limit_mm_per_prompt={"image": 2}),
+        pipeline=PipelineConfig(limit_mm_per_prompt={"image": 2}, mm_processor_cache_gb=2.5),
         vllm=VllmConfig(tensor_parallel_size=4, pipeline_parallel_size=2,
                         data_parallel_size=2, distributed_executor_backend="ray",
                         gpu_memory_utilization=0.8))
@@ -238,6 +341,7 @@ def test_vllm_flags_pass_through_by_vllms_names():
         "distributed_executor_backend": "ray", "gpu_memory_utilization": 0.8,
         "max_num_seqs": 32, "max_model_len": 4096, "enable_prefix_caching": False,
         "dtype": "bfloat16", "max_num_batched_tokens": 8192, "limit_mm_per_prompt": {"image": 2}}
+    assert args["mm_processor_cache_gb"] == 2.5  # the API servers' ledgers are sized by it
     assert "block_size" not in args  # vLLM's default, as ours
     config = dataclasses.replace(config, engine=dataclasses.replace(config.engine,
                                                                     block_size=32))
@@ -463,6 +567,67 @@ class TestQwen25VL:
         assert metrics["aphrodite_engine_stats_up"] == 1  # the bridge answers the stats query
         assert metrics["aphrodite_engine_rss_bytes"] > 0
         assert any(k.startswith("vllm:prompt_tokens_total") and v > 0 for k, v in metrics.items())
+
+def scrape(base: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in response.read().decode().splitlines()
+                if line and not line.startswith("#")}
+
+
+class TestLeftOutMedia:
+    """Media vLLM's processor cache holds is left out, undecoded, and sent again when vLLM has
+    evicted it (engine.server.vllm_media). The cache is small (--mm-processor-cache-gb
+    0.0004, 429 KB, passed to vLLM and sizing the ledger): 16x16 images, which the processor
+    scales up to its minimum of 56x56 (16 patches of 1,176 values), are counted at the
+    ledger's floor of 16 KiB each and take vLLM 19-75 KB (uint8 or float32 patches), so after
+    24 others the ledger (25 x 16 KiB = 410 KB) still holds the first and vLLM (over 475 KB)
+    no longer does. Prefix caching is off, so every answer comes from the same prefill."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def server(cls):
+        server = start_ours("qwen2_5_vl", "--mm-processor-cache-gb", "0.0004",
+                            "--no-enable-prefix-caching")
+        try:
+            server.wait_ready(600)
+            assert server.is_ready, server.output
+            yield server
+        finally:
+            server.stop(timeout=60)
+
+    def test_a_held_image_is_left_out_and_an_evicted_one_sent_again(self, server):
+        base = server.base
+
+        def ask(seed: int) -> tuple[str, int, list, dict]:
+            image = data_url(synthetic.make_image(16, 16, fmt="PNG", seed=seed), "image/png")
+            body = json.dumps({"model": model_id(base), "max_tokens": 5, "temperature": 0,
+                               "messages": chat({"type": "image_url",
+                                                 "image_url": {"url": image}})}).encode()
+            request = urllib.request.Request(f"{base}/v1/chat/completions", body,
+                                             {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=180) as response:
+                timings = json.loads(response.headers["x-aphrodite-timings"])
+                reply = json.loads(response.read())
+            return (reply["choices"][0]["message"]["content"], reply["usage"]["prompt_tokens"],
+                    reply["aphrodite"]["cache_hits"], timings)
+
+        def resent() -> float:
+            return scrape(base).get("aphrodite_vllm_media_resent_total", 0.0)
+
+        first = ask(100)
+        assert first[2] == [False]  # never sent: decoded and sent with its data
+        again = ask(100)
+        assert again[2] == [True] and again[:2] == first[:2]  # left out, the same answer
+        assert again[3]["media_decode_s"] < first[3]["media_decode_s"]
+        assert resent() == 0  # vLLM held it
+        for seed in range(101, 125):  # 24 others: vLLM evicts the first, the ledger not
+            assert ask(seed)[2] == [False]
+        evicted = ask(100)
+        assert evicted[2] == [True] and evicted[:2] == first[:2]  # sent again: same answer
+        assert resent() == 1
+        assert ask(100)[2] == [True] and resent() == 1  # held again since
+
 
 class TestQwen2Audio:
     """Audio through ``serve --engine vllm`` (two API servers) on a tiny Qwen2-Audio, beside

@@ -75,6 +75,15 @@ class ProcessorCache:
                 self.stats.evictions += 1
             self.stats.entries = len(self._items)
 
+    def discard(self, keys: list[str]) -> None:
+        """Drop these entries, where present."""
+        with self._lock:
+            for key in keys:
+                entry = self._items.pop(key, None)
+                if entry is not None:
+                    self.stats.bytes -= entry[1]
+            self.stats.entries = len(self._items)
+
     def clear(self) -> int:
         """Drop every entry (``POST /reset_mm_cache``); the hit and miss counts stay. Returns
         how many entries were dropped."""

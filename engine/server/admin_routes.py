@@ -87,5 +87,6 @@ def add_admin_routes(app: web.Application, state_key: web.AppKey) -> None:
     async def listen(app: web.Application) -> None:
         state = app[state_key]
         state.engine.on_reset_mm_cache.append(state.pipeline.cache.clear)
+        state.engine.on_reset_mm_cache.append(state.vllm_ledger.clear)
 
     app.on_startup.append(listen)

@@ -37,6 +37,7 @@ from engine.media.video.budget import GpuDecodeBudget
 from engine.models.loader import LoadedModel
 from engine.processing.media_items import InProcessDecoders
 from engine.processing.pipeline import Pipeline
+from engine.server import vllm_media
 from engine.server.admin_routes import add_admin_routes
 from engine.server.config import ServerConfig
 from engine.server.engine_client import EngineClient
@@ -72,6 +73,11 @@ class State:
         self.name = config.served_model_name or loaded.name
         self.pipeline = Pipeline(loaded, config.pipeline)
         self.preprocessor = self.pipeline.preprocessor
+        #: --engine vllm: the items vLLM's processor cache holds, by this server's account
+        #: (its share of that cache, --mm-processor-cache-gb; see engine.server.vllm_media)
+        self.vllm_ledger = vllm_media.Ledger.from_gb(
+            config.pipeline.mm_processor_cache_gb / max(config.api_server_count, 1)
+            if config.engine_kind == "vllm" else 0)
         self.token_strings = TokenStrings(loaded.tokenizer)
         #: token ids a prompt may hold: the tokenizer's and the model's vocabulary
         self.vocab_size = min(len(loaded.tokenizer), loaded.config.get("vocab_size") or (

@@ -83,6 +83,8 @@ class Metrics:
             ("num_rows_waiting", "Sequences waiting for a place in the running batch"),
             ("steps_total", "Decode steps the engine has run"),
             ("prefill_tokens_total", "Prompt tokens prefilled"),
+            ("prefills_overlapped_total", "Prefills run beside decode steps on the prefill "
+                                          "thread (--overlap-prefill)"),
             ("decode_tokens_total", "Tokens decoded (one per row per step)"),
             ("batch_size_last", "Rows in the last decode step"),
             ("batch_size_max", "Most rows in one decode step so far"),
@@ -106,6 +108,10 @@ class Metrics:
                                ["stage"], buckets=_BUCKETS, registry=self.registry)
         self.cache = Counter("aphrodite_processor_cache_total", "Processor cache lookups",
                              ["result"], registry=self.registry)
+        self.vllm_media_resent = Counter(
+            "aphrodite_vllm_media_resent", "--engine vllm: requests sent again with their "
+            "media's data, vLLM no longer holding an item this server left out",
+            registry=self.registry)
         self.media_bytes = Counter("aphrodite_media_bytes_fetched_total",
                                    "Media bytes fetched, by modality", ["modality"],
                                    registry=self.registry)

@@ -23,7 +23,7 @@ from engine.media.video.backend_info import BACKENDS
 from engine.processing.chat_parts import parse_messages
 from engine.processing.media_items import use_frames
 from engine.processing.preprocess import ProcessedPrompt
-from engine.server import vllm_inputs
+from engine.server import vllm_inputs, vllm_media
 from engine.server.protocol import GenerationFields, parse_generation_fields, parse_prompts
 from engine.timings import zero_preprocess_timings
 
@@ -91,21 +91,44 @@ def decoded_prompt(state: State, text: str, items: list, kwargs: dict[str, Any] 
     """``--engine vllm``: the prompt text and its items decoded (under the same decode
     workers, budgets and caps as ours), for vLLM's own processor; ``input_ids`` holds the
     text's tokens (placeholders not expanded) for the length checks before the engine,
-    which reports the real prompt back."""
+    which reports the real prompt back. Each item is named by its content key, and one that
+    vLLM holds by the ledger's account is left out, undecoded (``item_hits``; see
+    :mod:`engine.server.vllm_media`)."""
     timings = zero_preprocess_timings()
-    decoded = []
     start = time.perf_counter()
-    for index, item in enumerate(items):
-        try:
-            data = item.decoded if item.decoded is not None else item.decode()
-        except ClientError as err:
-            raise name_item(err, index, item.modality) from None
-        decoded.append((item.modality, data, item.metadata))
-    timings["media_decode_s"] = time.perf_counter() - start
+    names = [vllm_media.item_uuid(state.name, item, kwargs) for item in items]
+    timings["hash_s"] = time.perf_counter() - start
+    ledger = state.vllm_ledger
+    hits = [ledger.enabled and name is not None and item.decoded is None and ledger.holds(name)
+            for item, name in zip(items, names, strict=True)]
+    mm, sent = _decode_for_vllm(items, names, hits)
+    timings["media_decode_s"] = time.perf_counter() - start - timings["hash_s"]
     ids = state.loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ProcessedPrompt(list(ids), vllm_inputs.pack(decoded), [], timings,
-                           dict(Counter(i.modality for i in items)), text=text,
-                           processor_kwargs=kwargs)
+    prompt = ProcessedPrompt(list(ids), mm, hits, timings,
+                             dict(Counter(i.modality for i in items)), text=text,
+                             processor_kwargs=kwargs, mm_hashes=[n or "" for n in names],
+                             mm_sent=sent)
+    if any(hits):
+        prompt.refill = lambda: _decode_for_vllm(items, names, [False] * len(items))
+    return prompt
+
+
+def _decode_for_vllm(items: list, names: list[str | None], left_out: list[bool]
+                     ) -> tuple[dict[str, Any], list[tuple[str, int]]]:
+    """The items packed for the bridge, decoded unless ``left_out``; and the content keys and
+    estimated processed bytes of those sent with data (for the ledger)."""
+    packed, sent = [], []
+    for index, (item, name, skip) in enumerate(zip(items, names, left_out, strict=True)):
+        data = None
+        if not skip:
+            try:
+                data = item.decoded if item.decoded is not None else item.decode()
+            except ClientError as err:
+                raise name_item(err, index, item.modality) from None
+            if name is not None:
+                sent.append((name, vllm_media.estimate(item.modality, data)))
+        packed.append((item.modality, data, item.metadata, name))
+    return vllm_inputs.pack(packed), sent
 
 
 @contextlib.asynccontextmanager

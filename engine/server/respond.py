@@ -16,6 +16,7 @@ from aiohttp import web
 
 from engine.errors import AphroditeError
 from engine.executor.sampling import MAX_TOKENS_CAP
+from engine.server import vllm_media
 from engine.server.reply import Reply
 from engine.server.wire import Done
 
@@ -72,11 +73,15 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
     param = "messages" if chat else "prompt"
     params = [fields.sampling_for(len(p.input_ids), state.config.max_model_len, param)
               for p in prompts]
-    vllm = state.config.engine_kind == "vllm"
-    generations = [state.engine.generate(p.input_ids, p.mm, _sampling(sp, fields, vllm),
-                                         (p.mm_hashes, p.mm_positions), p.text,
-                                         p.processor_kwargs)
-                   for p, sp in zip(prompts, params, strict=True)]
+    if state.config.engine_kind == "vllm":
+        generations = [vllm_media.generate(state.engine, state.vllm_ledger, p,
+                                           _sampling(sp, fields, True),
+                                           state.metrics.vllm_media_resent.inc)
+                       for p, sp in zip(prompts, params, strict=True)]
+    else:
+        generations = [state.engine.generate(p.input_ids, p.mm, _sampling(sp, fields, False),
+                                             (p.mm_hashes, p.mm_positions))
+                       for p, sp in zip(prompts, params, strict=True)]
     reply = Reply(state, fields, prompts, start, chat=chat)
     if fields.stream:
         return await respond_stream(request, reply, generations)

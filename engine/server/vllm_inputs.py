@@ -17,6 +17,9 @@ from typing import Any
 import numpy as np
 
 MODALITIES = ("image", "video", "audio")
+#: the bridge's error code for a request with a left-out item that vLLM no longer holds
+#: (see :mod:`engine.server.vllm_media`)
+DATA_NEEDED = "mm_data_needed"
 
 
 def video_metadata(metadata: dict[str, Any] | None, num_frames: int) -> dict[str, Any]:
@@ -31,15 +34,25 @@ def video_metadata(metadata: dict[str, Any] | None, num_frames: int) -> dict[str
     return meta
 
 
-def pack(items: list[tuple[str, Any, dict[str, Any] | None]]) -> dict[str, Any]:
-    """``(modality, decoded, metadata)`` per item, in prompt order -> ``Submit.mm``: keys
-    ``image.0``, ``video.0`` (+ ``video.0.meta``), ``audio.0`` (+ ``audio.0.rate``)."""
+def pack(items: list[tuple[str, Any, dict[str, Any] | None, str | None]]) -> dict[str, Any]:
+    """``(modality, decoded, metadata, uuid)`` per item, in prompt order -> ``Submit.mm``:
+    keys ``image.0``, ``video.0`` (+ ``video.0.meta``), ``audio.0`` (+ ``audio.0.rate``), and
+    ``<key>.uuid`` for an item with a name (see :mod:`engine.server.vllm_media`). ``decoded``
+    None: the item is left out (vLLM holds it under its uuid)."""
     out: dict[str, Any] = {}
     seen = dict.fromkeys(MODALITIES, 0)
-    for modality, decoded, metadata in items:
+    for modality, decoded, metadata, uuid in items:
+        if modality not in seen:
+            raise ValueError(f"unknown modality {modality!r}")
         key = f"{modality}.{seen[modality]}"
         seen[modality] += 1
-        if modality == "image":
+        if uuid is not None:
+            out[f"{key}.uuid"] = uuid
+        if decoded is None:
+            if uuid is None:
+                raise ValueError(f"{key} has neither data nor a uuid")
+            out[key] = None
+        elif modality == "image":
             out[key] = np.ascontiguousarray(np.asarray(decoded.convert("RGB")) if hasattr(
                 decoded, "convert") else np.asarray(decoded), dtype=np.uint8)
         elif modality == "video":
@@ -50,24 +63,47 @@ def pack(items: list[tuple[str, Any, dict[str, Any] | None]]) -> dict[str, Any]:
             samples, rate = decoded
             out[key] = np.ascontiguousarray(np.asarray(samples), dtype=np.float32)
             out[f"{key}.rate"] = int(rate)
-        else:
-            raise ValueError(f"unknown modality {modality!r}")
     return out
 
 
 def unpack(mm: dict[str, Any]) -> dict[str, list[Any]]:
     """``Submit.mm`` (its arrays mapped) -> ``{modality: [item, ...]}`` in prompt order:
-    image arrays, ``(frames, metadata)`` and ``(samples, rate)`` as vLLM takes them."""
+    image arrays, ``(frames, metadata)`` and ``(samples, rate)`` as vLLM takes them, None for
+    an item left out."""
     out: dict[str, list[Any]] = {}
     for modality in MODALITIES:
         index = 0
         while f"{modality}.{index}" in mm:
             key = f"{modality}.{index}"
             value = mm[key]
-            if modality == "video":
+            if value is not None and modality == "video":
                 value = (value, dict(mm.get(f"{key}.meta") or {}))
-            elif modality == "audio":
+            elif value is not None and modality == "audio":
                 value = (value, int(mm[f"{key}.rate"]))
             out.setdefault(modality, []).append(value)
             index += 1
+    return out
+
+
+def left_out(mm: dict[str, Any]) -> bool:
+    """Whether ``Submit.mm`` leaves an item's data out (vLLM's cache is to supply it)."""
+    return any(mm.get(f"{m}.{i}") is None
+               for m in MODALITIES for i in range(_count(mm, m)))
+
+
+def _count(mm: dict[str, Any], modality: str) -> int:
+    count = 0
+    while f"{modality}.{count}" in mm:
+        count += 1
+    return count
+
+
+def uuids(mm: dict[str, Any]) -> dict[str, list[str | None]]:
+    """``Submit.mm``'s item names per modality, as vLLM's ``multi_modal_uuids`` (only the
+    modalities with at least one named item)."""
+    out: dict[str, list[str | None]] = {}
+    for modality in MODALITIES:
+        names = [mm.get(f"{modality}.{i}.uuid") for i in range(_count(mm, modality))]
+        if any(names):
+            out[modality] = names
     return out

@@ -70,7 +70,8 @@ def model_max_len(model_path: str) -> int | None:
 def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any]:
     """vLLM's ``AsyncEngineArgs`` from a :class:`~engine.server.config.ServerConfig`: the
     shared flags (``--max-num-seqs``, ``--max-model-len``, ``--enable-prefix-caching``,
-    ``--dtype``, ``--max-num-batched-tokens``, ``--limit-mm-per-prompt``) and vLLM's own."""
+    ``--dtype``, ``--max-num-batched-tokens``, ``--limit-mm-per-prompt``,
+    ``--mm-processor-cache-gb``) and vLLM's own."""
     vllm, engine = config.vllm, config.engine
     args: dict[str, Any] = {
         "model": model_path, "served_model_name": [served_name],
@@ -82,6 +83,9 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
         "data_parallel_size": vllm.data_parallel_size,
         "gpu_memory_utilization": vllm.gpu_memory_utilization,
         "disable_log_stats": False,  # per-request timestamps: the stage timings
+        # vLLM's flag and default (4): the API servers' ledgers of what it holds are sized
+        # by it too (engine.server.vllm_media)
+        "mm_processor_cache_gb": config.pipeline.mm_processor_cache_gb,
     }
     if vllm.distributed_executor_backend is not None:
         args["distributed_executor_backend"] = vllm.distributed_executor_backend

@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from engine.server import shared_inputs, vllm_inputs
+from engine.server.vllm_inputs import DATA_NEEDED
 from engine.server.vllm_spec import carve_utilization
 from engine.server.wire import (
     Cancel,
@@ -47,6 +48,15 @@ logger = logging.getLogger("aphrodite.vllm_bridge")
 MAX_MESSAGE = 500
 #: times a request vLLM ends with its retryable "error" is submitted again (before any token)
 RETRIES = 1
+
+
+#: vLLM's processor's words for an item named by uuid, without data, that its cache lacks
+#: ("Cache miss for image at index 0 but data is not provided.")
+CACHE_MISS = "but data is not provided"
+
+
+class CacheMiss(Exception):
+    """vLLM's engine ended a request with a left-out item with its retryable "error"."""
 
 
 class EngineFailed(Exception):
@@ -88,12 +98,26 @@ def vllm_prompt(message: Submit, mm: dict[str, Any]) -> dict[str, Any]:
     if "image" in data:
         from PIL import Image
 
-        data["image"] = [Image.fromarray(a) for a in data["image"]]
-    if data:
-        prompt["multi_modal_data"] = {k: v if len(v) > 1 else v[0] for k, v in data.items()}
+        data["image"] = [a if a is None else Image.fromarray(a) for a in data["image"]]
+    if data:  # a left-out item (None) needs the list form: vLLM drops a modality of None
+        prompt["multi_modal_data"] = {k: v if len(v) > 1 or v[0] is None else v[0]
+                                      for k, v in data.items()}
+    names = vllm_inputs.uuids(mm)
+    if names:
+        prompt["multi_modal_uuids"] = names
     if message.mm_processor_kwargs:
         prompt["mm_processor_kwargs"] = dict(message.mm_processor_kwargs)
     return prompt
+
+
+def causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it was raised from (vLLM wraps its processor's ValueError in an
+    ``EngineGenerateError``), at most a few deep."""
+    chain: list[BaseException] = []
+    while exc is not None and len(chain) < 8:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
 
 
 def token_logprobs(token_id: int, entry: Any, top: int) -> tuple | None:
@@ -163,7 +187,11 @@ class Bridge:
                         if any(c.finish_reason == "error" for c in out.outputs):
                             # vLLM's retryable failure (its processor cache and its engine's
                             # disagreed; the items go again with their data): again, if the
-                            # client has seen nothing yet
+                            # client has seen nothing yet; with items left out the data is
+                            # the API server's to send (DATA_NEEDED below)
+                            if vllm_inputs.left_out(message.mm) and not any(ids.values()):
+                                raise CacheMiss("vLLM's engine no longer holds a left-out "
+                                                "item")
                             if attempt < RETRIES and not any(ids.values()):
                                 logger.warning("request %s: vLLM asked for a retry", rid)
                                 break
@@ -182,6 +210,14 @@ class Bridge:
         except asyncio.CancelledError:
             return  # cancelled by the API server: it expects nothing more
         except Exception as exc:
+            why = next((e for e in causes(exc) if isinstance(e, CacheMiss) or (
+                isinstance(e, ValueError) and CACHE_MISS in str(e))), None)
+            if why is not None and not any(ids.values()) and vllm_inputs.left_out(message.mm):
+                # vLLM's processor cache no longer holds an item the API server left out
+                # (engine.server.vllm_media): it sends the data, once
+                logger.info("request %s: vLLM lacks a left-out item (%s)", rid, why)
+                send(Done(rid, [], {}, failure(str(why), 503, DATA_NEEDED, "internal_error")))
+                return
             send(Done(rid, [], {}, self.refusal(rid, exc)))
             return
         outputs = [Output(i, "".join(texts[i]), ids.get(i, []), reasons.get(i))
@@ -226,6 +262,13 @@ class Bridge:
             return failure("vLLM's engine stopped", 503, "engine_dead", "internal_error")
         if isinstance(exc, EngineFailed):
             return failure(str(exc), 503, "engine_error", "internal_error")
+        # vLLM wraps its processor's refusal of the request's kwargs or media in an
+        # EngineGenerateError: the cause is the client's
+        cause = next((e for e in causes(exc)[1:] if isinstance(e, ValueError | TypeError)),
+                     None)
+        if cause is not None:
+            logger.info("request %s refused by vLLM's processor: %s", rid, cause)
+            return failure(str(cause), 400, "invalid_request")
         if isinstance(exc, VLLMClientError | ValueError | TypeError | KeyError):
             logger.info("request %s refused by vLLM: %s", rid, exc)
             return failure(str(exc), 400, "invalid_request")
