@@ -180,7 +180,8 @@ class MediaDecodeError(ClientError):
 
 
 class ServiceUnavailableError(AphroditeError):
-    """The engine process is gone or not ready (HTTP 503)."""
+    """A part of the server (the engine process, a decode worker) is gone or not ready
+    (HTTP 503)."""
 
     status = 503
     type = "service_unavailable"

@@ -153,31 +153,37 @@ def test_channels_times_rate_times_duration_is_budgeted():
 # -- fair sharing ---------------------------------------------------------------------------
 def test_a_freed_worker_goes_to_the_client_that_waited_without_one():
     """One worker, held (stopped) by client A; A queues two more decodes, then B one: B is
-    served before A's queued ones (the old pool served waiters in no fixed order)."""
-    pool = DecodeWorkers(1, timeout_s=120)
-    image = synthetic.make_image(32, 32)
+    served before A's queued ones (the old pool served waiters in no fixed order). The order
+    is the one the worker was handed out in: the order the threads return in is the
+    scheduler's (on a loaded machine B1's thread can return after A2's)."""
     order: list[str] = []
-    lock = threading.Lock()
+
+    class Recording(DecodeWorkers):
+        def _take(self, client: str = ""):
+            worker = super()._take(client)
+            order.append(threading.current_thread().name)  # under no lock: one worker
+            return worker
+
+    pool = Recording(1, timeout_s=120)
+    image = synthetic.make_image(32, 32)
     worker = pool.pids()[0]
     os.kill(worker, signal.SIGSTOP)
     try:
-        def decode(name: str, client: str) -> None:
+        def decode(client: str) -> None:
             pool.for_client(client).decode_image(image, LIMITS)
-            with lock:
-                order.append(name)
 
         threads = []
         for name, client, waiting in (("A1", "a", 0), ("A2", "a", 1), ("A3", "a", 2),
                                       ("B1", "b", 3)):
-            thread = threading.Thread(target=decode, args=(name, client))
+            thread = threading.Thread(target=decode, args=(client,), name=name)
             thread.start()
             threads.append(thread)
             deadline = time.monotonic() + 60
             while pool.waiting < waiting and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert pool.waiting >= waiting
-            if name == "A1":  # A1 holds the worker before the others queue
-                while not pool._held["a"] and time.monotonic() < deadline:
+            if name == "A1":  # A1 holds the worker (and no longer waits) before others queue
+                while (not pool._held["a"] or pool.waiting) and time.monotonic() < deadline:
                     time.sleep(0.01)
         os.kill(worker, signal.SIGCONT)
         for thread in threads:

@@ -22,7 +22,6 @@ from engine.errors import ConfigError, MediaDecodeError
 from engine.media.audio import decode_audio
 from engine.media.image import decode_image
 from engine.media.isolation import DecodeWorkers
-from engine.media.video import load_video
 from engine.media.video.options import build_spec
 from engine.processing.media_items import InProcessDecoders
 from tests.fixtures import hostile_media, synthetic
@@ -40,20 +39,21 @@ def foreign_failure(base: bytes, decode: Callable[[bytes], object],
         pytest.fail("no mutation made the decoder raise a foreign exception")
 
 
-def spec(backend: str = "pyav"):
-    return build_spec({"backend": backend, "num_frames": 4}, backend, error=ConfigError)
+def spec():
+    """What the foreign-failure video was searched with (one decoding thread: FFmpeg's frame
+    threads may drop a corrupt frame instead of raising, by timing)."""
+    return build_spec(dict(hostile_media.FOREIGN_VIDEO_IO), "pyav", error=ConfigError)
 
 
 @pytest.fixture(scope="module")
 def hostile() -> dict[str, tuple[bytes, str]]:
-    video = synthetic.make_video(width=64, height=48, seconds=1)
     mp3 = synthetic.make_audio(seconds=1, fmt="mp3")
     dds = hostile_media.dds_with_unknown_pixel_format()
     with pytest.raises(NotImplementedError):
         decode_image(dds, LIMITS)  # the raw decoder's own failure, before any wrapping
     return {
         "image": (dds, "NotImplementedError"),
-        "video": foreign_failure(video, lambda d: load_video(d, spec(), LIMITS), seed=1),
+        "video": hostile_media.foreign_failure_video(seed=1),
         "audio": foreign_failure(mp3, lambda d: decode_audio(d, max_seconds=600), seed=1),
     }
 
@@ -130,7 +130,8 @@ def _restarts(server: ServerProcess) -> float:
 def test_served_decoder_failures_are_422_naming_the_item(hostile, isolation):
     server = ServerProcess("tiny:qwen2_vl", "--decode-isolation", isolation,
                            "--decode-workers", "1", "--mm-processor-cache-gb", "0",
-                           "--media-io-kwargs", '{"video": {"backend": "pyav"}}').wait_ready()
+                           "--media-io-kwargs",
+                           json.dumps({"video": hostile_media.FOREIGN_VIDEO_IO})).wait_ready()
     try:
         good = "data:image/png;base64," + base64.b64encode(
             synthetic.make_image(32, 32, fmt="PNG")).decode()

@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from engine.config import MediaLimits
-from engine.errors import ConfigError, MediaDecodeError, OverloadedError, UnsupportedMediaError
+from engine.errors import (
+    ConfigError,
+    MediaDecodeError,
+    OverloadedError,
+    ServiceUnavailableError,
+    UnsupportedMediaError,
+)
 from engine.media import frame_memory
 from engine.media.audio import decode_audio
 from engine.media.image import decode_image
@@ -257,5 +263,21 @@ def test_a_decode_over_the_memory_limit_is_a_422_and_the_worker_is_renewed():
         assert pool.pids() != [pid] and pool.restarts == 1  # renewed before more work
         assert pool.decode_video(clip, spec(), MediaLimits.from_env()).frames.shape[0] == 8
         assert _segments() == []
+    finally:
+        pool.close()
+
+
+def test_a_worker_that_has_not_started_in_time_is_a_503_not_the_inputs_fault():
+    """A worker that is not ready within the decode timeout (a spawned Python process takes
+    far more than the millisecond allowed here) never saw the media: the answer is 503
+    decode_worker_unavailable, not the 422 "the decoder crashed on this input" that a crash
+    while decoding gets; the pool starts another worker."""
+    pool = DecodeWorkers(1, timeout_s=0.001)
+    try:
+        with pytest.raises(ServiceUnavailableError) as info:
+            pool.decode_image(synthetic.make_image(32, 32), MediaLimits.from_env())
+        assert info.value.status == 503 and info.value.code == "decode_worker_unavailable"
+        assert "did not start" in str(info.value) and "--decode-timeout-s" in str(info.value)
+        assert pool.restarts == 1 and len(pool.pids()) == 1
     finally:
         pool.close()

@@ -64,6 +64,9 @@ def _worker_main(conn, memory_limit_bytes: int) -> None:
     import resource
     import signal
 
+    from engine.lifetime import name_process
+
+    name_process("decode")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if memory_limit_bytes > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
@@ -210,12 +213,7 @@ class DecodeWorkers:
         start = time.monotonic()
         try:
             if not worker.ready:  # a new worker's start-up is not this decode's CPU time
-                while not worker.conn.poll(0.05):
-                    if not worker.process.is_alive() or time.monotonic() - start > \
-                            self.timeout_s:
-                        raise EOFError
-                worker.conn.recv()
-                worker.ready = True
+                self._wait_started(worker, start, client)
             cpu_start = _cpu_seconds(worker.process.pid) if self.cpu_budget_s else 0.0
             worker.conn.send((kind, args))
             while not worker.conn.poll(0.05):
@@ -253,6 +251,24 @@ class DecodeWorkers:
         if how == "shm":
             array = frame_memory.attach(where[0], where[1], shape, dtype, recycle=True)
         return array, meta
+
+    def _wait_started(self, worker: _Worker, start: float, client: str) -> None:
+        """Wait for a new worker's "ready". One that dies or does not start within the
+        decode timeout failed before it saw this request's input: that is the server's
+        trouble (503, try again), not a fault of the media."""
+        try:
+            while not worker.conn.poll(0.05):
+                if not worker.process.is_alive() or time.monotonic() - start > self.timeout_s:
+                    raise EOFError
+            worker.conn.recv()
+        except (EOFError, OSError):
+            self._replace(worker, client)
+            raise ServiceUnavailableError(
+                f"a media decode worker did not start within {self.timeout_s:g} s (the server "
+                "is short of memory or CPU)", hint="retry; if it persists, the server's "
+                "operator may raise --decode-timeout-s or lower the load",
+                code="decode_worker_unavailable") from None
+        worker.ready = True
 
     def for_client(self, client: str) -> ClientDecoders:
         """These workers' decode calls on behalf of ``client`` (for fair sharing)."""

@@ -31,37 +31,52 @@ def dds_with_unknown_pixel_format() -> bytes:
     return bytes(header) + bytes(64)
 
 
-def foreign_failure(base: bytes, decode: Callable[[bytes], object], seed: int,
-                    tries: int = 600) -> tuple[bytes, str]:
-    """``base`` with 1-20 bytes replaced per try (``random.Random(seed)``) until ``decode``
-    raises an exception that is not one of the project's (an ``AphroditeError``): the first
-    hit and its exception's type name. ``LookupError`` when ``tries`` find none."""
-    from engine.errors import AphroditeError
+#: the media_io_kwargs a foreign-failure video is searched with, and must be sent with: one
+#: decoding thread, since FFmpeg's frame threads may drop a corrupt frame (a truncated clip)
+#: or raise, by timing, where one thread always does the same; four frames sampled.
+FOREIGN_VIDEO_IO = {"backend": "pyav", "threads": 1, "num_frames": 4}
 
+
+def foreign_failure(base: bytes, decode: Callable[[bytes], object], seed: int,
+                    tries: int = 600, repeats: int = 3) -> tuple[bytes, str]:
+    """``base`` with 1-20 bytes replaced per try (``random.Random(seed)``) until ``decode``
+    raises an exception that is not one of the project's (an ``AphroditeError``), of the same
+    type ``repeats`` times running: the first hit and its exception's type name.
+    ``LookupError`` when ``tries`` find none."""
     rng = random.Random(seed)
     for _ in range(tries):
         data = bytearray(base)
         for _ in range(rng.randint(1, 20)):
             data[rng.randrange(len(data))] = rng.randrange(256)
-        try:
-            decode(bytes(data))
-        except AphroditeError:
-            continue
-        except Exception as exc:
-            return bytes(data), type(exc).__name__
+        raised = {_foreign_raised(decode, bytes(data)) for _ in range(repeats)}
+        if len(raised) == 1 and None not in raised:
+            return bytes(data), raised.pop()
     raise LookupError(f"no mutation in {tries} tries made the decoder raise a foreign "
                       "exception")
 
 
-def foreign_failure_video(backend: str = "pyav", seed: int = 1) -> tuple[bytes, str]:
+def _foreign_raised(decode: Callable[[bytes], object], data: bytes) -> str | None:
+    """The type name of the foreign exception ``decode(data)`` raises, else None."""
+    from engine.errors import AphroditeError
+
+    try:
+        decode(data)
+    except AphroditeError:
+        return None
+    except Exception as exc:
+        return type(exc).__name__
+    return None
+
+
+def foreign_failure_video(seed: int = 1) -> tuple[bytes, str]:
     """A 1 s 64x48 MP4, mutated (:func:`foreign_failure`) until ``load_video`` with
-    ``backend`` (4 frames) raises a foreign exception."""
+    :data:`FOREIGN_VIDEO_IO` raises a foreign exception."""
     from engine.config import MediaLimits
     from engine.errors import ConfigError
     from engine.media.video import load_video
     from engine.media.video.options import build_spec
 
-    spec = build_spec({"backend": backend, "num_frames": 4}, backend, error=ConfigError)
+    spec = build_spec(dict(FOREIGN_VIDEO_IO), FOREIGN_VIDEO_IO["backend"], error=ConfigError)
     limits = MediaLimits.from_env()
     video = synthetic.make_video(width=64, height=48, seconds=1)
     return foreign_failure(video, lambda d: load_video(d, spec, limits), seed=seed)

@@ -30,8 +30,6 @@ SERVER_ARGS = ["--limit-mm-per-prompt", '{"image": 4, "video": 1}',
                "--media-io-kwargs", '{"video": {"num_frames": 4}}']
 SERVER_ENV = {"APHRODITE_IMAGE_FETCH_TIMEOUT": "2", "APHRODITE_VIDEO_FETCH_TIMEOUT": "4",
               "APHRODITE_MAX_VIDEO_FRAMES": "200"}
-#: the video backend the foreign-exception case is searched with and sent to
-FOREIGN_VIDEO_BACKEND = "pyav"
 
 
 @dataclass(frozen=True)
@@ -144,7 +142,7 @@ def hostile_catalogue(model: str, host: str) -> list[HostileCase]:
     jpeg = synthetic.make_image(64, 48, fmt="JPEG")
     b64 = base64.b64encode
     # a decoder's own exception (not the project's), found by a seeded search, once
-    foreign_video, _ = hostile_media.foreign_failure_video(FOREIGN_VIDEO_BACKEND)
+    foreign_video, _ = hostile_media.foreign_failure_video()
 
     def data_url(mime: str, data: bytes) -> str:
         return f"data:{mime};base64," + b64(data).decode()
@@ -208,8 +206,8 @@ def hostile_catalogue(model: str, host: str) -> list[HostileCase]:
          [image(data_url("image/x-dds", hostile_media.dds_with_unknown_pixel_format()))], 422,
          "media_decode_failed"),
         ("foreign-exception-video", [video(data_url("video/mp4", foreign_video))], 422,
-         "media_decode_failed", {"media_io_kwargs": {"video": {
-             "backend": FOREIGN_VIDEO_BACKEND}}}),
+         "media_decode_failed",
+         {"media_io_kwargs": {"video": dict(hostile_media.FOREIGN_VIDEO_IO)}}),
         ("resolution-switch",
          [video(data_url("video/mp2t", hostile_media.resolution_switch_ts()))], 422,
          "video_frame_size_changed", {"media_io_kwargs": {"video": {"backend": "pyav"}}}),
