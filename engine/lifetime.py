@@ -34,3 +34,21 @@ def exit_with_parent(sig: int = signal.SIGTERM) -> bool:
     if parent is not None and os.getppid() != parent.pid:
         os.kill(os.getpid(), sig)  # orphaned before the request took effect
     return True
+
+
+_PR_SET_NAME = 15
+#: the names the server's processes take (``ps``, ``top``, ``/proc/PID/comm``, and the
+#: per-process CPU figures of ``bench serve``); Linux keeps 15 bytes
+PROCESS_NAMES = {"supervisor": "aphrodite", "engine": "aphrodite-eng",
+                 "api": "aphrodite-api", "decode": "aphrodite-dec"}
+
+
+def name_process(role: str) -> bool:
+    """Name this process after its ``role`` (a key of :data:`PROCESS_NAMES`) where ``ps``
+    and ``top`` show it, instead of ``python``; False where unsupported."""
+    from engine.memory import libc
+
+    handle = libc()
+    if handle is None or not hasattr(handle, "prctl"):
+        return False
+    return handle.prctl(_PR_SET_NAME, PROCESS_NAMES[role].encode()[:15], 0, 0, 0) == 0

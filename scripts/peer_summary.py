@@ -22,7 +22,8 @@ NAME = re.compile(r"(?:(?P<size>[a-z0-9_]+)-)?out(?P<len>\d+)-c(?P<conc>\d+)-r(?
 PHASES = ("cold", "warm")
 HEAD = ["size", "load", "phase", "runs v/o", "vLLM req/s", "ours req/s", "req/s ours/vLLM",
         "vLLM TTFT p50 ms", "ours TTFT p50 ms", "TTFT ours/vLLM", "vLLM TPOT p50",
-        "ours TPOT p50", "prompt tok v/o", "failed v/o"]
+        "ours TPOT p50", "prompt tok v/o", "server CPU ms/req v/o", "busiest process cores v/o",
+        "failed v/o"]
 
 
 def _runs(out: Path) -> dict:
@@ -42,6 +43,9 @@ def _runs(out: Path) -> dict:
             runs.setdefault(key, {}).setdefault(m["side"], []).append({
                 "rps": p.get("request_throughput"), "ttft_p50": p.get("p50_ttft_ms"),
                 "tpot_p50": p.get("p50_tpot_ms"), "failed": p.get("failed", 0),
+                "cpu_ms": (p.get("server_cpu") or {}).get("cpu_ms_per_request"),
+                "busiest_cores": max((q["cores"] for q in (p.get("server_cpu") or {}).get(
+                    "processes", []) if q.get("cores") is not None), default=None),
                 "prompt_tokens": statistics.mean(prompts) if prompts else None})
     return runs
 
@@ -70,7 +74,8 @@ def summarize(out: Path) -> tuple[list[dict], list[str]]:
         s = {"size": size, "output_len": length, "concurrency": conc, "phase": phase,
              "runs_vllm": len(v), "runs_ours": len(o),
              **{f"{k}_{side}": _med(rs, k) for side, rs in (("vllm", v), ("ours", o))
-                for k in ("rps", "ttft_p50", "tpot_p50", "prompt_tokens")},
+                for k in ("rps", "ttft_p50", "tpot_p50", "prompt_tokens", "cpu_ms",
+                          "busiest_cores")},
              "failed_vllm": sum(r["failed"] for r in v),
              "failed_ours": sum(r["failed"] for r in o)}
         s["rps_ratio"] = _ratio(s["rps_ours"], s["rps_vllm"])
@@ -89,9 +94,15 @@ def summarize(out: Path) -> tuple[list[dict], list[str]]:
                      _fmt(s["tpot_p50_vllm"], ".1f"), _fmt(s["tpot_p50_ours"], ".1f"),
                      f"{_fmt(s['prompt_tokens_vllm'], '.0f')}/"
                      f"{_fmt(s['prompt_tokens_ours'], '.0f')}",
+                     f"{_fmt(s['cpu_ms_vllm'], '.0f')}/{_fmt(s['cpu_ms_ours'], '.0f')}",
+                     f"{_fmt(s['busiest_cores_vllm'], '.2f')}/"
+                     f"{_fmt(s['busiest_cores_ours'], '.2f')}",
                      f"{s['failed_vllm']}/{s['failed_ours']}"])
     md = ["Medians over the repeats, per phase; ratios are ours / vLLM (req/s: above 1 is ours "
-          "faster; TTFT: below 1 is ours faster).", "",
+          "faster; TTFT: below 1 is ours faster). Server CPU: the CPU time all of a server's "
+          "processes spent per request (bench serve's server_cpu); busiest process cores: "
+          "the CPU that server's busiest process kept busy over the phase (near 1.00: the "
+          "process the server waited on).", "",
           "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     md += ["| " + " | ".join(r) + " |" for r in rows]
     warm = [s for s in summary if s.get("ours_warm_over_cold_ttft") is not None]

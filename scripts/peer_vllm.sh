@@ -164,12 +164,14 @@ start_servers() {  # size model
   # shellcheck disable=SC2206
   OURS_CMD=("$APHRODITE" serve "$model" --served-model-name "$NAME" --host 127.0.0.1
             --port "$PORT_OURS" --max-model-len 2048 --dtype float32 --max-num-seqs "$max_conc"
-            --num-threads "$OUR_THREADS" --expose-request-timings ${OURS_ARGS:-})
+            --expose-request-timings ${OURS_ARGS:-})
   if [ "$MEDIA_DELIVERY" = http ]; then
     OURS_CMD+=(--allowed-media-domains 127.0.0.1)
   fi
   if [ "$OURS_ENGINE" = vllm ]; then
-    OURS_CMD+=(--engine vllm)
+    OURS_CMD+=(--engine vllm)  # (vLLM's worker binds its threads: --num-threads is refused)
+  else
+    OURS_CMD+=(--num-threads "$OUR_THREADS")
   fi
   # setsid: each server leads its own process group, so the trap stops its children too
   LD_LIBRARY_PATH="$STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" VLLM_CPU_KVCACHE_SPACE=1 \

@@ -309,6 +309,16 @@ def test_cache_resets_reach_every_api_server_and_bench_checks_the_counted_hits(t
         assert cold["server_metrics"]["deltas"][
             'aphrodite_requests_total{route="/v1/chat/completions",status="200"}'] == 4
         assert "processor cache 0 hits, 4 misses (ok)" in done.stdout
+        # the server's CPU over the phase, process by process: the supervisor found above
+        # the API servers that listen, so its engine (their sibling) counts too
+        cpu = cold["server_cpu"]
+        names = [p["name"] for p in cpu["processes"]]
+        assert cpu["status"] == "ok" and names.count("aphrodite-api") == 2, cpu
+        assert {"aphrodite", "aphrodite-eng"} <= set(names), cpu
+        engine = next(p for p in cpu["processes"] if p["name"] == "aphrodite-eng")
+        assert engine["cpu_s"] > 0 and cpu["cpu_ms_per_request"] == pytest.approx(
+            cpu["cpu_s"] / 4 * 1e3, abs=0.1)
+        assert "cold: server CPU:" in done.stdout and "aphrodite-eng" in done.stdout
     finally:
         server.stop()
 

@@ -57,6 +57,10 @@ def test_the_summary_has_cold_and_warm_rows_per_size_with_ratios(two_targets, tm
         assert row["ttft_p50_ratio"] == pytest.approx(row["ttft_p50_ours"] /
                                                       row["ttft_p50_vllm"])
         assert row["rps_ratio"] == pytest.approx(row["rps_ours"] / row["rps_vllm"])
+        # each mock server is a real process on loopback: its CPU per request was read (in
+        # clock ticks: an idle mock may have spent none)
+        assert row["cpu_ms_vllm"] >= 0 and row["cpu_ms_ours"] >= 0
+        assert 0 <= row["busiest_cores_ours"] <= 1.5
     warm = rows[1]
     assert warm["ours_warm_over_cold_ttft"] == pytest.approx(
         warm["ttft_p50_ours"] / rows[0]["ttft_p50_ours"])

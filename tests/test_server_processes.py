@@ -281,8 +281,9 @@ def test_two_api_servers_share_the_port_and_crashes_are_reported():
     server = ServerProcess("tiny:qwen2_vl", "--api-server-count", "2").wait_ready()
     try:
         def one(i: int) -> str:
+            # ignore_eos: exactly 2 tokens each (a sampled EOS would end one at 1)
             body = json.dumps({"messages": [{"role": "user", "content": f"Hi {i}"}],
-                               "max_tokens": 2}).encode()
+                               "max_tokens": 2, "ignore_eos": True}).encode()
             req = urllib.request.Request(f"{server.base}/v1/chat/completions", data=body,
                                          headers={"Content-Type": "application/json",
                                                   "Connection": "close"})

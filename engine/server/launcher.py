@@ -135,12 +135,13 @@ def api_server_main(config: ServerConfig, model_path: str, name: str, address: s
         values.ValueClass = values.get_value_class()
     import asyncio
 
-    from engine.lifetime import exit_with_parent
+    from engine.lifetime import exit_with_parent, name_process
     from engine.memory import tune_allocator
     from engine.models.loader import load_model
     from engine.server.app import create_app
     from engine.server.engine_client import EngineClient
 
+    name_process("api")
     exit_with_parent()
     tune_allocator()
     import torch
@@ -301,6 +302,9 @@ def run(config: ServerConfig, *, announce=print) -> int:
 
 
 def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
+    from engine.lifetime import name_process
+
+    name_process("supervisor")
     model_path, name = validate_in_child(config)
     if config.engine_kind == "vllm":
         config = _fit_vllm_length(config, model_path, announce)

@@ -72,6 +72,10 @@ ResetCaches = Annotated[bool, typer.Option(
     help="Before a cold phase, POST /reset_mm_cache and /reset_prefix_cache (vLLM's routes) "
          "when the target has them; a target without them is said in the output and the "
          "result.")]
+ServerCpu = Annotated[bool, typer.Option(
+    help="When the target listens on this machine's loopback, read the CPU time each of its "
+         "processes spends during each phase (/proc: Linux, processes this user may read): "
+         "per request, cores busy, busiest process first (the result's server_cpu).")]
 ProbeRequestRate = Annotated[float | None, typer.Option(
     min=0.01, help="Also send small text-only probe requests at this rate (requests/s) during "
                    "each phase, measured apart: their TTFT/E2E show how much the media stall "

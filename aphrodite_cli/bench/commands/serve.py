@@ -101,6 +101,7 @@ def serve_cmd(
                     "4xx, as a wrong URL, model or key gives; 0: never.")] = 5,
     out_dir: flags.OutDir = Path("results"),
     reset_caches: flags.ResetCaches = True,
+    server_cpu: flags.ServerCpu = True,
     probe_request_rate: flags.ProbeRequestRate = None,
     slice_seconds: flags.SliceSeconds = None,
     archetypes: flags.Archetypes = None,
@@ -187,7 +188,7 @@ def serve_cmd(
                      metric_percentiles=tuple(pcts),
                      tokenizer=vllm_compat.load_tokenizer(tokenizer) if tokenizer else None,
                      reset_caches=reset_caches, probe_request_rate=probe_request_rate,
-                     slice_seconds=slice_seconds,
+                     slice_seconds=slice_seconds, server_cpu=server_cpu,
                      archetypes=parse_archetypes(archetypes), num_runs=num_runs)
     from aphrodite_cli.bench.load.client import TargetRefused
     from engine.errors import BenchmarkFailed

@@ -50,6 +50,11 @@ def print_phase_extras(doc: dict[str, Any], fmt: str, say: Any) -> None:
                           + (f"; processor cache {cache['hits']:g} hits, "
                              f"{cache['misses']:g} misses ({metrics['check']})"
                              if cache else ""), markup=False)
+        cpu = phase.get("server_cpu")
+        if cpu is not None:
+            from aphrodite_cli.bench.load.server_cpu import describe
+
+            say.print(f"{mode}: {describe(cpu)}", markup=False)
         probes = phase.get("probes")
         if probes and tables:
             print_table(f"{mode}: probes (text only, {probes['request_rate']:g}/s)",

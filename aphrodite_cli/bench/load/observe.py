@@ -4,11 +4,15 @@
 
 - before it: the target's caches reset (cold phases, ``--reset-caches``, see
   :mod:`~aphrodite_cli.bench.load.cache_reset`), then ``/metrics`` scraped, then the probes
-  started (``--probe-request-rate``, see :mod:`~aphrodite_cli.bench.load.probes`);
-- after it: the probes stopped and waited for, ``/metrics`` scraped again.
+  started (``--probe-request-rate``, see :mod:`~aphrodite_cli.bench.load.probes`), then the
+  CPU time of the target's processes read (``--server-cpu``, see
+  :mod:`~aphrodite_cli.bench.load.server_cpu`);
+- after it: the CPU time read again, the probes stopped and waited for, ``/metrics`` scraped
+  again.
 
 ``watch.annotate(result, dataset, records, duration)`` then adds to the phase's result:
-``cache_reset``, ``server_metrics`` (see :mod:`~aphrodite_cli.bench.load.scrape`), ``probes``,
+``cache_reset``, ``server_metrics`` (see :mod:`~aphrodite_cli.bench.load.scrape`),
+``server_cpu``, ``probes``,
 ``slices`` (``--slice-seconds``, see :mod:`~aphrodite_cli.bench.results.intervals`),
 ``by_kind`` / ``by_modality`` and ``mm_tokens`` (see
 :mod:`~aphrodite_cli.bench.load.archetypes`), and ``warnings`` (sentences: what the run could
@@ -23,13 +27,14 @@ from typing import Any
 from aphrodite_cli.bench.load import archetypes, cache_reset, scrape
 from aphrodite_cli.bench.load.client import LoadConfig, server_root
 from aphrodite_cli.bench.load.probes import Probes
+from aphrodite_cli.bench.load.server_cpu import CpuWatch
 from aphrodite_cli.bench.results.intervals import slices
 
 
 class PhaseWatch:
     def __init__(self, cfg: LoadConfig, mode: str, *, reset_caches: bool = True,
                  scrape_metrics: bool = True, probe_rate: float | None = None,
-                 slice_seconds: float | None = None) -> None:
+                 slice_seconds: float | None = None, server_cpu: bool = True) -> None:
         self.cfg, self.mode = cfg, mode
         self.reset_caches, self.scrape_metrics = reset_caches, scrape_metrics
         self.probe_rate, self.slice_seconds = probe_rate, slice_seconds
@@ -37,6 +42,8 @@ class PhaseWatch:
         self.before: dict[str, float] | str | None = None
         self.after: dict[str, float] | str | None = None
         self.probes: Probes | None = None
+        self.cpu = CpuWatch(cfg.base_url) if server_cpu else None
+        self.cpu_result: dict[str, Any] | None = None
         self._stack = contextlib.AsyncExitStack()
 
     @property
@@ -51,9 +58,13 @@ class PhaseWatch:
         if self.probe_rate:
             self.probes = await self._stack.enter_async_context(
                 Probes(self.cfg, self.probe_rate, self.cfg.seed))
+        if self.cpu is not None:
+            self.cpu.start()
         return self
 
     async def __aexit__(self, exc_type: object, *exc: object) -> None:
+        if self.cpu is not None:
+            self.cpu.stop()
         await self._stack.aclose()
         if self.scrape_metrics and exc_type is None:
             self.after = await scrape.scrape(self.root, self.cfg.api_key)
@@ -74,6 +85,8 @@ class PhaseWatch:
             result["server_metrics"] = metrics
             if metrics.get("check") not in (None, "ok"):
                 warnings.append(metrics["check"])
+        if self.cpu is not None:
+            result["server_cpu"] = self.cpu.result(result.get("completed") or 0, duration)
         if self.probes is not None:
             result["probes"] = self.probes.result()
         if self.slice_seconds:

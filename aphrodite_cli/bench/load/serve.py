@@ -61,6 +61,7 @@ class ServeArgs:
     scrape_metrics: bool = True
     probe_request_rate: float | None = None
     slice_seconds: float | None = None
+    server_cpu: bool = True
     archetypes: dict | None = None
     num_runs: int = 1  # the phases this many times, with run-to-run intervals (results/runs.py)
 
@@ -151,7 +152,8 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
             async with PhaseWatch(cfg, mode, reset_caches=args.reset_caches,
                                   scrape_metrics=args.scrape_metrics,
                                   probe_rate=args.probe_request_rate,
-                                  slice_seconds=args.slice_seconds) as watch:
+                                  slice_seconds=args.slice_seconds,
+                                  server_cpu=args.server_cpu) as watch:
                 records, duration, send_rate = await run_phase(
                     payloads, cfg, on_done=lambda t=task: progress.advance(t),
                     times=[r.arrival_s or 0.0 for r in dataset] if args.dataset == "trace"

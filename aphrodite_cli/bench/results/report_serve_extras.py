@@ -55,6 +55,11 @@ def serve_markdown(doc: dict[str, Any]) -> list[str]:
             prefix = metrics.get("prefix_cache")
             if prefix and prefix.get("hit_rate") is not None:
                 part.append(f"- server prefix cache hit rate: {prefix['hit_rate']:.0%}")
+        cpu = r.get("server_cpu")
+        if cpu is not None:
+            from aphrodite_cli.bench.load.server_cpu import describe
+
+            part.append(f"- {describe(cpu)}")
         mm = r.get("mm_tokens")
         if mm:
             rates = ", ".join(f"{k} {v:.1f}" for k, v in (mm.get("throughput") or {}).items())
