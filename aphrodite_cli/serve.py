@@ -65,7 +65,8 @@ def serve(
         metavar="JSON", help='Processor settings, e.g. \'{"max_pixels": 802816}\'.')] = None,
     media_io_kwargs: MediaIoKwargs = None,
     mm_processor_cache_gb: Annotated[float, typer.Option(
-        min=0, help="Processor cache size per API server in GB (0 disables), e.g. 4.")
+        min=0, help="Processor cache size per API server in GB (0 disables), e.g. 4; with "
+                    "--engine vllm, vLLM's processor cache (its flag).")
     ] = PipelineConfig.mm_processor_cache_gb,
     mm_device_do_normalize: Annotated[bool, typer.Option(
         help="Rescale and normalize pixels on the model's device, not in the API server "
@@ -123,6 +124,11 @@ def serve(
              "which pins one core; default: the CPUs the process may use (its affinity and cgroup "
              "quota; torch's own default counts every core). API servers use "
              "APHRODITE_API_SERVER_TORCH_THREADS.")] = EngineConfig.num_threads,
+    overlap_prefill: Annotated[bool | None, typer.Option(
+        help="Prefill the requests that join on a second thread while the running ones keep "
+             "decoding (a CPU's matrix products run beside each other on two cores); "
+             "default: on a CPU when --num-threads is at most half the CPUs the process may "
+             "use.")] = EngineConfig.overlap_prefill,
     enable_prefix_caching: Annotated[bool, typer.Option(
         help="Keep the keys and values of prompts' leading blocks (text, and media by their "
              "content) and reuse them for later prompts that start the same way (vLLM's "
@@ -237,6 +243,7 @@ def serve(
         engine=EngineConfig(max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=max_num_batched_tokens,
                             num_threads=num_threads, device=device, dtype=dtype,
+                            overlap_prefill=overlap_prefill,
                             enable_prefix_caching=enable_prefix_caching,
                             prefix_cache_gb=prefix_cache_gb, encoder_cache_gb=encoder_cache_gb,
                             block_size=block_size),

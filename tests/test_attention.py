@@ -1,6 +1,7 @@
 """The engine's attention (engine/models/attention.py): a CPU decode step over rows of very
 different lengths attends each row over its own columns, with SDPA's results; anything else is
-SDPA itself; every family's decode logits stay those of the model's own ``generate``."""
+SDPA itself; a decode step's mask is the padding mask itself; every family's decode logits stay
+those of the model's own ``generate``."""
 
 from __future__ import annotations
 
@@ -19,16 +20,28 @@ class _Module:
     is_causal = True
 
 
-def _spy(monkeypatch) -> list:
+def _spy(monkeypatch, owner=sdpa_module, name="sdpa_attention_forward", first: int = 1) -> list:
+    """(rows, key columns) of each call of ``owner.name``, whose query and key are its
+    arguments ``first`` and ``first + 1``."""
     calls: list = []
-    real = sdpa_module.sdpa_attention_forward
+    real = getattr(owner, name)
 
-    def counting(module, query, key, *args, **kwargs):
+    def counting(*args, **kwargs):
+        query, key = args[first:first + 2]
         calls.append((query.shape[0], key.shape[2]))
-        return real(module, query, key, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(sdpa_module, "sdpa_attention_forward", counting)
+    monkeypatch.setattr(owner, name, counting)
     return calls
+
+
+def _spy_copies(monkeypatch) -> list:
+    """Each key/value copy per query head (transformers' ``repeat_kv``) made."""
+    copies: list = []
+    real = sdpa_module.repeat_kv
+    monkeypatch.setattr(sdpa_module, "repeat_kv",
+                        lambda hidden, n_rep: copies.append(n_rep) or real(hidden, n_rep))
+    return copies
 
 
 def _inputs(lengths: list[int], width: int):
@@ -44,6 +57,8 @@ def _inputs(lengths: list[int], width: int):
 
 def test_rows_of_very_different_lengths_attend_over_their_own_columns(monkeypatch):
     q, k, v, mask = _inputs([40, 300, 45, 38], 300)
+    # 3/4 of the frame is padding, 0.40 MB of keys and values per layer
+    monkeypatch.setattr(attention, "MIN_WASTE_BYTES", 300_000)
     expected = sdpa_module.sdpa_attention_forward(_Module(), q, k, v, mask)[0]
     calls = _spy(monkeypatch)
     out = attention.attention(_Module(), q, k, v, mask)[0]
@@ -54,12 +69,17 @@ def test_rows_of_very_different_lengths_attend_over_their_own_columns(monkeypatc
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["little padding", "not right-aligned", "prefill", "no mask"])
+@pytest.mark.parametrize("case", ["little padding", "not right-aligned", "prefill", "no mask",
+                                  "padding of few bytes"])
 def test_anything_else_is_sdpa_itself(monkeypatch, case):
     q, k, v, mask = _inputs([290, 300, 280, 295], 300)
     if case == "not right-aligned":
         q, k, v, mask = _inputs([40, 300, 45, 38], 300)
         mask[0, ..., -1] = False  # a hole at the end: not one run up to the last column
+        monkeypatch.setattr(attention, "MIN_WASTE_BYTES", 300_000)
+    if case == "padding of few bytes":  # 3/4 of the frame, but 0.40 MB: a call per row costs more
+        q, k, v, mask = _inputs([40, 300, 45, 38], 300)
+        monkeypatch.setattr(attention, "MIN_WASTE_BYTES", 500_000)
     if case == "prefill":
         q = torch.randn(4, 12, 7, 16)
         mask = mask.expand(4, 1, 7, 300)
@@ -69,6 +89,17 @@ def test_anything_else_is_sdpa_itself(monkeypatch, case):
     out = attention.attention(_Module(), q, k, v, mask)[0]
     assert calls == [(4, 300)]
     assert out.shape == (4, q.shape[2], 12, 16)
+
+
+def test_sdpa_runs_a_decode_steps_query_heads_without_copying_keys_and_values(monkeypatch):
+    """Why the whole frame is left to transformers: a decode step's query heads are packed
+    against their shared key/value head there, not each head's keys and values copied."""
+    q, k, v, mask = _inputs([290, 300, 280, 295], 300)
+    copies = _spy_copies(monkeypatch)
+    attention.attention(_Module(), q, k, v, mask)
+    assert copies == []
+    attention.attention(_Module(), torch.randn(4, 12, 7, 16), k, v, mask.expand(4, 1, 7, 300))
+    assert copies == [3, 3]  # a prefill's are (the check can fail)
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
@@ -90,6 +121,7 @@ def test_every_family_decodes_rows_of_different_lengths_with_generates_logits(ar
                          + spec.placeholders[modality] + " What is it? " * 6,
                          [media_item(modality, 2)], None, False)[1]
     assert len(long.input_ids) > 2 * len(short.input_ids)
+    monkeypatch.setattr(attention, "MIN_WASTE_BYTES", 0)  # the tiny models' padding is small
     engine = Engine(model.loaded, EngineConfig(enable_prefix_caching=False), batch_wait_s=1.0)
     assert engine.runner.model.config._attn_implementation in (attention.NAME, "eager")
     calls = _spy(monkeypatch)
@@ -104,3 +136,20 @@ def test_every_family_decodes_rows_of_different_lengths_with_generates_logits(ar
             assert_generate_logits(engine, logits, req, prompt, 4)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("q_length,kv_length,q_offset",
+                         [(1, 6, 5), (1, 7, 6), (3, 6, 3), (1, 6, 2)])
+def test_a_decode_steps_mask_is_the_padding_mask_itself(q_length, kv_length, q_offset):
+    """One query at the last column: the padding mask, no mask function run per column; any
+    other query (a prefill's, or one that may not see every column) gets SDPA's mask."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    padding = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    args = {"q_length": q_length, "kv_length": kv_length, "q_offset": q_offset,
+            "mask_function": causal_mask_function, "attention_mask": padding}
+    ours = attention.mask(2, **args, allow_is_causal_skip=False)
+    expected = sdpa_mask(2, **args, allow_is_causal_skip=False)
+    assert torch.equal(ours.expand_as(expected), expected)
+    is_view = ours.untyped_storage().data_ptr() == padding.untyped_storage().data_ptr()
+    assert is_view == (q_length == 1 and q_offset == kv_length - 1 and kv_length == 6)

@@ -16,14 +16,18 @@ pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="torch withou
 
 
 def _calls(monkeypatch) -> list:
-    """Count the packed operator's calls (the module resolves it when packing)."""
+    """Count the packed operator's calls (the module resolves its overload when packing)."""
     calls: list = []
-    real = torch.ops.mkldnn._linear_pointwise
+    real = torch.ops.mkldnn._linear_pointwise.default
 
     class Counting:
         def __call__(self, *args):
             calls.append(tuple(args[0].shape))
             return real(*args)
+
+        @property
+        def default(self):
+            return self
 
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", Counting())
     return calls

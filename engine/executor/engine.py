@@ -5,6 +5,13 @@ waiting rows join and how many prompt tokens each prefills; this class executes 
 prefill (together, or a chunk of a long prompt), merge into the running batch, then one
 decode step for every running row; finished rows leave between steps. An exception fails
 only the request that caused it (see ``_isolate``).
+
+With ``EngineConfig.overlap_prefill`` (a CPU with a core to spare), the rows admitted while
+others run are prefilled on a second thread while this one keeps stepping the running batch:
+the model's products run without the GIL, so an encoder and a prefill on one core and the
+decode steps on another proceed together, where one thread would stop every running row
+for the whole prefill. The prefilled rows join at the first step boundary after they are
+done; nothing is planned meanwhile (the plan reads the prefix cache the prefill fills).
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.config import EngineConfig
@@ -40,6 +48,16 @@ class _Call:
             self.result = self.fn()
         finally:
             self.done.set()
+
+
+@dataclass
+class _InFlight:
+    """A prefill running on the prefill thread: its rows, plan and start, and its result."""
+
+    rows: list[_Row]
+    step: StepPlan
+    started: float
+    future: Future
 
 
 class Engine:
@@ -70,10 +88,18 @@ class Engine:
         #: prefill forward passes (the isolation test counts them), decode steps, and tokens
         self.batches = 0
         self.stats = {"steps_total": 0, "prefill_tokens_total": 0, "decode_tokens_total": 0,
-                      "batch_size_max": 0, "batch_size_last": 0}
+                      "batch_size_max": 0, "batch_size_last": 0,
+                      "prefills_overlapped_total": 0}
         #: called on the engine thread after every step (prefill or decode), e.g. to send the
         #: step's token events to a client in one message
         self.on_step: list[Callable[[], None]] = []
+        parameters = sum(p.numel() for p in self.runner.model.parameters())
+        overlap = self.config.overlaps_prefill(usable_cpus(), parameters)
+        logger.info("prefills beside decode steps: %s (--overlap-prefill; %.1f M parameters, "
+                    "%d CPUs)", "on" if overlap else "off", parameters / 1e6, usable_cpus())
+        self._prefiller = ThreadPoolExecutor(1, thread_name_prefix="aphrodite-prefill") \
+            if overlap else None
+        self._in_flight: _InFlight | None = None
         self._thread = threading.Thread(target=self._loop, name="aphrodite-engine", daemon=True)
         self._thread.start()
 
@@ -99,10 +125,13 @@ class Engine:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=30)
+        if self._prefiller is not None:
+            self._prefiller.shutdown(wait=False)
 
     def _running_rows(self) -> int:
-        running = self.running  # read once: /metrics asks from another thread
-        return len(running.rows) if running is not None else 0
+        running, flying = self.running, self._in_flight  # read once: /metrics asks too
+        return (len(running.rows) if running is not None else 0) + (
+            len(flying.rows) if flying is not None else 0)
 
     def scheduler_stats(self) -> dict[str, float]:
         """Rows running and waiting now, and the step counters (for /metrics)."""
@@ -115,12 +144,20 @@ class Engine:
     def _loop(self) -> None:
         while self._pull():
             self._drop_cancelled()
-            step = self._plan()
-            self._prefill_step(step)
-            self._step_done()  # first tokens go out before the next decode step
-            if step.decode_rows and self.running is not None and self.running.rows:
+            decode = True
+            # a prefill beside the decode steps joins once done; with nothing to decode
+            # meanwhile, the engine waits for it
+            if self._settle(wait=self.running is None or not self.running.rows):
+                self._step_done()
+            if self._in_flight is None:
+                step = self._plan()
+                self._prefill_step(step)
+                self._step_done()  # first tokens go out before the next decode step
+                decode = step.decode_rows
+            if decode and self.running is not None and self.running.rows:
                 self._decode(self.running)
                 self._step_done()
+        self._settle(wait=True)
 
     def _plan(self) -> StepPlan:
         chunked = self.prefilling
@@ -146,7 +183,7 @@ class Engine:
         """Move submitted requests into the waiting queue, as rows. An idle engine blocks for
         the first and then waits ``batch_wait_s`` for others sent at the same moment (so they
         share one prefill); a busy one takes what is there and goes on stepping."""
-        idle = not self.waiting and self.prefilling is None and (
+        idle = not self.waiting and self.prefilling is None and self._in_flight is None and (
             self.running is None or not self.running.rows)
         try:
             first = self._queue.get() if idle else self._queue.get_nowait()
@@ -168,6 +205,8 @@ class Engine:
 
     def _enqueue(self, req: EngineRequest | _Call) -> None:
         if isinstance(req, _Call):  # a function for between two steps (reset_prefix_cache)
+            if self._settle(wait=True):  # (no prefill may be using the caches meanwhile)
+                self._step_done()
             req.run()
             return
         import torch
@@ -226,7 +265,28 @@ class Engine:
             return
         chosen = [self.waiting.popleft() for _ in step.admit]
         started = time.perf_counter()
-        joined = self._prefill(chosen)
+        if self._prefiller is not None and self.running is not None and self.running.rows:
+            self.batches += 1
+            self.stats["prefills_overlapped_total"] += 1
+            self._in_flight = _InFlight(chosen, step, started,
+                                        self._prefiller.submit(self.runner.prefill, chosen))
+            return
+        self._admitted(step, chosen, self._prefill(chosen), started)
+
+    def _settle(self, wait: bool) -> bool:
+        """The prefill running beside the decode steps, once done (``wait``: once it is
+        done), handled as a prefill of this thread's is: its rows join, or on an exception
+        each request's rows are prefilled alone. Whether one was handled."""
+        flying = self._in_flight
+        if flying is None or (not wait and not flying.future.done()):
+            return False
+        self._in_flight = None
+        self._admitted(flying.step, flying.rows, self._prefill(flying.rows, flying.future),
+                       flying.started)
+        return True
+
+    def _admitted(self, step: StepPlan, chosen: list[_Row], joined: RunningBatch | None,
+                  started: float) -> None:
         if joined is not None:
             # the uncached prompt tokens of the rows that joined (a failed request's none)
             self.stats["prefill_tokens_total"] += sum(
@@ -270,10 +330,13 @@ class Engine:
             self.running.join(joined)
         self._retire()
 
-    def _prefill(self, rows: list[_Row]) -> RunningBatch | None:
-        """Prefill ``rows`` together; if that raises, each request's rows alone, so the request
-        that broke it fails and the others join."""
+    def _prefill(self, rows: list[_Row], done: Future | None = None) -> RunningBatch | None:
+        """Prefill ``rows`` together (``done``: that prefill, run on the prefill thread); if
+        that raises, each request's rows alone, so the request that broke it fails and the
+        others join."""
         try:
+            if done is not None:
+                return done.result()
             self.batches += 1
             return self.runner.prefill(rows)
         except Exception as exc:

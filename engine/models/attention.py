@@ -4,15 +4,23 @@ of very different lengths, which attends each row over its own columns only.
 The running batch keeps every row's keys and values left-padded to the longest row
 (:mod:`engine.executor.kv`). A decode step reads the whole frame: with two 800-token video
 rows beside six 250-token image rows, twice the bytes the rows use, and a CPU decode step is
-bound by the bytes it reads (the weights, then the keys and values: on the ~150 M-parameter
-Qwen2.5-VL the padding cost about 7 ms of a 45 ms step). Each row's real columns are
-contiguous at the frame's right end, so when the padding is at least :data:`MIN_WASTE` of the
-frame, each row's one query attends over its slice alone (no mask to apply, no padding read);
-otherwise, on a GPU, for prefills and anything unusual (dropout, soft-capping, position
-biases, attention sinks, a mask that is not right-aligned) it is transformers' own
-``sdpa_attention_forward``.
+bound by the bytes it reads (the weights, then the keys and values). Each row's real columns
+are contiguous at the frame's right end, so when the padding is at least :data:`MIN_WASTE` of
+the frame and big enough to cost more than a call per row (:data:`MIN_WASTE_BYTES`), each
+row's one query attends over its slice alone (no mask to apply, no padding read: 1.8-2.3x on the
+~150 M-parameter model's 12 query heads over 4, ``scripts/attention_bench.py``).
 
-Registered with transformers as :data:`NAME` (with SDPA's masks) and set on a model that runs
+Everything else is transformers' own ``sdpa_attention_forward`` (which already runs a decode
+step's query heads against their shared key/value head without copying it): the whole frame,
+prefills, a GPU, and anything unusual (dropout, soft-capping, position biases, attention sinks,
+a mask of another shape).
+
+Its masks are SDPA's, except a decode step's causal mask: one query at the last position may see
+every column, so the mask is the rows' padding mask as it stands (transformers builds it
+column by column through its mask functions each step: a seventh of the tiny model's engine
+time under load).
+
+Registered with transformers as :data:`NAME` (with :func:`mask`) and set on a model that runs
 SDPA by :func:`use`.
 """
 
@@ -26,29 +34,37 @@ from typing import Any
 NAME = "aphrodite_sdpa"
 #: the share of a decode step's key/value frame that must be padding for rows to go apart
 MIN_WASTE = 0.25
+#: and the padding's keys and values per layer, in bytes: below it, reading the padding costs
+#: less than a call per row (on the tiny model, rows apart were an eighth of a decode step)
+MIN_WASTE_BYTES = 2 << 20
 
 #: per thread (each engine steps its model on its own thread): the last mask seen and its
 #: rows' first columns (a step's layers share one mask)
 _last = threading.local()
 
 
-def _row_starts(mask: Any, kv_len: int) -> list[int] | None:
+def _row_starts(mask: Any, key: Any) -> list[int] | None:
     """Each row's first attended column when every row attends a contiguous run ending at the
-    last column and the padding before them is at least MIN_WASTE of the frame; else None."""
+    last column and the padding before them is at least MIN_WASTE of the frame and
+    MIN_WASTE_BYTES of keys and values; else None. Worked out once per step."""
     import torch
 
     seen = getattr(_last, "seen", None)
     if seen is not None and seen[0] is mask:
         return seen[1]
+    rows, kv_heads, kv_len, dim = key.shape
+    column_bytes = 2 * kv_heads * dim * key.element_size()  # keys and values
     starts = None
-    m = mask
-    if m.dim() == 4 and m.shape[1] == 1 and m.shape[2] == 1 and m.shape[3] == kv_len:
-        keep = m[:, 0, 0] if m.dtype == torch.bool else m[:, 0, 0] > torch.finfo(m.dtype).min / 2
+    if rows * kv_len * column_bytes >= MIN_WASTE_BYTES:  # else even a frame of padding is not
+        keep = mask[:, 0, 0] if mask.dtype == torch.bool else \
+            mask[:, 0, 0] > torch.finfo(mask.dtype).min / 2
         counts = keep.sum(dim=-1)
         first = kv_len - counts
         right_aligned = bool((keep.long().argmax(dim=-1) == first).all()) and bool(
             keep[:, -1].all())
-        if right_aligned and int(counts.sum()) <= (1 - MIN_WASTE) * keep.numel():
+        padding = keep.numel() - int(counts.sum())
+        if right_aligned and padding >= MIN_WASTE * keep.numel() and \
+                padding * column_bytes >= MIN_WASTE_BYTES:
             starts = first.tolist()
     _last.seen = (mask, starts)
     return starts
@@ -63,10 +79,12 @@ def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     starts = None
-    if query.shape[2] == 1 and query.shape[0] > 1 and attention_mask is not None and \
-            not dropout and query.device.type == "cpu" and not any(
-            kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux")):
-        starts = _row_starts(attention_mask, key.shape[2])
+    rows, _, q_len, _ = query.shape
+    if q_len == 1 and rows > 1 and attention_mask is not None and not dropout and \
+            query.device.type == "cpu" and \
+            tuple(attention_mask.shape) == (rows, 1, 1, key.shape[2]) and \
+            not any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux")):
+        starts = _row_starts(attention_mask, key)
     if starts is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, is_causal=is_causal,
@@ -78,14 +96,29 @@ def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any
     return torch.cat(outs), None
 
 
+def mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: int = 0,
+         mask_function: Any = None, attention_mask: Any = None, **kwargs: Any) -> Any:
+    """transformers' mask interface: SDPA's mask, but for one query at or past the last column
+    under the plain causal rule the 2D padding mask itself, as (batch, 1, 1, kv_length)."""
+    from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
+
+    if (q_length == 1 and mask_function is causal_mask_function and attention_mask is not None
+            and attention_mask.dim() == 2 and int(q_offset) >= kv_offset + kv_length - 1):
+        padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+        return padding[:, None, None, kv_offset:kv_offset + kv_length]
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
+                     mask_function=mask_function or causal_mask_function,
+                     attention_mask=attention_mask, **kwargs)
+
+
 @functools.cache
 def register() -> str:
-    """Register :func:`attention` (with SDPA's masks) with transformers; its name."""
+    """Register :func:`attention` (with :func:`mask`) with transformers; its name."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, attention)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionMaskInterface.register(NAME, mask)
     return NAME
 
 

@@ -69,7 +69,8 @@ def linear(owner: Any, x: Any, weight: Any, bias: Any) -> Any:
             packed = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(),
                                                                    None))
         owner.__dict__["_onednn_packed"] = packed
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed[1], bias, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise.default(x.contiguous(), packed[1], bias, "none",
+                                                      [], "")
 
 
 def _packed_forward(module: Any) -> Any:
@@ -83,7 +84,8 @@ def _packed_forward(module: Any) -> Any:
         if x.dtype != torch.float32 or x.numel() < MIN_ROWS * x.shape[-1] or (
                 torch.is_grad_enabled() and (x.requires_grad or module.weight.requires_grad)):
             return F.linear(x, module.weight, module.bias)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), blocked, module.bias, "none",
-                                                  [], "")
+        # the overload itself: calling the packet resolves the overload from the arguments
+        return torch.ops.mkldnn._linear_pointwise.default(x.contiguous(), blocked, module.bias,
+                                                          "none", [], "")
 
     return forward

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import signal
 import threading
 from multiprocessing.connection import Connection, Listener
@@ -54,8 +55,9 @@ def serve_engine(*, address: str, authkey: bytes, model: str | None,
                  chat_template: str | None, config: EngineConfig, ready: Any,
                  api_servers: int) -> None:
     """Entry point of the engine process (blocks until every API server disconnected)."""
-    from engine.lifetime import exit_with_parent
+    from engine.lifetime import exit_with_parent, name_process
 
+    name_process("engine")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # (cleanly: see the finally below)
     exit_with_parent()  # ... or its death does
@@ -78,6 +80,35 @@ def serve_engine(*, address: str, authkey: bytes, model: str | None,
         with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(address))
     engine.close()
+
+
+class Outbox:
+    """The messages to one API server, pickled and written by a thread of their own, in the
+    order they were put: the engine thread hands a step's events over and goes on to the next
+    step (the socket write wakes the API server, which may take the core; here that happens
+    beside the engine's computation, which runs without the GIL). At most ``limit`` messages
+    wait: past it ``put`` waits for the writer, as a write to a full socket would (an API
+    server that stops reading holds the engine back, not its memory). Messages to a closed
+    connection are dropped, as the API server that would read them is gone."""
+
+    def __init__(self, conn: Connection, limit: int = 4096) -> None:
+        self._conn = conn
+        self._queue: queue.Queue = queue.Queue(limit)
+        self._thread = threading.Thread(target=self._write, name="engine outbox", daemon=True)
+        self._thread.start()
+
+    def put(self, message: Any) -> None:
+        self._queue.put(message)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what was put so far, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _write(self) -> None:
+        while (message := self._queue.get()) is not None:
+            with contextlib.suppress(OSError, EOFError):
+                self._conn.send(message)
 
 
 def _exit_on_sigterm(*_: Any) -> None:
@@ -103,22 +134,21 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
         lives.append(live)
 
         pending: list[Delta] = []  # this step's token events, sent as one message
+        outbox = Outbox(conn)
 
         def send(message: Done | Stats | ResetAnswer | ResetMmCache) -> None:
-            with lock, contextlib.suppress(OSError, EOFError):
-                conn.send(message)
+            outbox.put(message)
 
         def flush() -> None:
             """Send the events of the step that just ended in one message: one pickle and
             one write per step instead of one per row (the engine calls this after every
-            step)."""
+            step, and goes on to the next while the outbox writes it)."""
             with lock:
                 if not pending:
                     return
                 batch = pending[:]
                 pending.clear()
-                with contextlib.suppress(OSError, EOFError):
-                    conn.send(Events(batch))
+                outbox.put(Events(batch))
 
         engine.on_step.append(flush)
         senders.append(send)
@@ -189,6 +219,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                     engine.on_step.remove(flush)
                 for req in list(live.values()):  # the engine thread pops
                     req.cancel()
+                outbox.close()
                 return
 
     threads = []
