@@ -69,7 +69,12 @@ def test_short_soak(tmp_path):
     # How many requests 15 s hold depends on the machine; what matters is that both kinds of
     # traffic ran (every catalogue kind is sent one by one in test_hostile.py).
     assert any(k not in ("valid-image", "valid-video") for k in doc["by_kind"])
-    assert doc["fd_growth_after_warmup"] <= 2 and doc["temp_leftovers"] == []
+    # open files once the load ended and the count settled, against the first sample after
+    # warm-up (that sample under load, so a request's open file there is no growth later)
+    assert doc["fd_growth_after_warmup"] <= 2, (doc["fd_growth_after_warmup_by_role"],
+                                                doc["settled_sample"])
+    assert doc["settled_sample"]["t_s"] >= doc["process_samples"][-1]["t_s"]
+    assert doc["temp_leftovers"] == []
     roles = doc["process_samples"][-1]["rss_by_role"]
     assert {"supervisor", "engine", "api0", "api0-decode-workers"} <= set(roles)
     assert all(roles[r] > 0 for r in ("engine", "api0", "api0-decode-workers"))
@@ -96,3 +101,18 @@ def test_a_decode_worker_restart_fails_the_soak():
                     max_p99_ratio=3) == ["1 decode workers were replaced"]
     assert failures({**clean, "decode_worker_restarts": None}, max_rss_growth=0.25,
                     max_p99_ratio=3) == []  # thread isolation: no workers to replace
+
+
+def test_open_files_are_counted_once_they_settle(monkeypatch):
+    """The fd growth is read once the open files stop falling after the load (requests that
+    were mid-upload or mid-decode close theirs): a count still falling is sampled again; a
+    count that keeps changing is read at the deadline, whatever it is then."""
+    from aphrodite_cli.bench.load import soak
+
+    monkeypatch.setattr(soak, "SETTLE_STEP_S", 0.001)
+    counts = iter([30, 24, 21, 20, 20, 99])
+    assert soak._settled_sample(lambda: {"open_fds": next(counts)})["open_fds"] == 20
+    monkeypatch.setattr(soak, "SETTLE_S", 0.05)
+    rising = iter(range(1000))
+    last = soak._settled_sample(lambda: {"open_fds": next(rising)})["open_fds"]
+    assert 1 <= last < 1000

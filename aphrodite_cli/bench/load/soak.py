@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -120,18 +121,38 @@ def sample_processes(roles: dict[str, int]) -> dict[str, Any]:
             by_role["other"] = by_role.get("other", 0) + (rss_bytes(pid) or 0)
         todo += _children(pid) if pid else []
     sockets = 0
+    role_of = {pid: role for role, pid in roles.items()}
+    fds_by_role: dict[str, int] = {}
     for pid in seen:
-        try:
-            links = [os.readlink(p) for p in Path(f"/proc/{pid}/fd").iterdir()]
-        except OSError:
-            continue  # the process ended meanwhile (or an fd closed while read: next sample)
+        links = _fd_links(pid)
+        if links is None:
+            continue  # the process ended meanwhile
         # Sockets come and go with the clients and the attacks: counted apart, so the open
         # files (regular files, pipes, shared memory, event fds) stay a leak measure.
         socket_links = sum(link.startswith("socket:") for link in links)
         sockets += socket_links
         fds += len(links) - socket_links
+        role = role_of.get(pid, "other")
+        fds_by_role[role] = fds_by_role.get(role, 0) + len(links) - socket_links
     return {"rss_bytes": sum(by_role.values()), "open_fds": fds, "open_sockets": sockets,
-            "rss_by_role": by_role}
+            "rss_by_role": by_role, "open_fds_by_role": fds_by_role}
+
+
+def _fd_links(pid: int) -> list[str] | None:
+    """What each of the process's open descriptors points at (None: the process is gone). A
+    descriptor closed between the listing and its ``readlink`` is left out, not the process:
+    skipping a whole busy API server in one sample once made its 12 files look like growth."""
+    try:
+        entries = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return None
+    links = []
+    for entry in entries:
+        try:
+            links.append(os.readlink(entry))
+        except OSError:
+            continue
+    return links
 
 
 def slope_mb_per_min(samples: list[dict[str, Any]], key: str | None = None, *,
@@ -243,6 +264,7 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
         samples.append(sample())
     if attackers is not None:
         attackers.stop()
+    settled = _settled_sample(sample)
     restarts = decode_worker_restarts(base_url)
     temp_after = {p.name for p in temp_root.iterdir()}
     leftovers = sorted(n for n in temp_after - temp_before
@@ -292,17 +314,35 @@ def run_soak(base_url: str, model: str, roles: dict[str, int], *, duration_s: fl
         "heap_in_use_slope_second_half_mb_per_min": {
             role: slope_mb_per_min(second_half, field=f"{role}_heap_in_use_bytes")
             for role in ("api", "engine")},
-        # the fewest open files over the last samples: a file a request has open at the last
-        # sample (an upload being read, a decode's pipe) is not a leak, and under load a few
-        # such were caught (+8, +11 in a 15 s run); a leak stays open in every sample
-        "fd_growth_after_warmup": min(s["open_fds"] for s in after_warmup[-FD_SAMPLES:])
-        - first["open_fds"],
+        # open files once the load and the attacks ended and the count settled, against the
+        # first sample after warm-up: what requests had open under load (an upload being
+        # read, a decode's pipe) is closed by then, a leaked one stays open
+        "settled_sample": settled,
+        "fd_growth_after_warmup": settled["open_fds"] - first["open_fds"],
+        "fd_growth_after_warmup_by_role": {
+            role: n - first["open_fds_by_role"].get(role, 0)
+            for role, n in settled["open_fds_by_role"].items()},
         "temp_leftovers": leftovers,
     }
 
 
-#: the last process samples whose fewest open files measure the fd growth
-FD_SAMPLES = 3
+#: how long the open files may take to settle once the load ended (s), and the wait between
+#: two samples that must agree
+SETTLE_S, SETTLE_STEP_S = 15.0, 0.5
+
+
+def _settled_sample(sample: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A process sample once two taken ``SETTLE_STEP_S`` apart count the same open files
+    (requests and workers finishing close theirs), or the last after ``SETTLE_S``."""
+    deadline = time.monotonic() + SETTLE_S
+    last = sample()
+    while time.monotonic() < deadline:
+        time.sleep(SETTLE_STEP_S)
+        now = sample()
+        if now["open_fds"] == last["open_fds"]:
+            return now
+        last = now
+    return last
 
 
 def failures(doc: dict[str, Any], *, max_rss_growth: float,
