@@ -265,6 +265,18 @@ def test_the_ledger_forgets_by_its_byte_bound_and_on_reset():
     assert not ledger.holds("b")
     assert ledger.clear() == 2 and not ledger.holds("d")
     assert not Ledger(0).enabled
+    # an item vLLM lacked once (an eviction) is left out again; one it lacked twice (it does
+    # not keep it) is always sent from then on, until a cache reset
+    ledger.remember([("kept", k)])
+    ledger.forget(["kept"])
+    ledger.remember([("kept", k)])
+    assert ledger.holds("kept")
+    ledger.forget(["kept"])
+    ledger.remember([("kept", k)])
+    assert not ledger.holds("kept")
+    ledger.clear()
+    ledger.remember([("kept", k)])
+    assert ledger.holds("kept")
     assert estimate("image", np.zeros((100, 200, 3), np.uint8)) == 60_000 * 8
     assert estimate("audio", (np.zeros(10_000, np.float32), 16000)) == 40_000
     assert estimate("image", np.zeros((1, 1, 3), np.uint8)) == 1 << 14  # the floor

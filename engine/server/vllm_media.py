@@ -15,7 +15,8 @@ The ledger is a guess: vLLM evicts by its own sizes, and another API server's re
 the same cache. When vLLM no longer holds an item it was not sent, the bridge answers
 ``mm_data_needed`` before any token (``vllm_inputs.DATA_NEEDED``), and :func:`generate` decodes the
 request's left-out items, forgets their keys and submits it once more with the data: a wrong
-guess costs one round trip, never a failed request. A cache reset (``POST /reset_mm_cache``)
+guess costs one round trip, never a failed request; an item vLLM lacked twice is not left out
+again (:data:`MAX_MISSES`). A cache reset (``POST /reset_mm_cache``)
 empties every API server's ledger with its processor cache.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -45,12 +47,23 @@ PROCESSED_PER_DECODED = {"image": 8, "video": 8, "audio": 1}
 MIN_ITEM_BYTES = 16 << 10
 
 
+#: an item vLLM lacked this many times after this server left it out is always sent with its
+#: data from then on (vLLM does not keep it: an encoder-decoder model, where vLLM turns its
+#: cache off, or an item over vLLM's own budget that our estimate fits), instead of costing
+#: two round trips on every repeat; one miss is an ordinary eviction
+MAX_MISSES = 2
+#: the keys whose misses are counted (LRU): a bound on the memo's memory
+MISS_MEMO = 4096
+
+
 class Ledger:
     """The content keys this API server has sent to vLLM with data, in requests that ran:
-    LRU, at most ``max_bytes`` of estimated processed tensors (0: off, every item is sent)."""
+    LRU, at most ``max_bytes`` of estimated processed tensors (0: off, every item is sent);
+    and how often vLLM lacked each one it was told to hold (see :data:`MAX_MISSES`)."""
 
     def __init__(self, max_bytes: int) -> None:
         self._keys = ProcessorCache(max_bytes)
+        self._misses: OrderedDict[str, int] = OrderedDict()
 
     @classmethod
     def from_gb(cls, gb: float) -> Ledger:
@@ -65,12 +78,19 @@ class Ledger:
 
     def remember(self, entries: list[tuple[str, int]]) -> None:
         for key, nbytes in entries:
-            self._keys.put(key, True, nbytes)
+            if self._misses.get(key, 0) < MAX_MISSES:
+                self._keys.put(key, True, nbytes)
 
     def forget(self, keys: list[str]) -> None:
+        """vLLM lacked these items although this ledger held them."""
         self._keys.discard(keys)
+        for key in keys:
+            self._misses[key] = self._misses.pop(key, 0) + 1
+        while len(self._misses) > MISS_MEMO:
+            self._misses.popitem(last=False)
 
     def clear(self) -> int:
+        self._misses.clear()
         return self._keys.clear()
 
 
