@@ -81,3 +81,41 @@ def test_close_writes_what_was_put_first():
     assert not reader.poll(0.2)
     writer.close()
     reader.close()
+
+
+def test_after_close_or_a_broken_peer_put_never_waits():
+    """Messages put after close (a cancelled request's last events, a cache reset to an API
+    server that left) or after a write failed are dropped: a small queue nobody writes out
+    would otherwise stop the engine thread in ``put``."""
+    reader, writer = Pipe(duplex=True)
+    outbox = Outbox(writer, limit=8)
+    outbox.close()
+    broken_reader, broken_writer = Pipe(duplex=True)
+    broken_reader.close()
+    broken = Outbox(broken_writer, limit=8)
+    finished = threading.Event()
+
+    def flood() -> None:
+        for i in range(100):
+            outbox.put(_events(i))
+            broken.put(_events(i))
+        finished.set()
+
+    threading.Thread(target=flood, daemon=True).start()
+    assert finished.wait(30.0), "put waited on a queue nobody writes out"
+    assert not reader.poll(0.1)
+    broken.close(timeout=10.0)
+    for conn in (reader, writer, broken_writer):
+        conn.close()
+
+
+def test_a_message_that_cannot_be_sent_does_not_stop_the_writer():
+    reader, writer = Pipe(duplex=True)
+    outbox = Outbox(writer)
+    outbox.put(lambda: None)  # not picklable
+    outbox.put(_events(7))
+    outbox.close()
+    assert reader.poll(10.0), "the writer stopped at the message it could not send"
+    assert reader.recv().deltas[0].token_id == 7
+    writer.close()
+    reader.close()

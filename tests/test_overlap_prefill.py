@@ -15,6 +15,7 @@ from engine.config import MIN_OVERLAP_PARAMETERS, EngineConfig
 from engine.errors import AphroditeError, ConfigError
 from engine.executor.engine import Engine
 from engine.executor.request import EngineRequest
+from engine.executor.sampling import SamplingParams
 from tests.engine_fixtures import llm
 from tests.test_scheduler import (
     after_tokens,
@@ -148,6 +149,57 @@ def test_a_reset_or_a_cancel_during_an_overlapped_prefill_waits_for_its_end():
         assert engine.scheduler_stats()["num_rows_running"] == 0
         assert run_alone(engine, prompts[1], greedy(2))
     finally:
+        engine.close()
+
+
+def test_a_request_failing_while_one_of_its_rows_is_prefilled_beside_ends_that_row_too():
+    """n=3 split by --max-num-seqs: two rows run, the third is prefilled on the prefill
+    thread when a decode step fails for the request. The request fails at once and the row
+    in flight ends when it joins, without a token (it ran to max_tokens, 300 tokens of a
+    request already failed, before its error was sent)."""
+    model = llm("qwen2_5_vl")
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=3, overlap_prefill=True))
+    runner = engine.runner
+    go, held, failing = threading.Event(), threading.Event(), {}
+    prefill, decode = runner.prefill, runner.decode
+
+    def held_prefill(rows):
+        if threading.current_thread().name.startswith("aphrodite-prefill") and \
+                any(r.index == 2 for r in rows):
+            held.set()
+            go.wait(120)
+        return prefill(rows)
+
+    def failing_decode(batch):
+        if "req" in failing and any(r.request is failing["req"] for r in batch.rows):
+            raise RuntimeError("a decode step failing for this request")
+        return decode(batch)
+
+    runner.prefill, runner.decode = held_prefill, failing_decode
+    try:
+        prompt = prompts_of("qwen2_5_vl")[0]
+        first = engine.submit(EngineRequest(prompt, greedy(4096)))
+        indexes: list[int] = []
+        split = engine.submit(EngineRequest(
+            prompt, SamplingParams(n=3, max_tokens=300, temperature=0, ignore_eos=True),
+            on_event=lambda e: indexes.append(e.index)))
+        deadline = time.monotonic() + 120
+        while len(set(indexes)) < 2 and time.monotonic() < deadline:  # rows 0 and 1 run
+            time.sleep(0.01)
+        first.cancel()  # a place for row 2, prefilled beside rows 0 and 1
+        assert held.wait(120)
+        failing["req"] = split
+        while split.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert split.error is not None
+        tokens_at_failure = len(indexes)
+        go.set()
+        assert split.done.wait(120)
+        assert len(indexes) == tokens_at_failure and split.outputs[2].token_ids == []
+        assert engine.scheduler_stats()["num_rows_running"] == 0
+    finally:
+        go.set()
+        runner.prefill, runner.decode = prefill, decode
         engine.close()
 
 

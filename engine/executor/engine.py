@@ -95,6 +95,11 @@ class Engine:
         self.on_step: list[Callable[[], None]] = []
         parameters = sum(p.numel() for p in self.runner.model.parameters())
         overlap = self.config.overlaps_prefill(usable_cpus(), parameters)
+        threads = self.config.num_threads or usable_cpus()
+        if overlap and str(self.config.device) == "cpu" and 2 * threads > usable_cpus():
+            logger.warning("--overlap-prefill with %d torch threads on %d CPUs: the prefill "
+                           "thread and the decode steps each run that many (set "
+                           "--num-threads to at most half the CPUs)", threads, usable_cpus())
         logger.info("prefills beside decode steps: %s (--overlap-prefill; %.1f M parameters, "
                     "%d CPUs)", "on" if overlap else "off", parameters / 1e6, usable_cpus())
         self._prefiller = ThreadPoolExecutor(1, thread_name_prefix="aphrodite-prefill") \
@@ -417,6 +422,11 @@ class Engine:
             for row in self.running.rows:
                 if row.request is req:
                     row.done = True  # retired (and counted) by _retire before the next step
+        flying = self._in_flight
+        if flying is not None:  # being prefilled beside the decode steps: retired on joining
+            for row in flying.rows:
+                if row.request is req and row not in rows:
+                    row.done = True
 
     def _retire(self) -> None:
         """Finished rows leave the batch; a request whose rows all ended is done."""

@@ -102,8 +102,10 @@ def mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_o
     under the plain causal rule the 2D padding mask itself, as (batch, 1, 1, kv_length)."""
     from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
 
+    # (on a CPU only: elsewhere SDPA's own may be None, which lets a GPU use its flash kernel)
     if (q_length == 1 and mask_function is causal_mask_function and attention_mask is not None
-            and attention_mask.dim() == 2 and int(q_offset) >= kv_offset + kv_length - 1):
+            and attention_mask.dim() == 2 and attention_mask.device.type == "cpu"
+            and int(q_offset) >= kv_offset + kv_length - 1):
         padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
         return padding[:, None, None, kv_offset:kv_offset + kv_length]
     return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
