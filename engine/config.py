@@ -237,9 +237,13 @@ class EngineConfig:
         turns instead of running together)."""
         if self.overlap_prefill is not None:
             return self.overlap_prefill
-        threads = self.num_threads or cpus
-        return str(self.device) == "cpu" and 2 * threads <= cpus and \
+        return str(self.device) == "cpu" and not self.oversubscribes(cpus) and \
             parameters >= MIN_OVERLAP_PARAMETERS
+
+    def oversubscribes(self, cpus: int) -> bool:
+        """Whether a second thread stepping the model on a CPU device would run more torch
+        threads than ``cpus`` (each runs ``--num-threads``, by default every CPU)."""
+        return str(self.device) == "cpu" and 2 * (self.num_threads or cpus) > cpus
 
     @property
     def token_budget(self) -> int:

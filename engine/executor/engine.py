@@ -94,14 +94,15 @@ class Engine:
         #: step's token events to a client in one message
         self.on_step: list[Callable[[], None]] = []
         parameters = sum(p.numel() for p in self.runner.model.parameters())
-        overlap = self.config.overlaps_prefill(usable_cpus(), parameters)
-        threads = self.config.num_threads or usable_cpus()
-        if overlap and str(self.config.device) == "cpu" and 2 * threads > usable_cpus():
+        cpus = usable_cpus()
+        overlap = self.config.overlaps_prefill(cpus, parameters)
+        if overlap and self.config.oversubscribes(cpus):
             logger.warning("--overlap-prefill with %d torch threads on %d CPUs: the prefill "
                            "thread and the decode steps each run that many (set "
-                           "--num-threads to at most half the CPUs)", threads, usable_cpus())
+                           "--num-threads to at most half the CPUs)",
+                           self.config.num_threads or cpus, cpus)
         logger.info("prefills beside decode steps: %s (--overlap-prefill; %.1f M parameters, "
-                    "%d CPUs)", "on" if overlap else "off", parameters / 1e6, usable_cpus())
+                    "%d CPUs)", "on" if overlap else "off", parameters / 1e6, cpus)
         self._prefiller = ThreadPoolExecutor(1, thread_name_prefix="aphrodite-prefill") \
             if overlap else None
         self._in_flight: _InFlight | None = None

@@ -72,8 +72,7 @@ def unpack(mm: dict[str, Any]) -> dict[str, list[Any]]:
     an item left out."""
     out: dict[str, list[Any]] = {}
     for modality in MODALITIES:
-        index = 0
-        while f"{modality}.{index}" in mm:
+        for index in range(_count(mm, modality)):
             key = f"{modality}.{index}"
             value = mm[key]
             if value is not None and modality == "video":
@@ -81,7 +80,6 @@ def unpack(mm: dict[str, Any]) -> dict[str, list[Any]]:
             elif value is not None and modality == "audio":
                 value = (value, int(mm[f"{key}.rate"]))
             out.setdefault(modality, []).append(value)
-            index += 1
     return out
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import re
 import tempfile
@@ -24,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aphrodite_cli.bench.load.server_cpu import fd_links
 from aphrodite_cli.bench.results.stats import summary
 from engine.memory import rss_bytes
 
@@ -124,7 +124,7 @@ def sample_processes(roles: dict[str, int]) -> dict[str, Any]:
     role_of = {pid: role for role, pid in roles.items()}
     fds_by_role: dict[str, int] = {}
     for pid in seen:
-        links = _fd_links(pid)
+        links = fd_links(pid)
         if links is None:
             continue  # the process ended meanwhile
         # Sockets come and go with the clients and the attacks: counted apart, so the open
@@ -136,23 +136,6 @@ def sample_processes(roles: dict[str, int]) -> dict[str, Any]:
         fds_by_role[role] = fds_by_role.get(role, 0) + len(links) - socket_links
     return {"rss_bytes": sum(by_role.values()), "open_fds": fds, "open_sockets": sockets,
             "rss_by_role": by_role, "open_fds_by_role": fds_by_role}
-
-
-def _fd_links(pid: int) -> list[str] | None:
-    """What each of the process's open descriptors points at (None: the process is gone). A
-    descriptor closed between the listing and its ``readlink`` is left out, not the process:
-    skipping a whole busy API server in one sample once made its 12 files look like growth."""
-    try:
-        entries = list(Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
-        return None
-    links = []
-    for entry in entries:
-        try:
-            links.append(os.readlink(entry))
-        except OSError:
-            continue
-    return links
 
 
 def slope_mb_per_min(samples: list[dict[str, Any]], key: str | None = None, *,
