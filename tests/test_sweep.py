@@ -98,10 +98,12 @@ async def test_the_sweep_profile_rises_to_the_capacity(aiohttp_server):
     sync, saturation, *profiled = sweep.points
     real = await real_sustained_rate(sweep)
     assert real <= CAPACITY * 1.001
-    # one at a time: 1/D; all at once: the drain rate (first send to last completion) is
-    # what the server sustains, never more than the mock's limit
+    # one at a time: 1/D; all at once: completions come at the server's rate, and the drain
+    # rate (first send to last completion) never claims more than the mock's limit. (The
+    # drain rate also counts the burst's sending, which in a full CI-like run once took it to
+    # 26 req/s of the 40 sustained: no lower bound on it here.)
     assert sync["served_rate"] == pytest.approx(1000 / D_MS, rel=0.2)
-    assert 0.75 * real <= saturation["sustained_rate"] <= CAPACITY * 1.001
+    assert saturation["sustained_rate"] <= CAPACITY * 1.001
     assert saturation["served_rate"] >= 0.75 * real
     rates = [p["offered_rate"] for p in profiled]
     assert rates == sorted(rates) and sync["served_rate"] < rates[0] < rates[-1] < \
