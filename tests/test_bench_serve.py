@@ -329,7 +329,8 @@ def test_a_vllm_bench_serve_command_line_runs_as_written(mock_process, tmp_path)
     # one record per request, in the JSON, the JSONL (pandas reads one row each) and the CSV
     import pandas as pd
 
-    rows = pd.read_json(tmp_path / "run.jsonl", lines=True)
+    # precise_float: pandas' default float parser can read 8.681 as 8.681000000000001
+    rows = pd.read_json(tmp_path / "run.jsonl", lines=True, precise_float=True)
     assert list(rows["index"]) == list(range(8)) and set(rows["status"]) == {200}
     assert all(len(gaps) == 3 for gaps in rows["itl_ms"])  # 4 tokens: 3 gaps, in ms
     assert (rows["sent_ms"] >= 0).all() and rows["sent_ms"].min() == 0
