@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from multiprocessing import Pipe
 
-from engine.server.engine_proc import Outbox
+from engine.server.outbox import Outbox
 from engine.server.wire import Delta, Events
 
 #: messages of ~1 KB: 2 MB is far more than a socket pair's buffers on Linux (a few hundred KB),

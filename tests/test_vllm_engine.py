@@ -450,7 +450,7 @@ def test_bridge_imports_no_torch_nor_our_engine_in_vllms_environment():
                             env=bridge_env(python), cwd="/", timeout=120, check=True)
     loaded = set(json.loads(result.stdout))
     allowed = {"engine", "engine.version", "engine.errors", "engine.server",
-               "engine.server.wire", "engine.server.shared_inputs",
+               "engine.server.wire", "engine.server.shared_inputs", "engine.server.outbox",
                "engine.server.vllm_inputs", "engine.server.vllm_spec", "engine.media",
                "engine.media.frame_memory", "engine.vllm_bridge", "engine.vllm_bridge.serve"}
     assert loaded <= allowed, loaded - allowed  # vllm (and its torch) load only in main()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import signal
 import threading
 from multiprocessing.connection import Connection, Listener
@@ -16,6 +15,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.errors import AphroditeError
 from engine.server import shared_inputs
+from engine.server.outbox import Outbox
 from engine.server.wire import (
     Cancel,
     Delta,
@@ -80,46 +80,6 @@ def serve_engine(*, address: str, authkey: bytes, model: str | None,
         with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(address))
     engine.close()
-
-
-class Outbox:
-    """The messages to one API server, pickled and written by a thread of their own, in the
-    order they were put: the engine thread hands a step's events over and goes on to the next
-    step (the socket write wakes the API server, which may take the core; here that happens
-    beside the engine's computation, which runs without the GIL). At most ``limit`` messages
-    wait: past it ``put`` waits for the writer, as a write to a full socket would (an API
-    server that stops reading holds the engine back, not its memory). Once the connection is
-    closed or found broken, messages are dropped at once (``put`` never waits on a queue that
-    nobody writes out): the API server that would read them is gone."""
-
-    def __init__(self, conn: Connection, limit: int = 4096) -> None:
-        self._conn = conn
-        self._queue: queue.Queue = queue.Queue(limit)
-        self._closed = False  # close() was called: what was put before is still written
-        self._broken = False  # a write failed: nothing more is written
-        self._thread = threading.Thread(target=self._write, name="engine outbox", daemon=True)
-        self._thread.start()
-
-    def put(self, message: Any) -> None:
-        if not (self._closed or self._broken):
-            self._queue.put(message)
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Write what was put so far, then stop the thread; later messages are dropped."""
-        self._closed = True
-        self._queue.put(None)
-        self._thread.join(timeout)
-
-    def _write(self) -> None:
-        while (message := self._queue.get()) is not None:
-            if self._broken:
-                continue  # drain what waits (a put may be blocked on it), write nothing
-            try:
-                self._conn.send(message)
-            except (OSError, EOFError):
-                self._broken = True
-            except Exception:  # a message that cannot be pickled: a bug, not the peer's end
-                logger.exception("engine: a message to an API server could not be sent")
 
 
 def _exit_on_sigterm(*_: Any) -> None:

@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from engine.server import shared_inputs, vllm_inputs
+from engine.server.outbox import Outbox
 from engine.server.vllm_inputs import DATA_NEEDED
 from engine.server.vllm_spec import carve_utilization
 from engine.server.wire import (
@@ -147,6 +148,33 @@ def stage_timings(metrics: Any, submitted: float) -> dict[str, float]:
             "queue_s": round(max(scheduled - queued, 0.0), 6),
             "prefill_s": round(max(first - scheduled, 0.0), 6),
             "decode_s": round(max(last - first, 0.0), 6)}
+
+
+class PassSender:
+    """What goes back to one API server, from the loop: written by an :class:`Outbox` thread,
+    and the token events the loop produces in one pass (every request's output of one vLLM
+    step, as vLLM's output handler hands them out) go as one :class:`Events`: one pickle and
+    one write per pass, not per request per step. A request's events go before its
+    :class:`Done`. Call :meth:`send` on the loop only."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, outbox: Outbox) -> None:
+        self.loop = loop
+        self.outbox = outbox
+        self._pending: list[Delta] = []
+
+    def send(self, message: Any) -> None:
+        if isinstance(message, Events):
+            if not self._pending:
+                self.loop.call_soon(self.flush)
+            self._pending.extend(message.deltas)
+            return
+        self.flush()
+        self.outbox.put(message)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.outbox.put(Events(self._pending[:]))
+            self._pending.clear()
 
 
 class Bridge:
@@ -295,14 +323,15 @@ class Bridge:
         return {"rss_bytes": rss, "requests_in_flight": len(self.tasks)}
 
     def serve_connection(self, conn: Connection) -> None:
-        """One API server's messages (in its own thread) onto the loop, until it leaves."""
-        lock = threading.Lock()
+        """One API server's messages (in its own thread) onto the loop, until it leaves.
+
+        Answers go through a :class:`PassSender`: the loop also runs vLLM's output handler
+        (detokenizing), and a loop that wrote to the socket per output fell behind the engine
+        under load; vLLM then merged each request's steps into one output, and its tokens
+        reached the client in one burst at the end (TPOT ~0, TTFT the whole answer)."""
         mine: set[str] = set()
-
-        def send(message: Any) -> None:
-            with lock, contextlib.suppress(OSError, EOFError):
-                conn.send(message)
-
+        sender = PassSender(self.loop, Outbox(conn))
+        send = sender.send
         self.senders.append(send)
 
         def dispatch(message: Any) -> None:  # on the loop
@@ -337,6 +366,7 @@ class Bridge:
                     task.cancel()
             with contextlib.suppress(ValueError):
                 self.senders.remove(send)
+            sender.outbox.close(timeout=0.0)  # nobody reads what is left
         self.loop.call_soon_threadsafe(leave)
 
 
@@ -394,6 +424,18 @@ async def serve(spec: dict[str, Any]) -> None:
         llm.shutdown()
 
 
+def run(main_coroutine: Any) -> None:
+    """The bridge's loop: uvloop's where vLLM's environment has it (vLLM's own server runs
+    on it; the loop carries vLLM's output handler and this bridge's messages), else
+    asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main_coroutine)
+    else:
+        uvloop.run(main_coroutine)
+
+
 def main() -> int:
     """Read the settings line, serve until every API server left (or SIGTERM)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
@@ -402,7 +444,7 @@ def main() -> int:
                         "%(message)s", stream=sys.stderr)
     spec = json.loads(sys.stdin.readline())
     try:
-        asyncio.run(serve(spec))
+        run(serve(spec))
     except Exception as exc:  # start-up failure: one line, the supervisor reports the exit
         logger.error("vLLM's engine could not start: %s", exc)
         return 1
