@@ -3,6 +3,7 @@ worker fails only its own decode and is replaced."""
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import signal
@@ -184,6 +185,34 @@ def test_images_and_audio_decode_in_the_workers_too(workers):
         workers.decode_image(b"\x00garbage" * 50, limits)
 
 
+def test_an_image_item_decodes_to_pixels_without_a_pil_image_for_array_consumers(workers):
+    """``--engine vllm`` packs an image item's decoded pixels: the worker's array as it came
+    (mapped shared memory, no PIL image made and converted back), equal to the PIL decode, in
+    a worker and in process; an EXIF rotation is applied either way."""
+    from PIL import Image
+
+    from engine.processing.media_items import item_for
+
+    limits = MediaLimits.from_env()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # shown rotated 90 degrees clockwise
+    buf = io.BytesIO()
+    Image.fromarray(np.tile(np.arange(64 * 48, dtype=np.uint8).reshape(48, 64, 1), 3)).save(
+        buf, format="PNG", exif=exif)
+    for decoders in (workers.for_client("c"), None):
+        item = item_for("image", buf.getvalue(), limits, spec(), 16_000, decoders)
+        pixels = item.decode_pixels()
+        assert isinstance(pixels, np.ndarray) and pixels.dtype == np.uint8
+        assert pixels.shape == (64, 48, 3)  # rotated: 64 wide stored, 64 high shown
+        assert np.array_equal(pixels, np.asarray(item.decode()))
+    big = synthetic.make_image(1280, 720, fmt="PNG")  # over 1 MB decoded: shared memory
+    pixels = item_for("image", big, limits, spec(), 16_000, workers).decode_pixels()
+    base = pixels
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(getattr(base, "obj", base), mmap.mmap)  # (a memoryview over the map)
+
+
 def test_a_full_decode_queue_answers_503_at_once():
     pool = DecodeWorkers(1, timeout_s=30, max_waiting=1)
     big = synthetic.make_video(width=1280, height=720, seconds=3)
@@ -281,3 +310,47 @@ def test_a_worker_that_has_not_started_in_time_is_a_503_not_the_inputs_fault():
         assert pool.restarts == 1 and len(pool.pids()) == 1
     finally:
         pool.close()
+
+
+def test_decoded_frames_passed_on_unchanged_are_handed_to_the_engine_not_copied():
+    """``--engine vllm`` sends the decoded frames themselves: the worker's segment is handed
+    over by name (no copy, no new segment), the engine's mapping holds the same pixels, the
+    API server letting go does not free it under the engine, and once the engine lets go the
+    worker decodes into it again. A second export of another array still copies."""
+    import subprocess
+    import sys
+
+    from engine.server import shared_inputs
+
+    pool = DecodeWorkers(1, timeout_s=20)
+    try:
+        clip = synthetic.make_video(width=320, height=240, seconds=1)
+        frames = pool.decode_video(clip, spec(num_frames=16), MediaLimits.from_env()).frames
+        expected = frames.copy()
+        (held,) = _segments()
+        sent, names = shared_inputs.export({"video.0": frames, "small": np.zeros(3)})
+        shared = sent["video.0"]
+        assert shared.recycle and names == [held + frame_memory.HANDED] == [shared.name]
+        assert _segments() == [shared.name]  # no segment made for it: the worker's, renamed
+        del frames  # the API server lets go: the segment is the engine's now, not free
+        assert _segments() == [shared.name] and _segments(free=True) == []
+        # the engine (another process) maps it, reads the pixels, lets go
+        code = ("import sys, pickle, numpy as np; from engine.server import shared_inputs; "
+                "mm = shared_inputs.attach(pickle.loads(sys.stdin.buffer.read())); "
+                "sys.stdout.buffer.write(np.ascontiguousarray(mm['video.0']).tobytes())")
+        import pickle
+
+        read = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(sent),
+                              capture_output=True, check=True, timeout=60).stdout
+        assert read == expected.tobytes()
+        assert _segments() == [] and _segments(free=True) == [
+            shared.name + frame_memory.FREE]
+        other = synthetic.make_video(width=320, height=240, seconds=1, seed=5)
+        again = pool.decode_video(other, spec(num_frames=16), MediaLimits.from_env()).frames
+        assert _segments(free=True) == [] and len(_segments()) == 1  # the free one, reused
+        copied, names = shared_inputs.export({"video.0": again[1:]})  # a view: copied
+        assert not copied["video.0"].recycle and "-in-" in names[0]
+        shared_inputs.discard(names)
+    finally:
+        pool.close()
+    assert _segments() == [] and _segments(free=True) == []

@@ -11,6 +11,11 @@ a new segment costs the kernel's allocation and zeroing of every page (about 0.3
 killed worker's segments can be removed (:func:`remove_segments`), and a dead server's by the
 next one to start (:func:`remove_orphans`).
 
+An API server that passes decoded media on to an engine process unchanged (``--engine vllm``)
+hands the worker's segment over instead of copying it (:func:`hand_over`): renamed with
+:data:`HANDED` out of the server's reach, mapped by the engine, which lets it go to the worker
+as a free one in turn.
+
 When ``/dev/shm`` cannot hold a segment (a container started with a small ``--shm-size``)
 allocation falls back to ordinary memory and the worker sends the bytes through its pipe.
 """
@@ -35,6 +40,8 @@ SHM_DIR = Path("/dev/shm")
 PREFIX = "aphrodite-media-"
 #: the suffix of a segment its server has let go of, ready for its worker to decode into
 FREE = "-free"
+#: the suffix of a worker's segment handed on to an engine process (see :func:`hand_over`)
+HANDED = "-handed"
 #: free segments one decode worker keeps (more are removed): one decode's worth of memory
 KEEP_FREE = 1
 
@@ -176,18 +183,49 @@ def attach(name: str, size: int, shape: tuple[int, ...], dtype: str, *,
     except BaseException:
         path.unlink(missing_ok=True)
         raise
+    array = np.frombuffer(memory, dtype=np.dtype(dtype), count=math.prod(shape)).reshape(shape)
     if recycle:
-        weakref.finalize(memory, _let_go, path)
+        address = array.__array_interface__["data"][0]
+        _recycled[address] = (path, size)
+        weakref.finalize(memory, _let_go, path, address)
     else:
         path.unlink(missing_ok=True)
-    return np.frombuffer(memory, dtype=np.dtype(dtype), count=math.prod(shape)).reshape(shape)
+    return array
 
 
-def _let_go(path: Path) -> None:
+#: this process's arrays over a worker's segment (attached with ``recycle``): their data
+#: address -> the segment's path and size, until handed over or let go
+_recycled: dict[int, tuple[Path, int]] = {}
+
+
+def _let_go(path: Path, address: int | None = None) -> None:
     """The last array over a worker's segment is gone: hand the segment back to it."""
-    # OSError: its worker was replaced (and its segments removed) meanwhile
+    if address is not None and _recycled.get(address, (None,))[0] == path:
+        del _recycled[address]
+    # OSError: its worker was replaced (and its segments removed) meanwhile, or the segment
+    # was handed over (hand_over)
     with contextlib.suppress(OSError):
         path.rename(path.with_name(path.name + FREE))
+
+
+def hand_over(array: np.ndarray) -> tuple[str, int] | None:
+    """The worker's segment that ``array`` (attached with ``recycle``) fills from its start,
+    renamed for another process to :func:`attach` with ``recycle`` (its name and size): no
+    copy. This process no longer lets it go to the worker (the other process does), and must
+    not read ``array`` once the other process may have let it go. None when ``array`` is not
+    such an array (then :func:`share` copies it)."""
+    address = array.__array_interface__["data"][0]
+    found = _recycled.get(address)
+    if found is None or not array.flags.c_contiguous or array.nbytes > found[1]:
+        return None
+    path, size = found
+    handed = path.with_name(path.name + HANDED)
+    try:
+        path.rename(handed)
+    except OSError:  # its worker was replaced meanwhile: the segment is gone
+        return None
+    del _recycled[address]
+    return handed.name, size
 
 
 def remove_segments(tag_prefix: str) -> int:

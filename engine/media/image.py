@@ -131,7 +131,8 @@ def decode_image(data: bytes, limits: MediaLimits) -> Image.Image:
     try:
         image.load()
         with contextlib.suppress(Exception):  # broken EXIF: keep the pixels as stored
-            image = ImageOps.exif_transpose(image)
+            # in place: without an orientation to apply, no copy of the pixels
+            ImageOps.exif_transpose(image, in_place=True)
         return to_rgb(image, limits.image_background)
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise MediaDecodeError(

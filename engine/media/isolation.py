@@ -283,8 +283,12 @@ class DecodeWorkers:
     def decode_image(self, data: bytes, limits: Any, client: str = ""):
         from PIL import Image
 
+        return Image.fromarray(self.decode_image_pixels(data, limits, client))
+
+    def decode_image_pixels(self, data: bytes, limits: Any, client: str = ""):
+        """The image as an ``(H, W, 3)`` uint8 array (in the worker's shared memory)."""
         pixels, _ = self._call("image", (data, limits), client)
-        return Image.fromarray(pixels)
+        return pixels
 
     def decode_audio(self, data: bytes, *, sampling_rate: int, max_seconds: float,
                      client: str = ""):
@@ -320,6 +324,9 @@ class ClientDecoders:
 
     def decode_image(self, data: bytes, limits: Any):
         return self.pool.decode_image(data, limits, self.client)
+
+    def decode_image_pixels(self, data: bytes, limits: Any):
+        return self.pool.decode_image_pixels(data, limits, self.client)
 
     def decode_audio(self, data: bytes, *, sampling_rate: int, max_seconds: float):
         return self.pool.decode_audio(data, sampling_rate=sampling_rate,

@@ -41,6 +41,11 @@ class InProcessDecoders:
         except Exception as exc:
             raise as_decode_error("image", exc) from None
 
+    def decode_image_pixels(self, data: bytes, limits: MediaLimits) -> Any:
+        import numpy as np
+
+        return np.asarray(self.decode_image(data, limits))
+
     def decode_video(self, data: bytes, spec: VideoLoadSpec, limits: MediaLimits) -> Any:
         try:
             with decode_deadline.budget(self.budget_s, "video"):
@@ -78,6 +83,7 @@ def item_for(modality: str, data: bytes, limits: MediaLimits, video: VideoLoadSp
     run = decoders if decoders is not None else InProcessDecoders()
     if modality == "image":
         return MediaItem("image", encoded=data, decode=lambda: run.decode_image(data, limits),
+                         decode_pixels=lambda: run.decode_image_pixels(data, limits),
                          media_kwargs={"background": limits.image_background})
     if modality == "video":
         item = MediaItem("video", encoded=data,

@@ -51,6 +51,9 @@ class MediaItem:
     encoded: bytes | None = None
     decoded: Any = None
     decode: Callable[[], Any] | None = None
+    #: an image's decode as an ``(H, W, 3)`` uint8 RGB array, for a consumer that takes arrays
+    #: (``--engine vllm``'s bridge): no PIL image made and converted back
+    decode_pixels: Callable[[], Any] | None = None
     media_kwargs: dict[str, Any] = field(default_factory=dict)
     #: a video's Hugging Face ``video_metadata`` (fps, frames_indices...), set by its decode
     metadata: dict[str, Any] | None = None

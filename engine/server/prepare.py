@@ -122,7 +122,8 @@ def _decode_for_vllm(items: list, names: list[str | None], left_out: list[bool]
         data = None
         if not skip:
             try:
-                data = item.decoded if item.decoded is not None else item.decode()
+                data = item.decoded if item.decoded is not None else (
+                    item.decode_pixels or item.decode)()
             except ClientError as err:
                 raise name_item(err, index, item.modality) from None
             if name is not None:

@@ -9,6 +9,10 @@ name; the engine maps it and removes the name at once (:func:`engine.media.frame
 so the memory goes with the engine's last reference. Segments are named after the API server's
 pid: ones a dead process left are removed by ``frame_memory.remove_orphans``. Without room in
 ``/dev/shm`` the array goes through the pipe as before.
+
+An array that is a decode worker's segment as it came (``--engine vllm`` sends decoded media)
+is handed over instead of copied (:func:`engine.media.frame_memory.hand_over`): the engine
+maps it and, when done, lets it go back to the worker as a free segment.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class SharedArray:
     size: int
     shape: tuple[int, ...]
     dtype: str
+    #: a decode worker's segment handed over: the engine lets it go back to the worker
+    recycle: bool = False
 
 
 def export(mm: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -48,10 +54,12 @@ def export(mm: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     for key, value in mm.items():
         if isinstance(value, np.ndarray) and value.nbytes >= MIN_BYTES and \
                 not value.dtype.hasobject:
-            shared = frame_memory.share(value, f"{os.getpid()}-in-{next(_ids)}")
+            handed = frame_memory.hand_over(value)
+            shared = handed or frame_memory.share(value, f"{os.getpid()}-in-{next(_ids)}")
             if shared is not None:
                 names.append(shared[0])
-                out[key] = SharedArray(shared[0], shared[1], tuple(value.shape), value.dtype.str)
+                out[key] = SharedArray(shared[0], shared[1], tuple(value.shape), value.dtype.str,
+                                       handed is not None)
                 continue
         out[key] = value
     return out, names
@@ -77,7 +85,8 @@ def attach(mm: dict[str, Any]) -> dict[str, Any]:
     for key, value in mm.items():
         if isinstance(value, SharedArray):
             try:
-                value = frame_memory.attach(value.name, value.size, value.shape, value.dtype)
+                value = frame_memory.attach(value.name, value.size, value.shape, value.dtype,
+                                            recycle=value.recycle)
             except (OSError, ValueError) as exc:
                 error = error or exc
         out[key] = value
