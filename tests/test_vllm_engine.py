@@ -329,6 +329,32 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
             asyncio.run(run(refused, Ledger(1 << 20), []))
         assert len(refused.seen) == (1 if refused.token_first else 2)
 
+    # the resend decodes inside the API server's preprocessing slot: with every slot taken
+    # (server.prepare.preprocess_slot), it is that slot's 503, and nothing is decoded
+    from types import SimpleNamespace
+
+    from engine.errors import OverloadedError
+    from engine.server.prepare import preprocess_slot
+
+    state = SimpleNamespace(preprocessing=2, config=SimpleNamespace(max_decode_queue=2))
+    decoded = []
+    full = prompt()
+    refill = full.refill
+    full.refill = lambda: decoded.append(1) or refill()
+
+    async def crowded() -> list:
+        return [m async for m in generate(Bridge(refusals=1), Ledger(1 << 20), full, {},
+                                          slot=lambda: preprocess_slot(state))]
+
+    with pytest.raises(OverloadedError) as refused:
+        asyncio.run(crowded())
+    assert refused.value.code == "decode_queue_full" and decoded == []
+    state.preprocessing = 1  # a slot free: the resend takes it, and gives it back
+    state.count = lambda preprocessing: setattr(state, "preprocessing",
+                                                state.preprocessing + preprocessing)
+    assert isinstance(asyncio.run(crowded())[-1], Done)
+    assert decoded == [1] and state.preprocessing == 1
+
 
 def test_vllm_flags_pass_through_by_vllms_names():
     from engine.config import EngineConfig, PipelineConfig, VllmConfig

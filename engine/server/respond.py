@@ -17,6 +17,7 @@ from aiohttp import web
 from engine.errors import AphroditeError
 from engine.executor.sampling import MAX_TOKENS_CAP
 from engine.server import vllm_media
+from engine.server.prepare import preprocess_slot
 from engine.server.reply import Reply
 from engine.server.wire import Done
 
@@ -76,7 +77,8 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
     if state.config.engine_kind == "vllm":
         generations = [vllm_media.generate(state.engine, state.vllm_ledger, p,
                                            _sampling(sp, fields, True),
-                                           state.metrics.vllm_media_resent.inc)
+                                           state.metrics.vllm_media_resent.inc,
+                                           lambda: preprocess_slot(state))
                        for p, sp in zip(prompts, params, strict=True)]
     else:
         generations = [state.engine.generate(p.input_ids, p.mm, _sampling(sp, fields, False),

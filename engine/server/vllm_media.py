@@ -23,6 +23,7 @@ empties every API server's ledger with its processor cache.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -115,10 +116,13 @@ def estimate(modality: str, decoded: Any) -> int:
 
 
 async def generate(engine: Any, ledger: Ledger | None, prompt: ProcessedPrompt,
-                   sampling: dict[str, Any], on_resend: Callable[[], Any] | None = None):
+                   sampling: dict[str, Any], on_resend: Callable[[], Any] | None = None,
+                   slot: Callable[[], Any] = contextlib.nullcontext):
     """``engine.generate`` for one prompt of ``--engine vllm``: when vLLM lacks an item that
-    was left out, once more with every item's data (``on_resend`` is called); once the
-    request ran, its items' keys go into the ledger."""
+    was left out, once more with every item's data (``on_resend`` is called; the items are
+    decoded inside ``slot()``, the API server's preprocessing slot, as a new request's are:
+    a server full of preprocessing answers the resend's 503 rather than decode past its
+    bound); once the request ran, its items' keys go into the ledger."""
     mm = prompt.mm
     yielded = False
     for attempt in (0, 1):
@@ -142,6 +146,7 @@ async def generate(engine: Any, ledger: Ledger | None, prompt: ProcessedPrompt,
                 ledger.forget(left_out)
             if on_resend is not None:
                 on_resend()
-            mm, sent = await asyncio.get_running_loop().run_in_executor(
-                decode_executor(), prompt.refill)
+            with slot():
+                mm, sent = await asyncio.get_running_loop().run_in_executor(
+                    decode_executor(), prompt.refill)
             prompt.mm_sent = sent
