@@ -314,14 +314,20 @@ def test_a_worker_that_has_not_started_in_time_is_a_503_not_the_inputs_fault():
 
 def test_decoded_frames_passed_on_unchanged_are_handed_to_the_engine_not_copied():
     """``--engine vllm`` sends the decoded frames themselves: the worker's segment is handed
-    over by name (no copy, no new segment), the engine's mapping holds the same pixels, the
-    API server letting go does not free it under the engine, and once the engine lets go the
-    worker decodes into it again. A second export of another array still copies."""
+    over by name (no copy, no new segment) into the server's own inputs, the engine's mapping
+    holds the same pixels and removes the name, and the segment never goes back to the worker:
+    the server's array keeps its pixels after the worker decodes again. A second export of
+    the same array, or of a view not at its start, copies. A handed segment no engine mapped
+    goes with the server's other inputs, not with its worker."""
+    import pickle
     import subprocess
     import sys
 
     from engine.server import shared_inputs
 
+    engine = ("import sys, pickle, numpy as np; from engine.server import shared_inputs; "
+              "mm = shared_inputs.attach(pickle.loads(sys.stdin.buffer.read())); "
+              "sys.stdout.buffer.write(np.ascontiguousarray(mm['video.0']).tobytes())")
     pool = DecodeWorkers(1, timeout_s=20)
     try:
         clip = synthetic.make_video(width=320, height=240, seconds=1)
@@ -330,27 +336,27 @@ def test_decoded_frames_passed_on_unchanged_are_handed_to_the_engine_not_copied(
         (held,) = _segments()
         sent, names = shared_inputs.export({"video.0": frames, "small": np.zeros(3)})
         shared = sent["video.0"]
-        assert shared.recycle and names == [held + frame_memory.HANDED] == [shared.name]
-        assert _segments() == [shared.name]  # no segment made for it: the worker's, renamed
-        del frames  # the API server lets go: the segment is the engine's now, not free
-        assert _segments() == [shared.name] and _segments(free=True) == []
-        # the engine (another process) maps it, reads the pixels, lets go
-        code = ("import sys, pickle, numpy as np; from engine.server import shared_inputs; "
-                "mm = shared_inputs.attach(pickle.loads(sys.stdin.buffer.read())); "
-                "sys.stdout.buffer.write(np.ascontiguousarray(mm['video.0']).tobytes())")
-        import pickle
-
-        read = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(sent),
+        assert names == [shared.name] and f"{os.getpid()}-in-" in shared.name
+        # no segment made for it: the worker's, renamed
+        assert _segments() == [shared.name] and shared.name != held
+        read = subprocess.run([sys.executable, "-c", engine], input=pickle.dumps(sent),
                               capture_output=True, check=True, timeout=60).stdout
         assert read == expected.tobytes()
-        assert _segments() == [] and _segments(free=True) == [
-            shared.name + frame_memory.FREE]
+        assert _segments() == [] and _segments(free=True) == []  # the engine removed the name
+        # the worker decodes again into a new segment: the server's array keeps its pixels
         other = synthetic.make_video(width=320, height=240, seconds=1, seed=5)
         again = pool.decode_video(other, spec(num_frames=16), MediaLimits.from_env()).frames
-        assert _segments(free=True) == [] and len(_segments()) == 1  # the free one, reused
-        copied, names = shared_inputs.export({"video.0": again[1:]})  # a view: copied
-        assert not copied["video.0"].recycle and "-in-" in names[0]
+        assert np.array_equal(frames, expected) and not np.array_equal(again, expected)
+        _, names = shared_inputs.export({"a": frames, "b": again[1:]})
+        assert all("-in-" in n for n in names) and len(_segments()) == 3  # two copies
         shared_inputs.discard(names)
+        # handed over, never mapped (the engine died), its worker replaced: the server's
+        # inputs are removed with the server's, not with the worker's segments
+        _, names = shared_inputs.export({"video.0": again})
+        frame_memory.remove_segments(f"{os.getpid()}-{pool._idle[0].process.pid}-")
+        assert _segments() == names
+        assert shared_inputs.discard_all() == 1 and _segments() == []
+        del frames, again
     finally:
         pool.close()
     assert _segments() == [] and _segments(free=True) == []

@@ -344,16 +344,18 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
 
     async def crowded() -> list:
         return [m async for m in generate(Bridge(refusals=1), Ledger(1 << 20), full, {},
+                                          lambda: resends.append(1),
                                           slot=lambda: preprocess_slot(state))]
 
+    resends = []
     with pytest.raises(OverloadedError) as refused:
         asyncio.run(crowded())
-    assert refused.value.code == "decode_queue_full" and decoded == []
+    assert refused.value.code == "decode_queue_full" and decoded == [] and resends == []
     state.preprocessing = 1  # a slot free: the resend takes it, and gives it back
     state.count = lambda preprocessing: setattr(state, "preprocessing",
                                                 state.preprocessing + preprocessing)
     assert isinstance(asyncio.run(crowded())[-1], Done)
-    assert decoded == [1] and state.preprocessing == 1
+    assert decoded == [1] and resends == [1] and state.preprocessing == 1
 
 
 def test_vllm_flags_pass_through_by_vllms_names():

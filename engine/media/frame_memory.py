@@ -12,9 +12,11 @@ killed worker's segments can be removed (:func:`remove_segments`), and a dead se
 next one to start (:func:`remove_orphans`).
 
 An API server that passes decoded media on to an engine process unchanged (``--engine vllm``)
-hands the worker's segment over instead of copying it (:func:`hand_over`): renamed with
-:data:`HANDED` out of the server's reach, mapped by the engine, which lets it go to the worker
-as a free one in turn.
+hands the worker's segment over instead of copying it (:func:`hand_over`): renamed out of its
+worker's names into the server's own inputs (``<server pid>-in-...``, as
+:mod:`engine.server.shared_inputs` names its copies), the engine maps it and removes the name;
+the memory goes when both let go of it. It never returns to the worker: nobody writes into
+it again while the server or the engine still reads it.
 
 When ``/dev/shm`` cannot hold a segment (a container started with a small ``--shm-size``)
 allocation falls back to ordinary memory and the worker sends the bytes through its pipe.
@@ -40,8 +42,6 @@ SHM_DIR = Path("/dev/shm")
 PREFIX = "aphrodite-media-"
 #: the suffix of a segment its server has let go of, ready for its worker to decode into
 FREE = "-free"
-#: the suffix of a worker's segment handed on to an engine process (see :func:`hand_over`)
-HANDED = "-handed"
 #: free segments one decode worker keeps (more are removed): one decode's worth of memory
 KEEP_FREE = 1
 
@@ -186,7 +186,7 @@ def attach(name: str, size: int, shape: tuple[int, ...], dtype: str, *,
     array = np.frombuffer(memory, dtype=np.dtype(dtype), count=math.prod(shape)).reshape(shape)
     if recycle:
         address = array.__array_interface__["data"][0]
-        _recycled[address] = (path, size)
+        _recycled[address] = (path, size, weakref.ref(memory))
         weakref.finalize(memory, _let_go, path, address)
     else:
         path.unlink(missing_ok=True)
@@ -194,37 +194,46 @@ def attach(name: str, size: int, shape: tuple[int, ...], dtype: str, *,
 
 
 #: this process's arrays over a worker's segment (attached with ``recycle``): their data
-#: address -> the segment's path and size, until handed over or let go
-_recycled: dict[int, tuple[Path, int]] = {}
+#: address -> the segment's path and size and the mapping, until handed over or let go
+_recycled: dict[int, tuple[Path, int, weakref.ref]] = {}
 
 
 def _let_go(path: Path, address: int | None = None) -> None:
     """The last array over a worker's segment is gone: hand the segment back to it."""
     if address is not None and _recycled.get(address, (None,))[0] == path:
-        del _recycled[address]
+        _recycled.pop(address, None)
     # OSError: its worker was replaced (and its segments removed) meanwhile, or the segment
     # was handed over (hand_over)
     with contextlib.suppress(OSError):
         path.rename(path.with_name(path.name + FREE))
 
 
-def hand_over(array: np.ndarray) -> tuple[str, int] | None:
+def _mapping(array: np.ndarray) -> object:
+    """The object at the end of ``array``'s ``base`` chain (an mmap behind a memoryview)."""
+    base: object = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return getattr(base, "obj", base)
+
+
+def hand_over(array: np.ndarray, tag: str) -> tuple[str, int] | None:
     """The worker's segment that ``array`` (attached with ``recycle``) fills from its start,
-    renamed for another process to :func:`attach` with ``recycle`` (its name and size): no
-    copy. This process no longer lets it go to the worker (the other process does), and must
-    not read ``array`` once the other process may have let it go. None when ``array`` is not
-    such an array (then :func:`share` copies it)."""
+    renamed with ``tag`` (as :func:`share` names a copy) for another process to
+    :func:`attach`: its name and size; no copy. The segment leaves its worker for good (it
+    is never let go to the worker again), so this process's arrays over it keep their
+    pixels. None when ``array`` is not such an array (then :func:`share` copies it)."""
     address = array.__array_interface__["data"][0]
     found = _recycled.get(address)
-    if found is None or not array.flags.c_contiguous or array.nbytes > found[1]:
+    if found is None or not array.flags.c_contiguous or array.nbytes > found[1] or \
+            _mapping(array) is not found[2]():  # (an address reused by another mapping)
         return None
-    path, size = found
-    handed = path.with_name(path.name + HANDED)
+    path, size, _ = found
+    handed = path.with_name(f"{PREFIX}{tag}")
     try:
         path.rename(handed)
     except OSError:  # its worker was replaced meanwhile: the segment is gone
         return None
-    del _recycled[address]
+    _recycled.pop(address, None)
     return handed.name, size
 
 

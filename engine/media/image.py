@@ -131,8 +131,9 @@ def decode_image(data: bytes, limits: MediaLimits) -> Image.Image:
     try:
         image.load()
         with contextlib.suppress(Exception):  # broken EXIF: keep the pixels as stored
-            # in place: without an orientation to apply, no copy of the pixels
-            ImageOps.exif_transpose(image, in_place=True)
+            # (only with an orientation to apply: exif_transpose copies the pixels otherwise)
+            if image.getexif().get(_EXIF_ORIENTATION, 1) in range(2, 9):
+                image = ImageOps.exif_transpose(image)
         return to_rgb(image, limits.image_background)
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise MediaDecodeError(

@@ -11,8 +11,8 @@ pid: ones a dead process left are removed by ``frame_memory.remove_orphans``. Wi
 ``/dev/shm`` the array goes through the pipe as before.
 
 An array that is a decode worker's segment as it came (``--engine vllm`` sends decoded media)
-is handed over instead of copied (:func:`engine.media.frame_memory.hand_over`): the engine
-maps it and, when done, lets it go back to the worker as a free segment.
+is handed over instead of copied (:func:`engine.media.frame_memory.hand_over`): renamed into
+this process's names, mapped and removed by the engine like a copy.
 """
 
 from __future__ import annotations
@@ -41,8 +41,6 @@ class SharedArray:
     size: int
     shape: tuple[int, ...]
     dtype: str
-    #: a decode worker's segment handed over: the engine lets it go back to the worker
-    recycle: bool = False
 
 
 def export(mm: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -54,12 +52,11 @@ def export(mm: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     for key, value in mm.items():
         if isinstance(value, np.ndarray) and value.nbytes >= MIN_BYTES and \
                 not value.dtype.hasobject:
-            handed = frame_memory.hand_over(value)
-            shared = handed or frame_memory.share(value, f"{os.getpid()}-in-{next(_ids)}")
+            name = f"{os.getpid()}-in-{next(_ids)}"
+            shared = frame_memory.hand_over(value, name) or frame_memory.share(value, name)
             if shared is not None:
                 names.append(shared[0])
-                out[key] = SharedArray(shared[0], shared[1], tuple(value.shape), value.dtype.str,
-                                       handed is not None)
+                out[key] = SharedArray(shared[0], shared[1], tuple(value.shape), value.dtype.str)
                 continue
         out[key] = value
     return out, names
@@ -85,8 +82,7 @@ def attach(mm: dict[str, Any]) -> dict[str, Any]:
     for key, value in mm.items():
         if isinstance(value, SharedArray):
             try:
-                value = frame_memory.attach(value.name, value.size, value.shape, value.dtype,
-                                            recycle=value.recycle)
+                value = frame_memory.attach(value.name, value.size, value.shape, value.dtype)
             except (OSError, ValueError) as exc:
                 error = error or exc
         out[key] = value

@@ -143,10 +143,10 @@ async def generate(engine: Any, ledger: Ledger | None, prompt: ProcessedPrompt,
             logger.info("vLLM no longer holds %d item(s) of a request: sending their data",
                         len(left_out))
             if ledger is not None:
-                ledger.forget(left_out)
-            if on_resend is not None:
-                on_resend()
+                ledger.forget(left_out)  # (vLLM lacks them, whether or not this resend goes)
             with slot():
+                if on_resend is not None:
+                    on_resend()
                 mm, sent = await asyncio.get_running_loop().run_in_executor(
                     decode_executor(), prompt.refill)
             prompt.mm_sent = sent
