@@ -314,9 +314,12 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
         return ProcessedPrompt([1], left, [True], {}, {"image": 1}, mm_hashes=["held"],
                                text="<image>", refill=lambda: (full, [("held", 1 << 14)]))
 
+    counted: list[list[bool]] = []  # the processor cache's lookups, counted once it ran
+
     async def run(bridge: Bridge, ledger: Ledger, resends: list) -> list:
         return [m async for m in generate(bridge, ledger, prompt(), {},
-                                          lambda: resends.append(1))]
+                                          lambda: resends.append(1),
+                                          on_items=counted.append)]
 
     ledger, resends = Ledger(1 << 20), []
     ledger.remember([("held", 1 << 14)])
@@ -324,6 +327,9 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
     assert isinstance(asyncio.run(run(bridge, ledger, resends))[-1], Done)
     assert [vllm_inputs.left_out(mm) for mm in bridge.seen] == [True, False]
     assert resends == [1] and ledger.holds("held")  # forgotten, then remembered once it ran
+    assert counted == [[False]]  # the left-out item was a miss after all: sent with its data
+    assert isinstance(asyncio.run(run(Bridge(refusals=0), ledger, []))[-1], Done)
+    assert counted == [[False], [True]]  # left out, and vLLM had it: a hit
     for refused in (Bridge(refusals=2), Bridge(refusals=1, token_first=True)):
         with pytest.raises(EngineError):
             asyncio.run(run(refused, Ledger(1 << 20), []))
@@ -664,7 +670,8 @@ class TestLeftOutMedia:
         for seed in range(101, 125):  # 24 others: vLLM evicts the first, the ledger not
             assert ask(seed)[2] == [False]
         evicted = ask(100)
-        assert evicted[2] == [True] and evicted[:2] == first[:2]  # sent again: same answer
+        # left out, vLLM lacked it, sent again with its data: not a cache hit; same answer
+        assert evicted[2] == [False] and evicted[:2] == first[:2]
         assert resent() == 1
         assert ask(100)[2] == [True] and resent() == 1  # held again since
 

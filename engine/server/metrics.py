@@ -188,6 +188,11 @@ class Metrics:
                 counter.inc(now - seen)
                 entry[2] = now
 
+    def count_items(self, hits: list[bool]) -> None:
+        """A request's media items in ``aphrodite_processor_cache_total``: found or not."""
+        for hit in hits:
+            self.cache.labels("hit" if hit else "miss").inc()
+
     def observe_request(self, model: str, *, e2e_s: float, decode_s: float, prompt: int,
                         generated: int, cached: int = 0) -> None:
         """One finished request in vLLM's metrics (``cached``: its prompt tokens from the

@@ -69,8 +69,8 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
             processed = await loop.run_in_executor(decode_executor(), pipeline.process,
                                                    text, items, kwargs)
     processed.timings["fetch_s"] = fetch_s
-    for hit in processed.item_hits:
-        state.metrics.cache.labels("hit" if hit else "miss").inc()
+    if state.config.engine_kind != "vllm":  # (vLLM's: counted once it ran, vllm_media)
+        state.metrics.count_items(processed.item_hits)
     if counts.get("video") and processed.timings["media_decode_s"]:
         state.metrics.video_decode.labels(video.backend).observe(
             processed.timings["media_decode_s"])

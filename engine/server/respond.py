@@ -78,7 +78,8 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
         generations = [vllm_media.generate(state.engine, state.vllm_ledger, p,
                                            _sampling(sp, fields, True),
                                            state.metrics.vllm_media_resent.inc,
-                                           lambda: preprocess_slot(state))
+                                           lambda: preprocess_slot(state),
+                                           state.metrics.count_items)
                        for p, sp in zip(prompts, params, strict=True)]
     else:
         generations = [state.engine.generate(p.input_ids, p.mm, _sampling(sp, fields, False),

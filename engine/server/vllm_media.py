@@ -117,12 +117,15 @@ def estimate(modality: str, decoded: Any) -> int:
 
 async def generate(engine: Any, ledger: Ledger | None, prompt: ProcessedPrompt,
                    sampling: dict[str, Any], on_resend: Callable[[], Any] | None = None,
-                   slot: Callable[[], Any] = contextlib.nullcontext):
+                   slot: Callable[[], Any] = contextlib.nullcontext,
+                   on_items: Callable[[list[bool]], Any] | None = None):
     """``engine.generate`` for one prompt of ``--engine vllm``: when vLLM lacks an item that
     was left out, once more with every item's data (``on_resend`` is called; the items are
     decoded inside ``slot()``, the API server's preprocessing slot, as a new request's are:
     a server full of preprocessing answers the resend's 503 rather than decode past its
-    bound); once the request ran, its items' keys go into the ledger."""
+    bound); once the request ran, its items' keys go into the ledger and ``on_items`` gets
+    which of its items were left out and found in vLLM's cache (the processor cache's hits:
+    after a resend, none)."""
     mm = prompt.mm
     yielded = False
     for attempt in (0, 1):
@@ -130,8 +133,11 @@ async def generate(engine: Any, ledger: Ledger | None, prompt: ProcessedPrompt,
             async for message in engine.generate(prompt.input_ids, mm, sampling,
                                                  (prompt.mm_hashes, prompt.mm_positions),
                                                  prompt.text, prompt.processor_kwargs):
-                if isinstance(message, Done) and ledger is not None:
-                    ledger.remember(prompt.mm_sent)
+                if isinstance(message, Done):
+                    if ledger is not None:
+                        ledger.remember(prompt.mm_sent)
+                    if on_items is not None:
+                        on_items(list(prompt.item_hits))
                 yielded = True
                 yield message
             return
@@ -150,3 +156,4 @@ async def generate(engine: Any, ledger: Ledger | None, prompt: ProcessedPrompt,
                 mm, sent = await asyncio.get_running_loop().run_in_executor(
                     decode_executor(), prompt.refill)
             prompt.mm_sent = sent
+            prompt.item_hits = [False] * len(prompt.item_hits)  # all sent with their data
