@@ -173,8 +173,8 @@ class PassSender:
 
     def flush(self) -> None:
         if self._pending:
-            self.outbox.put(Events(self._pending[:]))
-            self._pending.clear()
+            batch, self._pending = self._pending, []
+            self.outbox.put(Events(batch))
 
 
 class Bridge:
