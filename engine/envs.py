@@ -142,6 +142,10 @@ _DECLARED: tuple[EnvVar, ...] = (
            "Run a CPU model's float32 linear layers through oneDNN with weights packed at "
            "load (about 2.5x MKL's speed on AMD CPUs; the packed copy doubles those layers' "
            "memory); 0 keeps PyTorch's default.", "bool"),
+    EnvVar("APHRODITE_CPU_ONEDNN_MIN_WEIGHT", 1 << 19, _non_negative_int,
+           "Smallest weight (in elements, in x out) a linear layer packs for oneDNN: a "
+           "oneDNN call costs about 25 us more than PyTorch's own, which a small layer "
+           "never wins back (scripts/cpu_linear_bench.py measures both).", "elements"),
     EnvVar("APHRODITE_VIDEO_LOADER_BACKEND", "opencv", _video_backend,
            f"Default video decoder: one of {', '.join(VIDEO_BACKENDS)}.", "name"),
     EnvVar("APHRODITE_API_KEY", "", str,

@@ -20,6 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine import envs
+from engine.models import cpu_linear
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -35,7 +38,9 @@ def _time(fn, repeats: int) -> float:
 
 def layers(repeats: int) -> list[dict]:
     out = []
-    for rows, k, n in [(1, 512, 1536), (8, 512, 1536), (64, 512, 1536), (512, 512, 1536),
+    for rows, k, n in [(8, 32, 64), (8, 128, 256), (1024, 128, 256), (8, 512, 512),
+                       (1024, 512, 512), (8, 1024, 512), (1024, 1024, 512),
+                       (1, 512, 1536), (8, 512, 1536), (64, 512, 1536), (512, 512, 1536),
                        (2048, 640, 1710), (4096, 640, 1920)]:
         x, w, b = torch.randn(rows, k), torch.randn(n, k), torch.randn(n)
         packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
@@ -44,7 +49,9 @@ def layers(repeats: int) -> list[dict]:
             x, p, b, "none", [], ""), repeats * 5)
         flops = 2 * rows * k * n
         out.append({"rows": rows, "in": k, "out": n, "mkl_gflops": flops / plain / 1e9,
-                    "onednn_gflops": flops / dnn / 1e9, "speedup": plain / dnn})
+                    "onednn_gflops": flops / dnn / 1e9, "speedup": plain / dnn,
+                    "mkl_us": plain * 1e6, "onednn_us": dnn * 1e6,
+                    "packed_by_default": k * n >= envs.APHRODITE_CPU_ONEDNN_MIN_WEIGHT})
     return out
 
 
@@ -69,27 +76,35 @@ def model(size: str, repeats: int) -> dict:
         ids = torch.tensor([prompt.input_ids])
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
                   **device_normalize.apply(prompt.mm, runner.normalizers)}
-        linears = [m for m in model.modules() if "forward" in m.__dict__
-                   and isinstance(m, torch.nn.Linear)]
-        saved = {m: m.__dict__["forward"] for m in linears}
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        default = {m: m.__dict__["forward"] for m in linears if "forward" in m.__dict__}
+        for m in linears:
+            m.__dict__.pop("forward", None)
+        cpu_linear.pack_linears(model, min_weight=0)
+        every = {m: m.__dict__["forward"] for m in linears if "forward" in m.__dict__}
 
         def run(inputs=inputs):
             with torch.inference_mode():
                 model(**inputs, logits_to_keep=1)
 
-        on, off = [], []
-        for _ in range(repeats):  # interleaved: the machine's noise hits both alike
-            on.append(_time(run, 1))
+        def use(forwards, linears=linears):
             for m in linears:
-                del m.__dict__["forward"]
-            off.append(_time(run, 1))
-            for m, forward in saved.items():
+                m.__dict__.pop("forward", None)
+            for m, forward in forwards.items():
                 m.forward = forward
+
+        times: dict[str, list[float]] = {"default": [], "all": [], "none": []}
+        variants = {"default": default, "all": every, "none": {}}
+        for _ in range(repeats):  # interleaved: the machine's noise hits all alike
+            for name, forwards in variants.items():
+                use(forwards)
+                times[name].append(_time(run, 1))
+        use(default)
+        med = {name: statistics.median(t) for name, t in times.items()}
         rows[item.modality] = {"prompt_tokens": len(prompt.input_ids),
-                               "packed_s": statistics.median(on),
-                               "plain_s": statistics.median(off),
-                               "speedup": statistics.median(off) / statistics.median(on),
-                               "packed_layers": len(linears)}
+                               "packed_s": med["default"], "all_packed_s": med["all"],
+                               "plain_s": med["none"], "speedup": med["none"] / med["default"],
+                               "packed_layers": len(default), "linear_layers": len(linears)}
     llm.close()
     return {"model": str(folder if folder.exists() else "tiny"), "forward": rows}
 
@@ -110,12 +125,14 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     for row in result["layers"]:
-        print(f"{row['rows']:5} x {row['in']:4} -> {row['out']:5}: MKL {row['mkl_gflops']:6.1f}"
-              f"  oneDNN {row['onednn_gflops']:6.1f} GFLOPS  ({row['speedup']:.2f}x)")
+        print(f"{row['rows']:5} x {row['in']:4} -> {row['out']:5}: MKL {row['mkl_us']:8.1f} us,"
+              f" oneDNN {row['onednn_us']:8.1f} us ({row['speedup']:.2f}x)"
+              f"{'  packed by default' if row['packed_by_default'] else ''}")
     for name, row in result["model"]["forward"].items():
         print(f"{name} prompt ({row['prompt_tokens']} tokens) encoder + prefill: plain "
-              f"{row['plain_s'] * 1000:.0f} ms, packed {row['packed_s'] * 1000:.0f} ms "
-              f"({row['speedup']:.2f}x)")
+              f"{row['plain_s'] * 1000:.0f} ms, every layer packed "
+              f"{row['all_packed_s'] * 1000:.0f} ms, as loaded ({row['packed_layers']} of "
+              f"{row['linear_layers']} packed) {row['packed_s'] * 1000:.0f} ms")
     print(out)
 
 

@@ -39,7 +39,10 @@ def test_a_packed_linear_gives_f_linear_results_for_every_shape(monkeypatch):
     plain = [torch.nn.Linear(64, 96), torch.nn.Linear(96, 32, bias=False)]
     for p, layer in zip(plain, layers, strict=True):
         p.load_state_dict(layer.state_dict())
-    assert cpu_linear.pack_linears(layers) == 2
+    assert cpu_linear.pack_linears(layers) == 0  # under the default smallest weight
+    assert cpu_linear.pack_linears(layers, min_weight=64 * 96) == 1  # the first only
+    del layers[0].__dict__["forward"]
+    assert cpu_linear.pack_linears(layers, min_weight=0) == 2
     with torch.inference_mode():
         for shape in [(37, 64), (2, 9, 64), (8, 1, 64), (5, 64)]:
             x = torch.randn(*shape)
@@ -56,6 +59,27 @@ def test_a_packed_linear_gives_f_linear_results_for_every_shape(monkeypatch):
     assert x.grad is not None and len(calls) == before
 
 
+def test_layers_under_the_smallest_weight_keep_pytorchs_path(monkeypatch):
+    """The default threshold: a tiny model's 128 x 256 layer is not packed (oneDNN's fixed
+    cost per call loses there), a 512 x 1024 one is; the env var moves the line, and a
+    weight handed to ``linear`` follows the same rule."""
+    small, large = torch.nn.Linear(128, 256), torch.nn.Linear(1024, 512)
+    assert cpu_linear.pack_linears(torch.nn.Sequential(small, large)) == 1
+    assert "forward" not in small.__dict__ and "forward" in large.__dict__
+    calls = _calls(monkeypatch)
+    owner = torch.nn.Module()
+    with torch.inference_mode():
+        cpu_linear.linear(owner, torch.randn(12, 128), small.weight, None)
+        assert calls == []
+        monkeypatch.setenv("APHRODITE_CPU_ONEDNN_MIN_WEIGHT", str(128 * 256))
+        torch.testing.assert_close(cpu_linear.linear(owner, torch.randn(12, 128), small.weight,
+                                                     small.bias).shape, (12, 256))
+    assert calls == [(12, 128)]
+    monkeypatch.setenv("APHRODITE_CPU_ONEDNN_MIN_WEIGHT", "-1")
+    with pytest.raises(Exception, match="APHRODITE_CPU_ONEDNN_MIN_WEIGHT"):
+        cpu_linear.pack_linears(torch.nn.Linear(4, 4))
+
+
 def test_turned_off_by_its_environment_variable(monkeypatch):
     monkeypatch.setenv("APHRODITE_CPU_ONEDNN_LINEAR", "0")
     assert envs.APHRODITE_CPU_ONEDNN_LINEAR is False
@@ -69,6 +93,8 @@ def test_every_familys_logits_are_those_of_its_unpacked_layers(arch, monkeypatch
     every packed forward removed: the same logits."""
     model = llm(arch)
     runner_model = model.engine.runner.model
+    before = {m for m in runner_model.modules() if "forward" in m.__dict__}
+    cpu_linear.pack_linears(runner_model, min_weight=0)  # the tiny models' layers are small
     packed = [m for m in runner_model.modules() if "forward" in m.__dict__
               and isinstance(m, torch.nn.Linear)]
     assert packed, "the engine's model has no packed linear layer"
@@ -90,13 +116,15 @@ def test_every_familys_logits_are_those_of_its_unpacked_layers(arch, monkeypatch
     try:
         with torch.inference_mode():
             plain = runner_model(**inputs).logits
-    finally:
+    finally:  # the shared model as it was loaded
         for m, forward in saved.items():
-            m.forward = forward
+            if m in before:
+                m.forward = forward
     torch.testing.assert_close(with_packed, plain, atol=1e-4, rtol=1e-4)
 
 
 def test_a_weight_packed_for_its_owner_is_packed_again_when_it_changes(monkeypatch):
+    monkeypatch.setenv("APHRODITE_CPU_ONEDNN_MIN_WEIGHT", "0")
     calls = _calls(monkeypatch)
     owner = torch.nn.Module()
     x = torch.randn(12, 32)

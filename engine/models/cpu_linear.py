@@ -5,6 +5,11 @@ machines) that is MKL's generic path, about 90 GFLOPS on one core, while oneDNN'
 product over a weight packed in its own blocked layout reaches about 240 GFLOPS for the shapes
 of a prefill (hundreds to thousands of rows) and about 140 for a decode step of 8 rows,
 with float32 results (``scripts/cpu_linear_bench.py`` measures both on the machine at hand).
+A oneDNN call also costs about 25 us more than PyTorch's own, whatever its size: layers whose
+weight has fewer than ``APHRODITE_CPU_ONEDNN_MIN_WEIGHT`` elements (512 K by default) stay on
+PyTorch's path. On the tiny test models (weights of 2 K-57 K elements) every layer was slower
+through oneDNN, 1.9-6x for a decode step of 8 rows; at 512 x 1024 and up oneDNN wins at every
+row count measured.
 vLLM's CPU backend packs its linear weights with oneDNN the same way; this is most of why its
 encoder and prefill cost half of ours on the same core before this module.
 
@@ -34,18 +39,21 @@ def available() -> bool:
     return bool(torch.backends.mkldnn.is_available())
 
 
-def pack_linears(model: Any) -> int:
-    """Pack ``model``'s float32 CPU linear layers for oneDNN (see the module's text); how
+def pack_linears(model: Any, min_weight: int | None = None) -> int:
+    """Pack ``model``'s float32 CPU linear layers of at least ``min_weight`` weight elements
+    (``None``: ``APHRODITE_CPU_ONEDNN_MIN_WEIGHT``) for oneDNN (see the module's text); how
     many were packed (0 when turned off or unavailable)."""
     import torch
 
     if not envs.APHRODITE_CPU_ONEDNN_LINEAR or not available():
         return 0
+    smallest = envs.APHRODITE_CPU_ONEDNN_MIN_WEIGHT if min_weight is None else min_weight
     packed = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if type(module) is torch.nn.Linear and weight is not None and \
-                weight.dtype == torch.float32 and weight.device.type == "cpu":
+                weight.dtype == torch.float32 and weight.device.type == "cpu" and \
+                weight.numel() >= smallest:
             module.forward = _packed_forward(module)
             packed += 1
     return packed
@@ -54,13 +62,13 @@ def pack_linears(model: Any) -> int:
 def linear(owner: Any, x: Any, weight: Any, bias: Any) -> Any:
     """``F.linear(x, weight, bias)``, through a oneDNN copy of ``weight`` packed on first use
     and kept on ``owner`` (a module whose weight this is, e.g. a patch embedding's flattened
-    kernel), when packing is on and ``x`` qualifies (see the module's text)."""
+    kernel), when packing is on and ``x`` and ``weight`` qualify (see the module's text)."""
     import torch
     import torch.nn.functional as F
 
     if x.dtype != torch.float32 or weight.device.type != "cpu" or x.numel() < MIN_ROWS * \
             x.shape[-1] or torch.is_grad_enabled() or not envs.APHRODITE_CPU_ONEDNN_LINEAR or \
-            not available():
+            weight.numel() < envs.APHRODITE_CPU_ONEDNN_MIN_WEIGHT or not available():
         return F.linear(x, weight, bias)
     key = (weight.data_ptr(), tuple(weight.shape))
     packed = owner.__dict__.get("_onednn_packed")
