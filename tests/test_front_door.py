@@ -173,6 +173,21 @@ def test_the_cache_resets_need_the_key(server):
         assert status == 200, path
 
 
+def test_the_engine_process_side_of_a_reset_needs_no_web_framework():
+    """The engine process carries resets out (engine.server.cache_reset): importing it and
+    the engine process's module brings in no aiohttp (its import held the engine's GIL for
+    half a second at the first reset of a run)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, engine.server.engine_proc, engine.server.cache_reset; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'aiohttp'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 @pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded",
                                    "multipart/form-data; boundary=x"])
 def test_a_body_that_is_not_json_is_415(server, ctype):

@@ -19,38 +19,11 @@ why, so a benchmark can report it instead of assuming a cold cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from aiohttp import web
 
 #: where an app keeps the AppKey of its state (given by the app factory, so this module
 #: needs no import of the app's)
 _STATE_KEY = web.AppKey("admin_state_key", web.AppKey)
-
-
-def engine_answer(engine: Any, what: str, senders: list[Callable[[Any], None]]
-                  ) -> dict[str, Any]:
-    """In the engine process: carry out ``what`` (``mm``: tell every API server to clear its
-    processor cache; ``prefix``: reset the prefix cache) and say what was done."""
-    if what == "mm":
-        from engine.server.wire import ResetMmCache
-
-        for send in list(senders):
-            send(ResetMmCache())
-        return {"reset": True, "api_servers": len(senders)}
-    if what == "prefix":
-        reset = getattr(engine, "reset_prefix_cache", None)
-        if reset is None:
-            return {"reset": False, "has_cache": False,
-                    "note": "this engine has no prefix cache: nothing to reset"}
-        answer = reset()
-        if isinstance(answer, dict):
-            return {"reset": True, **answer}
-        return {"reset": answer is not False,
-                **({} if answer is not False else
-                   {"note": "the engine's prefix cache is disabled or could not be reset"})}
-    return {"reset": False, "note": f"unknown cache {what!r}"}
 
 
 async def reset_mm_cache(request: web.Request) -> web.Response:

@@ -176,7 +176,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                 send(Stats(message.rid, process_stats(sum(map(len, lives)),
                                                       engine.scheduler_stats())))
             elif isinstance(message, ResetQuery):
-                from engine.server.admin_routes import engine_answer
+                from engine.server.cache_reset import engine_answer
 
                 send(ResetAnswer(message.rid, engine_answer(engine, message.what, senders)))
 
