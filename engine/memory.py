@@ -4,8 +4,9 @@ Decoded video is large (32 RGB 1080p frames are 200 MB). glibc serves blocks tha
 fresh ``mmap`` each time and unmaps them on free, so every request pays page faults for memory
 it just gave back. Raising the mmap and trim thresholds keeps freed frame memory in the heap for
 the next request: resident memory settles at its peak instead of rising and falling, and
-sampled decoding gets ~10% faster on the 1080p benchmark clip. Called by `serve` and the
-benchmarks, never on import.
+sampled decoding gets ~10% faster on the 1080p benchmark clip. Called by `serve` (its API
+servers, engine process and each decode worker: a spawned process starts with glibc's
+defaults) and the benchmarks, never on import.
 """
 
 from __future__ import annotations

@@ -65,8 +65,12 @@ def _worker_main(conn, memory_limit_bytes: int) -> None:
     import signal
 
     from engine.lifetime import name_process
+    from engine.memory import tune_allocator
 
     name_process("decode")
+    # a spawned process starts with glibc's defaults: every decoded image's buffers were
+    # fresh mmaps, page-faulted in and unmapped again (a 1280x720 JPEG: 17 -> 7 ms)
+    tune_allocator()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if memory_limit_bytes > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
