@@ -125,12 +125,16 @@ def register() -> str:
 
 
 def use(model: Any) -> bool:
-    """Run ``model`` (its sub-models too) with :func:`attention` where it runs SDPA now;
-    False when it runs something else (eager, flash) or cannot switch."""
+    """Run ``model`` (its sub-models too) with :func:`attention` where it runs SDPA now, and
+    its vision encoders' span attention with :mod:`engine.models.vision_attention`; False when
+    it runs something else (eager, flash) or cannot switch."""
     if getattr(model.config, "_attn_implementation", None) != "sdpa":
         return False
     try:
         model.set_attn_implementation(register())
     except (ValueError, ImportError, AttributeError, KeyError):
         return False
+    from engine.models import vision_attention
+
+    vision_attention.use(model, NAME)  # the vision encoders' spans: a few calls, not one each
     return True
