@@ -50,19 +50,31 @@ def test_spans_of_one_length_apart_from_each_other_give_per_span_sdpa():
                                atol=1e-6, rtol=1e-6)
 
 
-def test_without_bounds_that_tile_the_sequence_it_is_plain_sdpa():
-    """No bounds, or bounds that do not tile the tokens in order: attention over all of them,
-    as transformers' SDPA would do, not a guess at spans."""
+def test_without_bounds_it_is_plain_sdpa_and_bad_bounds_are_refused():
+    """No bounds: attention over all the tokens, as transformers' SDPA does. Bounds that do
+    not tile the tokens in order are an error (transformers' own path fails to split by
+    them), never a guess. Grouped key/value heads take one SDPA call per span."""
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 20, 8, generator=gen) for _ in range(3))
     whole = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)
     module = torch.nn.Module()
     module.is_causal = False
     with torch.inference_mode():
-        for bounds in (None, torch.tensor([0, 8, 4, 20]), torch.tensor([0, 8, 16])):
-            out, _ = vision_attention.attention(module, q, k, v, None, is_causal=False,
-                                                cu_seq_lens_q=bounds)
-            torch.testing.assert_close(out, whole, atol=1e-6, rtol=1e-6)
+        out, _ = vision_attention.attention(module, q, k, v, None, is_causal=False)
+        torch.testing.assert_close(out, whole, atol=1e-6, rtol=1e-6)
+        for bounds in ([0, 8, 4, 20], [0, 8, 16], [4, 20]):
+            with pytest.raises(ValueError, match="do not tile"):
+                vision_attention.attention(module, q, k, v, None,
+                                           cu_seq_lens_q=torch.tensor(bounds))
+        module.num_key_value_groups = 2  # 4 query heads over 2 key/value heads
+        q4 = torch.randn(1, 4, 20, 8, generator=gen)
+        out, _ = vision_attention.attention(module, q4, k, v, None, is_causal=False,
+                                            cu_seq_lens_q=torch.tensor([0, 12, 20]))
+        heads = [torch.nn.functional.scaled_dot_product_attention(
+            q4[:, :, a:b], k[:, :, a:b].repeat_interleave(2, 1),
+            v[:, :, a:b].repeat_interleave(2, 1)) for a, b in ((0, 12), (12, 20))]
+        torch.testing.assert_close(out, torch.cat(heads, dim=2).transpose(1, 2), atol=1e-6,
+                                   rtol=1e-6)
 
 
 @pytest.mark.parametrize("arch", SPAN_FAMILIES)

@@ -29,39 +29,63 @@ from typing import Any
 NAME = "aphrodite_flash_varlen_sdpa"
 
 
+def _bounds(cu: Any, tokens: int) -> list[int]:
+    """Span bounds as ints, checked to tile ``tokens`` in order (transformers' own SDPA path
+    splits by them and fails otherwise: so does this)."""
+    bounds = [int(b) for b in cu.tolist()]
+    if not bounds or bounds[0] != 0 or bounds[-1] != tokens or any(
+            b < a for a, b in itertools.pairwise(bounds)):
+        raise ValueError(f"span bounds {bounds[:8]}... do not tile {tokens} tokens in order")
+    return bounds
+
+
+def _per_span(module: Any, query: Any, key: Any, value: Any, q_bounds: list[int],
+              k_bounds: list[int], **kwargs: Any) -> Any:
+    """transformers' SDPA path: one call per span (for what the batched path does not take:
+    a mask, several sequences, other bounds for the keys, grouped key/value heads)."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    outs = [sdpa_attention_forward(module, query[:, :, qa:qb], key[:, :, ka:kb],
+                                   value[:, :, ka:kb], None, **kwargs)[0]
+            for (qa, qb), (ka, kb) in zip(itertools.pairwise(q_bounds),
+                                          itertools.pairwise(k_bounds), strict=True)]
+    return torch.cat(outs, dim=1)
+
+
 def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
               dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
               cu_seq_lens_q: Any = None, cu_seq_lens_k: Any = None, **kwargs: Any
               ) -> tuple[Any, None]:
     """transformers' attention interface for packed spans: ``query``, ``key``, ``value``
     ``(1, heads, tokens, dim)``, span ``i`` being tokens ``cu_seq_lens_q[i]`` to
-    ``cu_seq_lens_q[i + 1]``; returns ``(1, tokens, heads, dim)``. Without bounds (or with
-    other bounds for the keys), plain SDPA over what it was given."""
+    ``cu_seq_lens_q[i + 1]``; returns ``(1, tokens, heads, dim)``. Without bounds: plain
+    SDPA over what it was given."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     kwargs.pop("max_length_q", None)
     kwargs.pop("max_length_k", None)
-    same_bounds = cu_seq_lens_k is None or cu_seq_lens_k is cu_seq_lens_q or (
-        cu_seq_lens_q is not None and torch.equal(cu_seq_lens_k, cu_seq_lens_q))
-    if cu_seq_lens_q is None or not same_bounds or query.shape[0] != 1 or \
-            attention_mask is not None or key.shape[1] != query.shape[1] or \
-            key.shape[2] != query.shape[2]:
+    if cu_seq_lens_q is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, is_causal=is_causal,
                                       **kwargs)
-    bounds = [int(b) for b in cu_seq_lens_q.tolist()]
+    bounds = _bounds(cu_seq_lens_q, query.shape[2])
+    key_bounds = bounds if cu_seq_lens_k is None or cu_seq_lens_k is cu_seq_lens_q else \
+        _bounds(cu_seq_lens_k, key.shape[2])
+    if key_bounds != bounds or query.shape[0] != 1 or attention_mask is not None or \
+            key.shape[1] != query.shape[1]:
+        if len(key_bounds) != len(bounds) or query.shape[0] != 1 or \
+                attention_mask is not None:
+            raise ValueError("packed spans need one sequence, no mask and as many key spans "
+                             "as query spans")
+        return _per_span(module, query, key, value, bounds, key_bounds, dropout=dropout,
+                         scaling=scaling, is_causal=is_causal, **kwargs), None
     starts: dict[int, list[int]] = {}
     for start, end in itertools.pairwise(bounds):
         if end > start:
             starts.setdefault(end - start, []).append(start)
     heads, tokens, dim = query.shape[1], query.shape[2], value.shape[-1]
-    covered = sum(length * len(firsts) for length, firsts in starts.items())
-    if not bounds or bounds[0] != 0 or bounds[-1] != tokens or covered != tokens:
-        # bounds that do not tile the sequence in order: not ours to guess
-        return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                      dropout=dropout, scaling=scaling, is_causal=is_causal,
-                                      **kwargs)
     causal = bool(is_causal)
     out = query.new_empty((heads, tokens, dim))
     for length, firsts in starts.items():
