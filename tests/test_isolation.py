@@ -185,6 +185,34 @@ def test_images_and_audio_decode_in_the_workers_too(workers):
         workers.decode_image(b"\x00garbage" * 50, limits)
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_a_worker_reuses_its_memory_from_one_decode_to_the_next():
+    """A decode worker tunes glibc's allocator as the server does (a spawned process starts
+    with the defaults): the buffers of one decode are reused by the next instead of being
+    mapped and page-faulted in again. Untuned, every decode of this 1280x720 JPEG faulted
+    in about 2,260 pages (9 MB); tuned, about 43."""
+    def minor_faults(pid: int) -> int:
+        return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[7])
+
+    limits = MediaLimits.from_env()
+    jpeg = synthetic.make_image(1280, 720, fmt="JPEG")
+    pool = DecodeWorkers(1, timeout_s=20)
+    try:
+        pixels = pool.decode_image_pixels(jpeg, limits)  # the worker's first: it allocates
+        assert pixels.shape == (720, 1280, 3)
+        del pixels
+        pid = pool.pids()[0]
+        faults = []
+        for _ in range(3):
+            before = minor_faults(pid)
+            pixels = pool.decode_image_pixels(jpeg, limits)
+            del pixels
+            faults.append(minor_faults(pid) - before)
+        assert max(faults) < 720 * 1280 * 3 // 4096 // 2, faults  # under half the image's pages
+    finally:
+        pool.close()
+
+
 def test_an_image_item_decodes_to_pixels_without_a_pil_image_for_array_consumers(workers):
     """``--engine vllm`` packs an image item's decoded pixels: the worker's array as it came
     (mapped shared memory, no PIL image made and converted back), equal to the PIL decode, in
