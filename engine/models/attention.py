@@ -30,6 +30,8 @@ import functools
 import threading
 from typing import Any
 
+from engine.models import vision_attention
+
 #: the transformers attention implementation name the engine's models use
 NAME = "aphrodite_sdpa"
 #: the share of a decode step's key/value frame that must be padding for rows to go apart
@@ -134,7 +136,5 @@ def use(model: Any) -> bool:
         model.set_attn_implementation(register())
     except (ValueError, ImportError, AttributeError, KeyError):
         return False
-    from engine.models import vision_attention
-
     vision_attention.use(model, NAME)  # the vision encoders' spans: a few calls, not one each
     return True

@@ -8,8 +8,9 @@ with float32 results (``scripts/cpu_linear_bench.py`` measures both on the machi
 A oneDNN call also costs about 25 us more than PyTorch's own, whatever its size: layers whose
 weight has fewer than ``APHRODITE_CPU_ONEDNN_MIN_WEIGHT`` elements (512 K by default) stay on
 PyTorch's path. On the tiny test models (weights of 2 K-57 K elements) every layer was slower
-through oneDNN, 1.9-6x for a decode step of 8 rows; at 512 x 1024 and up oneDNN wins at every
-row count measured.
+through oneDNN, 1.9-6x for a decode step of 8 rows; from 512 x 1024 up it was 1.4-1.6x faster
+at 8 rows, and at hundreds of rows within 10% either way, except the 640 x 1710 vision MLP
+(1.7x faster).
 vLLM's CPU backend packs its linear weights with oneDNN the same way; this is most of why its
 encoder and prefill cost half of ours on the same core before this module.
 

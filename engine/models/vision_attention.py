@@ -73,12 +73,10 @@ def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any
     bounds = _bounds(cu_seq_lens_q, query.shape[2])
     key_bounds = bounds if cu_seq_lens_k is None or cu_seq_lens_k is cu_seq_lens_q else \
         _bounds(cu_seq_lens_k, key.shape[2])
-    if key_bounds != bounds or query.shape[0] != 1 or attention_mask is not None or \
-            key.shape[1] != query.shape[1]:
-        if len(key_bounds) != len(bounds) or query.shape[0] != 1 or \
-                attention_mask is not None:
-            raise ValueError("packed spans need one sequence, no mask and as many key spans "
-                             "as query spans")
+    if query.shape[0] != 1 or attention_mask is not None or len(key_bounds) != len(bounds):
+        raise ValueError("packed spans need one sequence, no mask and as many key spans as "
+                         "query spans")
+    if key_bounds != bounds or key.shape[1] != query.shape[1]:
         return _per_span(module, query, key, value, bounds, key_bounds, dropout=dropout,
                          scaling=scaling, is_causal=is_causal, **kwargs), None
     starts: dict[int, list[int]] = {}
