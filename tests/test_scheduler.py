@@ -277,6 +277,57 @@ def test_max_num_batched_tokens_splits_a_join_into_prefills_that_fit():
         engine.close()
 
 
+def test_each_prefill_pass_hands_its_first_tokens_out_before_the_next_pass_runs():
+    """Rows of very different lengths are prefilled in separate passes (shortest first); the
+    short rows' first tokens reach the client (``on_step``, where the server sends a step's
+    events) before the long row's pass starts, not after the whole step; each row's
+    logits are still its own generate's, and its prefill ends at its own first token."""
+    from engine.executor.runner import length_groups
+
+    model = llm("qwen2_5_vl")
+    prompts = prompts_of("qwen2_5_vl")
+    text, long = prompts[0], prompts[-1]
+    assert len(length_groups([len(text.input_ids), len(long.input_ids)])) == 2
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8), batch_wait_s=1.0)
+    log: list[str] = []
+    forward = engine.runner._forward_rows
+
+    def logged(rows, *args):
+        log.append("pass " + ",".join(names[r.request.request_id] for r in rows))
+        return forward(rows, *args)
+
+    engine.runner._forward_rows = logged
+    engine.on_step.append(lambda: log.append("sent"))
+    logits = record_logits(engine)
+    names: dict[str, str] = {}
+
+    def first_token(name: str):
+        def on_event(event) -> None:
+            if event.token_id is not None and f"token {name}" not in log:
+                log.append(f"token {name}")
+        return on_event
+
+    try:
+        reqs = []
+        for name, prompt in (("long", long), ("text", text)):  # the long one arrives first
+            req = EngineRequest(prompt, greedy(3), on_event=first_token(name))
+            names[req.request_id] = name
+            reqs.append(engine.submit(req))
+        for r in reqs:
+            assert r.done.wait(120) and r.error is None, r.error
+        assert log[:6] == ["pass text", "token text", "sent", "pass long", "token long",
+                           "sent"], log
+        for req, prompt in zip(reqs, (long, text), strict=True):
+            assert_generate_logits(engine, logits, req, prompt, 3)
+        t_long, t_text = (r.timings for r in reqs)
+        assert t_long["queue_s"] == pytest.approx(t_text["queue_s"], abs=0.05)
+        # the long row's prefill took the text row's pass too; the text row's only its own
+        assert t_long["prefill_s"] + t_long["encoder_s"] > t_text["prefill_s"]
+        assert t_text["encoder_s"] == 0 and t_long["encoder_s"] > 0
+    finally:
+        engine.close()
+
+
 def test_a_decode_step_that_raises_fails_only_the_request_that_broke_it():
     """A step fails because of one row (here the runner raises whenever that request is in
     the step): the step is retried per request, that request fails with a 500 and no

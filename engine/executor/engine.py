@@ -29,7 +29,13 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.errors import AphroditeError, InternalError
 from engine.executor.request import CompletionOutput, EngineRequest
-from engine.executor.runner import ChunkedPrefill, RunningBatch, TransformersRunner, _Row
+from engine.executor.runner import (
+    ChunkedPrefill,
+    PrefillIncomplete,
+    RunningBatch,
+    TransformersRunner,
+    _Row,
+)
 from engine.executor.scheduler import Chunk, Prefilling, SeqState, StepPlan, plan
 from engine.models.loader import LoadedModel
 
@@ -77,6 +83,7 @@ class Engine:
         torch.set_num_threads(self.config.num_threads or usable_cpus())
         reserve_gpu_memory(self.config.device, self.config.reserved_gpu_bytes)
         self.runner = TransformersRunner(loaded, self.config)
+        self.runner.on_first_tokens = self._step_done
         self.batch_wait_s = batch_wait_s
         self._queue: queue.Queue[EngineRequest | _Call | None] = queue.Queue()
         self.waiting: collections.deque[_Row] = collections.deque()
@@ -317,18 +324,17 @@ class Engine:
             self._joined(joined, chunked.started)
 
     def _joined(self, joined: RunningBatch, started: float) -> None:
-        """Prefilled rows join the running batch (their stage timings recorded)."""
-        running = self._running_rows()
-        # the prefill ends with the first tokens (so TTFT = queue + encoder + prefill)
-        finished = min((r.first_token_at for r in joined.rows if r.first_token_at),
-                       default=time.perf_counter())
-        encoder_s = self.runner.encoder_s
-        size = running + len(joined.rows)
+        """Prefilled rows join the running batch (their stage timings recorded: each row's
+        prefill ends with its first token, so TTFT = queue + encoder + prefill)."""
+        size = self._running_rows() + len(joined.rows)
+        now = time.perf_counter()
         for row in joined.rows:
             req = row.request
+            finished = row.first_token_at or now
             req.timings.setdefault("queue_s", round(started - req.submitted, 6))
-            req.timings.setdefault("encoder_s", round(encoder_s, 6))
-            req.timings.setdefault("prefill_s", round(max(finished - started - encoder_s, 0), 6))
+            req.timings.setdefault("encoder_s", round(row.encoder_s, 6))
+            req.timings.setdefault("prefill_s", round(max(
+                finished - started - row.encoder_s, 0), 6))
             req.timings.setdefault("batch_size", size)
         if self.running is None or not self.running.rows:
             self.running = joined
@@ -338,25 +344,38 @@ class Engine:
 
     def _prefill(self, rows: list[_Row], done: Future | None = None) -> RunningBatch | None:
         """Prefill ``rows`` together (``done``: that prefill, run on the prefill thread); if
-        that raises, each request's rows alone, so the request that broke it fails and the
-        others join."""
+        that raises, each request's rows not yet handed on alone, so the request that broke
+        it fails and the others join (with the rows of the passes before the failure)."""
+        handed: RunningBatch | None = None
         try:
             if done is not None:
                 return done.result()
             self.batches += 1
             return self.runner.prefill(rows)
-        except Exception as exc:
-            groups = _by_request(rows)
-            if len(groups) == 1:
-                self._fail(rows, exc)
-                return None
-            logger.warning("a prefill of %d requests failed (%s); prefilling each alone",
-                           len(groups), type(exc).__name__)
+        except PrefillIncomplete as part:  # earlier passes' rows have their first tokens
+            handed, rows, exc = part.batch, part.rows, part.cause
+        except Exception as error:
+            exc = error
+        groups = _by_request(rows)
+        if len(groups) == 1 and handed is None:
+            self._fail(rows, exc)
+            return None
+        logger.warning("a prefill of %d requests failed (%s); prefilling each alone",
+                       len(groups), type(exc).__name__)
+
         def alone(group: list[_Row]) -> RunningBatch:
             self.batches += 1
             return self.runner.prefill(group)
 
-        return self._each_alone(groups, alone)
+        joined = self._each_alone(groups, alone)
+        if handed is None:
+            return joined
+        for row in handed.rows:  # a failed request's rows handed on end with it
+            if row.request.error is not None:
+                row.done = True
+        if joined is not None:
+            handed.join(joined)
+        return handed
 
     def _decode(self, batch: RunningBatch) -> None:
         self.stats["steps_total"] += 1

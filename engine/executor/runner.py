@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,8 @@ class _Row:
     done: bool = False
     finish_reason: str | None = None
     first_token_at: float | None = None
+    #: the prefill's encoder time up to this row's first token (its stage timings)
+    encoder_s: float = 0.0
     #: the token to feed at the next step, and the text position it takes (M-RoPE rows add
     #: ``rope_delta``: the prompt's vision tokens span fewer positions than tokens)
     last_token: int = 0
@@ -134,6 +137,16 @@ def length_groups(lengths: list[int], slack: float = PADDING_SLACK) -> list[list
     return groups
 
 
+class PrefillIncomplete(Exception):
+    """A prefill's pass failed after earlier passes' rows got their first tokens: those rows
+    (``batch``, to join), the rows not prefilled (``rows``: the failed pass's and those after
+    it) and the pass's exception (``cause``)."""
+
+    def __init__(self, batch: RunningBatch, rows: list[_Row], cause: Exception) -> None:
+        super().__init__(f"{len(rows)} rows not prefilled: {cause!r}")
+        self.batch, self.rows, self.cause = batch, rows, cause
+
+
 #: the media tensors a prefill whose media are cached leaves out (what the encoders read; the
 #: position rules read only the grids and token types)
 _MEDIA_TENSORS = frozenset({"pixel_values", "pixel_values_videos", "input_features"})
@@ -158,6 +171,9 @@ class TransformersRunner:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else next(iter(self.eos_ids), 0)
         self.encoder_s = 0.0
+        #: called after each prefill pass's first tokens were handed on (the engine sends
+        #: them out there: a step's later passes do not hold them back)
+        self.on_first_tokens: Callable[[], None] | None = None
         time_encoder(self.model, loaded.spec.encoder_attr, self._add_encoder_time)
         tok = self.tokenizer
         self.media_token_ids = {tok.convert_tokens_to_ids(loaded.spec.feature_token(m))
@@ -219,12 +235,13 @@ class TransformersRunner:
     def prefill(self, rows: list[_Row]) -> RunningBatch:
         """The prompts of ``rows`` prefilled, each from the end of its cached prefix (none:
         the whole prompt), in as few forward passes as keep the padding small (rows grouped
-        by the tokens they prefill, :func:`length_groups`); in each, the cached keys and
-        values left-padded to the longest prefix, the uncached tokens left-padded to the
-        longest rest, the media of the rows whose media span is not cached concatenated in
-        order; then each row's first token sampled and handed on, and the positions their
-        next tokens take. On an exception nothing was handed on."""
-        import torch
+        by the tokens they prefill, :func:`length_groups`, shortest first); in each, the
+        cached keys and values left-padded to the longest prefix, the uncached tokens
+        left-padded to the longest rest, the media of the rows whose media span is not cached
+        concatenated in order. After each pass its rows' first tokens are sampled and handed
+        on, and :attr:`on_first_tokens` is called (so they go out before the next pass runs),
+        with the positions their next tokens take. A pass that raises before any was handed
+        on raises as it is; after, :class:`PrefillIncomplete` holds the rows handed on."""
         from transformers import DynamicCache
 
         self.encoder_s = 0.0
@@ -240,15 +257,27 @@ class TransformersRunner:
             self.caches.fill_rows(cache, [found[i][0] for i in group],
                                   [found[i][1] for i in group])
             caches.append(cache)
-        parts = [self._forward_rows([rows[i] for i in group], [found[i][0] for i in group],
-                                    [found[i][1] for i in group], cache)
-                 for group, cache in zip(groups, caches, strict=True)]
-        batch = parts[0][0]
-        for other, _ in parts[1:]:
-            batch.join(other)
-        logits = torch.cat([part_logits for _, part_logits in parts])
-        # one sampling for all rows: a failure hands nothing on (the rows are retried alone)
-        self._advance(list(batch.rows), logits)
+        batch: RunningBatch | None = None
+        for n, (group, cache) in enumerate(zip(groups, caches, strict=True)):
+            try:
+                part, logits = self._forward_rows(
+                    [rows[i] for i in group], [found[i][0] for i in group],
+                    [found[i][1] for i in group], cache)
+                self._advance(list(part.rows), logits)
+            except Exception as exc:
+                if batch is None:
+                    raise
+                left = [rows[i] for later in groups[n:] for i in later]
+                raise PrefillIncomplete(batch, left, exc) from exc
+            for row in part.rows:
+                row.encoder_s = self.encoder_s
+            if batch is None:
+                batch = part
+            else:
+                batch.join(part)
+            if self.on_first_tokens is not None:
+                self.on_first_tokens()
+        assert batch is not None
         return batch
 
     def _row_positions(self, row: _Row) -> tuple[Any, int | None]:
@@ -358,6 +387,7 @@ class TransformersRunner:
             return None
         batch = RunningBatch([plan.row], plan.cache, plan.inputs["attention_mask"], plan.mrope)
         self._advance([plan.row], logits)
+        plan.row.encoder_s = self.encoder_s  # the prompt's chunks' encoder time
         return batch
 
     def _forward_chunk(self, plan: ChunkedPrefill, start: int, end: int) -> Any:
