@@ -119,6 +119,12 @@ def serve(
              "batch, e.g. 8192 (a longer prompt is prefilled alone, a chunk per step); "
              "default: vLLM's, 2048 on a CPU and 8192 on a GPU.")
     ] = EngineConfig.max_num_batched_tokens,
+    prefill_pass_tokens: Annotated[int | None, typer.Option(
+        help="Most tokens (padding included) one prefill forward pass of several requests "
+             "holds, e.g. 512; a step's requests beyond it go in further passes, and each "
+             "pass sends its first tokens as it ends. Default: 256 on a CPU (a pass that "
+             "size already runs at full speed), no bound on a GPU.")
+    ] = EngineConfig.prefill_pass_tokens,
     num_threads: Annotated[int | None, typer.Option(
         help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "
              "which pins one core; default: the CPUs the process may use (its affinity and cgroup "
@@ -242,6 +248,7 @@ def serve(
         # the engine's settings, checked here once and handed whole to the engine process
         engine=EngineConfig(max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=max_num_batched_tokens,
+                            prefill_pass_tokens=prefill_pass_tokens,
                             num_threads=num_threads, device=device, dtype=dtype,
                             overlap_prefill=overlap_prefill,
                             enable_prefix_caching=enable_prefix_caching,

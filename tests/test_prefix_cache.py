@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 
 from engine.config import EngineConfig
+from engine.errors import ConfigError
 from engine.executor import runner as runner_module
 from engine.executor.encoder_cache import EncoderCache, nbytes
 from engine.executor.engine import Engine
@@ -214,7 +215,7 @@ def test_rows_with_different_cached_prefixes_are_prefilled_in_one_pass(arch, mon
     prefill), and each gets the logits of the model's own ``generate``. (Rows of very
     different lengths go in separate passes by default, ``length_groups``: here all rows
     are put in one, the case that has padding both in the cached and the new columns.)"""
-    monkeypatch.setattr(runner_module, "length_groups", lambda lengths: [list(range(len(
+    monkeypatch.setattr(runner_module, "length_groups", lambda lengths, **_: [list(range(len(
         lengths)))])
 
     model = llm(arch)
@@ -262,6 +263,23 @@ def test_rows_are_grouped_into_passes_that_waste_little_on_padding():
         own = sum(lengths[i] for i in group)
         assert len(group) * max(lengths[i] for i in group) <= 1.15 * own
     assert sorted(i for g in groups(lengths) for i in g) == list(range(len(lengths)))
+
+
+def test_a_pass_holds_at_most_the_pass_token_bound_and_cpus_bound_it_by_default():
+    groups = runner_module.length_groups
+    assert groups([100] * 4, max_tokens=256) == [[0, 1], [2, 3]]
+    assert groups([240, 250, 245], max_tokens=256) == [[0], [2], [1]]  # shortest first
+    assert groups([300, 20, 19], max_tokens=256) == [[2, 1], [0]]  # one over it: alone
+    lengths = [17, 30, 31, 29, 120, 44, 28, 110, 5]
+    for bound in (32, 64, 100, 256):
+        got = groups(lengths, max_tokens=bound)
+        assert sorted(i for g in got for i in g) == list(range(len(lengths)))
+        assert all(len(g) == 1 or len(g) * max(lengths[i] for i in g) <= bound for g in got)
+    assert EngineConfig().pass_tokens == 256
+    assert EngineConfig(device="cuda").pass_tokens is None
+    assert EngineConfig(prefill_pass_tokens=4096).pass_tokens == 4096
+    with pytest.raises(ConfigError, match="--prefill-pass-tokens"):
+        EngineConfig(prefill_pass_tokens=0)
 
 
 def test_a_row_prefilled_beside_others_is_reused_from_its_own_columns():

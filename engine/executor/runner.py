@@ -114,21 +114,25 @@ class ChunkedPrefill:
 PADDING_SLACK = 0.15
 
 
-def length_groups(lengths: list[int], slack: float = PADDING_SLACK) -> list[list[int]]:
+def length_groups(lengths: list[int], slack: float = PADDING_SLACK,
+                  max_tokens: int | None = None) -> list[list[int]]:
     """The rows (indices into ``lengths``, the tokens each prefills) grouped into forward
-    passes so that no pass computes more than ``slack`` of its rows' tokens as padding: left
-    padding to the longest row is work thrown away (a 240-token image row beside a
-    790-token video row costs three times its own tokens), while on a CPU, and on a GPU for
-    rows of a few hundred tokens, one pass per group costs about what one pass over all
-    would. Rows sorted by length, each group as long as it stays within the slack."""
+    passes, shortest first, so that no pass computes more than ``slack`` of its rows' tokens
+    as padding: left padding to the longest row is work thrown away (a 240-token image row
+    beside a 790-token video row costs three times its own tokens). ``max_tokens``: nor more
+    than that many tokens, padding included (a row over it alone is one pass): on a CPU a
+    pass of a few hundred tokens already runs the products at full speed, so one pass per
+    row costs what one pass over all would, and the first rows' first tokens go out sooner
+    (each pass hands its own out)."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     groups: list[list[int]] = []
     total = 0
     for i in order:
         group = groups[-1] if groups else None
         # sorted ascending: row i is the group's longest once it joins
-        if group is not None and (len(group) + 1) * lengths[i] <= (1 + slack) * (
-                total + lengths[i]):
+        padded = (len(group) + 1) * lengths[i] if group is not None else 0
+        if group is not None and padded <= (1 + slack) * (total + lengths[i]) and (
+                max_tokens is None or padded <= max_tokens):
             group.append(i)
             total += lengths[i]
         else:
@@ -174,6 +178,8 @@ class TransformersRunner:
         #: called after each prefill pass's first tokens were handed on (the engine sends
         #: them out there: a step's later passes do not hold them back)
         self.on_first_tokens: Callable[[], None] | None = None
+        #: the most tokens one prefill pass of several rows computes (see length_groups)
+        self.pass_tokens = config.pass_tokens
         time_encoder(self.model, loaded.spec.encoder_attr, self._add_encoder_time)
         tok = self.tokenizer
         self.media_token_ids = {tok.convert_tokens_to_ids(loaded.spec.feature_token(m))
@@ -248,7 +254,7 @@ class TransformersRunner:
         found = [self.caches.lookup(row.request, row.index == 0) for row in rows]
         rest = [len(row.request.prompt.input_ids) - length
                 for row, (_, length) in zip(rows, found, strict=True)]
-        groups = length_groups(rest)
+        groups = length_groups(rest, max_tokens=self.pass_tokens)
         # Every row's cached keys and values are taken before any pass stores new blocks: a
         # full cache would evict blocks just looked up.
         caches = []
