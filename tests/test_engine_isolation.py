@@ -76,3 +76,40 @@ def test_a_failed_request_streams_no_finish_event():
         assert events == []
     finally:
         engine.close()
+
+
+def test_a_request_whose_later_pass_fails_ends_with_the_rows_it_had_handed_on():
+    """A request's two rows in separate prefill passes: the first hands its first token on,
+    the second's pass fails (and fails again alone). The request ends with its error, its
+    handed-on row leaves the running batch with it (the engine goes idle, no row left
+    behind), and the other request of that prefill is answered as alone."""
+    model = llm("qwen2_5_vl")
+    texts = [model.prepare(f"Question number {k}: what is it?", [], None, raw=True)[1]
+             for k in range(2)]
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8, prefill_pass_tokens=1),
+                    batch_wait_s=2.0)
+    forward = engine.runner._forward_rows
+    broken = EngineRequest(texts[0], dataclasses.replace(GREEDY, n=2))
+
+    def failing(rows, *args):
+        if any(r.request is broken and r.index == 1 for r in rows):
+            raise RuntimeError("this row's pass breaks")
+        return forward(rows, *args)
+
+    engine.runner._forward_rows = failing
+    events = []
+    broken.on_event = events.append
+    try:
+        engine.submit(broken)
+        other = engine.submit(EngineRequest(texts[1], GREEDY))
+        assert broken.done.wait(120) and other.done.wait(120)
+        assert isinstance(broken.error, AphroditeError) and broken.error.status == 500
+        assert [e.index for e in events if e.token_id is not None] == [0]  # row 0's first
+        assert other.error is None
+        solo = engine.submit(EngineRequest(texts[1], GREEDY))
+        assert solo.done.wait(120) and solo.error is None
+        assert other.outputs[0].token_ids == solo.outputs[0].token_ids
+        assert engine.scheduler_stats()["num_rows_running"] == 0
+        assert engine.running is None and not engine.waiting
+    finally:
+        engine.close()
