@@ -128,16 +128,16 @@ def length_groups(lengths: list[int], slack: float = PADDING_SLACK,
     groups: list[list[int]] = []
     total = 0
     for i in order:
-        group = groups[-1] if groups else None
-        # sorted ascending: row i is the group's longest once it joins
-        padded = (len(group) + 1) * lengths[i] if group is not None else 0
-        if group is not None and padded <= (1 + slack) * (total + lengths[i]) and (
-                max_tokens is None or padded <= max_tokens):
-            group.append(i)
-            total += lengths[i]
-        else:
-            groups.append([i])
-            total = lengths[i]
+        if groups:
+            # sorted ascending: row i is the group's longest once it joins
+            padded = (len(groups[-1]) + 1) * lengths[i]
+            if padded <= (1 + slack) * (total + lengths[i]) and (
+                    max_tokens is None or padded <= max_tokens):
+                groups[-1].append(i)
+                total += lengths[i]
+                continue
+        groups.append([i])
+        total = lengths[i]
     return groups
 
 
@@ -250,30 +250,33 @@ class TransformersRunner:
         on raises as it is; after, :class:`PrefillIncomplete` holds the rows handed on."""
         from transformers import DynamicCache
 
+        if not rows:
+            raise ValueError("a prefill needs at least one row")
         self.encoder_s = 0.0
         found = [self.caches.lookup(row.request, row.index == 0) for row in rows]
         rest = [len(row.request.prompt.input_ids) - length
                 for row, (_, length) in zip(rows, found, strict=True)]
         groups = length_groups(rest, max_tokens=self.pass_tokens)
+        # each pass's rows, their block hashes and cached lengths
+        passes = [([rows[i] for i in g], [found[i][0] for i in g], [found[i][1] for i in g])
+                  for g in groups]
         # Every row's cached keys and values are taken before any pass stores new blocks: a
         # full cache would evict blocks just looked up.
         caches = []
-        for group in groups:
+        for _, hashes, cached in passes:
             cache = DynamicCache(config=self.model.config)
-            self.caches.fill_rows(cache, [found[i][0] for i in group],
-                                  [found[i][1] for i in group])
+            self.caches.fill_rows(cache, hashes, cached)
             caches.append(cache)
         batch: RunningBatch | None = None
-        for n, (group, cache) in enumerate(zip(groups, caches, strict=True)):
+        for n, ((group, hashes, cached), cache) in enumerate(zip(passes, caches,
+                                                                   strict=True)):
             try:
-                part, logits = self._forward_rows(
-                    [rows[i] for i in group], [found[i][0] for i in group],
-                    [found[i][1] for i in group], cache)
+                part, logits = self._forward_rows(group, hashes, cached, cache)
                 self._advance(list(part.rows), logits)
             except Exception as exc:
                 if batch is None:
                     raise
-                left = [rows[i] for later in groups[n:] for i in later]
+                left = [row for later, _, _ in passes[n:] for row in later]
                 raise PrefillIncomplete(batch, left, exc) from exc
             for row in part.rows:
                 row.encoder_s = self.encoder_s
@@ -283,8 +286,7 @@ class TransformersRunner:
                 batch.join(part)
             if self.on_first_tokens is not None:
                 self.on_first_tokens()
-        assert batch is not None
-        return batch
+        return batch  # type: ignore[return-value]  (rows is not empty: one pass ran)
 
     def _row_positions(self, row: _Row) -> tuple[Any, int | None]:
         """A row's prompt positions by the model's own rule (3-D M-RoPE for Qwen-VL: vision
