@@ -80,6 +80,9 @@ def test_a_prefill_takes_whole_blocks_never_the_last_token_nor_part_of_the_media
     assert usable_prefix(32, 100, (20, 40), 16) == 16  # half the span: back before it
     assert usable_prefix(16, 100, (16, 40), 16) == 16  # ends right before it
     assert usable_prefix(0, 100, None, 16) == 0
+    # a model that resumes from its merged embeddings keeps the blocks inside the span
+    assert usable_prefix(32, 100, (20, 40), 16, inside_media=True) == 32
+    assert usable_prefix(48, 48, (20, 40), 16, inside_media=True) == 32
 
 
 def test_the_encoder_cache_returns_a_pass_seen_before_without_running_it():
@@ -172,6 +175,66 @@ def test_a_shared_prefix_is_reused_with_the_logits_of_the_models_own_generate(ar
             reqs[2].num_cached_tokens
         assert stats["prefix_cache_queries"] == sum(len(p.input_ids)
                                                     for p in (first, second, other))
+    finally:
+        engine.close()
+
+
+def short_tail_prompts(arch: str, block_size: int = 16) -> list:
+    """Two short questions right after one item, the text before it lengthened until the
+    blocks the second shares with the first end inside the item's tokens (less than a block
+    of text follows them)."""
+    model = llm(arch)
+    spec = model.loaded.spec
+    modality = spec.modalities[0]
+    media = set(model.loaded.tokenizer.convert_tokens_to_ids(
+        [spec.feature_token(m) for m in spec.modalities]))
+    for extra in range(block_size):
+        prompts = [model.prepare(SYSTEM + " ok" * extra + spec.placeholders[modality] + question,
+                                 [media_item(modality, 4)], None, False)[1]
+                   for question in ("What?", "Which colours?")]
+        ids = [p.input_ids for p in prompts]
+        shared = next(i for i, (a, b) in enumerate(zip(*ids, strict=False)) if a != b)
+        at = [i for i, t in enumerate(ids[1]) if t in media]
+        if at[0] < shared // block_size * block_size <= at[-1]:
+            return prompts
+    raise AssertionError(f"{arch}: no text length puts a block boundary inside the item")
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-pass", "chunked"])
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_a_cached_prefix_that_ends_inside_the_media_resumes_there(arch, chunked):
+    """vLLM reuses the part of an item a cached prefix holds: so does a family that hands its
+    language model merged embeddings (the prefill resumes inside the media span from them,
+    with the encoder output cached); the logits are the model's own ``generate``'s. Families
+    whose media also enter deeper layers (Qwen3-VL) cut the prefix back before the media."""
+    model = llm(arch)
+    first, second = short_tail_prompts(arch)
+    budget = {"max_num_batched_tokens": 4} if chunked else {}
+    engine = Engine(model.loaded, EngineConfig(**budget))
+    logits = record_logits(engine)
+    plans = []
+    start = engine.runner.start_chunked
+    engine.runner.start_chunked = lambda row: plans.append(start(row)) or plans[-1]
+    try:
+        if engine.runner.prefix_cache is None:
+            assert arch == "gemma3"  # sliding-window layers: no prefix cache
+            return
+        span = media_span(engine, second)
+        reqs = [run(engine, p) for p in (first, second)]
+        cached = reqs[1].num_cached_tokens
+        if model.loaded.spec.resume_in_media:
+            assert engine.runner.resumes_in_media
+            assert span[0] < cached <= span[1], (span, cached)  # inside the item's tokens
+            # the item's encoder output came from the encoder cache: its layers did not run
+            stats = engine.runner.encoder_cache.stats
+            assert (stats.hits, stats.misses) == (1, 1)
+            # chunked: the second prompt's chunks are fed from its merged embeddings
+            assert [p.embeds is not None for p in plans] == ([False, True] if chunked else [])
+        else:
+            assert arch == "qwen3_vl"
+            assert cached <= span[0]
+        for req, prompt in zip(reqs, (first, second), strict=True):
+            assert_generate_logits(engine, logits, req, prompt, 4)
     finally:
         engine.close()
 

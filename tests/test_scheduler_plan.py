@@ -114,6 +114,12 @@ def test_cached_prompt_tokens_are_neither_prefilled_nor_charged_to_the_budget():
     assert SeqState(100, cached_tokens=30, media_span=(20, 50)).first_uncached == 20
     assert SeqState(100, cached_tokens=20, media_span=(20, 50)).first_uncached == 20
     assert SeqState(100, cached_tokens=51, media_span=(20, 50)).first_uncached == 51
+    # unless the model resumes inside it (from its merged embeddings)
+    resumable = SeqState(100, cached_tokens=30, media_span=(20, 50), media_resumable=True)
+    assert resumable.first_uncached == 30 and resumable.tokens_to_prefill == 70
+    # and its first chunk still ends past the span (the rest of the item's tokens in one pass)
+    assert plan([resumable], running=0, config=config(max_num_batched_tokens=8)).chunk == \
+        Chunk(30, 51, final=False)
     # a chunked prefill of a partly cached prompt starts after the cached part
     step = plan([SeqState(300, cached_tokens=100)], running=0, config=budget)
     assert step.chunk == Chunk(100, 164, final=False) and step.starts_chunk
@@ -141,9 +147,11 @@ def test_the_runners_usable_prefix_is_the_schedulers_first_uncached_token():
 
     for cached, length, span in [(48, 48, None), (48, 49, None), (48, 100, (20, 40)),
                                  (32, 100, (20, 40)), (16, 100, (16, 40)), (0, 7, None)]:
-        usable = usable_prefix(cached, length, span, 16)
-        seq = SeqState(length, cached_tokens=usable, media_span=span)
-        assert seq.first_uncached == usable and seq.tokens_to_prefill == length - usable
+        for inside in (False, True):
+            usable = usable_prefix(cached, length, span, 16, inside_media=inside)
+            seq = SeqState(length, cached_tokens=usable, media_span=span,
+                           media_resumable=inside)
+            assert seq.first_uncached == usable and seq.tokens_to_prefill == length - usable
 
 
 def test_the_waiting_queue_is_read_only_as_far_as_needed():

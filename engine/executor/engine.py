@@ -259,7 +259,8 @@ class Engine:
             media = self.runner.media_token_ids
             at = [i for i, t in enumerate(ids) if t in media]
             span = (at[0], at[-1]) if at else None
-        return SeqState(len(ids), media_span=span)
+        return SeqState(len(ids), media_span=span,
+                        media_resumable=self.runner.resumes_in_media)
 
     def _prefill_step(self, step: StepPlan) -> None:
         """Execute the plan's prefill: the admitted rows together, or a chunk."""

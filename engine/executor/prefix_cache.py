@@ -141,12 +141,14 @@ class PrefixCache:
 
 
 def usable_prefix(cached: int, length: int, media: tuple[int, int] | None,
-                  block_size: int = BLOCK_SIZE) -> int:
+                  block_size: int = BLOCK_SIZE, *, inside_media: bool = False) -> int:
     """How many of a prompt's first ``cached`` tokens (whole blocks found in the cache) a
     prefill may take from it: never the last token (its logits give the first output token,
-    as vLLM recomputes it), and never part of the media span ``[first, last]`` (the encoder's
-    output lands in one forward pass: all of the span is reused, or none of it)."""
+    as vLLM recomputes it), and never part of the media span ``[first, last]`` unless
+    ``inside_media`` (the prefill resumes from the model's merged embeddings,
+    :mod:`engine.executor.media_embeds`; else the encoder's output lands in one forward pass:
+    all of the span is reused, or none of it)."""
     usable = min(cached, (length - 1) // block_size * block_size)
-    if media is not None and media[0] < usable <= media[1]:
+    if not inside_media and media is not None and media[0] < usable <= media[1]:
         usable = media[0] // block_size * block_size
     return max(usable, 0)

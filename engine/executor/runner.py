@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.executor import kv, sampler
+from engine.executor import kv, media_embeds, sampler
 from engine.executor.detokenize import OutputText, byte_tokens
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
 from engine.executor.warm_cache import WarmCaches, media_span
@@ -108,6 +108,9 @@ class ChunkedPrefill:
     started: float = field(default_factory=time.perf_counter)
     #: the prompt's block hashes (prefix caching): its blocks are stored after the last chunk
     hashes: list[bytes] = field(default_factory=list)
+    #: the prompt's merged input embeddings, when its cached prefix ends inside its media
+    #: span: every chunk is fed from them (see media_embeds)
+    embeds: Any = None
 
 
 #: how much padding a prefill pass may compute, over its rows' own tokens (see length_groups)
@@ -189,7 +192,12 @@ class TransformersRunner:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         encoder = getattr(self.model, loaded.spec.encoder_attr, None) or getattr(
             getattr(self.model, "model", None), loaded.spec.encoder_attr, None)
-        self.caches = WarmCaches(self.model, encoder, self.media_token_ids, config)
+        self._text_model = media_embeds.language_model(self.model) \
+            if loaded.spec.resume_in_media else None
+        #: a prefill may start inside a prompt's media span (a cached prefix is not cut back)
+        self.resumes_in_media = self._text_model is not None
+        self.caches = WarmCaches(self.model, encoder, self.media_token_ids, config,
+                                 inside_media=self.resumes_in_media)
         self.prefix_cache, self.encoder_cache = self.caches.prefix, self.caches.encoder
 
     def _add_encoder_time(self, seconds: float) -> None:
@@ -313,7 +321,8 @@ class TransformersRunner:
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), prefix + width), dtype=torch.long)
         encoded = []  # rows whose media the encoder reads in this pass
-        parts, deltas = [], []
+        resumed = False  # a row's cached prefix ends inside its media span
+        parts, deltas, whole = [], [], []
         spec = self.loaded.spec
         types = None
         for i, (row, seq, c, n) in enumerate(zip(rows, seqs, cached, rest, strict=True)):
@@ -323,7 +332,9 @@ class TransformersRunner:
             media = media_span(seq, self.media_token_ids)
             if media is not None and c <= media[1]:
                 encoded.append(row)
+                resumed = resumed or c > media[0]
             positions, delta = self._row_positions(row)
+            whole.append(positions)
             pad = positions.new_zeros((*positions.shape[:-1], width - n))
             parts.append(torch.cat([pad, positions[..., c:]], dim=-1))
             deltas.append(delta)
@@ -338,9 +349,14 @@ class TransformersRunner:
         inputs.update(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
         if types is not None:
             inputs[spec.token_types_key] = types.to(self.device)
+        keyed = self.caches.keyed([r.request.prompt for r in encoded])
+        if resumed:  # every row from its merged embeddings, after its cached prefix
+            keyed = contextlib.nullcontext()
+            inputs = {"inputs_embeds": self._rows_embeds(rows, whole, cached, width),
+                      "attention_mask": inputs["attention_mask"]}
         positions = torch.cat(parts, dim=-2).to(self.device)
         mrope = any(d is not None for d in deltas)
-        with torch.inference_mode(), self.caches.keyed([r.request.prompt for r in encoded]):
+        with torch.inference_mode(), keyed:
             out = self.model(**inputs, position_ids=positions, **{self._cache_arg: cache},
                              use_cache=True, logits_to_keep=1)
         lengths = [len(s) for s in seqs]
@@ -360,6 +376,28 @@ class TransformersRunner:
             row.rope_delta = deltas[i] or 0
             self.caches.store(cache, i, total - lengths[i], hashes[i])
         return RunningBatch(rows, cache, mask, mrope), out.logits[:, -1, :]
+
+    def _merged(self, row: _Row, positions: Any) -> Any:
+        """``(1, tokens, hidden)``: the embeddings of ``row``'s whole prompt with its media
+        features in place, as the model merges them (its encoder output from the encoder
+        cache when it holds the prompt's items)."""
+        import torch
+
+        with torch.inference_mode(), self.caches.keyed([row.request.prompt]):
+            return media_embeds.merged_embeds(self.model, self._text_model,
+                                              self._inputs([row]), positions.to(self.device))
+
+    def _rows_embeds(self, rows: list[_Row], positions: list[Any], cached: list[int],
+                     width: int) -> Any:
+        """``(rows, width, hidden)``: each row's merged embeddings after its first
+        ``cached[i]`` tokens, left-padded with zeros (the mask hides the padding)."""
+        out = None
+        for i, (row, pos, c) in enumerate(zip(rows, positions, cached, strict=True)):
+            full = self._merged(row, pos)[0, c:]
+            if out is None:
+                out = full.new_zeros((len(rows), width, full.shape[-1]))
+            out[i, width - full.shape[0]:] = full
+        return out
 
     def start_chunked(self, row: _Row) -> ChunkedPrefill:
         """Set up the chunked prefill of one row's prompt (positions computed once, for the
@@ -381,10 +419,15 @@ class TransformersRunner:
                                                                    dict(inputs))
         deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
         mrope = deltas is not None and positions.ndim == 3
+        embeds = None
+        if media is not None and media[0] < cached <= media[1]:
+            embeds = self._merged(row, positions)
+            inputs = {k: v for k, v in inputs.items() if k not in _MEDIA_TENSORS}
         cache = DynamicCache(config=self.model.config)
         self.caches.fill_rows(cache, [hashes], [cached])
         return ChunkedPrefill(row, inputs, positions, cache, mrope,
-                              int(deltas[0, 0]) if mrope else 0, done=cached, hashes=hashes)
+                              int(deltas[0, 0]) if mrope else 0, done=cached, hashes=hashes,
+                              embeds=embeds)
 
     def prefill_chunk(self, plan: ChunkedPrefill, start: int, end: int) -> RunningBatch | None:
         """Prefill prompt tokens ``[start, end)`` (the chunk with media holds all of it);
@@ -414,7 +457,10 @@ class TransformersRunner:
                 :, 0 if spec.bidirectional_media else start:end]
         ids = chunk["input_ids"][0].tolist()
         keyed: Any = contextlib.nullcontext()
-        if any(t in self.media_token_ids for t in ids):  # the chunk with the media span
+        if plan.embeds is not None:  # resumed inside the media span: fed from the embeddings
+            chunk["inputs_embeds"] = plan.embeds[:, start:end]
+            del chunk["input_ids"]
+        elif any(t in self.media_token_ids for t in ids):  # the chunk with the media span
             chunk.update({k: v for k, v in inputs.items() if k not in (
                 "input_ids", "attention_mask", spec.token_types_key)})
             keyed = self.caches.keyed([plan.row.request.prompt])

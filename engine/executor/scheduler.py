@@ -20,7 +20,8 @@ step and executes the :class:`StepPlan`. The rules, in the order they apply:
 6. Prefix cache: the tokens a row's prompt already has in the cache (``cached_tokens``) are
    not prefilled and not charged to the budget; its last prompt token always is (its logits
    give the first token), and a cached prefix never ends inside the media span (it is cut
-   back to the span's start). Until the cache exists the engine passes 0.
+   back to the span's start) unless the model resumes there (``media_resumable``: the
+   runner feeds it the merged embeddings). Until the cache exists the engine passes 0.
 7. Every running row, those that joined this step included, then takes one decode step.
 """
 
@@ -36,18 +37,20 @@ from engine.config import EngineConfig
 class SeqState:
     """What the scheduler knows of a waiting row: its prompt's length in tokens, how many of
     them the prefix cache holds, and where its media tokens are (``[first, last]``, or None
-    for a prompt without media; only looked up for a prompt that may be chunked)."""
+    for a prompt without media; only looked up for a prompt that may be chunked), and whether
+    a prefill may start inside that span (rule 6)."""
 
     prompt_tokens: int
     cached_tokens: int = 0
     media_span: tuple[int, int] | None = None
+    media_resumable: bool = False
 
     @property
     def first_uncached(self) -> int:
         """The first prompt token to prefill (rule 6)."""
         start = max(0, min(self.cached_tokens, self.prompt_tokens - 1))
         span = self.media_span
-        if span is not None and span[0] < start <= span[1]:
+        if span is not None and span[0] < start <= span[1] and not self.media_resumable:
             start = span[0]
         return start
 

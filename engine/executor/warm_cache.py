@@ -78,15 +78,17 @@ def prompt_hashes(store_in: PrefixCache, prompt: Any, media_ids: set[int]) -> li
 
 
 def lookup(store_in: PrefixCache, prompt: Any, media_ids: set[int], *, count: bool,
-           hashes: list[bytes] | None = None) -> tuple[list[bytes], int]:
+           hashes: list[bytes] | None = None, inside_media: bool = False
+           ) -> tuple[list[bytes], int]:
     """A prompt's block hashes (``hashes``: computed before) and how many of its first tokens
-    a prefill takes from the cache (``count``: the lookup goes into the hit statistics)."""
+    a prefill takes from the cache (``count``: the lookup goes into the hit statistics;
+    ``inside_media``: the prefix may end inside the media span, see :func:`usable_prefix`)."""
     ids = prompt.input_ids
     span = media_span(ids, media_ids)
     if hashes is None:
         hashes = prompt_hashes(store_in, prompt, media_ids)
     length = usable_prefix(store_in.longest(hashes) * store_in.block_size, len(ids), span,
-                           store_in.block_size)
+                           store_in.block_size, inside_media=inside_media)
     if count:
         store_in.record(len(ids), length)
     return hashes, length
@@ -95,11 +97,13 @@ def lookup(store_in: PrefixCache, prompt: Any, media_ids: set[int], *, count: bo
 class WarmCaches:
     """A runner's prefix cache (None when off, or for a family whose cache layers cannot be
     cut into blocks: sliding windows, Gemma 3) and encoder output cache (None when its bound
-    is 0 or the model has no encoder)."""
+    is 0 or the model has no encoder). ``inside_media``: a cached prefix may end inside a
+    prompt's media span (the runner resumes there from the merged embeddings)."""
 
     def __init__(self, model: Any, encoder: Any, media_token_ids: set[int],
-                 config: EngineConfig) -> None:
+                 config: EngineConfig, inside_media: bool = False) -> None:
         self.media_token_ids = media_token_ids
+        self.inside_media = inside_media
         self.prefix = PrefixCache(config.prefix_cache_bytes, config.block_size) if (
             config.enable_prefix_caching and config.prefix_cache_bytes > 0
             and supported(model.config)) else None
@@ -133,7 +137,8 @@ class WarmCaches:
             return [], 0
         hashes = self._prompt_hashes(self.prefix, request.prompt)
         hashes, length = lookup(self.prefix, request.prompt, self.media_token_ids,
-                                count=first_row, hashes=hashes)
+                                count=first_row, hashes=hashes,
+                                inside_media=self.inside_media)
         if first_row:
             request.num_cached_tokens = length
         return hashes, length
@@ -144,7 +149,8 @@ class WarmCaches:
         if self.prefix is None:
             return 0
         return lookup(self.prefix, prompt, self.media_token_ids, count=False,
-                      hashes=self._prompt_hashes(self.prefix, prompt))[1]
+                      hashes=self._prompt_hashes(self.prefix, prompt),
+                      inside_media=self.inside_media)[1]
 
     def _prompt_hashes(self, store_in: PrefixCache, prompt: Any) -> list[bytes]:
         found = self._hashes.get(id(prompt))

@@ -28,6 +28,10 @@ cached replacement text and tokenized once, as the processor does.
 there, rows on the first dimension (these keys are ``padded_keys`` too: the model drops the
 all-zero padding tiles). ``one_visual_modality``: the processor writes images and video
 frames to the same key, so one prompt may hold images or videos, not both (refused with a 400).
+``resume_in_media``: a prefill may resume inside a prompt's media span, from the embeddings the
+model's own forward merges (:mod:`engine.executor.media_embeds`); not where media features
+also enter deeper layers (Qwen3-VL's deepstack) or attention runs both ways within an image
+(Gemma 3): a cached prefix is cut back to the span's start there.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class ArchSpec:
     #: pixel tensors whose rescale + normalize may run on the model's device (vLLM's
     #: --mm-device-do-normalize): tensor name -> the processor part whose statistics apply
     normalize_on_device: dict[str, str] = field(default_factory=dict)
+    resume_in_media: bool = True
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -116,6 +121,7 @@ REGISTRY: dict[str, ArchSpec] = {
                  ships_chat_template=True, encoder_attr="visual",
                  builder="engine.models.tiny:build_qwen3_vl", token_types=_QWEN_TYPES,
                  video_timestamps=True, normalize_on_device=_QWEN_DEVICE_NORM,
+                 resume_in_media=False,
                  notes="Qwen3-VL: a video expands to <t seconds><|vision_start|>...<|vision_end|> "
                        "per temporal patch; timestamps come from the clip's fps"),
         ArchSpec(**_hf("llava", "Llava"), max_items={"image": 1},
@@ -149,6 +155,7 @@ REGISTRY: dict[str, ArchSpec] = {
                  encoder_attr="vision_tower", builder="engine.models.tiny_vlm:build_gemma3",
                  feature_tokens={"image": "<image_soft_token>"}, token_types={"image": 1},
                  token_types_key="token_type_ids", bidirectional_media=True, assemble_text=True,
+                 resume_in_media=False,
                  notes="Gemma 3: sliding-window and global layers; an image is 256 tokens, "
                        "more with pan-and-scan crops (do_pan_and_scan)"),
         ArchSpec(**_hf("smolvlm", "SmolVLM"), max_items={"image": 8, "video": 1},

@@ -1,0 +1,64 @@
+"""A prompt's input embeddings with its media features in place, as the model's own forward
+merges them: what lets a prefill resume inside a media span.
+
+A warm prompt's cached prefix may end inside its media span: "<image> What is this?" leaves
+fewer than a block of text after the image, so the last full cached block holds image tokens.
+The model's forward cannot take part of an item (it places all of an item's encoder output at
+its placeholder tokens, or refuses), so before this the prefix was cut back to the span's start
+and the whole span prefilled again. Instead the prompt's embeddings are taken from the model's
+own merge (its embedding table, its encoder, the encoder output cache when it holds the items,
+its projector and placement), by running the outer model up to its language model and stopping
+there; the prefill then feeds the language model the embeddings after the cached prefix
+(``inputs_embeds``), as vLLM feeds its model the slice of an item's encoder output that a step
+needs (``_gather_mm_embeddings``).
+
+Families whose media features also enter deeper layers (Qwen3-VL's deepstack) or that attend
+both ways within an image (Gemma 3) do not resume inside a span (``ArchSpec.resume_in_media``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class _Captured(Exception):
+    """Raised by the language model's pre-hook: the embeddings it was called with."""
+
+    def __init__(self, embeds: Any) -> None:
+        super().__init__("input embeddings captured")
+        self.embeds = embeds
+
+
+def language_model(model: Any) -> Any | None:
+    """The module a multimodal model hands its merged input embeddings to (``language_model``;
+    SmolVLM's ``text_model``), or None."""
+    for owner in (model, getattr(model, "model", None)):
+        for attr in ("language_model", "text_model"):
+            found = getattr(owner, attr, None) if owner is not None else None
+            if found is not None:
+                return found
+    return None
+
+
+def merged_embeds(model: Any, text_model: Any, inputs: dict[str, Any], positions: Any
+                  ) -> Any:
+    """``(rows, tokens, hidden)``: the embeddings ``model`` hands ``text_model`` for ``inputs``
+    (a whole prompt's ids, mask and media tensors) at ``positions``; no decoder layer runs."""
+
+    def grab(_module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        embeds = kwargs.get("inputs_embeds")
+        if embeds is None and args and hasattr(args[0], "dim") and args[0].dim() == 3:
+            embeds = args[0]
+        if embeds is None:
+            raise RuntimeError(f"{type(model).__name__} called its language model without "
+                               "input embeddings")
+        raise _Captured(embeds)
+
+    handle = text_model.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        model(**inputs, position_ids=positions, use_cache=False, logits_to_keep=1)
+    except _Captured as captured:
+        return captured.embeds
+    finally:
+        handle.remove()
+    raise RuntimeError(f"{type(model).__name__} never called its language model")
