@@ -1,7 +1,8 @@
 """The engine's attention (engine/models/attention.py): a CPU decode step over rows of very
-different lengths attends each row over its own columns, with SDPA's results; anything else is
-SDPA itself; a decode step's mask is the padding mask itself; every family's decode logits stay
-those of the model's own ``generate``."""
+different lengths attends each row over its own columns, with SDPA's results, and one over the
+whole frame is two grouped products with SDPA's results; anything else is SDPA itself; a decode
+step's mask is the padding mask itself; every family's decode logits stay those of the model's
+own ``generate``."""
 
 from __future__ import annotations
 
@@ -69,9 +70,27 @@ def test_rows_of_very_different_lengths_attend_over_their_own_columns(monkeypatc
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["little padding", "not right-aligned", "prefill", "no mask",
-                                  "padding of few bytes"])
+@pytest.mark.parametrize("case", ["prefill", "no mask", "one row"])
 def test_anything_else_is_sdpa_itself(monkeypatch, case):
+    q, k, v, mask = _inputs([290, 300, 280, 295], 300)
+    if case == "prefill":
+        q = torch.randn(4, 12, 7, 16)
+        mask = mask.expand(4, 1, 7, 300)
+    if case == "no mask":
+        mask = None
+    if case == "one row":
+        q, k, v, mask = q[:1], k[:1], v[:1], mask[:1]
+    calls = _spy(monkeypatch)
+    out = attention.attention(_Module(), q, k, v, mask)[0]
+    assert calls == [(q.shape[0], 300)]
+    assert out.shape == (q.shape[0], q.shape[2], 12, 16)
+
+
+@pytest.mark.parametrize("case", ["little padding", "not right-aligned", "padding of few bytes"])
+def test_a_decode_step_over_the_whole_frame_is_two_grouped_products(monkeypatch, case):
+    """A CPU decode step whose rows do not go apart: each key/value head's group of query
+    heads in one product over the frame, SDPA's result without a call of it and without
+    copying a key/value head per query head (1.6x SDPA's at 8 rows x 300 columns here)."""
     q, k, v, mask = _inputs([290, 300, 280, 295], 300)
     if case == "not right-aligned":
         q, k, v, mask = _inputs([40, 300, 45, 38], 300)
@@ -80,24 +99,17 @@ def test_anything_else_is_sdpa_itself(monkeypatch, case):
     if case == "padding of few bytes":  # 3/4 of the frame, but 0.40 MB: a call per row costs more
         q, k, v, mask = _inputs([40, 300, 45, 38], 300)
         monkeypatch.setattr(attention, "MIN_WASTE_BYTES", 500_000)
-    if case == "prefill":
-        q = torch.randn(4, 12, 7, 16)
-        mask = mask.expand(4, 1, 7, 300)
-    if case == "no mask":
-        mask = None
-    calls = _spy(monkeypatch)
-    out = attention.attention(_Module(), q, k, v, mask)[0]
-    assert calls == [(4, 300)]
-    assert out.shape == (4, q.shape[2], 12, 16)
-
-
-def test_sdpa_runs_a_decode_steps_query_heads_without_copying_keys_and_values(monkeypatch):
-    """Why the whole frame is left to transformers: a decode step's query heads are packed
-    against their shared key/value head there, not each head's keys and values copied."""
-    q, k, v, mask = _inputs([290, 300, 280, 295], 300)
-    copies = _spy_copies(monkeypatch)
-    attention.attention(_Module(), q, k, v, mask)
-    assert copies == []
+    expected = sdpa_module.sdpa_attention_forward(_Module(), q, k, v, mask)[0]
+    scaled = sdpa_module.sdpa_attention_forward(_Module(), q, k, v, mask, scaling=0.5)[0]
+    float_mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    calls, copies = _spy(monkeypatch), _spy_copies(monkeypatch)
+    torch.testing.assert_close(attention.attention(_Module(), q, k, v, mask)[0], expected,
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attention.attention(_Module(), q, k, v, float_mask)[0],
+                               expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attention.attention(_Module(), q, k, v, mask, scaling=0.5)[0],
+                               scaled, atol=1e-5, rtol=1e-5)
+    assert calls == [] and copies == []
     attention.attention(_Module(), torch.randn(4, 12, 7, 16), k, v, mask.expand(4, 1, 7, 300))
     assert copies == [3, 3]  # a prefill's are (the check can fail)
 

@@ -10,10 +10,12 @@ the frame and big enough to cost more than a call per row (:data:`MIN_WASTE_BYTE
 row's one query attends over its slice alone (no mask to apply, no padding read: 1.8-2.3x on the
 ~150 M-parameter model's 12 query heads over 4, ``scripts/attention_bench.py``).
 
-Everything else is transformers' own ``sdpa_attention_forward`` (which already runs a decode
-step's query heads against their shared key/value head without copying it): the whole frame,
-prefills, a GPU, and anything unusual (dropout, soft-capping, position biases, attention sinks,
-a mask of another shape).
+Any other CPU decode step of several rows (the whole frame) is two batched products, each
+key/value head's group of query heads against it (:func:`_decode_step`): SDPA's result, 1.6x
+faster than its CPU kernel at 8 rows over 300 columns (about 1 ms of a 30 ms decode step of
+the 43 M-parameter model). Everything else is transformers' own ``sdpa_attention_forward``:
+prefills, a GPU, and anything unusual (dropout, soft-capping, position biases, attention
+sinks, a mask of another shape).
 
 Its masks are SDPA's, except a decode step's causal mask: one query at the last position may see
 every column, so the mask is the rows' padding mask as it stands (transformers builds it
@@ -87,6 +89,8 @@ def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any
             tuple(attention_mask.shape) == (rows, 1, 1, key.shape[2]) and \
             not any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux")):
         starts = _row_starts(attention_mask, key)
+        if starts is None:
+            return _decode_step(query, key, value, attention_mask, scaling), None
     if starts is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, is_causal=is_causal,
@@ -96,6 +100,27 @@ def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any
                                    is_causal=False)[0]
             for b, start in enumerate(starts)]
     return torch.cat(outs), None
+
+
+def _decode_step(query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None
+                 ) -> Any:
+    """One query per row over the whole frame, as two batched products: each key/value
+    head's group of query heads is one ``(group, dim) x (dim, columns)`` product, with no
+    copy of the shared head. ``(rows, 1, heads, dim)``."""
+    import torch
+
+    rows, heads, _, dim = query.shape
+    kv_heads, columns = key.shape[1], key.shape[2]
+    grouped = query.reshape(rows, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2))
+    scores.mul_(dim ** -0.5 if scaling is None else scaling)
+    frame = attention_mask.view(rows, 1, 1, columns)
+    if frame.dtype == torch.bool:
+        scores.masked_fill_(~frame, float("-inf"))
+    else:
+        scores.add_(frame)
+    out = torch.matmul(torch.softmax(scores, dim=-1), value)
+    return out.reshape(rows, 1, heads, dim)
 
 
 def mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: int = 0,
