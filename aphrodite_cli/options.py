@@ -73,6 +73,7 @@ def parse_json_flag(flag: str, text: str | None) -> dict | None:
 # else with the flag's name and the bad value (exit 2).
 Mode = Literal["cold", "warm", "both"]
 MediaDelivery = Literal["data-url", "http"]
+TtftFrom = Literal["content", "chunk"]
 DatasetName = Literal["random-mm", "jsonl", "random", "trace"]
 DecodeIsolation = Literal["process", "thread"]
 SweepProfile = Literal["sweep"]

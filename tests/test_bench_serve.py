@@ -137,6 +137,26 @@ async def test_measured_ttft_is_never_below_and_barely_above_the_injected_ttft(a
     assert above_ms[0] <= TTFT_SLACK_MS, f"fastest TTFT was {above_ms[0]:.3f} ms over"
 
 
+async def test_ttft_from_chunk_times_any_chunk_with_choices_as_vllms_bench_does(
+        aiohttp_server):
+    """The mock sends its role chunk (empty content) with its headers 30 ms in, its first
+    token 50 ms in. By content (the default) the role chunk is no token; by chunk (vLLM's
+    bench serve's rule, for servers that stream a held token as an empty delta) it is: TTFT
+    from 30 ms, one more ITL gap, and the token count is still the server's usage."""
+    base = await _mock(aiohttp_server, 50.0, 5, headers_ms=30)
+    reqs = random_mm(5, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=2,
+                     seed=4, nonce=1)
+    ttfts = {}
+    for rule in ("content", "chunk"):
+        cfg = LoadConfig(base_url=base, max_concurrency=1, seed=4, ttft_from=rule)
+        records, _, _ = await run_phase([build_payload(r, cfg, None, {}) for r in reqs], cfg)
+        assert all(r.ok and r.output_tokens == 2 and r.usage_reported for r in records)
+        assert all(len(r.itl) == (1 if rule == "content" else 2) for r in records)
+        ttfts[rule] = sorted(r.ttft * 1e3 for r in records)
+    assert ttfts["content"][0] >= 50.0
+    assert 30.0 <= ttfts["chunk"][0] < 50.0
+
+
 async def test_generator_keeps_the_requested_rate(aiohttp_server):
     base = await _mock(aiohttp_server, 0, 0)
     cfg = LoadConfig(base_url=base, request_rate=100.0, seed=2)

@@ -50,6 +50,11 @@ OutputLen = Annotated[int, typer.Option(
     "--output-len", "--random-output-len", min=1, help="Tokens per answer.")]
 MediaDelivery = Annotated[options.MediaDelivery, typer.Option(
     help="data-url or http (a built-in loopback media server).")]
+TtftFrom = Annotated[options.TtftFrom, typer.Option(
+    help="What a token is in a stream: content (a chunk with text; a server's early role "
+         "chunk starts no TTFT) or chunk (any chunk with choices, as vLLM's bench serve "
+         "counts: a token whose text is still held, part of a UTF-8 character or a skipped "
+         "special token, as random-weight models often give, is timed too).")]
 Seed = Annotated[int, typer.Option(help="Seed of the requests: same seed, same requests.")]
 MaxFailureRate = Annotated[float, typer.Option(
     min=0, max=1, help="Exit 1 when more than this share of a measurement's requests (a "

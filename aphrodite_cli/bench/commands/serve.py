@@ -116,6 +116,7 @@ def serve_cmd(
     ramp_up_end_rps: Annotated[float | None, typer.Option(
         help="The ramp's last rate (requests/s).")] = None,
     max_response_mb: flags.MaxResponseMb = 16.0,
+    ttft_from: flags.TtftFrom = "content",
 ) -> None:
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
     import math
@@ -178,7 +179,8 @@ def serve_cmd(
                      timeout_s=request_timeout, keep_text=tokenizer is not None,
                      ramp_up_strategy=ramp_up_strategy,
                      ramp_up_start_rps=ramp_up_start_rps, ramp_up_end_rps=ramp_up_end_rps,
-                     max_response_bytes=int(max_response_mb * (1 << 20)))
+                     max_response_bytes=int(max_response_mb * (1 << 20)),
+                     ttft_from=ttft_from)
     args = ServeArgs(dataset=dataset, dataset_path=dataset_path, media_dir=media_dir,
                      num_prompts=num_prompts, num_warmups=num_warmups, mode=mode,
                      items_per_request=items_per_request, buckets=parse_buckets(bucket_config),

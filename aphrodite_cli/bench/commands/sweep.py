@@ -66,6 +66,7 @@ def sweep_cmd(
     output_format: flags.OutputFormat = "table",
     request_timeout: flags.RequestTimeout = 300.0,
     max_response_mb: flags.MaxResponseMb = 16.0,
+    ttft_from: flags.TtftFrom = "content",
 ) -> None:
     """Latency against load, and the capacity at an SLO, cold media and warm cache."""
     from aphrodite_cli.bench.load import sweep as sw
@@ -115,7 +116,8 @@ def sweep_cmd(
         cfg = LoadConfig(base_url=root, endpoint="/" + (endpoint or CHAT_ENDPOINT).lstrip("/"),
                          model=name, api_key=api_key, burstiness=burstiness, seed=seed,
                          media_delivery=media_delivery, timeout_s=request_timeout,
-                         max_response_bytes=int(max_response_mb * (1 << 20)))
+                         max_response_bytes=int(max_response_mb * (1 << 20)),
+                         ttft_from=ttft_from)
         modes = ("cold", "warm") if mode == "both" else (mode,)
         try:
             doc = sw.run(cfg, make, modes=modes, settings=settings, slos=slos,

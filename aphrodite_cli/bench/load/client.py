@@ -101,6 +101,7 @@ class LoadConfig:
     timeout_s: float = 300.0  # --request-timeout: one request, from send to its last byte
     max_response_bytes: int = 16 << 20  # --max-response-mb: one answer's bytes at most
     keep_text: bool = False  # keep each answer's text (--tokenizer counts its tokens)
+    ttft_from: str = "content"  # --ttft-from: content, or chunk (any chunk with choices)
     goodput: dict[str, float] = field(default_factory=dict)
     temperature: float = 0.0
     ignore_eos: bool = True  # every answer as long as asked, so runs compare
@@ -164,7 +165,8 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
     :mod:`aphrodite_cli.bench.load.sse_client` for how every answer is read and judged."""
     cfg = cfg or LoadConfig(base_url=url)
     await sse_client.one_request(session, url, headers, body, record, timeout_s=cfg.timeout_s,
-                                 max_bytes=cfg.max_response_bytes, keep_text=cfg.keep_text)
+                                 max_bytes=cfg.max_response_bytes, keep_text=cfg.keep_text,
+                                 any_chunk=cfg.ttft_from == "chunk")
 
 
 class TargetRefused(Exception):

@@ -57,8 +57,9 @@ def _count(value: object) -> bool:
 class _Stream:
     """The parsed stream of one answer, chunk by chunk, into ``record``."""
 
-    def __init__(self, record: RequestRecord, keep_text: bool) -> None:
+    def __init__(self, record: RequestRecord, keep_text: bool, any_chunk: bool = False) -> None:
         self.record, self.done, self.keep_text = record, False, keep_text
+        self.any_chunk = any_chunk  # --ttft-from chunk: every chunk with choices is a token
         self.last = record.sent_at
         # the gaps as packed doubles while the answer streams: 8 bytes each, not a float
         # object's 32 (a hostile stream of tiny chunks up to the size cap, times the
@@ -110,9 +111,10 @@ class _Stream:
             if isinstance(reason, str) and reason:
                 record.finish_reason = reason[:40]
             # A chunk with no text (the role chunk many servers send first, an empty delta)
-            # is not a token: it starts no TTFT and adds no ITL sample.
-            if piece:
-                if self.keep_text:  # only --tokenizer reads it
+            # is not a token: it starts no TTFT and adds no ITL sample; with --ttft-from
+            # chunk it is (vLLM's bench serve's rule).
+            if piece or self.any_chunk:
+                if self.keep_text and piece:  # only --tokenizer reads it
                     record.text.append(piece)
                 now = time.perf_counter()
                 if record.ttft is None:
@@ -174,8 +176,8 @@ async def _error_answer(resp: aiohttp.ClientResponse, record: RequestRecord) -> 
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord,
-                       max_bytes: int, keep_text: bool) -> None:
-    stream = _Stream(record, keep_text)
+                       max_bytes: int, keep_text: bool, any_chunk: bool = False) -> None:
+    stream = _Stream(record, keep_text, any_chunk)
     pending = bytearray()
     total = 0
     async for piece in resp.content.iter_any():
@@ -207,11 +209,13 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord,
 
 async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
                       body: bytes, record: RequestRecord, *, timeout_s: float = 300.0,
-                      max_bytes: int = 16 << 20, keep_text: bool = False) -> None:
+                      max_bytes: int = 16 << 20, keep_text: bool = False,
+                      any_chunk: bool = False) -> None:
     """Send ``body`` and read the streamed answer into ``record``: timed (TTFT, ITL, E2E)
     when it is sound, else failed with a type and an escaped example. At most ``timeout_s``
     seconds and ``max_bytes`` bytes of answer; the answer's text is kept only with
-    ``keep_text`` (for counting its tokens), and nothing of a failed answer's."""
+    ``keep_text`` (for counting its tokens), and nothing of a failed answer's.
+    ``any_chunk``: every chunk with choices is a token, text or not (``--ttft-from chunk``)."""
     record.request_bytes = len(body)
     record.sent_at = time.perf_counter()
     try:
@@ -221,7 +225,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
             if resp.status != 200:
                 await _error_answer(resp, record)
                 return
-            await _read_stream(resp, record, max_bytes, keep_text)
+            await _read_stream(resp, record, max_bytes, keep_text, any_chunk)
         record.e2e = time.perf_counter() - record.sent_at
         record.ok = record.ttft is not None or record.finish_reason is not None
         if not record.ok:
