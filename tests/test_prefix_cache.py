@@ -314,6 +314,51 @@ def test_rows_with_different_cached_prefixes_are_prefilled_in_one_pass(arch, mon
         engine.close()
 
 
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_a_pass_with_a_row_resumed_inside_its_media_feeds_every_row_embeddings(arch,
+                                                                              monkeypatch):
+    """One pass of a row resumed inside its item, a row whose item is cached whole and a cold
+    row: the pass is fed embeddings (the resumed row's merged, the cached row's from the
+    embedding table, the cold row's merged with its own item), and each row gets the logits
+    of the model's own ``generate``."""
+    monkeypatch.setattr(runner_module, "length_groups", lambda lengths, **_: [list(range(len(
+        lengths)))])
+    model = llm(arch)
+    if not model.loaded.spec.resume_in_media:
+        pytest.skip(f"{arch} cuts a prefix back before its media")
+    first, second, _ = shared_prompts(arch)
+    short_first, short_second = short_tail_prompts(arch)
+    spec = model.loaded.spec
+    fresh = model.prepare("An unrelated start of a prompt. " + spec.placeholders[
+        spec.modalities[0]] + "Describe it.", [media_item(spec.modalities[0], 5)], None,
+        False)[1]
+    engine = Engine(model.loaded, batch_wait_s=1.0)
+    logits = record_logits(engine)
+    try:
+        for prompt in (first, short_first):
+            run(engine, prompt)
+        passes = []
+        hook = engine.runner.model.register_forward_pre_hook(
+            lambda _m, _a, kw: passes.append(sorted(k for k in ("input_ids", "inputs_embeds")
+                                                    if kw.get(k) is not None)) if kw.get(
+                "past_key_values", kw.get("cache")) is not None and kw.get(
+                "use_cache") else None, with_kwargs=True)
+        reqs = [engine.submit(EngineRequest(p, greedy(4))) for p in (second, short_second,
+                                                                      fresh)]
+        for req in reqs:
+            assert req.done.wait(120) and req.error is None, req.error
+        hook.remove()
+        assert passes[0] == ["inputs_embeds"], passes  # the prefill, fed embeddings
+        assert [r.timings["batch_size"] for r in reqs] == [3, 3, 3]
+        assert reqs[0].num_cached_tokens > media_span(engine, second)[1]
+        span = media_span(engine, short_second)
+        assert span[0] < reqs[1].num_cached_tokens <= span[1]
+        for req, prompt in zip(reqs, (second, short_second, fresh), strict=True):
+            assert_generate_logits(engine, logits, req, prompt, 4)
+    finally:
+        engine.close()
+
+
 def test_rows_are_grouped_into_passes_that_waste_little_on_padding():
     groups = runner_module.length_groups
     assert groups([240, 790, 250, 800, 245]) == [[0, 4, 2], [1, 3]]

@@ -352,7 +352,8 @@ class TransformersRunner:
         keyed = self.caches.keyed([r.request.prompt for r in encoded])
         if resumed:  # every row from its merged embeddings, after its cached prefix
             keyed = contextlib.nullcontext()
-            inputs = {"inputs_embeds": self._rows_embeds(rows, whole, cached, width),
+            inputs = {"inputs_embeds": self._rows_embeds(rows, whole, cached, width,
+                                                         encoded, ids),
                       "attention_mask": inputs["attention_mask"]}
         positions = torch.cat(parts, dim=-2).to(self.device)
         mrope = any(d is not None for d in deltas)
@@ -388,15 +389,19 @@ class TransformersRunner:
                                               self._inputs([row]), positions.to(self.device))
 
     def _rows_embeds(self, rows: list[_Row], positions: list[Any], cached: list[int],
-                     width: int) -> Any:
-        """``(rows, width, hidden)``: each row's merged embeddings after its first
-        ``cached[i]`` tokens, left-padded with zeros (the mask hides the padding)."""
-        out = None
-        for i, (row, pos, c) in enumerate(zip(rows, positions, cached, strict=True)):
-            full = self._merged(row, pos)[0, c:]
-            if out is None:
-                out = full.new_zeros((len(rows), width, full.shape[-1]))
-            out[i, width - full.shape[0]:] = full
+                     width: int, encoded: list[_Row], ids: Any) -> Any:
+        """``(rows, width, hidden)``: each row's input embeddings after its first
+        ``cached[i]`` tokens, left-padded with zeros (the mask hides the padding): merged
+        with its media for a row whose media are among them (``encoded``), else its tokens'
+        (``ids``, left-padded to ``width``) from the embedding table."""
+        import torch
+
+        with torch.inference_mode():
+            out = self.model.get_input_embeddings()(ids.to(self.device))
+            for i, (row, pos, c) in enumerate(zip(rows, positions, cached, strict=True)):
+                if row in encoded:
+                    full = self._merged(row, pos)[0, c:]
+                    out[i, width - full.shape[0]:] = full
         return out
 
     def start_chunked(self, row: _Row) -> ChunkedPrefill:
