@@ -239,6 +239,33 @@ def test_a_cached_prefix_that_ends_inside_the_media_resumes_there(arch, chunked)
         engine.close()
 
 
+def test_the_embeddings_capture_stops_only_its_own_threads_forward():
+    """The capture's hook stays on the language model; a decode step of the same model on
+    another thread (the engine thread beside an overlapped prefill) runs through it."""
+    import threading
+
+    import torch
+
+    from engine.executor import media_embeds
+
+    engine = Engine(llm("qwen2_5_vl").loaded)
+    try:
+        runner = engine.runner
+        ids = torch.tensor([[1, 2, 3]])
+        runner._merged_embeds._local.active = True  # this thread is inside a capture
+        shapes = []
+        other = threading.Thread(target=lambda: shapes.append(
+            runner.model(input_ids=ids, use_cache=False).logits.shape))
+        other.start()
+        other.join(60)
+        assert shapes and tuple(shapes[0][:2]) == (1, 3)
+        with pytest.raises(media_embeds._Captured):
+            runner.model(input_ids=ids, use_cache=False)
+    finally:
+        runner._merged_embeds._local.active = False
+        engine.close()
+
+
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_the_same_media_after_another_start_skips_the_encoder(arch):
     """The prefix misses before the item (another system text), but the encoder's output for

@@ -192,10 +192,12 @@ class TransformersRunner:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         encoder = getattr(self.model, loaded.spec.encoder_attr, None) or getattr(
             getattr(self.model, "model", None), loaded.spec.encoder_attr, None)
-        self._text_model = media_embeds.language_model(self.model) \
+        text_model = media_embeds.language_model(self.model) \
             if loaded.spec.resume_in_media else None
+        self._merged_embeds = media_embeds.MergedEmbeds(self.model, text_model) \
+            if text_model is not None else None
         #: a prefill may start inside a prompt's media span (a cached prefix is not cut back)
-        self.resumes_in_media = self._text_model is not None
+        self.resumes_in_media = self._merged_embeds is not None
         self.caches = WarmCaches(self.model, encoder, self.media_token_ids, config,
                                  inside_media=self.resumes_in_media)
         self.prefix_cache, self.encoder_cache = self.caches.prefix, self.caches.encoder
@@ -385,8 +387,7 @@ class TransformersRunner:
         import torch
 
         with torch.inference_mode(), self.caches.keyed([row.request.prompt]):
-            return media_embeds.merged_embeds(self.model, self._text_model,
-                                              self._inputs([row]), positions.to(self.device))
+            return self._merged_embeds(self._inputs([row]), positions.to(self.device))
 
     def _rows_embeds(self, rows: list[_Row], positions: list[Any], cached: list[int],
                      width: int, encoded: list[_Row], ids: Any) -> Any:
