@@ -60,8 +60,6 @@ class MergedEmbeds:
         if not getattr(self._local, "active", False):
             return
         embeds = kwargs.get("inputs_embeds")
-        if embeds is None and args and hasattr(args[0], "dim") and args[0].dim() == 3:
-            embeds = args[0]
         if embeds is None:
             raise RuntimeError(f"{type(self.model).__name__} called its language model "
                                "without input embeddings")

@@ -345,18 +345,19 @@ class TransformersRunner:
                 if types is None:
                     types = torch.zeros((len(rows), width), dtype=torch.long)
                 types[i, width - n:] = row_types[0, c:]
-        inputs: dict[str, Any] = {k: v for k, v in self._inputs(encoded).items()
-                                  if k not in ("input_ids", "attention_mask",
-                                               spec.token_types_key)} if encoded else {}
-        inputs.update(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
-        if types is not None:
-            inputs[spec.token_types_key] = types.to(self.device)
-        keyed = self.caches.keyed([r.request.prompt for r in encoded])
+        keyed: Any = contextlib.nullcontext()
         if resumed:  # every row from its merged embeddings, after its cached prefix
-            keyed = contextlib.nullcontext()
-            inputs = {"inputs_embeds": self._rows_embeds(rows, whole, cached, width,
-                                                         encoded, ids),
-                      "attention_mask": inputs["attention_mask"]}
+            inputs: dict[str, Any] = {"inputs_embeds": self._rows_embeds(
+                rows, whole, cached, width, encoded, ids)}
+        else:
+            inputs = {k: v for k, v in self._inputs(encoded).items()
+                      if k not in ("input_ids", "attention_mask",
+                                   spec.token_types_key)} if encoded else {}
+            inputs["input_ids"] = ids.to(self.device)
+            if types is not None:
+                inputs[spec.token_types_key] = types.to(self.device)
+            keyed = self.caches.keyed([r.request.prompt for r in encoded])
+        inputs["attention_mask"] = mask.to(self.device)
         positions = torch.cat(parts, dim=-2).to(self.device)
         mrope = any(d is not None for d in deltas)
         with torch.inference_mode(), keyed:
@@ -380,14 +381,16 @@ class TransformersRunner:
             self.caches.store(cache, i, total - lengths[i], hashes[i])
         return RunningBatch(rows, cache, mask, mrope), out.logits[:, -1, :]
 
-    def _merged(self, row: _Row, positions: Any) -> Any:
+    def _merged(self, row: _Row, positions: Any, inputs: dict[str, Any] | None = None) -> Any:
         """``(1, tokens, hidden)``: the embeddings of ``row``'s whole prompt with its media
         features in place, as the model merges them (its encoder output from the encoder
-        cache when it holds the prompt's items)."""
+        cache when it holds the prompt's items); ``inputs``: the row's model inputs with its
+        media tensors, when they were built already."""
         import torch
 
         with torch.inference_mode(), self.caches.keyed([row.request.prompt]):
-            return self._merged_embeds(self._inputs([row]), positions.to(self.device))
+            return self._merged_embeds(inputs if inputs is not None else self._inputs([row]),
+                                       positions.to(self.device))
 
     def _rows_embeds(self, rows: list[_Row], positions: list[Any], cached: list[int],
                      width: int, encoded: list[_Row], ids: Any) -> Any:
@@ -427,7 +430,7 @@ class TransformersRunner:
         mrope = deltas is not None and positions.ndim == 3
         embeds = None
         if media is not None and media[0] < cached <= media[1]:
-            embeds = self._merged(row, positions)
+            embeds = self._merged(row, positions, inputs)
             inputs = {k: v for k, v in inputs.items() if k not in _MEDIA_TENSORS}
         cache = DynamicCache(config=self.model.config)
         self.caches.fill_rows(cache, [hashes], [cached])
