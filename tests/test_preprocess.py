@@ -15,7 +15,7 @@ from engine.processing.cache import ProcessorCache
 from engine.processing.kwargs import merge_processor_kwargs
 from engine.processing.limits import check_item_counts, effective_limits
 from engine.processing.media_items import InProcessDecoders, item_for
-from engine.processing.preprocess import MediaItem, Preprocessor
+from engine.processing.preprocess import MediaItem, Preprocessor, concat
 from engine.processing.prompt import insert_placeholders, render_chat
 from tests.engine_fixtures import FAMILIES, loaded
 from tests.fixtures import synthetic
@@ -502,3 +502,13 @@ def test_an_image_of_a_known_size_runs_the_image_processor_alone_with_the_same_i
     for seed in range(4):
         check(other, image(300, 200, seed))
     assert len(calls) == 4 and list(other.shapes.proven.values()) == [None]
+
+
+def test_concat_of_one_item_hands_its_tensor_over_and_of_several_pads_and_joins():
+    one = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert concat([one]) is one  # a prefill of one video would copy its patches for nothing
+    tiles = [torch.ones(1, 2, 3), torch.full((2, 3, 3), 2.0)]
+    joined = concat(tiles, padded=True)
+    assert joined.shape == (3, 3, 3)
+    assert torch.equal(joined[0, :2], torch.ones(2, 3)) and not joined[0, 2].any()
+    assert torch.equal(joined[1:], tiles[1])

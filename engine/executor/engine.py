@@ -138,6 +138,7 @@ class Engine:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=30)
+        self.runner.prefetcher.close()
         if self._prefiller is not None:
             self._prefiller.shutdown(wait=False)
 
@@ -157,6 +158,7 @@ class Engine:
     def _loop(self) -> None:
         while self._pull():
             self._drop_cancelled()
+            self.runner.prefetcher.schedule(row.request for row in self.waiting)
             decode = True
             # a prefill beside the decode steps joins once done; with nothing to decode
             # meanwhile, the engine waits for it

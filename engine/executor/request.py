@@ -90,6 +90,9 @@ class EngineRequest:
     #: prompt tokens whose keys and values came from the prefix cache (vLLM's
     #: ``num_cached_tokens``; ``usage.prompt_tokens_details.cached_tokens``)
     num_cached_tokens: int = 0
+    #: the prompt's inputs prepared off the engine thread (:mod:`engine.executor.prefetch`):
+    #: a future while under way
+    inputs: Any = None
 
     def finish(self) -> None:
         """Mark done (the engine thread calls this once) and run ``on_done``: a caller that

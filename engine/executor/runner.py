@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.executor import kv, media_embeds, sampler
 from engine.executor.detokenize import OutputText, byte_tokens
+from engine.executor.prefetch import Prefetcher
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
 from engine.executor.warm_cache import WarmCaches, media_span
 from engine.models.encoder import time_encoder
@@ -198,6 +200,10 @@ class TransformersRunner:
             if text_model is not None else None
         #: a prefill may start inside a prompt's media span (a cached prefix is not cut back)
         self.resumes_in_media = self._merged_embeds is not None
+        #: positions (and on a CPU normalized media) prepared for the next prefills
+        self._rope_lock = threading.Lock()  # (the model keeps the last rope deltas it made)
+        self.prefetcher = Prefetcher(self._positions, self._normalized
+                                     if str(self.device) == "cpu" else None)
         self.caches = WarmCaches(self.model, encoder, self.media_token_ids, config,
                                  inside_media=self.resumes_in_media)
         self.prefix_cache, self.encoder_cache = self.caches.prefix, self.caches.encoder
@@ -209,35 +215,62 @@ class TransformersRunner:
         """The rows' model inputs (``pixels`` False: without the media's pixel and audio
         tensors, for a prefill whose media the prefix cache covers: nothing is moved to the
         device or normalized for it)."""
+        media = [self.prefetcher.media(r.request) for r in rows] if pixels else None
+        return self._tensors([r.request.prompt for r in rows], media, self.device)
+
+    def _tensors(self, prompts: list[Any], media: list[dict[str, Any]] | None,
+                 device: Any) -> dict[str, Any]:
+        """The prompts' model inputs on ``device``, left-padded; their media tensors with
+        ``media[i]``'s in place of prompt ``i``'s own (None: without media tensors)."""
         import torch
 
-        seqs = [r.request.prompt.input_ids for r in rows]
+        seqs = [p.input_ids for p in prompts]
         width = max(len(s) for s in seqs)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, seq in enumerate(seqs):
             ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
             mask[i, width - len(seq):] = 1
-        inputs: dict[str, Any] = {"input_ids": ids.to(self.device),
-                                  "attention_mask": mask.to(self.device)}
+        inputs: dict[str, Any] = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
         types_key = self.loaded.spec.token_types_key
         merged: dict[str, list[Any]] = {}
-        for r in rows:
-            for key, value in r.request.prompt.mm.items():
-                if key != types_key and (pixels or key not in _MEDIA_TENSORS):
+        for i, p in enumerate(prompts):
+            for key, value in p.mm.items():
+                if key == types_key:
+                    continue
+                if media is not None:
+                    merged.setdefault(key, []).append(media[i].get(key, value))
+                elif key not in _MEDIA_TENSORS:
                     merged.setdefault(key, []).append(value)
         padded = self.loaded.spec.padded_keys
         for key, values in merged.items():
-            inputs[key] = concat(values, key in padded).to(self.device)
+            inputs[key] = concat(values, key in padded).to(device)
         inputs = device_normalize.apply(inputs, self.normalizers)  # on the model's device
-        if any(types_key in r.request.prompt.mm for r in rows):
-            types = torch.zeros((len(rows), width), dtype=torch.long)
-            for i, r in enumerate(rows):
-                row_types = r.request.prompt.mm.get(types_key)
+        if any(types_key in p.mm for p in prompts):
+            types = torch.zeros((len(prompts), width), dtype=torch.long)
+            for i, p in enumerate(prompts):
+                row_types = p.mm.get(types_key)
                 if row_types is not None:
                     types[i, width - row_types.shape[1]:] = row_types[0]
-            inputs[types_key] = types.to(self.device)
+            inputs[types_key] = types.to(device)
         return inputs
+
+    def _positions(self, prompt: Any) -> tuple[Any, int | None]:
+        """A prompt's positions by the model's own rule (3-D M-RoPE for Qwen-VL: vision
+        tokens by their grid, text after them), as ``generate`` computes them, on the CPU, and
+        its rope delta (None without M-RoPE). Any thread."""
+        inputs = self._tensors([prompt], None, "cpu")
+        with self._rope_lock:
+            positions = self.model._prepare_position_ids_for_generation(inputs["input_ids"],
+                                                                       dict(inputs))
+            deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
+        mrope = deltas is not None and positions.ndim == 3
+        return positions, int(deltas[0, 0]) if mrope else None
+
+    def _normalized(self, prompt: Any) -> dict[str, Any]:
+        """A prompt's deferred media tensors normalized (a CPU device). Any thread."""
+        return {k: v for k, v in device_normalize.apply(prompt.mm, self.normalizers).items()
+                if v is not prompt.mm[k]}
 
     def cached_tokens(self, request: EngineRequest) -> int:
         """How many of ``request``'s prompt tokens a prefill now takes from the prefix cache
@@ -299,15 +332,10 @@ class TransformersRunner:
         return batch  # type: ignore[return-value]  (rows is not empty: one pass ran)
 
     def _row_positions(self, row: _Row) -> tuple[Any, int | None]:
-        """A row's prompt positions by the model's own rule (3-D M-RoPE for Qwen-VL: vision
-        tokens by their grid, text after them), as ``generate`` computes them, and its rope
-        delta (None without M-RoPE)."""
-        inputs = self._inputs([row], pixels=False)
-        positions = self.model._prepare_position_ids_for_generation(inputs["input_ids"],
-                                                                   dict(inputs))
-        deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
-        mrope = deltas is not None and positions.ndim == 3
-        return positions, int(deltas[0, 0]) if mrope else None
+        """A row's prompt positions and rope delta (see :meth:`_positions`), prepared ahead
+        when the prefetcher got to them."""
+        prepared = self.prefetcher.get(row.request)
+        return prepared.positions, prepared.delta
 
     def _forward_rows(self, rows: list[_Row], hashes: list[list[bytes]], cached: list[int],
                       cache: Any) -> tuple[RunningBatch, Any]:
@@ -363,6 +391,8 @@ class TransformersRunner:
         with torch.inference_mode(), keyed:
             out = self.model(**inputs, position_ids=positions, **{self._cache_arg: cache},
                              use_cache=True, logits_to_keep=1)
+        for row in rows:
+            Prefetcher.release(row.request)
         lengths = [len(s) for s in seqs]
         total = max(lengths)
         if prefix:  # each row's prefix and rest side by side, left-padded
@@ -424,19 +454,17 @@ class TransformersRunner:
         ids = row.request.prompt.input_ids
         media = media_span(ids, self.media_token_ids)
         inputs = self._inputs([row], pixels=media is None or cached <= media[1])
-        positions = self.model._prepare_position_ids_for_generation(inputs["input_ids"],
-                                                                   dict(inputs))
-        deltas = getattr(getattr(self.model, "model", None), "rope_deltas", None)
-        mrope = deltas is not None and positions.ndim == 3
+        Prefetcher.release(row.request)  # (the plan holds its inputs)
+        positions, delta = self._row_positions(row)
+        positions = positions.to(self.device)
         embeds = None
         if media is not None and media[0] < cached <= media[1]:
             embeds = self._merged(row, positions, inputs)
             inputs = {k: v for k, v in inputs.items() if k not in _MEDIA_TENSORS}
         cache = DynamicCache(config=self.model.config)
         self.caches.fill_rows(cache, [hashes], [cached])
-        return ChunkedPrefill(row, inputs, positions, cache, mrope,
-                              int(deltas[0, 0]) if mrope else 0, done=cached, hashes=hashes,
-                              embeds=embeds)
+        return ChunkedPrefill(row, inputs, positions, cache, delta is not None, delta or 0,
+                              done=cached, hashes=hashes, embeds=embeds)
 
     def prefill_chunk(self, plan: ChunkedPrefill, start: int, end: int) -> RunningBatch | None:
         """Prefill prompt tokens ``[start, end)`` (the chunk with media holds all of it);

@@ -1,0 +1,125 @@
+"""A prompt's positions and normalized media prepared on the prefetch thread while the engine
+steps other rows (engine.executor.prefetch), on real tiny models: the rows still get
+``generate``'s logits, the prefill takes what was prepared instead of computing it again, a
+prefetch that raises costs nothing but the time, no more than AHEAD waiting requests hold
+prepared inputs, and a prompt's normalized media are dropped once its prefill read them."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.executor import prefetch
+from engine.executor.engine import Engine
+from engine.executor.request import EngineRequest
+from tests.engine_fixtures import llm
+from tests.test_scheduler import (
+    after_tokens,
+    assert_generate_logits,
+    greedy,
+    prompts_of,
+    record_logits,
+)
+
+ONE_ROW = EngineConfig(max_num_seqs=1)  # every other request waits while one runs
+
+
+def calls_by_thread(engine: Engine, part: str) -> dict[str, int]:
+    """Counts the prefetcher's calls of ``part`` ("_positions" or "_media", the runner's
+    methods it was given) per thread: the prefetch thread's or the engine's."""
+    seen: dict[str, int] = {}
+    fetcher = engine.runner.prefetcher
+    inner = getattr(fetcher, part)
+
+    def counting(prompt):
+        thread = threading.current_thread().name.split("_")[0]
+        seen[thread] = seen.get(thread, 0) + 1
+        return inner(prompt)
+
+    setattr(fetcher, part, counting)
+    return seen
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "llava_onevision"])
+def test_requests_waiting_behind_a_running_row_are_prepared_ahead_and_keep_their_logits(arch):
+    model = llm(arch)
+    engine = Engine(model.loaded, ONE_ROW)
+    try:
+        prompts = prompts_of(arch)
+        logits = record_logits(engine)
+        positions = calls_by_thread(engine, "_positions")
+        media = calls_by_thread(engine, "_media")
+        first, started = after_tokens(1)
+        reqs = [engine.submit(EngineRequest(prompts[0], greedy(24), on_event=first))]
+        assert started.wait(120)
+        reqs += [engine.submit(EngineRequest(p, greedy(4))) for p in prompts[1:]]
+        for req in reqs:
+            assert req.done.wait(120) and req.error is None, req.error
+        for req, prompt in zip(reqs, prompts, strict=True):
+            assert_generate_logits(engine, logits, req, prompt, req.params.max_tokens)
+        # the requests that waited had their positions made on the prefetch thread, once
+        assert positions.get("aphrodite-prefetch", 0) >= len(prompts) - 1, positions
+        assert engine.runner.prefetcher.stats["prefetched"] >= len(prompts) - 1
+        assert sum(positions.values()) == len(prompts), positions
+        if engine.runner.normalizers:  # (Qwen-VL defers normalizing; LLaVA's are floats)
+            # (the first request, alone, may be prepared by the prefill itself)
+            assert media.get("aphrodite-prefetch", 0) >= len(prompts) - 2 and \
+                media.get("aphrodite-engine", 0) <= 1, media
+        # the normalized media went once their prefill read them; the positions stay
+        assert all(r.inputs.media is None and r.inputs.positions is not None for r in reqs)
+    finally:
+        engine.close()
+
+
+def test_a_prefetch_that_raises_is_done_again_by_the_prefill():
+    model = llm("qwen2_5_vl")
+    engine = Engine(model.loaded, ONE_ROW)
+    try:
+        prompts = prompts_of("qwen2_5_vl")
+        logits = record_logits(engine)
+        runner = engine.runner
+        own = runner._positions
+
+        def broken(prompt):
+            if threading.current_thread().name.startswith("aphrodite-prefetch"):
+                raise RuntimeError("prefetch broke")
+            return own(prompt)
+
+        runner.prefetcher._positions = broken
+        first, started = after_tokens(1)
+        reqs = [engine.submit(EngineRequest(prompts[0], greedy(16), on_event=first))]
+        assert started.wait(120)
+        reqs += [engine.submit(EngineRequest(p, greedy(4))) for p in prompts[1:]]
+        for req in reqs:
+            assert req.done.wait(120) and req.error is None, req.error
+        for req, prompt in zip(reqs, prompts, strict=True):
+            assert_generate_logits(engine, logits, req, prompt, req.params.max_tokens)
+        assert runner.prefetcher.stats["inline"] >= len(prompts) - 1
+    finally:
+        engine.close()
+
+
+def test_no_more_than_ahead_waiting_requests_hold_prepared_inputs(monkeypatch):
+    monkeypatch.setattr(prefetch, "AHEAD", 2)
+    model = llm("qwen2_5_vl")
+    engine = Engine(model.loaded, ONE_ROW)
+    assert engine.runner.prefetcher.ahead == 2
+    try:
+        prompts = prompts_of("qwen2_5_vl")
+        held: list[int] = []
+
+        def count() -> None:  # after each step, on the engine thread
+            held.append(sum(r.request.inputs is not None for r in engine.waiting))
+        engine.on_step.append(count)
+        first, started = after_tokens(1)
+        reqs = [engine.submit(EngineRequest(prompts[0], greedy(24), on_event=first))]
+        assert started.wait(120)
+        reqs += [engine.submit(EngineRequest(prompts[1 + i % (len(prompts) - 1)], greedy(2)))
+                 for i in range(8)]
+        for req in reqs:
+            assert req.done.wait(120) and req.error is None, req.error
+        assert max(held) == 2, held  # prepared ahead, but two at most
+    finally:
+        engine.close()
