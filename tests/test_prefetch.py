@@ -42,6 +42,18 @@ def calls_by_thread(engine: Engine, part: str) -> dict[str, int]:
     return seen
 
 
+def behind_a_running_row(engine: Engine, first, rest: list, tokens: int = 24) -> list:
+    """``first`` runs (``tokens`` greedy tokens), then ``rest`` (4 tokens each) are submitted
+    and wait behind it (one row at a time); all the requests, done without an error."""
+    on_event, started = after_tokens(1)
+    reqs = [engine.submit(EngineRequest(first, greedy(tokens), on_event=on_event))]
+    assert started.wait(120)
+    reqs += [engine.submit(EngineRequest(p, greedy(4))) for p in rest]
+    for req in reqs:
+        assert req.done.wait(120) and req.error is None, req.error
+    return reqs
+
+
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "llava_onevision"])
 def test_requests_waiting_behind_a_running_row_are_prepared_ahead_and_keep_their_logits(arch):
     model = llm(arch)
@@ -51,12 +63,7 @@ def test_requests_waiting_behind_a_running_row_are_prepared_ahead_and_keep_their
         logits = record_logits(engine)
         positions = calls_by_thread(engine, "_positions")
         media = calls_by_thread(engine, "_media")
-        first, started = after_tokens(1)
-        reqs = [engine.submit(EngineRequest(prompts[0], greedy(24), on_event=first))]
-        assert started.wait(120)
-        reqs += [engine.submit(EngineRequest(p, greedy(4))) for p in prompts[1:]]
-        for req in reqs:
-            assert req.done.wait(120) and req.error is None, req.error
+        reqs = behind_a_running_row(engine, prompts[0], prompts[1:])
         for req, prompt in zip(reqs, prompts, strict=True):
             assert_generate_logits(engine, logits, req, prompt, req.params.max_tokens)
         # the requests that waited had their positions made on the prefetch thread, once
@@ -88,12 +95,7 @@ def test_a_prefetch_that_raises_is_done_again_by_the_prefill():
             return own(prompt)
 
         runner.prefetcher._positions = broken
-        first, started = after_tokens(1)
-        reqs = [engine.submit(EngineRequest(prompts[0], greedy(16), on_event=first))]
-        assert started.wait(120)
-        reqs += [engine.submit(EngineRequest(p, greedy(4))) for p in prompts[1:]]
-        for req in reqs:
-            assert req.done.wait(120) and req.error is None, req.error
+        reqs = behind_a_running_row(engine, prompts[0], prompts[1:], tokens=16)
         for req, prompt in zip(reqs, prompts, strict=True):
             assert_generate_logits(engine, logits, req, prompt, req.params.max_tokens)
         assert runner.prefetcher.stats["inline"] >= len(prompts) - 1
@@ -113,13 +115,8 @@ def test_no_more_than_ahead_waiting_requests_hold_prepared_inputs(monkeypatch):
         def count() -> None:  # after each step, on the engine thread
             held.append(sum(r.request.inputs is not None for r in engine.waiting))
         engine.on_step.append(count)
-        first, started = after_tokens(1)
-        reqs = [engine.submit(EngineRequest(prompts[0], greedy(24), on_event=first))]
-        assert started.wait(120)
-        reqs += [engine.submit(EngineRequest(prompts[1 + i % (len(prompts) - 1)], greedy(2)))
-                 for i in range(8)]
-        for req in reqs:
-            assert req.done.wait(120) and req.error is None, req.error
+        behind_a_running_row(engine, prompts[0],
+                             [prompts[1 + i % (len(prompts) - 1)] for i in range(8)])
         assert max(held) == 2, held  # prepared ahead, but two at most
     finally:
         engine.close()
