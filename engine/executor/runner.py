@@ -26,6 +26,7 @@ from engine.executor.detokenize import OutputText, byte_tokens
 from engine.executor.prefetch import Prefetcher
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
 from engine.executor.warm_cache import WarmCaches, media_span
+from engine.models import lean_decode
 from engine.models.encoder import time_encoder
 from engine.models.loader import LoadedModel
 from engine.processing import device_normalize
@@ -200,6 +201,8 @@ class TransformersRunner:
             if text_model is not None else None
         #: a prefill may start inside a prompt's media span (a cached prefix is not cut back)
         self.resumes_in_media = self._merged_embeds is not None
+        #: the model's decode step without transformers' machinery, where it has one
+        self._lean_decode = lean_decode.for_model(self.model)
         #: positions (and on a CPU normalized media) prepared for the next prefills
         self._rope_lock = threading.Lock()  # (the model keeps the last rope deltas it made)
         self.prefetcher = Prefetcher(self._positions, self._normalized
@@ -531,15 +534,19 @@ class TransformersRunner:
         before = kv.snapshot(batch.cache)
         try:
             with torch.inference_mode():
-                out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                 **{self._cache_arg: batch.cache}, use_cache=True)
+                if self._lean_decode is not None:
+                    logits = self._lean_decode(ids, mask, positions, batch.cache)
+                else:
+                    logits = self.model(input_ids=ids, attention_mask=mask,
+                                        position_ids=positions, use_cache=True,
+                                        **{self._cache_arg: batch.cache}).logits[:, -1, :]
         except BaseException:
             kv.restore(batch.cache, before)
             raise
         batch.mask = mask
         for row in rows:
             row.position += 1
-        self._advance(rows, out.logits[:, -1, :])
+        self._advance(rows, logits)
 
     def _advance(self, rows: list[_Row], logits: Any) -> None:
         tokens = self._sample(rows, logits)

@@ -1,0 +1,106 @@
+"""The lean decode step (engine.models.lean_decode) on real tiny models: for every family it
+runs, a decode step's logits equal the model's own forward bit for bit, over rows of
+different lengths whose cache was merged and left-padded; families it does not run, and
+APHRODITE_LEAN_DECODE=0, get the model's forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.executor import kv
+from engine.executor.request import CompletionOutput, EngineRequest
+from engine.executor.runner import TransformersRunner, _Row
+from engine.models import lean_decode
+from tests.engine_fixtures import FAMILIES, llm
+from tests.test_scheduler import greedy, prompts_of
+
+#: the families whose text model is a plain pre-norm decoder (Gemma 3 and Qwen3-VL are not)
+LEAN = ("qwen2_5_vl", "qwen2_vl", "llava", "qwen2_audio", "llava_onevision", "internvl", "smolvlm")
+
+
+def running_batch(runner: TransformersRunner, prompts: list) -> object:
+    batch = None
+    for prompt in prompts:
+        req = EngineRequest(prompt, greedy(8))
+        req.outputs = [CompletionOutput(0)]
+        part = runner.prefill([_Row(req, 0, None)])
+        if batch is None:
+            batch = part
+        else:
+            batch.join(part)
+    return batch
+
+
+def one_step_logits(runner: TransformersRunner, batch, lean: bool):
+    """A decode step's logits, the cache left as it was."""
+    rows = batch.rows
+    ids = torch.tensor([[r.last_token] for r in rows], dtype=torch.long)
+    mask = torch.cat([batch.mask, batch.mask.new_ones((len(rows), 1))], dim=1)
+    positions = torch.tensor([[r.position] for r in rows], dtype=torch.long)
+    if batch.mrope:
+        deltas = torch.tensor([[r.rope_delta] for r in rows], dtype=torch.long)
+        positions = (positions + deltas).unsqueeze(0).expand(3, -1, -1)
+    kv.reserve(batch.cache)
+    before = kv.snapshot(batch.cache)
+    try:
+        with torch.inference_mode():
+            if lean:
+                return runner._lean_decode(ids, mask, positions, batch.cache)
+            return runner.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                use_cache=True, **{runner._cache_arg: batch.cache}
+                                ).logits[:, -1, :]
+    finally:
+        kv.restore(batch.cache, before)
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_a_lean_decode_step_gives_the_models_own_logits_bit_for_bit(arch):
+    model = llm(arch)
+    runner = model.engine.runner
+    if arch not in LEAN:
+        assert runner._lean_decode is None  # its layers are not the plain decoder
+        return
+    assert runner._lean_decode is not None
+    batch = running_batch(runner, prompts_of(arch))  # rows of very different lengths
+    assert len(batch.rows) >= 3 and not bool(batch.mask.all())  # (padding in the frame)
+    lean = one_step_logits(runner, batch, lean=True)
+    own = one_step_logits(runner, batch, lean=False)
+    assert torch.equal(lean, own)
+    for row in batch.rows:
+        runner.finish_row(row, "abort")
+
+
+def test_the_lean_step_is_off_where_it_does_not_apply(monkeypatch):
+    runner = llm("qwen2_5_vl").engine.runner
+    assert lean_decode.for_model(runner.model) is not None
+    monkeypatch.setenv("APHRODITE_LEAN_DECODE", "0")
+    assert lean_decode.for_model(runner.model) is None
+    monkeypatch.delenv("APHRODITE_LEAN_DECODE")
+    text = lean_decode._text_model(runner.model)
+    monkeypatch.setattr(text.config, "_attn_implementation", "eager")  # (not our attention)
+    assert lean_decode.for_model(runner.model) is None
+    monkeypatch.setattr(text.config, "_attn_implementation", "aphrodite_sdpa")
+    monkeypatch.setattr(text.config, "layer_types",
+                        ["sliding_attention"] * len(text.config.layer_types))
+    assert lean_decode.for_model(runner.model) is None
+
+
+def test_an_engine_decoding_lean_keeps_every_rows_generate_logits():
+    from engine.executor.engine import Engine
+    from tests.test_scheduler import assert_generate_logits, record_logits
+
+    model = llm("qwen2_5_vl")
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8))
+    try:
+        assert engine.runner._lean_decode is not None
+        logits = record_logits(engine)
+        prompts = prompts_of("qwen2_5_vl")
+        reqs = [engine.submit(EngineRequest(p, greedy(6))) for p in prompts]
+        for req in reqs:
+            assert req.done.wait(120) and req.error is None, req.error
+        for req, prompt in zip(reqs, prompts, strict=True):
+            assert_generate_logits(engine, logits, req, prompt, 6)
+    finally:
+        engine.close()
