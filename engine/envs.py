@@ -147,8 +147,8 @@ _DECLARED: tuple[EnvVar, ...] = (
            "oneDNN call costs about 25 us more than PyTorch's own, which a small layer "
            "never wins back (scripts/cpu_linear_bench.py measures both).", "elements"),
     EnvVar("APHRODITE_LEAN_DECODE", True, _bool,
-           "Run a decode step of a Qwen2/Qwen2-VL/Qwen2.5-VL/Llama text model layer by layer "
-           "on its weights, without transformers' module machinery (the same logits; 30% "
+           "Run a CPU decode step of a Qwen2/Qwen2-VL/Qwen2.5-VL/Llama text model layer by "
+           "layer on its weights, without transformers' module machinery (the same logits; 30% "
            "less time a step on a small model); 0 runs the model's own forward.", "bool"),
     EnvVar("APHRODITE_VIDEO_LOADER_BACKEND", "opencv", _video_backend,
            f"Default video decoder: one of {', '.join(VIDEO_BACKENDS)}.", "name"),

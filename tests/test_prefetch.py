@@ -120,3 +120,26 @@ def test_no_more_than_ahead_waiting_requests_hold_prepared_inputs(monkeypatch):
         assert max(held) == 2, held  # prepared ahead, but two at most
     finally:
         engine.close()
+
+
+def test_a_request_cancelled_while_waiting_drops_its_prepared_media():
+    model = llm("qwen2_5_vl")
+    engine = Engine(model.loaded, ONE_ROW)
+    try:
+        prompts = prompts_of("qwen2_5_vl")
+        on_event, started = after_tokens(1)
+        running = engine.submit(EngineRequest(prompts[0], greedy(400), on_event=on_event))
+        assert started.wait(120)
+        waiting = engine.submit(EngineRequest(prompts[1], greedy(4)))  # an image
+        deadline = threading.Event()
+        while not (isinstance(waiting.inputs, prefetch.Future) and waiting.inputs.done()):
+            assert not deadline.wait(0.01) and not running.done.is_set()
+        assert waiting.inputs.result().media  # its patches normalized, held
+        waiting.cancel()
+        assert waiting.done.wait(120)
+        assert waiting.outputs[0].finish_reason == "abort"
+        assert waiting.inputs.result().media is None  # dropped with it, never prefilled
+        running.cancel()
+        assert running.done.wait(120)
+    finally:
+        engine.close()

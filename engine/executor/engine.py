@@ -28,6 +28,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.errors import AphroditeError, InternalError
+from engine.executor.prefetch import Prefetcher
 from engine.executor.request import CompletionOutput, EngineRequest
 from engine.executor.runner import (
     ChunkedPrefill,
@@ -477,6 +478,7 @@ class Engine:
             return
         self._rows_left.pop(req.request_id, None)
         self._seqs.pop(req.request_id, None)
+        Prefetcher.release(req)  # (a request aborted or failed before its prefill read them)
         first = req.timings.pop("_first_token_at", None)
         if req.error is None:
             now = time.perf_counter()

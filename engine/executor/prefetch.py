@@ -109,10 +109,22 @@ class Prefetcher:
 
     @staticmethod
     def release(request: EngineRequest) -> None:
-        """Drop ``request``'s prepared media once its prefill read them (the positions stay:
-        another row of it may be prefilled later)."""
-        if isinstance(request.inputs, PromptInputs):
-            request.inputs.media = None
+        """Drop ``request``'s prepared media once its prefill read them, or it ended without
+        one (the positions stay: another row of it may be prefilled later); a preparation
+        not started is cancelled, one under way drops them when it ends."""
+        got = request.inputs
+        if isinstance(got, Future):
+            if got.cancel():
+                request.inputs = None
+            else:
+                got.add_done_callback(_drop_media)
+        elif isinstance(got, PromptInputs):
+            got.media = None
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _drop_media(future: Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().media = None

@@ -202,7 +202,8 @@ class TransformersRunner:
         #: a prefill may start inside a prompt's media span (a cached prefix is not cut back)
         self.resumes_in_media = self._merged_embeds is not None
         #: the model's decode step without transformers' machinery, where it has one
-        self._lean_decode = lean_decode.for_model(self.model)
+        self._lean_decode = lean_decode.for_model(self.model) \
+            if str(self.device) == "cpu" else None
         #: positions (and on a CPU normalized media) prepared for the next prefills
         self._rope_lock = threading.Lock()  # (the model keeps the last rope deltas it made)
         self.prefetcher = Prefetcher(self._positions, self._normalized
@@ -391,11 +392,13 @@ class TransformersRunner:
         inputs["attention_mask"] = mask.to(self.device)
         positions = torch.cat(parts, dim=-2).to(self.device)
         mrope = any(d is not None for d in deltas)
-        with torch.inference_mode(), keyed:
-            out = self.model(**inputs, position_ids=positions, **{self._cache_arg: cache},
-                             use_cache=True, logits_to_keep=1)
-        for row in rows:
-            Prefetcher.release(row.request)
+        try:
+            with torch.inference_mode(), keyed:
+                out = self.model(**inputs, position_ids=positions, **{self._cache_arg: cache},
+                                 use_cache=True, logits_to_keep=1)
+        finally:
+            for row in rows:
+                Prefetcher.release(row.request)
         lengths = [len(s) for s in seqs]
         total = max(lengths)
         if prefix:  # each row's prefix and rest side by side, left-padded

@@ -12,9 +12,11 @@ final norm and the LM head. Logits equal the model's forward bit for bit (test_l
 step of the tiny Qwen2.5-VL with 8 rows takes 1.5 ms instead of 2.1 ms.
 
 Only the text models registered in :data:`DECODERS` (by their config's ``model_type``), on the
-engine's attention (:mod:`engine.models.attention`), without sliding-window layers, are run so;
-anything else (another family, eager or flash attention, ``APHRODITE_LEAN_DECODE=0``) runs
-the model's forward. :func:`for_model` decides once, when the runner starts.
+engine's attention (:mod:`engine.models.attention`), without sliding-window layers, on a CPU
+device are run so; anything else (another family, eager or flash attention, a GPU: there a
+step without padding runs SDPA without a mask, which this step would not match bit for bit,
+``APHRODITE_LEAN_DECODE=0``) runs the model's forward. :func:`for_model` and the runner
+decide once, when the runner starts.
 """
 
 from __future__ import annotations
