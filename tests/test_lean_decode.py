@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.executor import kv
 from engine.executor.request import CompletionOutput, EngineRequest
 from engine.executor.runner import TransformersRunner, _Row
-from engine.models import lean_decode
+from engine.models import lean_decode, parts
 from tests.engine_fixtures import FAMILIES, llm
 from tests.test_scheduler import greedy, prompts_of
 
@@ -78,7 +78,7 @@ def test_the_lean_step_is_off_where_it_does_not_apply(monkeypatch):
     monkeypatch.setenv("APHRODITE_LEAN_DECODE", "0")
     assert lean_decode.for_model(runner.model) is None
     monkeypatch.delenv("APHRODITE_LEAN_DECODE")
-    text = lean_decode._text_model(runner.model)
+    text = parts.language_model(runner.model)
     monkeypatch.setattr(text.config, "_attn_implementation", "eager")  # (not our attention)
     assert lean_decode.for_model(runner.model) is None
     monkeypatch.setattr(text.config, "_attn_implementation", "aphrodite_sdpa")

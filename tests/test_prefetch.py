@@ -6,7 +6,9 @@ prepared inputs, and a prompt's normalized media are dropped once its prefill re
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 
 import pytest
 
@@ -24,6 +26,16 @@ from tests.test_scheduler import (
 )
 
 ONE_ROW = EngineConfig(max_num_seqs=1)  # every other request waits while one runs
+
+
+@contextlib.contextmanager
+def one_row_engine(arch: str = "qwen2_5_vl"):
+    """An engine on ``arch``'s tiny model running one row at a time, closed after."""
+    engine = Engine(llm(arch).loaded, ONE_ROW)
+    try:
+        yield engine
+    finally:
+        engine.close()
 
 
 def calls_by_thread(engine: Engine, part: str) -> dict[str, int]:
@@ -56,9 +68,7 @@ def behind_a_running_row(engine: Engine, first, rest: list, tokens: int = 24) ->
 
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "llava_onevision"])
 def test_requests_waiting_behind_a_running_row_are_prepared_ahead_and_keep_their_logits(arch):
-    model = llm(arch)
-    engine = Engine(model.loaded, ONE_ROW)
-    try:
+    with one_row_engine(arch) as engine:
         prompts = prompts_of(arch)
         logits = record_logits(engine)
         positions = calls_by_thread(engine, "_positions")
@@ -76,14 +86,10 @@ def test_requests_waiting_behind_a_running_row_are_prepared_ahead_and_keep_their
                 media.get("aphrodite-engine", 0) <= 1, media
         # the normalized media went once their prefill read them; the positions stay
         assert all(r.inputs.media is None and r.inputs.positions is not None for r in reqs)
-    finally:
-        engine.close()
 
 
 def test_a_prefetch_that_raises_is_done_again_by_the_prefill():
-    model = llm("qwen2_5_vl")
-    engine = Engine(model.loaded, ONE_ROW)
-    try:
+    with one_row_engine() as engine:
         prompts = prompts_of("qwen2_5_vl")
         logits = record_logits(engine)
         runner = engine.runner
@@ -99,16 +105,12 @@ def test_a_prefetch_that_raises_is_done_again_by_the_prefill():
         for req, prompt in zip(reqs, prompts, strict=True):
             assert_generate_logits(engine, logits, req, prompt, req.params.max_tokens)
         assert runner.prefetcher.stats["inline"] >= len(prompts) - 1
-    finally:
-        engine.close()
 
 
 def test_no_more_than_ahead_waiting_requests_hold_prepared_inputs(monkeypatch):
     monkeypatch.setattr(prefetch, "AHEAD", 2)
-    model = llm("qwen2_5_vl")
-    engine = Engine(model.loaded, ONE_ROW)
-    assert engine.runner.prefetcher.ahead == 2
-    try:
+    with one_row_engine() as engine:
+        assert engine.runner.prefetcher.ahead == 2
         prompts = prompts_of("qwen2_5_vl")
         held: list[int] = []
 
@@ -118,22 +120,18 @@ def test_no_more_than_ahead_waiting_requests_hold_prepared_inputs(monkeypatch):
         behind_a_running_row(engine, prompts[0],
                              [prompts[1 + i % (len(prompts) - 1)] for i in range(8)])
         assert max(held) == 2, held  # prepared ahead, but two at most
-    finally:
-        engine.close()
 
 
 def test_a_request_cancelled_while_waiting_drops_its_prepared_media():
-    model = llm("qwen2_5_vl")
-    engine = Engine(model.loaded, ONE_ROW)
-    try:
+    with one_row_engine() as engine:
         prompts = prompts_of("qwen2_5_vl")
         on_event, started = after_tokens(1)
         running = engine.submit(EngineRequest(prompts[0], greedy(400), on_event=on_event))
         assert started.wait(120)
         waiting = engine.submit(EngineRequest(prompts[1], greedy(4)))  # an image
-        deadline = threading.Event()
         while not (isinstance(waiting.inputs, prefetch.Future) and waiting.inputs.done()):
-            assert not deadline.wait(0.01) and not running.done.is_set()
+            assert not running.done.is_set()
+            time.sleep(0.01)
         assert waiting.inputs.result().media  # its patches normalized, held
         waiting.cancel()
         assert waiting.done.wait(120)
@@ -141,5 +139,3 @@ def test_a_request_cancelled_while_waiting_drops_its_prepared_media():
         assert waiting.inputs.result().media is None  # dropped with it, never prefilled
         running.cancel()
         assert running.done.wait(120)
-    finally:
-        engine.close()

@@ -34,17 +34,6 @@ class _Captured(Exception):
         self.embeds = embeds
 
 
-def language_model(model: Any) -> Any | None:
-    """The module a multimodal model hands its merged input embeddings to (``language_model``;
-    SmolVLM's ``text_model``), or None."""
-    for owner in (model, getattr(model, "model", None)):
-        for attr in ("language_model", "text_model"):
-            found = getattr(owner, attr, None) if owner is not None else None
-            if found is not None:
-                return found
-    return None
-
-
 class MergedEmbeds:
     """Takes a model's merged input embeddings (:meth:`__call__`). Its pre-hook on the
     language model is installed once and acts only on the thread that asked, inside the

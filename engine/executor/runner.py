@@ -26,7 +26,7 @@ from engine.executor.detokenize import OutputText, byte_tokens
 from engine.executor.prefetch import Prefetcher
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
 from engine.executor.warm_cache import WarmCaches, media_span
-from engine.models import lean_decode
+from engine.models import lean_decode, parts
 from engine.models.encoder import time_encoder
 from engine.models.loader import LoadedModel
 from engine.processing import device_normalize
@@ -195,15 +195,14 @@ class TransformersRunner:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         encoder = getattr(self.model, loaded.spec.encoder_attr, None) or getattr(
             getattr(self.model, "model", None), loaded.spec.encoder_attr, None)
-        text_model = media_embeds.language_model(self.model) \
+        text_model = parts.language_model(self.model) \
             if loaded.spec.resume_in_media else None
         self._merged_embeds = media_embeds.MergedEmbeds(self.model, text_model) \
             if text_model is not None else None
         #: a prefill may start inside a prompt's media span (a cached prefix is not cut back)
         self.resumes_in_media = self._merged_embeds is not None
         #: the model's decode step without transformers' machinery, where it has one
-        self._lean_decode = lean_decode.for_model(self.model) \
-            if str(self.device) == "cpu" else None
+        self._lean_decode = lean_decode.for_model(self.model)
         #: positions (and on a CPU normalized media) prepared for the next prefills
         self._rope_lock = threading.Lock()  # (the model keeps the last rope deltas it made)
         self.prefetcher = Prefetcher(self._positions, self._normalized

@@ -15,8 +15,8 @@ Only the text models registered in :data:`DECODERS` (by their config's ``model_t
 engine's attention (:mod:`engine.models.attention`), without sliding-window layers, on a CPU
 device are run so; anything else (another family, eager or flash attention, a GPU: there a
 step without padding runs SDPA without a mask, which this step would not match bit for bit,
-``APHRODITE_LEAN_DECODE=0``) runs the model's forward. :func:`for_model` and the runner
-decide once, when the runner starts.
+``APHRODITE_LEAN_DECODE=0``) runs the model's forward. :func:`for_model` decides once, when
+the runner starts.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine import envs
-from engine.models import attention
+from engine.models import attention, parts
 
 #: text models whose layers are the plain pre-norm decoder this step runs: their config's
 #: ``model_type`` (the text config's, for a multimodal model)
@@ -51,20 +51,16 @@ def _rotate(x: Any, cos: Any, sin: Any) -> Any:
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def _text_model(model: Any) -> Any:
-    inner = getattr(model, "model", model)
-    return getattr(inner, "language_model", None) or getattr(inner, "text_model", None) or inner
-
-
 def for_model(model: Any) -> Step | None:
     """The lean decode step for ``model`` (``step(ids, mask, positions, cache)``: ids
     ``(rows, 1)``, the rows' 2-D padding mask over the cache plus the new column, positions as
     the model's forward takes them; the last logits, ``(rows, vocab)``), or None where the
     model's own forward must run."""
-    text = _text_model(model)
+    text = parts.language_model(model)
     config = getattr(text, "config", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not envs.APHRODITE_LEAN_DECODE or config is None or head is None or \
+            next(model.parameters()).device.type != "cpu" or \
             getattr(config, "model_type", None) not in DECODERS or \
             getattr(config, "_attn_implementation", None) != attention.NAME:
         return None
