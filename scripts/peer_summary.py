@@ -2,11 +2,13 @@
 
     python scripts/peer_summary.py OUT_DIR
 
-reads OUT_DIR/<size>-out<LEN>-c<CONC>-r<N>-<vllm|ours>.json (``aphrodite bench serve`` result
-files; the size prefix is optional) and writes OUT_DIR/summary.md and summary.json: for each
-phase a run has (cold, warm), requests/s, TTFT p50 and TPOT p50 of both servers, the ratios
-ours / vLLM, the mean prompt tokens of both (equal work) and failures; and for ours, the warm
-TTFT p50 over the cold one (a warm request should skip encoder and prefill).
+reads OUT_DIR/<size>-out<LEN>[-rate<RATE>]-c<CONC>-r<N>-<vllm|ours>.json (``aphrodite bench
+serve`` result files; the size prefix is optional; ``-rate``: requests sent at that rate, an
+open loop, instead of a closed loop of CONC clients) and writes OUT_DIR/summary.md and
+summary.json: for each phase a run has (cold, warm), requests/s, TTFT p50 and TPOT p50 of
+both servers, the ratios ours / vLLM, the mean prompt tokens of both (equal work) and
+failures; and for ours, the warm TTFT p50 over the cold one (a warm request should skip
+encoder and prefill).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-NAME = re.compile(r"(?:(?P<size>[a-z0-9_]+)-)?out(?P<len>\d+)-c(?P<conc>\d+)-r(?P<rep>\d+)"
-                  r"-(?P<side>vllm|ours)\.json")
+NAME = re.compile(r"(?:(?P<size>[a-z0-9_]+)-)?out(?P<len>\d+)(?:-rate(?P<rate>\d+(?:\.\d+)?))?"
+                  r"-c(?P<conc>\d+)-r(?P<rep>\d+)-(?P<side>vllm|ours)\.json")
 PHASES = ("cold", "warm")
 HEAD = ["size", "load", "phase", "runs v/o", "vLLM req/s", "ours req/s", "req/s ours/vLLM",
         "vLLM TTFT p50 ms", "ours TTFT p50 ms", "TTFT ours/vLLM", "vLLM TPOT p50",
@@ -39,7 +41,8 @@ def _runs(out: Path) -> dict:
                 continue
             prompts = [r["prompt_tokens"] for r in (doc.get("requests") or {}).get(phase, [])
                        if r.get("prompt_tokens")]
-            key = (m["size"] or "-", int(m["len"]), int(m["conc"]), phase)
+            key = (m["size"] or "-", int(m["len"]), int(m["conc"]),
+                   float(m["rate"]) if m["rate"] else None, phase)
             runs.setdefault(key, {}).setdefault(m["side"], []).append({
                 "rps": p.get("request_throughput"), "ttft_p50": p.get("p50_ttft_ms"),
                 "tpot_p50": p.get("p50_tpot_ms"), "failed": p.get("failed", 0),
@@ -48,6 +51,11 @@ def _runs(out: Path) -> dict:
                     "processes", []) if q.get("cores") is not None), default=None),
                 "prompt_tokens": statistics.mean(prompts) if prompts else None})
     return runs
+
+
+def _load(length: int, conc: int, rate: float | None) -> str:
+    """A load's label: its output length and concurrency, and its request rate if open."""
+    return f"{length} tok, c{conc}" + ("" if rate is None else f", {rate:g} req/s")
 
 
 def _med(rows: list[dict], key: str) -> float | None:
@@ -68,10 +76,11 @@ def summarize(out: Path) -> tuple[list[dict], list[str]]:
     summary, rows = [], []
     runs = _runs(out)
     order = {p: i for i, p in enumerate(PHASES)}
-    for key in sorted(runs, key=lambda k: (k[0], k[1], k[2], order[k[3]])):
-        size, length, conc, phase = key
+    for key in sorted(runs, key=lambda k: (k[0], k[1], k[2], k[3] or 0.0, order[k[4]])):
+        size, length, conc, rate, phase = key
         v, o = runs[key].get("vllm", []), runs[key].get("ours", [])
-        s = {"size": size, "output_len": length, "concurrency": conc, "phase": phase,
+        s = {"size": size, "output_len": length, "concurrency": conc, "request_rate": rate,
+             "phase": phase, "load": _load(length, conc, rate),
              "runs_vllm": len(v), "runs_ours": len(o),
              **{f"{k}_{side}": _med(rs, k) for side, rs in (("vllm", v), ("ours", o))
                 for k in ("rps", "ttft_p50", "tpot_p50", "prompt_tokens", "cpu_ms",
@@ -82,12 +91,13 @@ def summarize(out: Path) -> tuple[list[dict], list[str]]:
         s["ttft_p50_ratio"] = _ratio(s["ttft_p50_ours"], s["ttft_p50_vllm"])
         if phase == "warm":
             cold = next((c for c in summary if c["phase"] == "cold" and
-                         (c["size"], c["output_len"], c["concurrency"]) == key[:3]), None)
+                         (c["size"], c["output_len"], c["concurrency"],
+                          c["request_rate"]) == key[:4]), None)
             if cold is not None:
                 s["ours_warm_over_cold_ttft"] = _ratio(s["ttft_p50_ours"], cold["ttft_p50_ours"])
                 s["vllm_warm_over_cold_ttft"] = _ratio(s["ttft_p50_vllm"], cold["ttft_p50_vllm"])
         summary.append(s)
-        rows.append([size, f"{length} tok, c{conc}", phase, f"{len(v)}/{len(o)}",
+        rows.append([size, s["load"], phase, f"{len(v)}/{len(o)}",
                      _fmt(s["rps_vllm"], ".2f"), _fmt(s["rps_ours"], ".2f"),
                      _fmt(s["rps_ratio"], ".2f"), _fmt(s["ttft_p50_vllm"], ".0f"),
                      _fmt(s["ttft_p50_ours"], ".0f"), _fmt(s["ttft_p50_ratio"], ".2f"),
@@ -109,7 +119,7 @@ def summarize(out: Path) -> tuple[list[dict], list[str]]:
     if warm:
         md += ["", "Warm TTFT p50 over cold (a warm request should skip encoder and prefill):",
                ""]
-        md += [f"- {s['size']}, {s['output_len']} tok, c{s['concurrency']}: ours "
+        md += [f"- {s['size']}, {s['load']}: ours "
                f"{_fmt(s['ours_warm_over_cold_ttft'], '.2f')}, vLLM "
                f"{_fmt(s['vllm_warm_over_cold_ttft'], '.2f')}" for s in warm]
     return summary, md

@@ -34,13 +34,16 @@
 #     (--expose-request-timings), so the result shows where our TTFT goes.
 #  4. For each repeat, for each load, vLLM then ours: aphrodite bench serve, random-mm images
 #     and 16-frame videos ($BUCKETS), --mode $MODE (both: the cold phase, then the same
-#     requests again warm), concurrency per load, TTFT from the first streamed chunk
+#     requests again warm), concurrency per load (a closed loop: each of CONC clients sends
+#     its next request when its answer ends), or requests at a fixed rate (an open loop:
+#     Poisson arrivals, the same times for both servers, at most CONC in flight), TTFT from
+#     the first streamed chunk
 #     (--ttft-from $TTFT_FROM: vLLM's bench serve's rule; a random-weight model's first
 #     tokens often have no text yet, a byte of a UTF-8 character or a skipped special token,
 #     and timing the first text would add the time to that text, differently per request and
 #     server); every result JSON goes to $OUT
 #     (results/peer-vllm-<date>/ by default, git-ignored) as
-#     <size>-out<LEN>-c<CONC>-r<N>-<vllm|ours>.json.
+#     <size>-out<LEN>[-rate<RATE>]-c<CONC>-r<N>-<vllm|ours>.json.
 #  5. aphrodite bench report --baseline <vLLM runs> --candidate <our runs> per size and load
 #     ($OUT/report-<size>-out<LEN>-c<CONC>/), and scripts/peer_summary.py's table of medians
 #     over the repeats per size, load and phase (cold and warm): requests/s and TTFT p50 of
@@ -53,7 +56,11 @@
 #   PORTS="18100 18101"  vLLM's port, then ours (2242, aphrodite's default, is left alone)
 #   SIZES="tiny small medium"  model sizes (make-tiny --size; ~0.4 M, ~43 M, ~150 M parameters)
 #   NUM_PROMPTS=50  REPEATS=3  CONCURRENCY=8  WARMUPS=2  MODE=both (cold|warm|both)
-#   LOADS="64 256"  output tokens per request, each entry LEN or LENxCONC (e.g. "64x8 256x16")
+#   LOADS="64 256"  output tokens per request, each entry LEN or LENxCONC (e.g. "64x8 256x16"),
+#                   or LEN@RATE[xCONC] for an open loop at RATE requests/s (e.g. "64@0.6"):
+#                   in a closed loop a server that decodes faster gets its clients back sooner
+#                   and so queues more prefills (TTFT + decode time = CONC / requests/s);
+#                   at a fixed rate TTFT is the server's queue and prefill alone
 #   BUCKETS='{"480,640,1": 0.5, "720,1280,1": 0.3, "240,320,16": 0.2}'  (frames > 1: video)
 #   MEDIA_DELIVERY=data-url (or http: the bench's loopback media server)
 #   TTFT_FROM=chunk (or content: the first chunk with text)
@@ -119,10 +126,21 @@ model_for() {  # size -> folder
   echo "$dir"
 }
 
+parse_load() {  # LEN[@RATE][xCONC] -> len, rate (empty: a closed loop), conc, tag
+  local spec="$1"
+  conc="$CONCURRENCY"
+  case "$spec" in *x*) conc="${spec##*x}"; spec="${spec%x*}";; esac
+  rate=""
+  case "$spec" in *@*) rate="${spec#*@}"; spec="${spec%@*}";; esac
+  len="$spec"
+  [[ "$len" =~ ^[0-9]+$ && "$conc" =~ ^[0-9]+$ && ( -z "$rate" || "$rate" =~ ^[0-9]+(\.[0-9]+)?$ ) ]] ||
+    die "LOADS entry '$1': expected LEN, LENxCONC, LEN@RATE or LEN@RATExCONC (e.g. 64, 64x8, 64@0.6)"
+  tag="out${len}${rate:+-rate$rate}-c${conc}"
+}
 max_conc="$CONCURRENCY"
 for load in $LOADS; do
-  case "$load" in *x*) c="${load#*x}";; *) c="$CONCURRENCY";; esac
-  [ "$c" -gt "$max_conc" ] && max_conc="$c"
+  parse_load "$load"
+  [ "$conc" -gt "$max_conc" ] && max_conc="$conc"
 done
 
 # --- 3. the servers (per size) --------------------------------------------------------------------
@@ -221,16 +239,18 @@ for size in $SIZES; do
   start_servers "$size" "$model"
   for r in $(seq "$REPEATS"); do
     for load in $LOADS; do
-      case "$load" in *x*) len="${load%x*}"; conc="${load#*x}";; *) len="$load"; conc="$CONCURRENCY";; esac
+      parse_load "$load"
+      arrivals=()
+      [ -n "$rate" ] && arrivals=(--request-rate "$rate")
       for side in vllm ours; do
         if [ "$side" = vllm ]; then port="$PORT_VLLM"; else port="$PORT_OURS"; fi
-        file="${size}-out${len}-c${conc}-r${r}-${side}.json"
-        say "$size, repeat $r/$REPEATS, $len output tokens at concurrency $conc: $side"
+        file="${size}-${tag}-r${r}-${side}.json"
+        say "$size, repeat $r/$REPEATS, $len output tokens at concurrency $conc${rate:+, $rate requests/s}: $side"
         if ! run_bench --base-url "http://127.0.0.1:$port" --model "$NAME" \
             --dataset-name random-mm --bucket-config "$BUCKETS" --num-prompts "$NUM_PROMPTS" \
             --num-warmups "$WARMUPS" --max-concurrency "$conc" --random-output-len "$len" \
             --mode "$MODE" --media-delivery "$MEDIA_DELIVERY" --seed "$r" \
-            --ttft-from "$TTFT_FROM" \
+            --ttft-from "$TTFT_FROM" "${arrivals[@]}" \
             --result-dir "$OUT" --result-filename "$file" \
             >"$OUT/logs/${file%.json}.log" 2>&1; then
           failed=1
@@ -246,8 +266,8 @@ done
 # --- 5. report and summary ------------------------------------------------------------------------
 for size in $SIZES; do
   for load in $LOADS; do
-    case "$load" in *x*) len="${load%x*}"; conc="${load#*x}";; *) len="$load"; conc="$CONCURRENCY";; esac
-    tag="${size}-out${len}-c${conc}"
+    parse_load "$load"
+    tag="${size}-${tag}"
     base=(); cand=()
     for f in "$OUT/$tag"-r*-vllm.json; do [ -f "$f" ] && base+=(--baseline "$f"); done
     for f in "$OUT/$tag"-r*-ours.json; do [ -f "$f" ] && cand+=(--candidate "$f"); done

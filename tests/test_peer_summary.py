@@ -73,3 +73,28 @@ def test_a_folder_without_peer_runs_is_an_error(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "peer_summary.py"),
                            str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
+
+
+def test_an_open_loop_load_has_its_own_rows_apart_from_the_closed_loop(two_targets, tmp_path):
+    """`LOADS=64@0.6`: requests at a fixed rate are summarized apart from the same length and
+    concurrency in a closed loop, labelled with their rate."""
+    for side, port in two_targets.items():
+        for name, extra in ((f"tiny-out3-c2-r1-{side}.json", []),
+                            (f"tiny-out3-rate20-c2-r1-{side}.json", ["--request-rate", "20"])):
+            done = subprocess.run(
+                [str(EXE), "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
+                 "--model", "peer", "--num-prompts", "4", "--num-warmups", "0", "--mode",
+                 "cold", "--items-per-request", "0", "--output-len", "3",
+                 "--max-concurrency", "2", *extra, "--result-dir", str(tmp_path),
+                 "--result-filename", name], capture_output=True, text=True, timeout=180)
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "peer_summary.py"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "summary.json").read_text())
+    assert [(r["load"], r["request_rate"], r["runs_vllm"], r["runs_ours"]) for r in rows] == [
+        ("3 tok, c2", None, 1, 1), ("3 tok, c2, 20 req/s", 20.0, 1, 1)]
+    for row in rows:
+        assert row["ttft_p50_ours"] >= 60 > row["ttft_p50_vllm"]
+    md = (tmp_path / "summary.md").read_text()
+    assert "| tiny | 3 tok, c2, 20 req/s | cold |" in md
