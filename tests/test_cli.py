@@ -290,8 +290,10 @@ def test_every_commands_help_survives_a_pipe():
         # a flag takes no value: none is shown for it (Typer's default writes "<bool>")
         assert "<bool>" not in done.stdout, (path, [ln for ln in done.stdout.splitlines()
                                                     if "<bool>" in ln][:3])
-    done = subprocess.run([str(exe), "--show-completion", "bash"], capture_output=True,
-                          text=True, timeout=60)
+    # as a user runs it, from a shell: Typer names the shell of its parent process (the
+    # builtin after it keeps bash from exec-ing the command in its own place)
+    done = subprocess.run(["bash", "-c", '"$0" --show-completion; exit $?', str(exe)],
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "_aphrodite_completion" in done.stdout
 
 
