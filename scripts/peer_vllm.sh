@@ -45,7 +45,7 @@
 #     (results/peer-vllm-<date>/ by default, git-ignored) as
 #     <size>-out<LEN>[-rate<RATE>]-c<CONC>-r<N>-<vllm|ours>.json.
 #  5. aphrodite bench report --baseline <vLLM runs> --candidate <our runs> per size and load
-#     ($OUT/report-<size>-out<LEN>-c<CONC>/), and scripts/peer_summary.py's table of medians
+#     ($OUT/report-<size>-out<LEN>[-rate<RATE>]-c<CONC>/), and scripts/peer_summary.py's table of medians
 #     over the repeats per size, load and phase (cold and warm): requests/s and TTFT p50 of
 #     both, the ratio ours/vLLM, the mean prompt tokens of both (they must match: equal work)
 #     and each server's warm TTFT over its cold one. Also written to $OUT/summary.md and
