@@ -16,7 +16,7 @@ from aphrodite_cli.options import (
     split_hosts,
 )
 from aphrodite_cli.output import out
-from engine.config import EngineConfig, PipelineConfig, VllmConfig
+from engine.config import EngineConfig, PipelineConfig, SchedulingPolicy, VllmConfig
 from engine.server.config import ServerConfig
 
 EPILOG = """Examples:
@@ -114,6 +114,13 @@ def serve(
         help="Sequences in the running batch (a request's n counts n), e.g. 8: between "
              "decode steps finished ones leave and waiting ones join.")
     ] = EngineConfig.max_num_seqs,
+    scheduling_policy: Annotated[SchedulingPolicy, typer.Option(
+        help="Which waiting requests join the running batch first (vLLM's flag): fcfs, the "
+             "oldest; priority, the lowest request 'priority' field (vLLM's; other values "
+             "are refused under fcfs), then the oldest; shortest (ours), the fewest prompt "
+             "tokens left to prefill after the prefix cache, so a video prompt does not hold "
+             "up the image and text prompts that came after it; a request passed over 4 "
+             "times goes first.")] = EngineConfig.scheduling_policy,
     max_num_batched_tokens: Annotated[int | None, typer.Option(
         help="Prompt tokens prefilled in one step when requests join the running "
              "batch, e.g. 8192 (a longer prompt is prefilled alone, a chunk per step); "
@@ -246,7 +253,7 @@ def serve(
         metrics_without_auth=metrics_without_auth,
         expose_request_timings=expose_request_timings,
         # the engine's settings, checked here once and handed whole to the engine process
-        engine=EngineConfig(max_num_seqs=max_num_seqs,
+        engine=EngineConfig(max_num_seqs=max_num_seqs, scheduling_policy=scheduling_policy,
                             max_num_batched_tokens=max_num_batched_tokens,
                             prefill_pass_tokens=prefill_pass_tokens,
                             num_threads=num_threads, device=device, dtype=dtype,

@@ -153,6 +153,20 @@ class PipelineConfig:
 #: batch has ended ("static", the baseline ``bench batching`` compares against)
 Scheduling = Literal["continuous", "static"]
 SCHEDULING: tuple[Scheduling, ...] = ("continuous", "static")
+#: Which waiting rows join first (vLLM's ``--scheduling-policy``): "fcfs", the oldest;
+#: "priority", the lowest request ``priority`` (vLLM's request field, 0 by default), the
+#: oldest among equals; "shortest", the fewest prompt tokens left to prefill (after the
+#: prefix cache), the oldest among equals, except that a row passed over
+#: :data:`MAX_OVERTAKES` times goes before every younger one (ours: a video prompt does not
+#: hold up the image and text prompts behind it, and is not held up for ever either)
+SchedulingPolicy = Literal["fcfs", "priority", "shortest"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority", "shortest")
+#: ``--scheduling-policy shortest``: how many younger rows may join before a waiting row
+#: (after that it goes first): a long prompt waits for at most this many shorter prefills
+MAX_OVERTAKES = 4
+#: the request ``priority`` values accepted (vLLM takes any integer; ours are bounded so a
+#: request cannot send a megabyte-long number)
+PRIORITY_RANGE = (-(1 << 31), (1 << 31) - 1)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -213,6 +227,7 @@ class EngineConfig:
     hands its rows' first tokens out as it ends. ``None``: :data:`DEFAULT_PASS_TOKENS` per
     device kind (see :attr:`pass_tokens`).
     ``scheduling``: see :data:`Scheduling`.
+    ``scheduling_policy``: which waiting rows join first, see :data:`SchedulingPolicy`.
     ``device``, ``dtype``: where the model runs, and its weights' type.
     ``num_threads``: torch threads of the engine's process; ``None``: the CPUs the process
     may use (its affinity, at most its cgroup's CPU quota; torch itself counts all cores).
@@ -232,6 +247,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     prefill_pass_tokens: int | None = None
     scheduling: Scheduling = "continuous"
+    scheduling_policy: SchedulingPolicy = "fcfs"
     device: str = "cpu"
     dtype: str = "auto"
     num_threads: int | None = None
@@ -287,6 +303,10 @@ class EngineConfig:
         if self.scheduling not in SCHEDULING:
             raise ConfigError(f"scheduling {self.scheduling!r} is not supported",
                               hint=f"use one of {', '.join(SCHEDULING)}", code="invalid_flag")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"--scheduling-policy {self.scheduling_policy!r} is not supported",
+                              hint=f"use one of {', '.join(SCHEDULING_POLICIES)}",
+                              code="invalid_flag")
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype!r} is not supported",
                               hint=f"use one of {', '.join(DTYPES)}", code="invalid_dtype")

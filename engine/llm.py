@@ -22,7 +22,7 @@ import numpy as np
 from engine.config import EngineConfig, PipelineConfig
 from engine.errors import InvalidRequestError
 from engine.executor.engine import Engine
-from engine.executor.request import CompletionOutput, EngineRequest
+from engine.executor.request import CompletionOutput, EngineRequest, checked_priority
 from engine.executor.sampling import SamplingParams
 from engine.models.loader import load_model
 from engine.processing.chat_parts import parse_messages
@@ -118,10 +118,11 @@ class LLM:
                 raw: bool) -> Any:
         return self.pipeline.prepare(prompt, items, kwargs, raw=raw)
 
-    def _run(self, prepared: list[tuple[str, Any]], params: list[SamplingParams]
-             ) -> list[RequestOutput]:
-        requests = [self.engine.submit(EngineRequest(p, sp)) for (_, p), sp in
-                    zip(prepared, params, strict=True)]
+    def _run(self, prepared: list[tuple[str, Any]], params: list[SamplingParams],
+             priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        priorities = self._priorities(priority, len(prepared))
+        requests = [self.engine.submit(EngineRequest(p, sp, priority=rank))
+                    for (_, p), sp, rank in zip(prepared, params, priorities, strict=True)]
         results = []
         for (text, processed), req in zip(prepared, requests, strict=True):
             req.done.wait()
@@ -154,9 +155,25 @@ class LLM:
             raise InvalidRequestError("one SamplingParams per prompt, or one for all")
         return params
 
-    def generate(self, prompts: Any, sampling_params: Any = None) -> list[RequestOutput]:
+    def _priorities(self, priority: Sequence[int] | None, n: int) -> list[int]:
+        """vLLM's ``priority`` argument: one per prompt, each an integer, and not 0 only
+        with ``scheduling_policy="priority"`` (as vLLM refuses it)."""
+        if priority is None:
+            return [0] * n
+        ranks = list(priority)
+        if len(ranks) != n:
+            raise InvalidRequestError(f"priority holds {len(ranks)} values for {n} prompts: "
+                                      "one per prompt", param="priority")
+        for rank in ranks:
+            checked_priority(rank, self.engine.config.scheduling_policy)
+        return ranks
+
+    def generate(self, prompts: Any, sampling_params: Any = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Prompts: a string, a ``{"prompt", "multi_modal_data", "mm_processor_kwargs"}`` dict,
-        or a list of those. Placeholders the prompt lacks are inserted per item."""
+        or a list of those. Placeholders the prompt lacks are inserted per item.
+        ``priority``: vLLM's, one per prompt (lower first, with
+        ``scheduling_policy="priority"``)."""
         batch = prompts if isinstance(prompts, list) else [prompts]
         prepared = []
         for entry in batch:
@@ -165,7 +182,7 @@ class LLM:
             items = to_items(entry.get("multi_modal_data") or {})
             prepared.append(self.prepare(entry["prompt"], items,
                                           entry.get("mm_processor_kwargs"), raw=True))
-        return self._run(prepared, self._params(sampling_params, len(prepared)))
+        return self._run(prepared, self._params(sampling_params, len(prepared)), priority)
 
     def chat(self, messages: Sequence[Any], sampling_params: Any = None,
              mm_processor_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:

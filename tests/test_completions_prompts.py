@@ -144,3 +144,17 @@ def test_a_client_that_goes_away_stops_every_prompts_generation(server, stream):
     after = wait_for(server, lambda n: n["requests_in_flight"] == 0, timeout=10)
     assert after["requests_in_flight"] == 0 and after["num_rows_running"] == 0
     assert wait_for(server, lambda n: n["closed"] == before + 1, 5)["closed"] == before + 1
+
+
+def test_a_priority_under_fcfs_scheduling_is_refused_naming_the_flag(client):
+    """vLLM refuses a request priority its scheduler would ignore; so does this server, and
+    says which flag honours it. Priority 0 (the default) is accepted."""
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="Hello", max_tokens=2,
+                                  extra_body={"priority": 2})
+    error = info.value.body
+    assert error["param"] == "priority" and error["code"] == "unsupported_parameter"
+    assert "--scheduling-policy priority" in error["message"], error
+    out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2,
+                                    extra_body={"priority": 0})
+    assert out.usage.completion_tokens >= 1

@@ -155,6 +155,27 @@ def test_chat_refusals():
     bare.close()
 
 
+def test_generate_takes_vllms_priority_argument_only_where_it_is_honoured():
+    """``LLM.generate(..., priority=[...])`` as vLLM's: one per prompt; under the default
+    fcfs scheduling a value other than 0 is refused (vLLM refuses it too), under
+    ``scheduling_policy="priority"`` the outputs are those of the same prompts without it."""
+    from engine import LLM
+
+    model = llm("qwen2_5_vl")
+    prompts = ["Once upon a time", "Hello"]
+    with pytest.raises(InvalidRequestError, match="--scheduling-policy priority"):
+        model.generate(prompts, GREEDY, priority=[1, 0])
+    with pytest.raises(InvalidRequestError, match="one per prompt"):
+        model.generate(prompts, GREEDY, priority=[0])
+    plain = [o.outputs[0].token_ids for o in model.generate(prompts, GREEDY, priority=[0, 0])]
+    ranked = LLM("tiny:qwen2_5_vl", scheduling_policy="priority")
+    try:
+        got = ranked.generate(prompts, GREEDY, priority=[5, -1])
+        assert [o.outputs[0].token_ids for o in got] == plain
+    finally:
+        ranked.close()
+
+
 def test_sampling_seed_stop_and_n():
     model = llm("qwen2_vl")
     params = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, top_k=50, seed=11, n=2,

@@ -7,6 +7,7 @@ are checked model-free in tests/test_scheduler_plan.py."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -560,3 +561,58 @@ def test_a_request_that_fails_mid_prefill_stops_its_rows_already_running():
         assert len(req.outputs[0].token_ids) < 200
     finally:
         engine.close()
+
+
+def join_order(policy: str, prompts: list, priorities: list[int] | None = None,
+               **settings) -> list[int]:
+    """The order in which ``prompts`` (sent in this order, with these request priorities)
+    join a one-row batch that a long generation holds until all of them wait: with
+    ``max_num_seqs=1`` each runs alone, so they end in the order they joined. Each gets its
+    solo greedy tokens whatever its turn."""
+    model = llm("qwen2_5_vl")
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=1, scheduling_policy=policy,
+                                               **settings))
+    try:
+        solo = [run_alone(engine, p, greedy(3)) for p in prompts]
+        on_event, started = after_tokens(1)
+        holder = engine.submit(EngineRequest(prompts[0], greedy(512), on_event=on_event))
+        assert started.wait(120)
+        ended: list[int] = []
+        reqs = [engine.submit(EngineRequest(
+            p, greedy(3), priority=(priorities or [0] * len(prompts))[i],
+            on_done=lambda req, i=i: ended.append(i))) for i, p in enumerate(prompts)]
+        deadline = time.monotonic() + 120
+        while len(engine.waiting) < len(prompts) and time.monotonic() < deadline:
+            time.sleep(0.01)  # every request is in the queue before a row can leave
+        assert len(engine.waiting) == len(prompts)
+        holder.cancel()
+        for req in reqs:
+            assert req.done.wait(120) and req.error is None, req.error
+        assert [r.outputs[0].token_ids for r in reqs] == solo
+        assert engine._overtaken == {}  # (nothing left behind for requests gone)
+        return ended
+    finally:
+        engine.close()
+
+
+def test_priority_scheduling_lets_the_lowest_priority_value_join_first():
+    """vLLM's --scheduling-policy priority: lower values first, the oldest among equals."""
+    prompts = prompts_of("qwen2_5_vl")[:2] * 2
+    assert join_order("priority", prompts, [3, 0, -1, 0]) == [2, 1, 3, 0]
+    assert join_order("fcfs", prompts) == [0, 1, 2, 3]
+
+
+def test_shortest_scheduling_lets_short_prompts_pass_a_long_one_a_bounded_number_of_times():
+    """--scheduling-policy shortest: the prompts with fewest tokens to prefill join first, but
+    a long prompt passed over MAX_OVERTAKES times goes before the younger ones left. (The
+    prefix cache is off: the solo runs would leave every prompt's tokens cached, and what
+    counts is the tokens left to prefill.)"""
+    from engine.config import MAX_OVERTAKES
+
+    text, image, *_, long = prompts_of("qwen2_5_vl")
+    assert len(text.input_ids) < len(image.input_ids) < len(long.input_ids)
+    cold = {"enable_prefix_caching": False}
+    assert join_order("shortest", [long, image, text, image], **cold) == [2, 1, 3, 0]
+    # a long prompt sent first, then more short ones than it may be passed over by
+    order = join_order("shortest", [long] + [text] * (MAX_OVERTAKES + 2), **cold)
+    assert order == [*range(1, MAX_OVERTAKES + 1), 0, MAX_OVERTAKES + 1, MAX_OVERTAKES + 2]

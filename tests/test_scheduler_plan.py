@@ -4,7 +4,10 @@ check that the engine executing these plans gives each row the logits it gets al
 
 from __future__ import annotations
 
-from engine.config import EngineConfig
+import pytest
+
+from engine.config import MAX_OVERTAKES, EngineConfig
+from engine.errors import ConfigError
 from engine.executor.scheduler import (
     Chunk,
     Prefilling,
@@ -12,7 +15,9 @@ from engine.executor.scheduler import (
     StepPlan,
     chunk_bounds,
     next_chunk,
+    passed_over,
     plan,
+    serving_order,
 )
 
 
@@ -186,3 +191,60 @@ def test_without_a_token_budget_the_devices_default_applies_as_in_vllm():
     assert long.chunk is not None and long.chunk.tokens == 2048
     step = plan([], running=0, config=config(), prefilling=Prefilling(SeqState(3000), 2048))
     assert (step.chunk.start, step.chunk.end) == (2048, 3000)
+
+
+def test_fcfs_serves_the_waiting_rows_as_they_came_whatever_their_size_or_priority():
+    rows = [SeqState(900, priority=5), SeqState(10, priority=-1), SeqState(300)]
+    assert serving_order(rows, "fcfs", [9, 9, 9]) == [0, 1, 2]
+
+
+def test_priority_serves_the_lowest_value_first_and_the_oldest_among_equals():
+    """vLLM's rule: lower priority values are handled earlier; equal ones by arrival."""
+    rows = [SeqState(10, priority=2), SeqState(10, priority=0), SeqState(10, priority=-3),
+            SeqState(10, priority=0), SeqState(10, priority=2)]
+    assert serving_order(rows, "priority") == [2, 1, 3, 0, 4]
+
+
+def test_shortest_serves_the_fewest_tokens_left_to_prefill_first():
+    """Tokens left after the prefix cache count, not the prompt's length: a long prompt
+    whose prefix is cached is cheap. Equals keep their age order, so a request's n rows stay
+    together."""
+    rows = [SeqState(900), SeqState(300), SeqState(2000, cached_tokens=1984),
+            SeqState(300), SeqState(40)]
+    assert [rows[i].tokens_to_prefill for i in serving_order(rows, "shortest")] == \
+        [16, 40, 300, 300, 900]
+    assert serving_order(rows, "shortest") == [2, 4, 1, 3, 0]
+
+
+def test_shortest_lets_a_row_passed_over_too_often_go_first():
+    """A video prompt is overtaken by at most MAX_OVERTAKES shorter ones, then goes before
+    every younger row, the oldest such row first."""
+    rows = [SeqState(900), SeqState(800), SeqState(10), SeqState(20)]
+    assert serving_order(rows, "shortest", [MAX_OVERTAKES - 1, 0]) == [2, 3, 1, 0]
+    assert serving_order(rows, "shortest", [MAX_OVERTAKES, 0, 0, 0]) == [0, 2, 3, 1]
+    assert serving_order(rows, "shortest", [MAX_OVERTAKES + 2, MAX_OVERTAKES]) == \
+        [0, 1, 2, 3]
+
+
+def test_passed_over_counts_the_older_rows_a_younger_one_joined_before():
+    order = [2, 4, 1, 3, 0]  # (the shortest-first order above)
+    assert passed_over(order, 0) == []
+    assert passed_over(order, 1) == [1, 0]  # row 2 joined: rows 0 and 1 are older
+    assert passed_over(order, 2) == [1, 3, 0]  # rows 2 and 4 joined
+    assert passed_over([0, 1, 2], 2) == []  # first come, first served passes nobody
+
+
+def test_the_policy_order_then_meets_the_budget_and_the_batch_room():
+    """The plan takes the waiting rows in the policy's order: the short rows join first, the
+    long one waits for room in the token budget."""
+    rows = [SeqState(900), SeqState(300), SeqState(200)]
+    order = serving_order(rows, "shortest")
+    step = plan([rows[i] for i in order], running=0,
+                config=config(max_num_batched_tokens=1000))
+    assert step.admit == (200, 300)
+    assert passed_over(order, step.admitted) == [0]
+
+
+def test_an_unknown_scheduling_policy_is_refused_naming_the_flag():
+    with pytest.raises(ConfigError, match="--scheduling-policy 'sjf'"):
+        EngineConfig(scheduling_policy="sjf")  # type: ignore[arg-type]

@@ -299,7 +299,7 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
         def __init__(self, refusals: int, token_first: bool = False) -> None:
             self.refusals, self.token_first, self.seen = refusals, token_first, []
 
-        async def generate(self, ids, mm, sampling, items, text, kwargs):
+        async def generate(self, ids, mm, sampling, items, text, kwargs, priority=0):
             self.seen.append(mm)
             if self.token_first:
                 yield Delta("r", 0, 5, "x", None, None)
@@ -392,6 +392,15 @@ def test_vllm_flags_pass_through_by_vllms_names():
     config = dataclasses.replace(config, engine=dataclasses.replace(config.engine,
                                                                     block_size=32))
     assert engine_args(config, "/models/m", "m")["block_size"] == 32
+    assert "scheduling_policy" not in args  # fcfs: vLLM's default, as ours
+    config = dataclasses.replace(config, engine=dataclasses.replace(
+        config.engine, scheduling_policy="priority"))
+    assert engine_args(config, "/models/m", "m")["scheduling_policy"] == "priority"
+    from engine.server.vllm_spec import ours_only_flags
+
+    assert ours_only_flags(config.engine) == []
+    assert [flag for flag, _ in ours_only_flags(dataclasses.replace(
+        config.engine, scheduling_policy="shortest"))] == ["--scheduling-policy shortest"]
     with pytest.raises(ConfigError, match="--distributed-executor-backend"):
         VllmConfig(distributed_executor_backend="slurm")
     with pytest.raises(ConfigError, match="--tensor-parallel-size"):

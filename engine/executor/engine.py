@@ -37,7 +37,15 @@ from engine.executor.runner import (
     TransformersRunner,
     _Row,
 )
-from engine.executor.scheduler import Chunk, Prefilling, SeqState, StepPlan, plan
+from engine.executor.scheduler import (
+    Chunk,
+    Prefilling,
+    SeqState,
+    StepPlan,
+    passed_over,
+    plan,
+    serving_order,
+)
 from engine.models.loader import LoadedModel
 
 logger = logging.getLogger("aphrodite.engine")
@@ -93,6 +101,10 @@ class Engine:
         self._rows_left: dict[str, int] = {}
         #: what the scheduler knows of each request in the engine (its rows share it)
         self._seqs: dict[str, SeqState] = {}
+        #: under a policy other than "fcfs": the waiting rows in the order the last plan took
+        #: them, and how often a younger row joined before each request's rows
+        self._order: list[_Row] | None = None
+        self._overtaken: dict[str, int] = {}
         #: prefill forward passes (the isolation test counts them), decode steps, and tokens
         self.batches = 0
         self.stats = {"steps_total": 0, "prefill_tokens_total": 0, "decode_tokens_total": 0,
@@ -179,8 +191,38 @@ class Engine:
         chunked = self.prefilling
         progress = None if chunked is None else Prefilling(
             self._seqs[chunked.row.request.request_id], chunked.done)
-        return plan((self._waiting_seq(r) for r in self.waiting), self._running_rows(),
-                    self.config, progress)
+        self._order = None
+        running = self._running_rows()
+        policy = self.config.scheduling_policy
+        if policy == "fcfs" or progress is not None or len(self.waiting) < 2 or \
+                running >= self.config.max_num_seqs:
+            return plan((self._waiting_seq(r) for r in self.waiting), running, self.config,
+                        progress)
+        rows = list(self.waiting)
+        # "priority" does not read the prefix cache: only "shortest" orders by what is left
+        seqs = [self._waiting_seq(r) if policy == "shortest" else
+                self._seqs[r.request.request_id] for r in rows]
+        order = serving_order(seqs, policy, [self._overtaken.get(r.request.request_id, 0)
+                                             for r in rows])
+        self._order = [rows[i] for i in order]
+        fresh = policy == "shortest"  # (seqs were read from the cache just now)
+        taken = plan((seqs[i] if fresh else self._waiting_seq(rows[i]) for i in order),
+                     running, self.config)
+        passed = {rows[i].request.request_id for i in passed_over(order, taken.admitted)}
+        for rid in passed:
+            self._overtaken[rid] = self._overtaken.get(rid, 0) + 1
+        return taken
+
+    def _take(self, count: int) -> list[_Row]:
+        """The first ``count`` waiting rows in the order the plan took them, out of the
+        queue (which keeps the rest in age order)."""
+        if self._order is None:
+            return [self.waiting.popleft() for _ in range(count)]
+        chosen = self._order[:count]
+        ids = {id(r) for r in chosen}
+        self.waiting = collections.deque(r for r in self.waiting if id(r) not in ids)
+        self._order = None
+        return chosen
 
     def _waiting_seq(self, row: _Row) -> SeqState:
         """A waiting row as the scheduler sees it now: with the prompt tokens the prefix
@@ -263,13 +305,13 @@ class Engine:
             at = [i for i, t in enumerate(ids) if t in media]
             span = (at[0], at[-1]) if at else None
         return SeqState(len(ids), media_span=span,
-                        media_resumable=self.runner.resumes_in_media)
+                        media_resumable=self.runner.resumes_in_media, priority=req.priority)
 
     def _prefill_step(self, step: StepPlan) -> None:
         """Execute the plan's prefill: the admitted rows together, or a chunk."""
         if step.chunk is not None:
             if step.starts_chunk:
-                row = self.waiting.popleft()
+                row = self._take(1)[0]
                 try:
                     self.prefilling = self.runner.start_chunked(row)
                 except Exception as exc:
@@ -280,7 +322,7 @@ class Engine:
             return
         if not step.admit:
             return
-        chosen = [self.waiting.popleft() for _ in step.admit]
+        chosen = self._take(len(step.admit))
         started = time.perf_counter()
         if self._prefiller is not None and self.running is not None and self.running.rows:
             self.batches += 1
@@ -478,6 +520,7 @@ class Engine:
             return
         self._rows_left.pop(req.request_id, None)
         self._seqs.pop(req.request_id, None)
+        self._overtaken.pop(req.request_id, None)
         Prefetcher.release(req)  # (a request aborted or failed before its prefill read them)
         first = req.timings.pop("_first_token_at", None)
         if req.error is None:

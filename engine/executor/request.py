@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from engine.config import PRIORITY_RANGE
+from engine.errors import InvalidRequestError
 from engine.executor.sampling import SamplingParams
 from engine.processing.preprocess import ProcessedPrompt
 
@@ -90,6 +92,9 @@ class EngineRequest:
     #: prompt tokens whose keys and values came from the prefix cache (vLLM's
     #: ``num_cached_tokens``; ``usage.prompt_tokens_details.cached_tokens``)
     num_cached_tokens: int = 0
+    #: vLLM's request ``priority``: with ``--scheduling-policy priority`` lower values join
+    #: the running batch first
+    priority: int = 0
     #: the prompt's inputs prepared off the engine thread (:mod:`engine.executor.prefetch`):
     #: a future while under way
     inputs: Any = None
@@ -104,3 +109,19 @@ class EngineRequest:
     def cancel(self) -> None:
         """The client went away: stop generating for it at the next step."""
         self.cancelled.set()
+
+
+def checked_priority(value: object, policy: str) -> int:
+    """vLLM's request ``priority``: an integer in :data:`~engine.config.PRIORITY_RANGE`, and
+    other than 0 only under ``--scheduling-policy priority`` (vLLM refuses it too: a client
+    must not believe it was honoured)."""
+    low, high = PRIORITY_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidRequestError(f"priority must be an integer from {low} to {high}, not "
+                                  f"{value!r}", param="priority")
+    if value and policy != "priority":
+        raise InvalidRequestError(
+            f"priority={value} needs priority scheduling; this server schedules {policy}",
+            param="priority", code="unsupported_parameter",
+            hint="leave priority out, or start the server with --scheduling-policy priority")
+    return value

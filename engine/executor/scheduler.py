@@ -7,9 +7,10 @@ step and executes the :class:`StepPlan`. The rules, in the order they apply:
 1. A prompt being prefilled in chunks continues: its next chunk is the step's prefill, and
    nothing else joins until its last chunk is in.
 2. ``scheduling="static"``: nothing joins a running batch; waiting rows wait for it to end.
-3. First come, first served: the oldest waiting rows join while the batch holds fewer than
-   ``max_num_seqs`` rows (a request's ``n`` samples are ``n`` rows, each prefilling its
-   prompt). No row overtakes an older one.
+3. The waiting rows join in the order of ``scheduling_policy`` (:func:`serving_order`;
+   "fcfs": first come, first served, and no row overtakes an older one) while the batch
+   holds fewer than ``max_num_seqs`` rows (a request's ``n`` samples are ``n`` rows, each
+   prefilling its prompt).
 4. Token budget: the rows that join in one step are prefilled together, in one forward pass
    of at most ``max_num_batched_tokens`` prompt tokens; the first that does not fit waits for
    the next step. A prompt over the budget on its own is prefilled alone, a chunk per step,
@@ -27,23 +28,24 @@ step and executes the :class:`StepPlan`. The rules, in the order they apply:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
+from engine.config import MAX_OVERTAKES, EngineConfig, SchedulingPolicy
 
 
 @dataclass(frozen=True)
 class SeqState:
     """What the scheduler knows of a waiting row: its prompt's length in tokens, how many of
     them the prefix cache holds, and where its media tokens are (``[first, last]``, or None
-    for a prompt without media; only looked up for a prompt that may be chunked), and whether
-    a prefill may start inside that span (rule 6)."""
+    for a prompt without media; only looked up for a prompt that may be chunked), whether
+    a prefill may start inside that span (rule 6), and its request's ``priority`` (rule 3)."""
 
     prompt_tokens: int
     cached_tokens: int = 0
     media_span: tuple[int, int] | None = None
     media_resumable: bool = False
+    priority: int = 0
 
     @property
     def first_uncached(self) -> int:
@@ -132,6 +134,33 @@ def plan(waiting: Iterable[SeqState], running: int, config: EngineConfig,
         admit.append(size)
         total += size
     return StepPlan(admit=tuple(admit), decode_rows=running + len(admit))
+
+
+def serving_order(waiting: Sequence[SeqState], policy: SchedulingPolicy,
+                  overtaken: Sequence[int] = ()) -> list[int]:
+    """The indices of ``waiting`` (oldest first) in the order ``policy`` lets them join
+    (rule 3): "fcfs" as they are; "priority" by ``priority``, lowest first; "shortest" by
+    ``tokens_to_prefill``, fewest first, except that a row that ``overtaken`` (per row, 0
+    when left out) says was passed over :data:`MAX_OVERTAKES` times or more goes before the
+    rest. Equals keep their age order (the sort is stable)."""
+    rows = range(len(waiting))
+    if policy == "priority":
+        return sorted(rows, key=lambda i: waiting[i].priority)
+    if policy == "shortest":
+        passed = list(overtaken) + [0] * (len(waiting) - len(overtaken))
+        return sorted(rows, key=lambda i: (0, 0) if passed[i] >= MAX_OVERTAKES
+                      else (1, waiting[i].tokens_to_prefill))
+    return list(rows)
+
+
+def passed_over(order: Sequence[int], joined: int) -> list[int]:
+    """The rows (indices of the waiting rows by age, as :func:`serving_order` takes them)
+    that a younger row overtook when the first ``joined`` of ``order`` joined: those left
+    waiting that are older than one that joined."""
+    if not joined:
+        return []
+    youngest = max(order[:joined])
+    return [i for i in order[joined:] if i < youngest]
 
 
 def next_chunk(seq: SeqState, start: int, budget: int) -> Chunk:

@@ -99,14 +99,14 @@ class EngineClient:
                 sampling: dict[str, Any],
                 mm_items: tuple[list[str], list[tuple[int, int]]] = ([], []),
                 prompt: str | None = None,
-                mm_processor_kwargs: dict[str, Any] | None = None) -> None:
+                mm_processor_kwargs: dict[str, Any] | None = None, priority: int = 0) -> None:
         """Large inputs into shared memory, then the request to the engine: in a worker
         thread, so the megabytes of copying stay off the event loop. Segments of a message
         that was not sent are removed (no engine will map them)."""
         message, segments = shared_inputs.export(mm)
         try:
             self._send(Submit(rid, input_ids, message, sampling, *mm_items, prompt,
-                              mm_processor_kwargs))
+                              mm_processor_kwargs, priority))
         except BaseException:
             shared_inputs.discard(segments)
             raise
@@ -114,13 +114,14 @@ class EngineClient:
     async def generate(self, input_ids: list[int], mm: dict[str, Any], sampling: dict[str, Any],
                        mm_items: tuple[list[str], list[tuple[int, int]]] = ([], []),
                        prompt: str | None = None,
-                       mm_processor_kwargs: dict[str, Any] | None = None):
+                       mm_processor_kwargs: dict[str, Any] | None = None, priority: int = 0):
         """Yields the request's :class:`~engine.server.wire.Delta` s as the engine makes
         them, then its :class:`~engine.server.wire.Done` (a failed request raises instead).
         ``mm_items``: the prompt's items' content keys and token ranges
         (``ProcessedPrompt.mm_hashes``, ``mm_positions``), which the engine's prefix cache
         names the media by. ``prompt``, ``mm_processor_kwargs``: for an engine that runs its
-        own processor (see :class:`~engine.server.wire.Submit`)."""
+        own processor (see :class:`~engine.server.wire.Submit`); ``priority``: vLLM's request
+        priority."""
         if not self.alive:
             raise ServiceUnavailableError("the engine process is not running",
                                     hint="check the server log; restart the server")
@@ -133,7 +134,7 @@ class EngineClient:
             # pass a file descriptor per storage, which the processor cache then keeps open.
             plain = {k: v.numpy() if hasattr(v, "numpy") else v for k, v in mm.items()}
             await asyncio.to_thread(self._submit, rid, input_ids, plain, sampling, mm_items,
-                                    prompt, mm_processor_kwargs)
+                                    prompt, mm_processor_kwargs, priority)
             while True:
                 message = await queue.get()
                 if isinstance(message, Delta):

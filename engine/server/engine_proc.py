@@ -161,7 +161,8 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                                          tuple(lp) if lp is not None else None))
 
             req = EngineRequest(prompt, SamplingParams(**message.sampling), on_event=on_event,
-                                on_done=lambda req: finish(rid, req))
+                                on_done=lambda req: finish(rid, req),
+                                priority=message.priority)
             live[rid] = req
             engine.submit(req)
 

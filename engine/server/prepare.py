@@ -36,7 +36,8 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
     """A chat's fields (step 1) and steps 2-7: everything before the engine; raises before
     any response byte. Fetched media is charged to ``ticket`` (the request's share of the
     bytes in flight); ``client`` (the peer address) bounds its share of the fetch slots."""
-    fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap)
+    fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
+                                     scheduling_policy=state.config.engine.scheduling_policy)
     parsed = parse_messages(data.get("messages"))
     counts = Counter(parsed.counts())
     pipeline = state.pipeline
@@ -182,7 +183,8 @@ async def prepare_prompts(state: State, data: dict[str, Any]
     """A text completion's ``prompt`` (a string, a list of strings, a list of token ids or a
     list of lists of token ids), each tokenized (off the event loop) or taken as it is."""
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
-                                     chat=False)
+                                     chat=False,
+                                     scheduling_policy=state.config.engine.scheduling_policy)
     prompts = parse_prompts(data.get("prompt"), state.vocab_size,
                             set(state.preprocessor.expansion_ids.values())
                             | set(state.preprocessor.feature_ids.values()))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequestError
+from engine.executor.request import checked_priority
 from engine.executor.sampling import MAX_LOGPROBS, MAX_TOKENS_CAP, SamplingParams
 
 
@@ -38,6 +39,9 @@ class GenerationFields:
     logprobs: bool = False
     #: vLLM's extension: logprob tokens written ``token_id:<id>``
     tokens_as_ids: bool = False
+    #: vLLM's extension: lower values join the running batch first (``--scheduling-policy
+    #: priority``)
+    priority: int = 0
 
     def sampling_for(self, prompt_tokens: int, max_model_len: int, param: str
                      ) -> SamplingParams:
@@ -105,12 +109,13 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
     return k if wanted else None
 
 
-def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: bool = True
-                            ) -> GenerationFields:
+def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: bool = True,
+                            scheduling_policy: str = "fcfs") -> GenerationFields:
     """The sampling and extension fields shared by chat and text completions. Without
     ``max_tokens``/``max_completion_tokens`` a chat request generates up to the model's length
     limit (resolved per prompt by :meth:`GenerationFields.sampling_for`); a text completion
-    generates 16 tokens (OpenAI's and vLLM's default for that endpoint)."""
+    generates 16 tokens (OpenAI's and vLLM's default for that endpoint). ``priority`` other
+    than 0 is refused unless ``scheduling_policy`` is "priority"."""
     refuse_unsupported(body)
     if not chat:
         refuse_unsupported(body, UNSUPPORTED_COMPLETIONS)
@@ -147,6 +152,7 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
         max_tokens_cap=max_tokens_cap,
         logprobs=logprobs is not None,
         tokens_as_ids=bool(_field(body, "return_tokens_as_token_ids", bool, False)),
+        priority=checked_priority(_field(body, "priority", int, 0), scheduling_policy),
     )
 
 

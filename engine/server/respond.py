@@ -79,11 +79,13 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
                                            _sampling(sp, fields, True),
                                            state.metrics.vllm_media_resent.inc,
                                            lambda: preprocess_slot(state),
-                                           state.metrics.count_items)
+                                           state.metrics.count_items,
+                                           priority=fields.priority)
                        for p, sp in zip(prompts, params, strict=True)]
     else:
         generations = [state.engine.generate(p.input_ids, p.mm, _sampling(sp, fields, False),
-                                             (p.mm_hashes, p.mm_positions))
+                                             (p.mm_hashes, p.mm_positions),
+                                             priority=fields.priority)
                        for p, sp in zip(prompts, params, strict=True)]
     reply = Reply(state, fields, prompts, start, chat=chat)
     if fields.stream:

@@ -118,7 +118,7 @@ def estimate(modality: str, decoded: Any) -> int:
 async def generate(engine: Any, ledger: Ledger | None, prompt: ProcessedPrompt,
                    sampling: dict[str, Any], on_resend: Callable[[], Any] | None = None,
                    slot: Callable[[], Any] = contextlib.nullcontext,
-                   on_items: Callable[[list[bool]], Any] | None = None):
+                   on_items: Callable[[list[bool]], Any] | None = None, priority: int = 0):
     """``engine.generate`` for one prompt of ``--engine vllm``: when vLLM lacks an item that
     was left out, once more with every item's data (``on_resend`` is called; the items are
     decoded inside ``slot()``, the API server's preprocessing slot, as a new request's are:
@@ -132,7 +132,8 @@ async def generate(engine: Any, ledger: Ledger | None, prompt: ProcessedPrompt,
         try:
             async for message in engine.generate(prompt.input_ids, mm, sampling,
                                                  (prompt.mm_hashes, prompt.mm_positions),
-                                                 prompt.text, prompt.processor_kwargs):
+                                                 prompt.text, prompt.processor_kwargs,
+                                                 priority=priority):
                 if isinstance(message, Done):
                     if ledger is not None:
                         ledger.remember(prompt.mm_sent)

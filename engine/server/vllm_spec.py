@@ -91,6 +91,8 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
         args["distributed_executor_backend"] = vllm.distributed_executor_backend
     if engine.max_num_batched_tokens is not None:
         args["max_num_batched_tokens"] = engine.max_num_batched_tokens
+    if engine.scheduling_policy != "fcfs":  # vLLM's --scheduling-policy ("priority")
+        args["scheduling_policy"] = engine.scheduling_policy
     if engine.block_size != 16:  # vLLM's --block-size (its default is 16 as ours)
         args["block_size"] = engine.block_size
     if config.pipeline.limit_mm_per_prompt:
@@ -109,6 +111,8 @@ _OURS_ONLY = (
      "VLLM_CPU_KVCACHE_SPACE on a CPU"),
     ("--encoder-cache-gb", lambda e: e.encoder_cache_gb, 0.25,
      "vLLM sizes its encoder cache itself"),
+    ("--scheduling-policy shortest", lambda e: e.scheduling_policy == "shortest", False,
+     "vLLM schedules fcfs or priority: --scheduling-policy priority with request priorities"),
 )
 
 

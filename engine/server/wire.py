@@ -45,6 +45,8 @@ class Submit(NamedTuple):
     #: request's processor kwargs travel here
     prompt: str | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
+    #: vLLM's request priority (lower first under ``--scheduling-policy priority``)
+    priority: int = 0
 
 
 class Cancel(NamedTuple):

@@ -209,7 +209,8 @@ class Bridge:
                 if message.prompt is not None else {}
             for attempt in range(1 + RETRIES):
                 generation = self.llm.generate(prompt, params, rid if not attempt else
-                                               f"{rid}.retry{attempt}", **kwargs)
+                                               f"{rid}.retry{attempt}",
+                                               priority=message.priority, **kwargs)
                 try:
                     async for out in generation:
                         if any(c.finish_reason == "error" for c in out.outputs):

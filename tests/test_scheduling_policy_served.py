@@ -1,0 +1,90 @@
+"""``serve --scheduling-policy``, end to end with the ``openai`` client: under ``priority``
+(vLLM's flag) the waiting requests join the running batch lowest ``priority`` first (the
+request field vLLM's clients send in ``extra_body``); a bad ``priority`` is a 400 naming it;
+under the default ``fcfs`` a ``priority`` other than 0 is refused naming the flag that
+honours it (tests/test_completions_prompts.py's server). The order rules themselves are
+checked model-free in tests/test_scheduler_plan.py and on the engine in
+tests/test_scheduler.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+
+from tests.server_harness import ServerProcess
+
+pytestmark = pytest.mark.timeout(300)
+MODEL = "tiny-qwen2_5_vl"
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = ServerProcess("--scheduling-policy", "priority", "--max-num-seqs", "1").wait_ready()
+    yield proc
+    assert proc.stop() == 0
+
+
+def waiting(server) -> float:
+    text = urllib.request.urlopen(f"{server.base}/metrics", timeout=10).read().decode()
+    found = re.search(r"^aphrodite_engine_num_rows_waiting(?:\{[^}]*\})? (\S+)$", text, re.M)
+    assert found, "no waiting-rows gauge on /metrics"
+    return float(found.group(1))
+
+
+def test_waiting_requests_join_lowest_priority_first(server):
+    client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
+    # one request holds the one-row batch while the others queue behind it
+    holder = client.completions.create(model=MODEL, prompt="Hold the batch", max_tokens=4000,
+                                       stream=True, extra_body={"ignore_eos": True})
+    next(iter(holder))
+    priorities = [4, 0, -3, 0, 9]
+    ended: list[int] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def send(i: int) -> None:
+        try:
+            out = client.completions.create(model=MODEL, prompt=f"Request {i}", max_tokens=3,
+                                            temperature=0, extra_body={
+                                                "ignore_eos": True, "priority": priorities[i]})
+            assert out.usage.completion_tokens == 3
+            with lock:
+                ended.append(i)
+        except BaseException as exc:  # reported below, on the test's thread
+            errors.append(exc)
+
+    threads = []
+    for i in range(len(priorities)):
+        threads.append(threading.Thread(target=send, args=(i,)))
+        threads[-1].start()
+        deadline = time.monotonic() + 60  # each in the queue before the next is sent
+        while waiting(server) < i + 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert waiting(server) >= i + 1
+    holder.close()  # the client goes away: its row leaves, the waiting ones join one by one
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    # one row at a time: they end in the order they joined
+    assert ended == [2, 1, 3, 0, 4]
+
+
+@pytest.mark.parametrize(("priority", "message"), [
+    ("high", "priority must be int"), (True, "priority must be a number"),
+    (1 << 40, "priority must be an integer from")])
+def test_a_bad_priority_is_a_400_naming_it(server, priority, message):
+    req = urllib.request.Request(f"{server.base}/v1/chat/completions", data=json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+         "priority": priority}).encode(), headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=60)
+    body = json.loads(info.value.read())
+    assert info.value.code == 400
+    assert body["error"]["param"] == "priority"
+    assert message in body["error"]["message"]
