@@ -49,14 +49,18 @@ async def real_sustained_rate(sweep: Sweep) -> float:
 async def test_the_slo_search_finds_the_known_capacity_and_never_more(aiohttp_server, slo):
     """ttft:p99:300 is the SLO under which the search once reported the burst's 42.4 req/s
     against this 40 req/s server: its queue builds slowly enough above the capacity for a
-    short point to meet a loose TTFT limit. The capacity is what a point sustained, at or
-    below the server's real rate, within 15% of it."""
+    short point to meet a loose TTFT limit. The capacity is what a point sustained: never
+    above the mock's hard limit, and within 15% of the rate the mock sustained in a closed
+    loop in the same run. (Not bounded by that closed loop's rate: measured at a slow moment
+    of a loaded machine it gave 32.5 req/s, then the search sustained 38.9 against the
+    mock's 40.)"""
     sweep = await known_capacity_sweep(aiohttp_server, [Slo.parse(slo)])
     real = await real_sustained_rate(sweep)
     assert real <= CAPACITY * 1.001  # the mock's limit holds, overhead included
     capacity = await sweep.capacity()
     assert capacity["rate"] is not None, capacity
-    assert 0.85 * real <= capacity["rate"] <= real, (real, capacity, sweep.points)
+    assert 0.85 * real <= capacity["rate"] <= CAPACITY * 1.001, (real, capacity,
+                                                                 sweep.points)
     # the point it was sustained at: every rate point offered above it that was measured
     # failed, and the capacity is no more than that point's offered and scheduled rates
     rates = [(p["offered_rate"], p["met"]) for p in sweep.points if p["kind"] == "rate"]
