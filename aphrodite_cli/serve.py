@@ -16,7 +16,13 @@ from aphrodite_cli.options import (
     split_hosts,
 )
 from aphrodite_cli.output import out
-from engine.config import EngineConfig, PipelineConfig, SchedulingPolicy, VllmConfig
+from engine.config import (
+    MAX_OVERTAKES,
+    EngineConfig,
+    PipelineConfig,
+    SchedulingPolicy,
+    VllmConfig,
+)
 from engine.server.config import ServerConfig
 
 EPILOG = """Examples:
@@ -119,8 +125,8 @@ def serve(
              "oldest; priority, the lowest request 'priority' field (vLLM's; other values "
              "are refused under fcfs), then the oldest; shortest (ours), the fewest prompt "
              "tokens left to prefill after the prefix cache, so a video prompt does not hold "
-             "up the image and text prompts that came after it; a request passed over 4 "
-             "times goes first.")] = EngineConfig.scheduling_policy,
+             "up the image and text prompts that came after it; a request passed over "
+             f"{MAX_OVERTAKES} times goes first.")] = EngineConfig.scheduling_policy,
     max_num_batched_tokens: Annotated[int | None, typer.Option(
         help="Prompt tokens prefilled in one step when requests join the running "
              "batch, e.g. 8192 (a longer prompt is prefilled alone, a chunk per step); "

@@ -199,14 +199,15 @@ class Engine:
             return plan((self._waiting_seq(r) for r in self.waiting), running, self.config,
                         progress)
         rows = list(self.waiting)
-        # "priority" does not read the prefix cache: only "shortest" orders by what is left
-        seqs = [self._waiting_seq(r) if policy == "shortest" else
-                self._seqs[r.request.request_id] for r in rows]
+        # only "shortest" orders by what the prefix cache leaves: it reads the cache for every
+        # row once, here; "priority" reads it lazily, for the rows the plan looks at
+        shortest = policy == "shortest"
+        seqs = [self._waiting_seq(r) if shortest else self._seqs[r.request.request_id]
+                for r in rows]
         order = serving_order(seqs, policy, [self._overtaken.get(r.request.request_id, 0)
                                              for r in rows])
         self._order = [rows[i] for i in order]
-        fresh = policy == "shortest"  # (seqs were read from the cache just now)
-        taken = plan((seqs[i] if fresh else self._waiting_seq(rows[i]) for i in order),
+        taken = plan((seqs[i] if shortest else self._waiting_seq(rows[i]) for i in order),
                      running, self.config)
         passed = {rows[i].request.request_id for i in passed_over(order, taken.admitted)}
         for rid in passed:
