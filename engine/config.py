@@ -231,6 +231,11 @@ class EngineConfig:
     ``device``, ``dtype``: where the model runs, and its weights' type.
     ``num_threads``: torch threads of the engine's process; ``None``: the CPUs the process
     may use (its affinity, at most its cgroup's CPU quota; torch itself counts all cores).
+    ``decode_threads``: torch threads of its decode steps (llama.cpp's ``--threads`` beside
+    its ``--threads-batch``), ``num_threads`` running the rest (encoders, prefills); ``None``:
+    ``num_threads``. A decode step's products are a few rows against every weight: on a
+    small model and few cores, splitting them over threads costs more than it saves (see
+    :meth:`overlaps_prefill` for why it turns the overlap off).
     ``reserved_gpu_bytes``: GPU memory the engine leaves to others (the API servers' video
     decoders): its allocator is capped at the device's total minus this.
     ``enable_prefix_caching``: keep the keys and values of prompts' leading blocks (text, and
@@ -251,6 +256,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "auto"
     num_threads: int | None = None
+    decode_threads: int | None = None
     reserved_gpu_bytes: int = 0
     enable_prefix_caching: bool = True
     prefix_cache_gb: float = 0.5
@@ -265,11 +271,13 @@ class EngineConfig:
         the CPUs: torch's own threads already fill them otherwise, and a GPU runs one kernel
         stream either way) and the model has :data:`MIN_OVERLAP_PARAMETERS` or more (a
         smaller model's steps are mostly Python, which holds the GIL: two threads then take
-        turns instead of running together)."""
+        turns instead of running together), unless ``decode_threads`` is set: torch's thread
+        count is one per process, so a prefill beside the decode steps would run on theirs
+        (the two are refused together, see :meth:`__post_init__`)."""
         if self.overlap_prefill is not None:
             return self.overlap_prefill
         return str(self.device) == "cpu" and not self.oversubscribes(cpus) and \
-            parameters >= MIN_OVERLAP_PARAMETERS
+            parameters >= MIN_OVERLAP_PARAMETERS and self.decode_threads is None
 
     def oversubscribes(self, cpus: int) -> bool:
         """Whether a second thread stepping the model on a CPU device would run more torch
@@ -325,6 +333,14 @@ class EngineConfig:
             raise ConfigError(f"--overlap-prefill must be true, false or unset, not "
                               f"{self.overlap_prefill!r}", code="invalid_flag",
                               hint="pass --overlap-prefill or --no-overlap-prefill")
+        _check_count("--decode-threads", self.decode_threads, optional=True, example="1")
+        if self.decode_threads is not None and self.overlap_prefill:
+            raise ConfigError("--decode-threads and --overlap-prefill cannot be used together: "
+                              "torch's thread count is one per process, so a prefill beside "
+                              "the decode steps would run on the decode steps' threads",
+                              code="invalid_flag",
+                              hint="drop --overlap-prefill (prefills then run on --num-threads "
+                                   "between the decode steps) or drop --decode-threads")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ConfigError(f"--enable-prefix-caching must be true or false, not "
                               f"{self.enable_prefix_caching!r}",

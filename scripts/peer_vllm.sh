@@ -30,7 +30,12 @@
 #     set the same way: OUR_THREADS (default 1) is `aphrodite serve --num-threads` (the
 #     engine's torch threads; API servers use APHRODITE_API_SERVER_TORCH_THREADS, default 1)
 #     and OMP_NUM_THREADS/MKL_NUM_THREADS. Raise it to the worker's core count when vLLM
-#     binds more cores (VLLM_CPU_OMP_THREADS_BIND). Our server also sends its stage timings
+#     binds more cores (VLLM_CPU_OMP_THREADS_BIND, e.g. 0-1, passed through to vLLM).
+#     OUR_THREADS=auto runs our default instead (no --num-threads: torch threads = the CPUs
+#     the server may use, and then no prefill beside the decode steps): each server as it
+#     starts untuned. Note that with --num-threads 1 on 2 cores our engine already runs two
+#     compute threads (--overlap-prefill), so "one thread each" is one torch thread per
+#     engine thread, not one core. Our server also sends its stage timings
 #     (--expose-request-timings), so the result shows where our TTFT goes.
 #  4. For each repeat, for each load, vLLM then ours: aphrodite bench serve, random-mm images
 #     and 16-frame videos ($BUCKETS), --mode $MODE (both: the cold phase, then the same
@@ -64,7 +69,7 @@
 #   BUCKETS='{"480,640,1": 0.5, "720,1280,1": 0.3, "240,320,16": 0.2}'  (frames > 1: video)
 #   MEDIA_DELIVERY=data-url (or http: the bench's loopback media server)
 #   TTFT_FROM=chunk (or content: the first chunk with text)
-#   OUT=results/peer-vllm-<date>  MODEL=<folder> (one model instead of SIZES' builds)  OUR_THREADS=1
+#   OUT=results/peer-vllm-<date>  MODEL=<folder> (one model instead of SIZES' builds)  OUR_THREADS=1 (or auto)
 #   VLLM_VERSION=0.32.0  PEER_CACHE=~/.cache/aphrodite/peer-vllm  PEER_PYTHON=python3
 #   READY_TIMEOUT=900 (seconds per server start)  VLLM_ARGS / OURS_ARGS: extra server flags
 #   OURS_ENGINE=aphrodite (or vllm: our server on vLLM's engine, see 3.)
@@ -86,6 +91,7 @@ BUCKETS="${BUCKETS:-$DEFAULT_BUCKETS}"
 MEDIA_DELIVERY="${MEDIA_DELIVERY:-data-url}"
 TTFT_FROM="${TTFT_FROM:-chunk}"
 OUR_THREADS="${OUR_THREADS:-1}"
+[[ "$OUR_THREADS" =~ ^([1-9][0-9]*|auto)$ ]] || { echo "peer_vllm: OUR_THREADS is a count or auto" >&2; exit 1; }
 OURS_ENGINE="${OURS_ENGINE:-aphrodite}"
 case "$OURS_ENGINE" in aphrodite|vllm) ;; *) echo "peer_vllm: OURS_ENGINE is aphrodite or vllm" >&2; exit 1;; esac
 READY_TIMEOUT="${READY_TIMEOUT:-900}"
@@ -195,15 +201,17 @@ start_servers() {  # size model
   if [ "$OURS_ENGINE" = vllm ]; then
     OURS_CMD+=(--engine vllm)  # (vLLM's worker binds its threads: --num-threads is refused)
   else
-    OURS_CMD+=(--num-threads "$OUR_THREADS")
+    [ "$OUR_THREADS" = auto ] || OURS_CMD+=(--num-threads "$OUR_THREADS")
   fi
+  local omp=()  # OUR_THREADS=auto: our default, torch threads = the CPUs the server may use
+  [ "$OUR_THREADS" = auto ] || omp=(OMP_NUM_THREADS="$OUR_THREADS" MKL_NUM_THREADS="$OUR_THREADS")
   # setsid: each server leads its own process group, so the trap stops its children too
   LD_LIBRARY_PATH="$STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" VLLM_CPU_KVCACHE_SPACE=1 \
     VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 \
     setsid "${VLLM_CMD[@]}" >"$OUT/logs/$size-vllm-server.log" 2>&1 &
   SERVER_PIDS+=($!)
   local vllm_pid=$!
-  OMP_NUM_THREADS="$OUR_THREADS" MKL_NUM_THREADS="$OUR_THREADS" HF_HUB_OFFLINE=1 \
+  env "${omp[@]}" HF_HUB_OFFLINE=1 \
     VLLM_CPU_KVCACHE_SPACE=1 setsid "${OURS_CMD[@]}" >"$OUT/logs/$size-ours-server.log" 2>&1 &
   SERVER_PIDS+=($!)
   wait_ready "our server ($size)" "$!" "$PORT_OURS" "$OUT/logs/$size-ours-server.log"
@@ -211,7 +219,7 @@ start_servers() {  # size model
   {
     echo "[$size] model: $model (served as $NAME)"
     echo "[$size] vLLM: VLLM_CPU_KVCACHE_SPACE=1 $(printf '%q ' "${VLLM_CMD[@]}")"
-    echo "[$size] ours (engine $OURS_ENGINE): OMP_NUM_THREADS=$OUR_THREADS $(printf '%q ' "${OURS_CMD[@]}")"
+    echo "[$size] ours (engine $OURS_ENGINE): ${omp[*]} $(printf '%q ' "${OURS_CMD[@]}")"
   } >>"$OUT/run.txt"
 }
 

@@ -459,7 +459,8 @@ def test_a_request_without_max_tokens_is_capped_for_vllm_as_for_ours():
                      vllm=True)["max_tokens"] == 7
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--num-threads", "2"), ("--device", "cuda"),
+@pytest.mark.parametrize(("flag", "value"), [("--num-threads", "2"), ("--decode-threads", "1"),
+                                             ("--device", "cuda"),
                                              ("--prefix-cache-gb", "1"),
                                              ("--encoder-cache-gb", "0")])
 def test_our_engines_own_flags_are_refused_with_vllm_not_ignored(flag, value):

@@ -17,11 +17,12 @@ done; nothing is planned meanwhile (the plan reads the prefix cache the prefill 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -89,7 +90,9 @@ class Engine:
         from engine.cpus import usable_cpus
 
         # torch's own default counts the machine's cores, not the ones this process may use
-        torch.set_num_threads(self.config.num_threads or usable_cpus())
+        self._threads = self.config.num_threads or usable_cpus()
+        self._decode_threads = self.config.decode_threads or self._threads
+        torch.set_num_threads(self._threads)
         reserve_gpu_memory(self.config.device, self.config.reserved_gpu_bytes)
         self.runner = TransformersRunner(loaded, self.config)
         self.runner.on_first_tokens = self._step_done
@@ -122,7 +125,9 @@ class Engine:
                            "--num-threads to at most half the CPUs)",
                            self.config.num_threads or cpus, cpus)
         logger.info("prefills beside decode steps: %s (--overlap-prefill; %.1f M parameters, "
-                    "%d CPUs)", "on" if overlap else "off", parameters / 1e6, cpus)
+                    "%d CPUs); torch threads: %d, %d in decode steps (--decode-threads)",
+                    "on" if overlap else "off", parameters / 1e6, cpus, self._threads,
+                    self._decode_threads)
         self._prefiller = ThreadPoolExecutor(1, thread_name_prefix="aphrodite-prefill") \
             if overlap else None
         self._in_flight: _InFlight | None = None
@@ -429,11 +434,28 @@ class Engine:
         self.stats["batch_size_last"] = len(batch.rows)
         self.stats["batch_size_max"] = max(self.stats["batch_size_max"], len(batch.rows))
         self.stats["decode_tokens_total"] += len(batch.rows)
-        try:
-            self.runner.decode(batch)
-        except Exception as exc:
-            self._isolate(batch, exc)
+        with self._decode_step_threads():
+            try:
+                self.runner.decode(batch)
+            except Exception as exc:
+                self._isolate(batch, exc)
         self._retire()
+
+    @contextlib.contextmanager
+    def _decode_step_threads(self) -> Iterator[None]:
+        """A decode step runs on ``--decode-threads`` torch threads; the prefills and
+        encoders between the steps on ``--num-threads`` (one setting per process: no
+        prefill runs beside a step when the two differ, see ``overlaps_prefill``)."""
+        if self._decode_threads == self._threads:
+            yield
+            return
+        import torch
+
+        torch.set_num_threads(self._decode_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(self._threads)
 
     def _isolate(self, batch: RunningBatch, exc: Exception) -> None:
         """A decode step failed (the cache is as before it): each request's rows take the step

@@ -23,7 +23,7 @@ from engine.executor.encoder_cache import EncoderCache
 from engine.executor.prefix_cache import PrefixCache, usable_prefix
 
 #: prompts whose block hashes are kept (a few batches' worth of waiting requests)
-_HASHES_KEPT = 256
+_KEYS_KEPT = 256
 
 
 def supported(config: Any) -> bool:
@@ -66,31 +66,31 @@ def media_span(input_ids: Sequence[int], media_ids: set[int]) -> tuple[int, int]
     return (at[0], at[-1]) if at else None
 
 
-def prompt_hashes(store_in: PrefixCache, prompt: Any, media_ids: set[int]) -> list[bytes]:
-    """A prompt's block hashes. A prompt with media tokens but no content keys (a caller that
-    sent none) is hashed only up to its first media token: without the keys two images would
-    look the same."""
+def prompt_keys(store_in: PrefixCache, prompt: Any, media_ids: set[int]
+                ) -> tuple[list[bytes], tuple[int, int] | None]:
+    """A prompt's block hashes and its media span (:func:`media_span`). A prompt with media
+    tokens but no content keys (a caller that sent none) is hashed only up to its first media
+    token: without the keys two images would look the same."""
     ids = prompt.input_ids
     span = media_span(ids, media_ids)
     hashed = ids if span is None or prompt.mm_hashes else ids[:span[0]]
     return store_in.hashes(hashed, prompt.mm_hashes if span else (),
-                           prompt.mm_positions if span else ())
+                           prompt.mm_positions if span else ()), span
 
 
 def lookup(store_in: PrefixCache, prompt: Any, media_ids: set[int], *, count: bool,
-           hashes: list[bytes] | None = None, inside_media: bool = False
-           ) -> tuple[list[bytes], int]:
-    """A prompt's block hashes (``hashes``: computed before) and how many of its first tokens
-    a prefill takes from the cache (``count``: the lookup goes into the hit statistics;
-    ``inside_media``: the prefix may end inside the media span, see :func:`usable_prefix`)."""
-    ids = prompt.input_ids
-    span = media_span(ids, media_ids)
-    if hashes is None:
-        hashes = prompt_hashes(store_in, prompt, media_ids)
-    length = usable_prefix(store_in.longest(hashes) * store_in.block_size, len(ids), span,
-                           store_in.block_size, inside_media=inside_media)
+           keys: tuple[list[bytes], tuple[int, int] | None] | None = None,
+           inside_media: bool = False) -> tuple[list[bytes], int]:
+    """A prompt's block hashes (``keys``: its :func:`prompt_keys`, computed before) and how
+    many of its first tokens a prefill takes from the cache (``count``: the lookup goes into
+    the hit statistics; ``inside_media``: the prefix may end inside the media span, see
+    :func:`usable_prefix`)."""
+    hashes, span = keys if keys is not None else prompt_keys(store_in, prompt, media_ids)
+    length = usable_prefix(store_in.longest(hashes) * store_in.block_size,
+                           len(prompt.input_ids), span, store_in.block_size,
+                           inside_media=inside_media)
     if count:
-        store_in.record(len(ids), length)
+        store_in.record(len(prompt.input_ids), length)
     return hashes, length
 
 
@@ -111,10 +111,11 @@ class WarmCaches:
             encoder is not None and config.encoder_cache_bytes > 0) else None
         if self.encoder is not None:
             self.encoder.install(encoder)
-        #: the block hashes of recent prompts (by identity, held weakly: a finished prompt's
-        #: tensors are not kept): the scheduler asks for a waiting prompt's cached length at
-        #: every step it looks at it
-        self._hashes: OrderedDict[int, tuple[weakref.ref, list[bytes]]] = OrderedDict()
+        #: the block hashes and media spans of recent prompts (by identity, held weakly: a
+        #: finished prompt's tensors are not kept), see :meth:`_prompt_keys`
+        self._keys: OrderedDict[int, tuple[weakref.ref, tuple[list[bytes],
+                                                              tuple[int, int] | None]]] = \
+            OrderedDict()
 
     def stats(self) -> dict[str, float]:
         """Counters for /metrics: tokens queried and hit, blocks and bytes held; encoder
@@ -135,9 +136,8 @@ class WarmCaches:
         cache); a request's first row counts the lookup and reports its cached tokens."""
         if self.prefix is None:
             return [], 0
-        hashes = self._prompt_hashes(self.prefix, request.prompt)
         hashes, length = lookup(self.prefix, request.prompt, self.media_token_ids,
-                                count=first_row, hashes=hashes,
+                                count=first_row, keys=self._prompt_keys(request.prompt),
                                 inside_media=self.inside_media)
         if first_row:
             request.num_cached_tokens = length
@@ -149,19 +149,23 @@ class WarmCaches:
         if self.prefix is None:
             return 0
         return lookup(self.prefix, prompt, self.media_token_ids, count=False,
-                      hashes=self._prompt_hashes(self.prefix, prompt),
+                      keys=self._prompt_keys(prompt),
                       inside_media=self.inside_media)[1]
 
-    def _prompt_hashes(self, store_in: PrefixCache, prompt: Any) -> list[bytes]:
-        found = self._hashes.get(id(prompt))
+    def _prompt_keys(self, prompt: Any) -> tuple[list[bytes], tuple[int, int] | None]:
+        """:func:`prompt_keys` of ``prompt``, kept for the next lookup: the scheduler asks
+        for a waiting prompt's cached length at every step it looks at it (under
+        ``--scheduling-policy shortest``, every waiting prompt's), which then costs a lookup
+        in the cache, not a scan of the prompt."""
+        found = self._keys.get(id(prompt))
         if found is not None and found[0]() is prompt:
-            self._hashes.move_to_end(id(prompt))
+            self._keys.move_to_end(id(prompt))
             return found[1]
-        hashes = prompt_hashes(store_in, prompt, self.media_token_ids)
-        self._hashes[id(prompt)] = (weakref.ref(prompt), hashes)
-        while len(self._hashes) > _HASHES_KEPT:
-            self._hashes.popitem(last=False)
-        return hashes
+        keys = prompt_keys(self.prefix, prompt, self.media_token_ids)
+        self._keys[id(prompt)] = (weakref.ref(prompt), keys)
+        while len(self._keys) > _KEYS_KEPT:
+            self._keys.popitem(last=False)
+        return keys
 
     def store(self, cache: Any, row: int, start: int, hashes: Sequence[bytes]) -> None:
         if self.prefix is not None:

@@ -105,6 +105,8 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
 _OURS_ONLY = (
     ("--num-threads", lambda e: e.num_threads, None,
      "vLLM's CPU worker binds its own threads: VLLM_CPU_OMP_THREADS_BIND"),
+    ("--decode-threads", lambda e: e.decode_threads, None,
+     "vLLM's CPU worker binds its own threads: VLLM_CPU_OMP_THREADS_BIND"),
     ("--device", lambda e: e.device, "cpu", "vLLM runs on the device of its build"),
     ("--prefix-cache-gb", lambda e: e.prefix_cache_gb, 0.5,
      "vLLM's prefix cache lives in its KV cache: --gpu-memory-utilization, or "
