@@ -148,8 +148,8 @@ def serve(
              "--threads-batch); prefills and encoders keep --num-threads. A decode step "
              "multiplies a few rows by every weight: on a small model and few cores more "
              "threads cost more than they save (the 43 M-parameter Qwen2.5-VL on 2 cores: "
-             "--num-threads 2 --decode-threads 1 served 1.4x the cold requests/s of either "
-             "alone). Turns --overlap-prefill off. Default: --num-threads.")
+             "--num-threads 2 --decode-threads 1 served 1.2-1.4x the cold requests/s of 1 or 2 "
+             "threads throughout). Turns --overlap-prefill off. Default: --num-threads.")
     ] = EngineConfig.decode_threads,
     overlap_prefill: Annotated[bool | None, typer.Option(
         help="Prefill the requests that join on a second thread while the running ones keep "
