@@ -122,8 +122,7 @@ class Engine:
         if overlap and self.config.oversubscribes(cpus):
             logger.warning("--overlap-prefill with %d torch threads on %d CPUs: the prefill "
                            "thread and the decode steps each run that many (set "
-                           "--num-threads to at most half the CPUs)",
-                           self.config.num_threads or cpus, cpus)
+                           "--num-threads to at most half the CPUs)", self._threads, cpus)
         logger.info("prefills beside decode steps: %s (--overlap-prefill; %.1f M parameters, "
                     "%d CPUs); torch threads: %d, %d in decode steps (--decode-threads)",
                     "on" if overlap else "off", parameters / 1e6, cpus, self._threads,

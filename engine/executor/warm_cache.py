@@ -66,8 +66,11 @@ def media_span(input_ids: Sequence[int], media_ids: set[int]) -> tuple[int, int]
     return (at[0], at[-1]) if at else None
 
 
-def prompt_keys(store_in: PrefixCache, prompt: Any, media_ids: set[int]
-                ) -> tuple[list[bytes], tuple[int, int] | None]:
+#: a prompt's block hashes and its media span (first and last media token, or None)
+PromptKeys = tuple[list[bytes], tuple[int, int] | None]
+
+
+def prompt_keys(store_in: PrefixCache, prompt: Any, media_ids: set[int]) -> PromptKeys:
     """A prompt's block hashes and its media span (:func:`media_span`). A prompt with media
     tokens but no content keys (a caller that sent none) is hashed only up to its first media
     token: without the keys two images would look the same."""
@@ -78,20 +81,18 @@ def prompt_keys(store_in: PrefixCache, prompt: Any, media_ids: set[int]
                            prompt.mm_positions if span else ()), span
 
 
-def lookup(store_in: PrefixCache, prompt: Any, media_ids: set[int], *, count: bool,
-           keys: tuple[list[bytes], tuple[int, int] | None] | None = None,
-           inside_media: bool = False) -> tuple[list[bytes], int]:
-    """A prompt's block hashes (``keys``: its :func:`prompt_keys`, computed before) and how
-    many of its first tokens a prefill takes from the cache (``count``: the lookup goes into
-    the hit statistics; ``inside_media``: the prefix may end inside the media span, see
+def lookup(store_in: PrefixCache, length: int, keys: PromptKeys, *, count: bool,
+           inside_media: bool = False) -> int:
+    """How many of the first tokens of a prompt of ``length`` tokens with ``keys``
+    (:func:`prompt_keys`) a prefill takes from the cache (``count``: the lookup goes into the
+    hit statistics; ``inside_media``: the prefix may end inside the media span, see
     :func:`usable_prefix`)."""
-    hashes, span = keys if keys is not None else prompt_keys(store_in, prompt, media_ids)
-    length = usable_prefix(store_in.longest(hashes) * store_in.block_size,
-                           len(prompt.input_ids), span, store_in.block_size,
-                           inside_media=inside_media)
+    hashes, span = keys
+    usable = usable_prefix(store_in.longest(hashes) * store_in.block_size, length, span,
+                           store_in.block_size, inside_media=inside_media)
     if count:
-        store_in.record(len(prompt.input_ids), length)
-    return hashes, length
+        store_in.record(length, usable)
+    return usable
 
 
 class WarmCaches:
@@ -113,9 +114,7 @@ class WarmCaches:
             self.encoder.install(encoder)
         #: the block hashes and media spans of recent prompts (by identity, held weakly: a
         #: finished prompt's tensors are not kept), see :meth:`_prompt_keys`
-        self._keys: OrderedDict[int, tuple[weakref.ref, tuple[list[bytes],
-                                                              tuple[int, int] | None]]] = \
-            OrderedDict()
+        self._keys: OrderedDict[int, tuple[weakref.ref, PromptKeys]] = OrderedDict()
 
     def stats(self) -> dict[str, float]:
         """Counters for /metrics: tokens queried and hit, blocks and bytes held; encoder
@@ -136,23 +135,22 @@ class WarmCaches:
         cache); a request's first row counts the lookup and reports its cached tokens."""
         if self.prefix is None:
             return [], 0
-        hashes, length = lookup(self.prefix, request.prompt, self.media_token_ids,
-                                count=first_row, keys=self._prompt_keys(request.prompt),
-                                inside_media=self.inside_media)
+        keys = self._prompt_keys(request.prompt)
+        length = lookup(self.prefix, len(request.prompt.input_ids), keys, count=first_row,
+                        inside_media=self.inside_media)
         if first_row:
             request.num_cached_tokens = length
-        return hashes, length
+        return keys[0], length
 
     def cached_tokens(self, prompt: Any) -> int:
         """How many of ``prompt``'s first tokens a prefill now takes from the prefix cache
         (0 without one); not counted in the statistics."""
         if self.prefix is None:
             return 0
-        return lookup(self.prefix, prompt, self.media_token_ids, count=False,
-                      keys=self._prompt_keys(prompt),
-                      inside_media=self.inside_media)[1]
+        return lookup(self.prefix, len(prompt.input_ids), self._prompt_keys(prompt),
+                      count=False, inside_media=self.inside_media)
 
-    def _prompt_keys(self, prompt: Any) -> tuple[list[bytes], tuple[int, int] | None]:
+    def _prompt_keys(self, prompt: Any) -> PromptKeys:
         """:func:`prompt_keys` of ``prompt``, kept for the next lookup: the scheduler asks
         for a waiting prompt's cached length at every step it looks at it (under
         ``--scheduling-policy shortest``, every waiting prompt's), which then costs a lookup
