@@ -149,13 +149,14 @@ def serve(
              "multiplies a few rows by every weight: on a small model and few cores more "
              "threads cost more than they save (the 43 M-parameter Qwen2.5-VL on 2 cores: "
              "--num-threads 2 --decode-threads 1 served 1.2-1.4x the cold requests/s of 1 or 2 "
-             "threads throughout). Turns --overlap-prefill off. Default: --num-threads.")
+             "threads throughout). Beside --overlap-prefill a prefill keeps --num-threads. "
+             "Default: --num-threads.")
     ] = EngineConfig.decode_threads,
     overlap_prefill: Annotated[bool | None, typer.Option(
         help="Prefill the requests that join on a second thread while the running ones keep "
              "decoding (a CPU's matrix products run beside each other on two cores); "
-             "default: on a CPU when --num-threads is at most half the CPUs the process may "
-             "use.")] = EngineConfig.overlap_prefill,
+             "default: on a CPU when --num-threads plus --decode-threads is at most the CPUs "
+             "the process may use.")] = EngineConfig.overlap_prefill,
     enable_prefix_caching: Annotated[bool, typer.Option(
         help="Keep the keys and values of prompts' leading blocks (text, and media by their "
              "content) and reuse them for later prompts that start the same way (vLLM's "

@@ -234,8 +234,9 @@ class EngineConfig:
     ``decode_threads``: torch threads of its decode steps (llama.cpp's ``--threads`` beside
     its ``--threads-batch``), ``num_threads`` running the rest (encoders, prefills); ``None``:
     ``num_threads``. A decode step's products are a few rows against every weight: on a
-    small model and few cores, splitting them over threads costs more than it saves (see
-    :meth:`overlaps_prefill` for why it turns the overlap off).
+    small model and few cores, splitting them over threads costs more than it saves. Each
+    thread keeps its own count: a prefill beside the decode steps (``overlap_prefill``) runs
+    on ``num_threads``.
     ``reserved_gpu_bytes``: GPU memory the engine leaves to others (the API servers' video
     decoders): its allocator is capped at the device's total minus this.
     ``enable_prefix_caching``: keep the keys and values of prompts' leading blocks (text, and
@@ -267,22 +268,22 @@ class EngineConfig:
     def overlaps_prefill(self, cpus: int, parameters: int) -> bool:
         """Whether the engine prefills beside its decode steps (on a process that may use
         ``cpus`` CPUs, for a model of ``parameters``): as set, else on a CPU device when its
-        torch threads leave a core for the second thread (``--num-threads`` at most half
-        the CPUs: torch's own threads already fill them otherwise, and a GPU runs one kernel
-        stream either way) and the model has :data:`MIN_OVERLAP_PARAMETERS` or more (a
-        smaller model's steps are mostly Python, which holds the GIL: two threads then take
-        turns instead of running together), unless ``decode_threads`` is set: torch's thread
-        count is one per process, so a prefill beside the decode steps would run on theirs
-        (the two are refused together, see :meth:`__post_init__`)."""
+        threads leave the cores for both (see :meth:`oversubscribes`; by default
+        ``--num-threads`` at most half the CPUs: torch's own threads already fill them
+        otherwise, and a GPU runs one kernel stream either way) and the model has
+        :data:`MIN_OVERLAP_PARAMETERS` or more (a smaller model's steps are mostly Python,
+        which holds the GIL: two threads then take turns instead of running together)."""
         if self.overlap_prefill is not None:
             return self.overlap_prefill
         return str(self.device) == "cpu" and not self.oversubscribes(cpus) and \
-            parameters >= MIN_OVERLAP_PARAMETERS and self.decode_threads is None
+            parameters >= MIN_OVERLAP_PARAMETERS
 
     def oversubscribes(self, cpus: int) -> bool:
-        """Whether a second thread stepping the model on a CPU device would run more torch
-        threads than ``cpus`` (each runs ``--num-threads``, by default every CPU)."""
-        return str(self.device) == "cpu" and 2 * (self.num_threads or cpus) > cpus
+        """Whether a prefill thread beside the decode steps on a CPU device would run more
+        torch threads than ``cpus``: the prefill's ``--num-threads`` (by default every CPU)
+        plus the decode steps' ``--decode-threads`` (by default ``--num-threads``)."""
+        threads = self.num_threads or cpus
+        return str(self.device) == "cpu" and threads + (self.decode_threads or threads) > cpus
 
     @property
     def token_budget(self) -> int:
@@ -334,13 +335,6 @@ class EngineConfig:
                               f"{self.overlap_prefill!r}", code="invalid_flag",
                               hint="pass --overlap-prefill or --no-overlap-prefill")
         _check_count("--decode-threads", self.decode_threads, optional=True, example="1")
-        if self.decode_threads is not None and self.overlap_prefill:
-            raise ConfigError("--decode-threads and --overlap-prefill cannot be used together: "
-                              "torch's thread count is one per process, so a prefill beside "
-                              "the decode steps would run on the decode steps' threads",
-                              code="invalid_flag",
-                              hint="drop --overlap-prefill (prefills then run on --num-threads "
-                                   "between the decode steps) or drop --decode-threads")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ConfigError(f"--enable-prefix-caching must be true or false, not "
                               f"{self.enable_prefix_caching!r}",

@@ -36,3 +36,17 @@ def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
         count = os.cpu_count() or 1
     quota = quota_cpus(cpu_max)
     return max(1, min(count, quota) if quota else count)
+
+
+def use_torch_threads(count: int) -> None:
+    """Run this thread's torch operations on ``count`` threads; other threads keep theirs.
+
+    torch's thread count is a property of the calling thread (its OpenMP and MKL settings), but
+    torch fills it in lazily from the count set last by any thread, at the thread's first
+    parallel operation or ``get_num_threads``: asking first makes that happen now, so a count
+    another thread sets later cannot replace this one.
+    """
+    import torch
+
+    torch.get_num_threads()
+    torch.set_num_threads(count)

@@ -1,34 +1,51 @@
 """``--decode-threads`` (llama.cpp's ``--threads`` beside ``--threads-batch``): the engine's
 decode steps run on their own torch thread count, its prefills and encoders on
-``--num-threads``, on a real tiny model; outputs stay those of the model's own ``generate``,
-and the flag's conflicts are refused with errors naming the flags."""
+``--num-threads``, on a real tiny model; outputs stay those of the model's own ``generate``.
+Each thread keeps its own count, so a prefill beside the decode steps (``--overlap-prefill``)
+runs on ``--num-threads`` while the steps run on theirs; bad values are refused."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
 from engine.config import MIN_OVERLAP_PARAMETERS, EngineConfig
+from engine.cpus import use_torch_threads
 from engine.errors import ConfigError
 from engine.executor.engine import Engine
 from engine.executor.request import EngineRequest
 from tests.engine_fixtures import llm
-from tests.test_scheduler import assert_generate_logits, greedy, prompts_of, record_logits
+from tests.test_overlap_prefill import HeldPrefill
+from tests.test_scheduler import (
+    after_tokens,
+    assert_generate_logits,
+    greedy,
+    prompts_of,
+    record_logits,
+)
 
 
-def watch_threads(engine: Engine) -> dict[str, set[int]]:
-    """The torch thread counts each of the runner's prefills and decode steps ran with."""
+def watch_threads(engine: Engine) -> dict[str, set]:
+    """The torch thread counts each of the runner's prefills and decode steps ran with, and
+    (under ``"where"``) which thread ran each with which count."""
     import torch
 
-    seen: dict[str, set[int]] = {"prefill": set(), "decode": set()}
+    seen: dict[str, set] = {"prefill": set(), "decode": set(), "where": set()}
     runner = engine.runner
     prefill, decode = runner.prefill, runner.decode
 
+    def record(kind: str) -> None:
+        count = torch.get_num_threads()
+        seen[kind].add(count)
+        seen["where"].add((kind, threading.current_thread().name.split("_")[0], count))
+
     def watched_prefill(rows):
-        seen["prefill"].add(torch.get_num_threads())
+        record("prefill")
         return prefill(rows)
 
     def watched_decode(batch):
-        seen["decode"].add(torch.get_num_threads())
+        record("decode")
         return decode(batch)
 
     runner.prefill, runner.decode = watched_prefill, watched_decode
@@ -42,7 +59,7 @@ def test_decode_steps_run_on_decode_threads_and_prefills_on_num_threads():
     engine = Engine(model.loaded, EngineConfig(max_num_seqs=4, num_threads=2,
                                                decode_threads=1))
     try:
-        assert engine._prefiller is None  # no prefill beside the steps: one thread setting
+        assert engine._prefiller is None  # 2 + 1 threads would not fit 2 CPUs: no overlap
         seen = watch_threads(engine)
         logits = record_logits(engine)
         prompts = prompts_of("qwen2_5_vl")
@@ -51,13 +68,79 @@ def test_decode_steps_run_on_decode_threads_and_prefills_on_num_threads():
                     for p, n in zip(prompts, lengths, strict=True)]
         for req in requests:
             assert req.done.wait(120) and req.error is None, req.error
-        assert seen == {"prefill": {2}, "decode": {1}}
-        assert torch.get_num_threads() == 2  # put back after every step
+        assert (seen["prefill"], seen["decode"]) == ({2}, {1})
+        # a prefill after decode steps runs on --num-threads again (the count is put back)
+        seen["prefill"].clear()
+        later = engine.submit(EngineRequest(prompts[0], greedy(3)))
+        assert later.done.wait(120) and later.error is None, later.error
+        assert seen["prefill"] == {2}
+        assert torch.get_num_threads() == 2  # the caller's own count: Engine() set it
         for req, prompt, n in zip(requests, prompts, lengths, strict=True):
             assert len(req.outputs[0].token_ids) == n
             assert_generate_logits(engine, logits, req, prompt, n)
     finally:
         engine.close()
+
+
+def test_a_prefill_beside_the_decode_steps_keeps_its_own_thread_count():
+    model = llm("qwen2_5_vl")
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8, num_threads=2, decode_threads=1,
+                                               overlap_prefill=True))
+    try:
+        seen = watch_threads(engine)
+        logits = record_logits(engine)
+        held = HeldPrefill(engine, more=3)  # the joins wait on the prefill thread for steps
+        prompts = prompts_of("qwen2_5_vl")
+        lengths = [40] + [4 + 3 * i for i in range(1, len(prompts))]
+        long = engine.submit(EngineRequest(prompts[0], greedy(lengths[0]),
+                                           on_event=held.token_counter()))
+        first, started = after_tokens(1)
+        joined = [engine.submit(EngineRequest(prompts[1], greedy(lengths[1]), on_event=first))]
+        assert started.wait(120)
+        joined += [engine.submit(EngineRequest(p, greedy(n)))
+                   for p, n in zip(prompts[2:], lengths[2:], strict=True)]
+        for req in (long, *joined):
+            assert req.done.wait(120) and req.error is None, req.error
+        assert engine.stats["prefills_overlapped_total"] >= 1
+        assert held.saw_decode_meanwhile and all(held.saw_decode_meanwhile)
+        # the joins ran on the prefill thread on 2 threads, after decode steps on 1 had run
+        # beside them on the engine thread
+        assert ("prefill", "aphrodite-prefill", 2) in seen["where"]
+        assert (seen["prefill"], seen["decode"]) == ({2}, {1})
+        for req, prompt, n in zip((long, *joined), prompts, lengths, strict=True):
+            assert_generate_logits(engine, logits, req, prompt, n)
+    finally:
+        engine.close()
+
+
+def test_each_thread_keeps_the_torch_thread_count_it_set():
+    """One thread sets 1, then another sets 2 (torch's "last set" count): the first keeps 1
+    through its later operations, the second keeps 2."""
+    import torch
+
+    first_set, second_set = threading.Event(), threading.Event()
+    counts: dict[str, list[int]] = {}
+
+    def work(name: str, count: int, before: threading.Event | None,
+             after: threading.Event) -> None:
+        if before is not None:
+            assert before.wait(30)
+        use_torch_threads(count)
+        after.set()
+        assert second_set.wait(30)
+        x = torch.ones(256, 256)
+        _ = (x @ x).sum(dim=1)
+        counts[name] = [torch.get_num_threads()]
+        _ = torch.softmax(x, dim=-1)
+        counts[name].append(torch.get_num_threads())
+
+    threads = [threading.Thread(target=work, args=("first", 1, None, first_set)),
+               threading.Thread(target=work, args=("second", 2, first_set, second_set))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert counts == {"first": [1, 1], "second": [2, 2]}
 
 
 def test_without_decode_threads_every_step_runs_on_num_threads():
@@ -67,20 +150,21 @@ def test_without_decode_threads_every_step_runs_on_num_threads():
         seen = watch_threads(engine)
         req = engine.submit(EngineRequest(prompts_of("qwen2_5_vl")[0], greedy(5)))
         assert req.done.wait(120) and req.error is None, req.error
-        assert seen == {"prefill": {2}, "decode": {2}}
+        assert (seen["prefill"], seen["decode"]) == ({2}, {2})
     finally:
         engine.close()
 
 
-def test_decode_threads_turn_the_overlap_off_and_are_refused_beside_it():
+def test_the_overlap_default_counts_the_prefill_and_the_decode_threads_together():
     big = MIN_OVERLAP_PARAMETERS
     assert EngineConfig(num_threads=1).overlaps_prefill(2, big)
-    # torch's thread count is one per process: a prefill beside would run on the steps'
-    assert not EngineConfig(num_threads=1, decode_threads=1).overlaps_prefill(2, big)
-    assert not EngineConfig(decode_threads=1, overlap_prefill=False).overlaps_prefill(2, big)
-    with pytest.raises(ConfigError, match="--decode-threads and --overlap-prefill") as err:
-        EngineConfig(decode_threads=1, overlap_prefill=True)
-    assert "drop --overlap-prefill" in (err.value.hint or "")
+    assert EngineConfig(num_threads=1, decode_threads=1).overlaps_prefill(2, big)
+    assert not EngineConfig(num_threads=2, decode_threads=1).overlaps_prefill(2, big)  # 3 > 2
+    assert not EngineConfig(decode_threads=1).overlaps_prefill(2, big)  # 2 + 1 > 2
+    assert EngineConfig(num_threads=6, decode_threads=2).overlaps_prefill(8, big)
+    assert not EngineConfig(num_threads=4).overlaps_prefill(6, big)  # 4 + 4 > 6
+    assert not EngineConfig(decode_threads=1, overlap_prefill=False).overlaps_prefill(8, big)
+    assert EngineConfig(decode_threads=1, overlap_prefill=True).overlaps_prefill(2, big)
     for bad in (0, -1, True, 1.5, "1"):
         with pytest.raises(ConfigError, match="--decode-threads must be a whole number"):
             EngineConfig(decode_threads=bad)  # type: ignore[arg-type]

@@ -277,9 +277,12 @@ def test_qwen2_audio_parts_and_private_addresses_and_drain(media):
 def test_two_api_servers_share_the_port_and_crashes_are_reported():
     """The ready line comes only once both API servers listen; both accept from the one
     listening socket the supervisor bound, so both answer, and /metrics on either one counts
-    the requests both served."""
-    server = ServerProcess("tiny:qwen2_vl", "--api-server-count", "2").wait_ready()
+    the requests both served. The start-up lines name the engine's thread settings."""
+    server = ServerProcess("tiny:qwen2_vl", "--api-server-count", "2", "--num-threads", "2",
+                           "--decode-threads", "1").wait_ready()
     try:
+        assert "engine: torch threads 2 (--num-threads), 1 in decode steps (--decode-threads);" \
+            " prefills beside decode steps off (--overlap-prefill;" in server.output
         def one(i: int) -> str:
             # ignore_eos: exactly 2 tokens each (a sampled EOS would end one at 1)
             body = json.dumps({"messages": [{"role": "user", "content": f"Hi {i}"}],

@@ -8,10 +8,14 @@ only the request that caused it (see ``_isolate``).
 
 With ``EngineConfig.overlap_prefill`` (a CPU with a core to spare), the rows admitted while
 others run are prefilled on a second thread while this one keeps stepping the running batch:
-the model's products run without the GIL, so an encoder and a prefill on one core and the
+the model's products run without the GIL, so an encoder and a prefill on some cores and the
 decode steps on another proceed together, where one thread would stop every running row
 for the whole prefill. The prefilled rows join at the first step boundary after they are
 done; nothing is planned meanwhile (the plan reads the prefix cache the prefill fills).
+
+torch's thread count belongs to the thread that sets it: the engine thread and the prefill
+thread each set theirs (``--num-threads``), and the engine thread runs its decode steps on
+``--decode-threads``, so a prefill beside a decode step keeps its own count.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ class Engine:
         self.config = config if config is not None else EngineConfig()
         import torch
 
-        from engine.cpus import usable_cpus
+        from engine.cpus import usable_cpus, use_torch_threads
 
         # torch's own default counts the machine's cores, not the ones this process may use
         self._threads = self.config.num_threads or usable_cpus()
@@ -120,15 +124,20 @@ class Engine:
         cpus = usable_cpus()
         overlap = self.config.overlaps_prefill(cpus, parameters)
         if overlap and self.config.oversubscribes(cpus):
-            logger.warning("--overlap-prefill with %d torch threads on %d CPUs: the prefill "
-                           "thread and the decode steps each run that many (set "
-                           "--num-threads to at most half the CPUs)", self._threads, cpus)
-        logger.info("prefills beside decode steps: %s (--overlap-prefill; %.1f M parameters, "
-                    "%d CPUs); torch threads: %d, %d in decode steps (--decode-threads)",
-                    "on" if overlap else "off", parameters / 1e6, cpus, self._threads,
-                    self._decode_threads)
-        self._prefiller = ThreadPoolExecutor(1, thread_name_prefix="aphrodite-prefill") \
-            if overlap else None
+            logger.warning("--overlap-prefill with %d torch threads for prefills beside %d for "
+                           "decode steps on %d CPUs: the two take turns on the cores (set "
+                           "--num-threads and --decode-threads to at most the CPUs together)",
+                           self._threads, self._decode_threads, cpus)
+        #: the thread settings in effect, as ``serve`` prints them at start-up
+        self.threads_summary = (
+            f"torch threads {self._threads} (--num-threads), {self._decode_threads} in decode "
+            f"steps (--decode-threads); prefills beside decode steps "
+            f"{'on' if overlap else 'off'} (--overlap-prefill; {cpus} CPUs usable, "
+            f"{parameters / 1e6:.1f} M parameters)")
+        logger.info("%s", self.threads_summary)
+        self._prefiller = ThreadPoolExecutor(
+            1, thread_name_prefix="aphrodite-prefill", initializer=use_torch_threads,
+            initargs=(self._threads,)) if overlap else None
         self._in_flight: _InFlight | None = None
         self._thread = threading.Thread(target=self._loop, name="aphrodite-engine", daemon=True)
         self._thread.start()
@@ -173,6 +182,9 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        from engine.cpus import use_torch_threads
+
+        use_torch_threads(self._threads)
         while self._pull():
             self._drop_cancelled()
             self.runner.prefetcher.schedule(row.request for row in self.waiting)
@@ -443,8 +455,8 @@ class Engine:
     @contextlib.contextmanager
     def _decode_step_threads(self) -> Iterator[None]:
         """A decode step runs on ``--decode-threads`` torch threads; the prefills and
-        encoders between the steps on ``--num-threads`` (one setting per process: no
-        prefill runs beside a step when the two differ, see ``overlaps_prefill``)."""
+        encoders between the steps on ``--num-threads`` (set on this thread only: a prefill
+        on the prefill thread keeps its own count meanwhile)."""
         if self._decode_threads == self._threads:
             yield
             return

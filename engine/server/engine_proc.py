@@ -70,7 +70,7 @@ def serve_engine(*, address: str, authkey: bytes, model: str | None,
     engine = Engine(loaded, config)
     listener = Listener(address, authkey=authkey)
     try:
-        ready.send(os.getpid())
+        ready.send((os.getpid(), engine.threads_summary))
         ready.close()
         _serve_connections(listener, engine, api_servers)
     finally:

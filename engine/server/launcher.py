@@ -328,7 +328,9 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
                                   f"(code {engine.exitcode})")
             if stopping["flag"]:
                 return 0
-        engine_pid = ready.recv()
+        # ours sends its pid and thread settings; vLLM's bridge its pid
+        got = ready.recv()
+        engine_pid, threads = got if isinstance(got, tuple) else (got, None)
         listening = [ctx.Event() for _ in range(config.api_server_count)]
         # Several API servers share their counters through files here (see server.metrics),
         # so a scrape sees the server's totals, not one process's share.
@@ -343,6 +345,8 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
         # Every API server listens on its own copy now. Without this one, the port would
         # keep taking connections into a backlog nobody accepts once they start draining.
         sock.close()
+        if threads:  # (before the ready line, which tools wait for)
+            announce(f"engine: {threads}")
         announce(f"aphrodite serving {name} on http://{config.host}:{config.port} "
                  f"({config.api_server_count} API server(s); supervisor pid {os.getpid()}, "
                  f"engine pid {engine_pid}, API server pids "
