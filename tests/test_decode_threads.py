@@ -16,14 +16,8 @@ from engine.errors import ConfigError
 from engine.executor.engine import Engine
 from engine.executor.request import EngineRequest
 from tests.engine_fixtures import llm
-from tests.test_overlap_prefill import HeldPrefill
-from tests.test_scheduler import (
-    after_tokens,
-    assert_generate_logits,
-    greedy,
-    prompts_of,
-    record_logits,
-)
+from tests.test_overlap_prefill import HeldPrefill, join_beside
+from tests.test_scheduler import assert_generate_logits, greedy, prompts_of, record_logits
 
 
 def watch_threads(engine: Engine) -> dict[str, set]:
@@ -92,22 +86,14 @@ def test_a_prefill_beside_the_decode_steps_keeps_its_own_thread_count():
         held = HeldPrefill(engine, more=3)  # the joins wait on the prefill thread for steps
         prompts = prompts_of("qwen2_5_vl")
         lengths = [40] + [4 + 3 * i for i in range(1, len(prompts))]
-        long = engine.submit(EngineRequest(prompts[0], greedy(lengths[0]),
-                                           on_event=held.token_counter()))
-        first, started = after_tokens(1)
-        joined = [engine.submit(EngineRequest(prompts[1], greedy(lengths[1]), on_event=first))]
-        assert started.wait(120)
-        joined += [engine.submit(EngineRequest(p, greedy(n)))
-                   for p, n in zip(prompts[2:], lengths[2:], strict=True)]
-        for req in (long, *joined):
-            assert req.done.wait(120) and req.error is None, req.error
+        requests = join_beside(engine, held, prompts, lengths)
         assert engine.stats["prefills_overlapped_total"] >= 1
         assert held.saw_decode_meanwhile and all(held.saw_decode_meanwhile)
         # the joins ran on the prefill thread on 2 threads, after decode steps on 1 had run
         # beside them on the engine thread
         assert ("prefill", "aphrodite-prefill", 2) in seen["where"]
         assert (seen["prefill"], seen["decode"]) == ({2}, {1})
-        for req, prompt, n in zip((long, *joined), prompts, lengths, strict=True):
+        for req, prompt, n in zip(requests, prompts, lengths, strict=True):
             assert_generate_logits(engine, logits, req, prompt, n)
     finally:
         engine.close()

@@ -65,6 +65,22 @@ class HeldPrefill:
         return on_event
 
 
+def join_beside(engine: Engine, held: HeldPrefill, prompts: list, lengths: list[int]
+                ) -> list[EngineRequest]:
+    """The first prompt runs; once the second's first token is out (so rows are running)
+    the rest join, prefilled beside its decode steps. Every request, done and without error."""
+    long = engine.submit(EngineRequest(prompts[0], greedy(lengths[0]),
+                                       on_event=held.token_counter()))
+    first, started = after_tokens(1)
+    joined = [engine.submit(EngineRequest(prompts[1], greedy(lengths[1]), on_event=first))]
+    assert started.wait(120)
+    joined += [engine.submit(EngineRequest(p, greedy(n)))
+               for p, n in zip(prompts[2:], lengths[2:], strict=True)]
+    for req in (long, *joined):
+        assert req.done.wait(120) and req.error is None, req.error
+    return [long, *joined]
+
+
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "llava_onevision"])
 def test_rows_prefilled_beside_decode_steps_get_their_solo_tokens_and_logits(arch):
     model = llm(arch)
@@ -75,17 +91,9 @@ def test_rows_prefilled_beside_decode_steps_get_their_solo_tokens_and_logits(arc
         solo = [run_alone(engine, p, greedy(n)) for p, n in zip(prompts, lengths, strict=True)]
         logits = record_logits(engine)
         held = HeldPrefill(engine, more=3)
-        long = engine.submit(EngineRequest(prompts[0], greedy(lengths[0]),
-                                           on_event=held.token_counter()))
-        first, started = after_tokens(1)
-        joined = [engine.submit(EngineRequest(prompts[1], greedy(lengths[1]), on_event=first))]
-        assert started.wait(120)
-        joined += [engine.submit(EngineRequest(p, greedy(n)))
-                   for p, n in zip(prompts[2:], lengths[2:], strict=True)]
-        for req in (long, *joined):
-            assert req.done.wait(120) and req.error is None, req.error
-        assert [r.outputs[0].token_ids for r in (long, *joined)] == solo
-        for req, prompt, n in zip((long, *joined), prompts, lengths, strict=True):
+        requests = join_beside(engine, held, prompts, lengths)
+        assert [r.outputs[0].token_ids for r in requests] == solo
+        for req, prompt, n in zip(requests, prompts, lengths, strict=True):
             assert_generate_logits(engine, logits, req, prompt, n)
         # the joins ran on the prefill thread, and the long row took steps while they did
         assert engine.stats["prefills_overlapped_total"] >= 1
