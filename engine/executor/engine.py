@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.cpus import usable_cpus, use_torch_threads
 from engine.errors import AphroditeError, InternalError
 from engine.executor.prefetch import Prefetcher
 from engine.executor.request import CompletionOutput, EngineRequest
@@ -90,8 +91,6 @@ class Engine:
 
         self.config = config if config is not None else EngineConfig()
         import torch
-
-        from engine.cpus import usable_cpus, use_torch_threads
 
         # torch's own default counts the machine's cores, not the ones this process may use
         self._threads = self.config.num_threads or usable_cpus()
@@ -182,8 +181,6 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        from engine.cpus import use_torch_threads
-
         use_torch_threads(self._threads)
         while self._pull():
             self._drop_cancelled()

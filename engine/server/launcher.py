@@ -328,9 +328,7 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
                                   f"(code {engine.exitcode})")
             if stopping["flag"]:
                 return 0
-        # ours sends its pid and thread settings; vLLM's bridge its pid
-        got = ready.recv()
-        engine_pid, threads = got if isinstance(got, tuple) else (got, None)
+        engine_pid, threads = ready.recv()  # and its thread settings (None: vLLM's)
         listening = [ctx.Event() for _ in range(config.api_server_count)]
         # Several API servers share their counters through files here (see server.metrics),
         # so a scrape sees the server's totals, not one process's share.

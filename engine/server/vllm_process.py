@@ -17,7 +17,8 @@ from engine.server.vllm_spec import bridge_env, engine_args, find_python
 
 
 class ReadyPipe:
-    """The read end of the bridge's ready line (its pid)."""
+    """The read end of the bridge's ready line (its pid): ``recv`` gives what our engine
+    process sends, its pid and its settings line (none from vLLM's bridge)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -32,8 +33,8 @@ class ReadyPipe:
             self.data += chunk
         return b"\n" in self.data
 
-    def recv(self) -> int:
-        return int(self.data.split(b"\n", 1)[0])
+    def recv(self) -> tuple[int, str | None]:
+        return int(self.data.split(b"\n", 1)[0]), None
 
     def close(self) -> None:
         os.close(self.fd)
