@@ -141,7 +141,8 @@ def serve(
     num_threads: Annotated[int | None, typer.Option(
         help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "
              "which pins one core; default: the CPUs the process may use (its affinity and cgroup "
-             "quota; torch's own default counts every core). API servers use "
+             "quota; torch's own default counts every core), over --data-parallel-size. "
+             "API servers use "
              "APHRODITE_API_SERVER_TORCH_THREADS.")] = EngineConfig.num_threads,
     decode_threads: Annotated[int | None, typer.Option(
         help="torch threads of the decode steps, e.g. 1 (llama.cpp's --threads beside "
@@ -211,7 +212,8 @@ def serve(
         min=0.01, help="Fetched media bytes held per API server before 503 + Retry-After, in MB, "
                     "e.g. 2048.")] = ServerConfig.max_inflight_media_mb,
     engine_kind: Annotated[str, typer.Option(
-        "--engine", help="aphrodite (this project's engine: one process, one device) or vllm "
+        "--engine", help="aphrodite (this project's engine: one device, one process per "
+                         "--data-parallel-size) or vllm "
                          "(vLLM's AsyncLLM in its own environment, .venv-vllm from `make "
                          "setup-vllm`: tensor/pipeline/data parallel, several nodes with Ray; "
                          "media still fetched and decoded here, processed by vLLM).")
@@ -223,7 +225,12 @@ def serve(
         help="--engine vllm: pipeline stages (across nodes with Ray), e.g. 2.")
     ] = VllmConfig.pipeline_parallel_size,
     data_parallel_size: Annotated[int, typer.Option(
-        help="--engine vllm: model replicas, e.g. 2.")] = VllmConfig.data_parallel_size,
+        help="Model replicas, e.g. 2. This project's engine: that many engine processes on "
+             "this machine's CPUs, each pinned to its own share of them with an even share of "
+             "--num-threads by default; each request goes to one, the one its first image (or "
+             "its prompt's start) was sent to before unless that one is 2 requests busier "
+             "than another (its prefix and encoder caches are its own). --engine vllm: "
+             "vLLM's data parallel ranks.")] = VllmConfig.data_parallel_size,
     distributed_executor_backend: Annotated[str | None, typer.Option(
         help="--engine vllm: mp (one node) or ray (several nodes); default: vLLM's choice.")
     ] = VllmConfig.distributed_executor_backend,

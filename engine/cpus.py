@@ -50,3 +50,30 @@ def use_torch_threads(count: int) -> None:
 
     torch.get_num_threads()
     torch.set_num_threads(count)
+
+
+def engine_share(index: int, engines: int, cpus: list[int] | None = None) -> list[int] | None:
+    """The CPUs data-parallel engine ``index`` of ``engines`` is pinned to: its contiguous
+    slice of the CPUs this process may run on (``cpus``; None: its affinity), the first slices
+    one larger when they do not divide evenly. None when there are fewer CPUs than engines
+    (engines then share them all, unpinned) or there is one engine. As vLLM's CPU backend binds
+    each data-parallel rank's threads to its own cores: two engines on the same cores would
+    each run their torch threads against the other's."""
+    if engines <= 1:
+        return None
+    if cpus is None:
+        try:
+            cpus = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return None
+    if len(cpus) < engines:
+        return None
+    size, extra = divmod(len(cpus), engines)
+    start = index * size + min(index, extra)
+    return cpus[start:start + size + (index < extra)]
+
+
+def engine_threads(engines: int, cpus: int | None = None) -> int:
+    """Torch threads per engine by default when ``engines`` share this process's usable CPUs
+    (``cpus``; None: :func:`usable_cpus`): an even share, at least one."""
+    return max(1, (usable_cpus() if cpus is None else cpus) // max(1, engines))

@@ -106,6 +106,10 @@ class State:
         if not isinstance(decoders, InProcessDecoders):  # workers restart; threads do not
             self.metrics.follow(self.metrics.decode_restarts, lambda: decoders.restarts)
         self.count()
+        routed = getattr(engine, "routed", None)  # data-parallel engines (EnginePool)
+        for index in range(len(routed or ())):
+            self.metrics.follow(self.metrics.engine_routed.labels(engine=str(index)),
+                                lambda index=index: routed[index])  # type: ignore[index]
         # This process's share of --mm-ipc-gpu-memory-gb, for GPU video backends.
         self.gpu_budget = (GpuDecodeBudget.from_gb(config.mm_ipc_gpu_memory_gb,
                                                    config.api_server_count)

@@ -53,10 +53,14 @@ def process_stats(live_requests: int, scheduler: dict[str, float] | None = None
 
 def serve_engine(*, address: str, authkey: bytes, model: str | None,
                  chat_template: str | None, config: EngineConfig, ready: Any,
-                 api_servers: int) -> None:
-    """Entry point of the engine process (blocks until every API server disconnected)."""
+                 api_servers: int, cpus: list[int] | None = None) -> None:
+    """Entry point of the engine process (blocks until every API server disconnected);
+    ``cpus``: the CPUs it runs on (a data-parallel engine's share), set before torch starts
+    its threads (the engine's default thread count and overlap are worked out from them)."""
     from engine.lifetime import exit_with_parent, name_process
 
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     name_process("engine")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # (cleanly: see the finally below)

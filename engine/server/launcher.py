@@ -115,11 +115,12 @@ def bind_listener(host: str, port: int) -> socket.socket:
                            code="port_unavailable") from None
 
 
-def api_server_main(config: ServerConfig, model_path: str, name: str, address: str,
+def api_server_main(config: ServerConfig, model_path: str, name: str, addresses: list[str],
                     authkey: bytes, ready: Any, sock: socket.socket,
                     metrics_dir: str | None = None) -> None:
     """Entry point of one API server process: serves on the supervisor's listening socket
-    and sets ``ready`` once it accepts connections. With ``metrics_dir`` (several API
+    and sets ``ready`` once it accepts connections; ``addresses``: the engine processes'
+    sockets (several: ``--data-parallel-size``). With ``metrics_dir`` (several API
     servers) its metrics go to that shared folder, which prometheus_client reads from the
     environment when it is first imported: set here, before anything imports it."""
     for variable in ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir"):
@@ -150,7 +151,12 @@ def api_server_main(config: ServerConfig, model_path: str, name: str, address: s
 
     torch.set_num_threads(envs.APHRODITE_API_SERVER_TORCH_THREADS)
     loaded = load_model(model_path, chat_template=config.chat_template, served_name=name)
-    engine = EngineClient(address, authkey)
+    clients = [EngineClient(address, authkey) for address in addresses]
+    engine: Any = clients[0]
+    if len(clients) > 1:  # data-parallel engines: each request to one of them
+        from engine.server.engine_pool import EnginePool
+
+        engine = EnginePool(clients)
     try:
         asyncio.run(_serve_app(create_app(config, loaded, engine), sock, ready, config))
     finally:
@@ -242,30 +248,53 @@ def _fit_vllm_length(config: ServerConfig, model_path: str, announce) -> ServerC
     return replace(config, max_model_len=limit)
 
 
-def _start_engine(config: ServerConfig, ctx: Any, model_path: str, name: str, address: str,
+def _start_vllm(config: ServerConfig, ctx: Any, model_path: str, name: str, address: str,
                   authkey: bytes) -> tuple[Any, Any]:
-    """The engine process and the pipe it sends its pid down once it accepts API servers:
-    ours (``--engine aphrodite``), or vLLM's AsyncLLM in vLLM's own environment (``--engine
-    vllm``, :mod:`engine.server.vllm_process`). Either way the engine leaves the API servers'
-    video decode budget (``--mm-ipc-gpu-memory-gb``) free on the GPU."""
-    if config.engine_kind == "vllm":
-        from engine.server.vllm_process import VllmEngineProcess
+    """vLLM's engine process (``--engine vllm``, :mod:`engine.server.vllm_process`: AsyncLLM
+    in vLLM's own environment) and the pipe it sends its pid down once it accepts API
+    servers; it leaves the API servers' video decode budget (``--mm-ipc-gpu-memory-gb``) free
+    on the GPU."""
+    from engine.server.vllm_process import VllmEngineProcess
 
-        engine = VllmEngineProcess(config, model_path, name, address, authkey)
-        return engine, engine.ready
+    engine = VllmEngineProcess(config, model_path, name, address, authkey)
+    return engine, engine.ready
+
+
+def _start_engines(config: ServerConfig, ctx: Any, model_path: str, name: str,
+                   folder: Path, authkey: bytes) -> list[tuple[Any, Any, str, list[int] | None]]:
+    """The engine processes, each with the pipe it sends ``(pid, its settings line)`` down
+    once it accepts API servers, its socket's path and the CPUs it is pinned to (None: not):
+    vLLM's one engine (which runs its own data-parallel ranks), or ``--data-parallel-size``
+    of ours, each on its own slice of the CPUs (:func:`engine.cpus.engine_share`) with an
+    even share of torch threads by default."""
+    if config.engine_kind == "vllm":
+        address = str(folder / "engine.sock")
+        return [(*_start_vllm(config, ctx, model_path, name, address, authkey), address, None)]
     from dataclasses import replace
 
+    from engine.cpus import engine_share, engine_threads
     from engine.server.engine_proc import serve_engine
 
-    ready, ready_child = ctx.Pipe(duplex=False)
+    count = config.vllm.data_parallel_size
     engine_config = replace(config.engine,
                             reserved_gpu_bytes=int(config.mm_ipc_gpu_memory_gb * (1 << 30)))
-    engine = ctx.Process(target=serve_engine, name="engine process", daemon=False, kwargs=dict(
-        address=address, authkey=authkey, model=model_path, chat_template=config.chat_template,
-        config=engine_config, ready=ready_child, api_servers=config.api_server_count))
-    engine.start()
-    ready_child.close()
-    return engine, ready
+    if count > 1 and engine_config.num_threads is None:
+        engine_config = replace(engine_config, num_threads=engine_threads(count))
+    started = []
+    for index in range(count):
+        cpus = engine_share(index, count)
+        address = str(folder / (f"engine-{index}.sock" if count > 1 else "engine.sock"))
+        ready, ready_child = ctx.Pipe(duplex=False)
+        engine = ctx.Process(
+            target=serve_engine, name=f"engine process {index}" if count > 1
+            else "engine process", daemon=False, kwargs=dict(
+                address=address, authkey=authkey, model=model_path,
+                chat_template=config.chat_template, config=engine_config, ready=ready_child,
+                api_servers=config.api_server_count, cpus=cpus))
+        engine.start()
+        ready_child.close()
+        started.append((engine, ready, address, cpus))
+    return started
 
 
 def check_flags(config: ServerConfig) -> None:
@@ -285,9 +314,28 @@ def check_flags(config: ServerConfig) -> None:
                               f"--engine vllm", hint=f"leave it out; {instead}",
                               code="invalid_flag")
         find_python(config.vllm.python)  # vLLM's environment is there, or how to build it
-    elif config.engine_kind != "aphrodite":
+    elif config.engine_kind == "aphrodite":
+        _check_ours_parallel(config)
+    else:
         raise ConfigError(f"--engine {config.engine_kind!r} is not supported",
                           hint="use aphrodite or vllm", code="invalid_flag")
+
+
+def _check_ours_parallel(config: ServerConfig) -> None:
+    """This project's engine runs data-parallel copies on one machine's CPUs; model sharding
+    and several copies on one GPU are vLLM's."""
+    vllm = config.vllm
+    for flag, value in (("--tensor-parallel-size", vllm.tensor_parallel_size),
+                        ("--pipeline-parallel-size", vllm.pipeline_parallel_size)):
+        if value != 1:
+            raise ConfigError(f"{flag} {value}: this project's engine runs the whole model in "
+                              "one process", hint="add --engine vllm to split the model "
+                              "across GPUs", code="invalid_flag")
+    if vllm.data_parallel_size > 1 and str(config.engine.device) != "cpu":
+        raise ConfigError(f"--data-parallel-size {vllm.data_parallel_size} on "
+                          f"--device {config.engine.device}: this project's engine runs its "
+                          "copies on the CPU", hint="add --engine vllm for model replicas on "
+                          "GPUs, or serve with --device cpu", code="invalid_flag")
 
 
 def run(config: ServerConfig, *, announce=print) -> int:
@@ -310,9 +358,10 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
         config = _fit_vllm_length(config, model_path, announce)
     ctx = multiprocessing.get_context("spawn")
     folder = Path(tempfile.mkdtemp(prefix="aphrodite-"))
-    address = str(folder / "engine.sock")
     authkey = secrets.token_bytes(32)
-    engine, ready = _start_engine(config, ctx, model_path, name, address, authkey)
+    started = _start_engines(config, ctx, model_path, name, folder, authkey)
+    engines = [engine for engine, _, _, _ in started]
+    addresses = [address for _, _, address, _ in started]
     stopping = {"flag": False}
 
     def stop(*_: Any) -> None:
@@ -322,13 +371,16 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     apis: list[Any] = []
     metrics_dir: str | None = None
     try:
-        while not ready.poll(0.2):
-            if engine.exitcode is not None:
-                raise ConfigError(f"the engine process exited during startup "
-                                  f"(code {engine.exitcode})")
-            if stopping["flag"]:
-                return 0
-        engine_pid, threads = ready.recv()  # and its thread settings (None: vLLM's)
+        settings = []  # each engine's (pid, thread settings: None for vLLM's)
+        for _, ready, _, _ in started:
+            while not ready.poll(0.2):
+                for proc in engines:
+                    if proc.exitcode is not None:
+                        raise ConfigError(f"the {proc.name} exited during startup "
+                                          f"(code {proc.exitcode})")
+                if stopping["flag"]:
+                    return 0
+            settings.append(ready.recv())
         listening = [ctx.Event() for _ in range(config.api_server_count)]
         # Several API servers share their counters through files here (see server.metrics),
         # so a scrape sees the server's totals, not one process's share.
@@ -336,21 +388,24 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
             metrics_dir = tempfile.mkdtemp(prefix="aphrodite-metrics-")
         for i, event in enumerate(listening):
             proc = ctx.Process(target=api_server_main, name=f"API server {i}", args=(
-                config, model_path, name, address, authkey, event, sock, metrics_dir))
+                config, model_path, name, addresses, authkey, event, sock, metrics_dir))
             proc.start()
             apis.append(proc)
-        _wait_ready(config.host, config.port, [engine, *apis], listening, timeout=180)
+        _wait_ready(config.host, config.port, [*engines, *apis], listening, timeout=180)
         # Every API server listens on its own copy now. Without this one, the port would
         # keep taking connections into a backlog nobody accepts once they start draining.
         sock.close()
-        if threads:  # (before the ready line, which tools wait for)
-            announce(f"engine: {threads}")
+        for (engine, _, _, cpus), (_, threads) in zip(started, settings, strict=True):
+            if threads:  # (before the ready line, which tools wait for)
+                pinned = f" (CPUs {','.join(map(str, cpus))})" if cpus else ""
+                announce(f"{engine.name.replace(' process', '')}{pinned}: {threads}")
+        pids = ", ".join(str(pid) for pid, _ in settings)
         announce(f"aphrodite serving {name} on http://{config.host}:{config.port} "
                  f"({config.api_server_count} API server(s); supervisor pid {os.getpid()}, "
-                 f"engine pid {engine_pid}, API server pids "
+                 f"engine pid{'s' if len(settings) > 1 else ''} {pids}, API server pids "
                  f"{', '.join(str(p.pid) for p in apis)})")
         while not stopping["flag"]:
-            for proc in [engine, *apis]:
+            for proc in [*engines, *apis]:
                 if proc.exitcode is not None:
                     announce(f"error: the {proc.name} exited unexpectedly (code "
                              f"{proc.exitcode}); stopping the server")
@@ -366,18 +421,21 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
             proc.join(DRAIN_S + 5)
             if proc.exitcode is None:
                 proc.kill()
-        engine.join(10)
-        if engine.exitcode is None:
-            engine.terminate()
-            engine.join(20 if config.engine_kind == "vllm" else 5)  # vLLM stops its workers
-        if engine.exitcode is None:
-            engine.kill()
-            engine.join(5)
+        for engine in engines:
+            engine.join(10)
+        for engine in engines:
+            if engine.exitcode is None:
+                engine.terminate()
+                engine.join(20 if config.engine_kind == "vllm" else 5)  # vLLM stops its workers
+            if engine.exitcode is None:
+                engine.kill()
+                engine.join(5)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if hasattr(ready, "fd"):  # the vLLM engine's ready pipe
-            with contextlib.suppress(OSError):
-                ready.close()
+        for _, ready, _, _ in started:
+            if hasattr(ready, "fd"):  # the vLLM engine's ready pipe
+                with contextlib.suppress(OSError):
+                    ready.close()
         shutil.rmtree(folder, ignore_errors=True)  # the engine removes it itself when it can
         if metrics_dir is not None:  # so do the API servers (the last one out)
             shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -99,6 +99,10 @@ class Metrics:
                                     "1 when the engine answered this scrape's stats request in "
                                     "time, 0 when its numbers above are unknown (NaN)",
                                     mode="mostrecent")
+        self.engine_routed = Counter(
+            "aphrodite_engine_requests_routed_total", "Requests sent to each data-parallel "
+            "engine (--data-parallel-size; engine: its index)", ["engine"],
+            registry=self.registry)
         self.requests = Counter("aphrodite_requests_total", "HTTP requests by route and status",
                                 ["route", "status"], registry=self.registry)
         self.stream_errors = Counter("aphrodite_stream_errors_total",

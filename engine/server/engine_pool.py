@@ -1,0 +1,140 @@
+"""An API server's connections to several data-parallel engine processes
+(``serve --data-parallel-size N``), behind :class:`~engine.server.engine_client.EngineClient`'s
+interface: each request goes to one engine, chosen by cache affinity within a load bound.
+
+Each engine keeps its own prefix and encoder caches, so a request should go where its prefix
+was computed before: the engine its **affinity key** hashes to (the content key of its first
+media item; a text-only prompt: its first :data:`AFFINITY_TOKENS` tokens). The same question
+about the same image, another question about it, a conversation's next turn: all go to the
+engine that holds their keys and values. Hashing alone can pile requests onto one engine, so
+the preferred engine is taken only while it has at most :data:`BALANCE_SLACK` more requests in
+flight than the least busy one; past that, the least busy one takes the request (as
+SGLang's cache-aware router balances against its own thresholds; vLLM's internal data-parallel
+balancer picks the least loaded engine only). Loads are counted per API server: each routes
+its own requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from engine.server.engine_client import EngineClient
+
+#: prompt tokens a text-only prompt's affinity key covers
+AFFINITY_TOKENS = 256
+#: requests in flight the preferred engine may have over the least busy one and still be
+#: chosen
+BALANCE_SLACK = 2
+
+
+def affinity_key(input_ids: list[int], mm_hashes: list[str]) -> bytes:
+    """What a request's engine is chosen by: its first media item's content key, else its
+    first AFFINITY_TOKENS prompt tokens."""
+    if mm_hashes:
+        return f"mm:{mm_hashes[0]}".encode()
+    return b"ids:" + b",".join(str(t).encode() for t in input_ids[:AFFINITY_TOKENS])
+
+
+def preferred(key: bytes, engines: int) -> int:
+    """The engine ``key`` hashes to (the same in every API server and every run)."""
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % engines
+
+
+def pick(favourite: int, loads: list[int], slack: int = BALANCE_SLACK) -> int:
+    """``favourite`` unless it has more than ``slack`` requests in flight over the least busy
+    engine, which then takes the request (the lowest index among equals)."""
+    least = min(range(len(loads)), key=loads.__getitem__)
+    return favourite if loads[favourite] - loads[least] <= slack else least
+
+
+def merge_stats(answers: list[dict[str, float] | None]) -> dict[str, float] | None:
+    """The engines' numbers for /metrics as one engine's: counts and bytes summed, the
+    ``*_max`` ones the largest; None when any engine did not answer (its share unknown)."""
+    if not answers or any(a is None for a in answers):
+        return None
+    merged: dict[str, float] = {}
+    for answer in answers:
+        for name, value in answer.items():  # type: ignore[union-attr]
+            if name not in merged:
+                merged[name] = value
+            elif name.endswith("_max"):
+                merged[name] = max(merged[name], value)
+            else:
+                merged[name] += value
+    return merged
+
+
+class EnginePool:
+    """Several engines' clients, used as one (see the module's text)."""
+
+    def __init__(self, clients: list[EngineClient]) -> None:
+        self.clients = clients
+        #: requests in flight on each engine, from this API server
+        self.loads = [0] * len(clients)
+        #: requests sent to each engine so far, from this API server (for /metrics)
+        self.routed = [0] * len(clients)
+        #: called when an engine passes a processor cache reset on (one list for all)
+        self.on_reset_mm_cache: list = []
+        for client in clients:
+            client.on_reset_mm_cache = self.on_reset_mm_cache
+
+    @property
+    def alive(self) -> bool:
+        return all(client.alive for client in self.clients)
+
+    def choose(self, input_ids: list[int], mm_hashes: list[str]) -> int:
+        """The engine a request goes to (see :func:`pick`)."""
+        return pick(preferred(affinity_key(input_ids, mm_hashes), len(self.clients)),
+                    self.loads)
+
+    async def generate(self, input_ids: list[int], mm: dict[str, Any],
+                       sampling: dict[str, Any],
+                       mm_items: tuple[list[str], list[tuple[int, int]]] = ([], []),
+                       *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """:meth:`EngineClient.generate` on the engine :meth:`choose` picks."""
+        index = self.choose(input_ids, list(mm_items[0]))
+        self.loads[index] += 1
+        self.routed[index] += 1
+        inner = self.clients[index].generate(input_ids, mm, sampling, mm_items, *args, **kwargs)
+        try:
+            async with contextlib.aclosing(inner):  # closed with this one: it cancels there
+                async for message in inner:
+                    yield message
+        finally:
+            self.loads[index] -= 1
+
+    async def stats(self, timeout_s: float = 2.0) -> dict[str, float] | None:
+        """Every engine's numbers, merged (see :func:`merge_stats`)."""
+        return merge_stats(list(await asyncio.gather(
+            *(client.stats(timeout_s) for client in self.clients))))
+
+    async def reset(self, what: str, timeout_s: float = 40.0) -> dict[str, Any] | None:
+        """A cache reset on every engine (``mm``: one engine tells every API server, as
+        each engine would); one answer, None when an engine did not answer."""
+        if what == "mm":
+            for client in self.clients:
+                if client.alive:
+                    return await client.reset(what, timeout_s)
+            return None
+        answers = await asyncio.gather(*(c.reset(what, timeout_s) for c in self.clients))
+        if any(a is None for a in answers):
+            return None
+        merged: dict[str, Any] = {"reset": all(a.get("reset") for a in answers),  # type: ignore[union-attr]
+                                  "engines": len(answers)}
+        for answer in answers:
+            for name, value in answer.items():  # type: ignore[union-attr]
+                if name == "reset":
+                    continue
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    merged[name] = merged.get(name, 0) + value
+                else:
+                    merged.setdefault(name, value)
+        return merged
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
