@@ -3,15 +3,17 @@
 interface: each request goes to one engine, chosen by cache affinity within a load bound.
 
 Each engine keeps its own prefix and encoder caches, so a request should go where its prefix
-was computed before: the engine its **affinity key** hashes to (the content key of its first
-media item; a text-only prompt: its first :data:`AFFINITY_TOKENS` tokens). The same question
-about the same image, another question about it, a conversation's next turn: all go to the
-engine that holds their keys and values. Hashing alone can pile requests onto one engine, so
-the preferred engine is taken only while it has at most :data:`BALANCE_SLACK` more requests in
-flight than the least busy one; past that, the least busy one takes the request (as
-SGLang's cache-aware router balances against its own thresholds; vLLM's internal data-parallel
-balancer picks the least loaded engine only). Loads are counted per API server: each routes
-its own requests.
+was computed before. Requests are told apart by an **affinity key** (the content key of their
+first media item; a text-only prompt: its first :data:`AFFINITY_TOKENS` tokens): the same
+question about the same image, another question about it, a conversation's next turn share
+one. The preferred engine is the one the key's last request went to (each API server
+remembers the last :data:`AFFINITY_MEMORY` keys), else the one the key hashes to (new keys
+spread over the engines). Affinity alone can pile requests onto one engine, so the preferred
+engine is taken only while it has at most :data:`BALANCE_SLACK` more requests in flight than
+the least busy one; past that, the least busy one takes the request, and the key's next
+request follows it there, where its keys and values now are (as SGLang's cache-aware router
+balances against its own thresholds; vLLM's internal data-parallel balancer picks the least
+loaded engine only). Loads are counted per API server: each routes its own requests.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,19 +32,24 @@ AFFINITY_TOKENS = 256
 #: requests in flight the preferred engine may have over the least busy one and still be
 #: chosen
 BALANCE_SLACK = 2
+#: affinity keys an API server remembers the engine of (the least recently used go first;
+#: about 100 bytes each)
+AFFINITY_MEMORY = 1 << 16
 
 
 def affinity_key(input_ids: list[int], mm_hashes: list[str]) -> bytes:
-    """What a request's engine is chosen by: its first media item's content key, else its
-    first AFFINITY_TOKENS prompt tokens."""
+    """What a request's engine is chosen by (16 bytes): a digest of its first media item's
+    content key, else of its first AFFINITY_TOKENS prompt tokens."""
     if mm_hashes:
-        return f"mm:{mm_hashes[0]}".encode()
-    return b"ids:" + b",".join(str(t).encode() for t in input_ids[:AFFINITY_TOKENS])
+        named = f"mm:{mm_hashes[0]}".encode()
+    else:
+        named = b"ids:" + b",".join(str(t).encode() for t in input_ids[:AFFINITY_TOKENS])
+    return hashlib.blake2b(named, digest_size=16).digest()
 
 
 def preferred(key: bytes, engines: int) -> int:
     """The engine ``key`` hashes to (the same in every API server and every run)."""
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % engines
+    return int.from_bytes(key[:8], "big") % engines
 
 
 def pick(favourite: int, loads: list[int], slack: int = BALANCE_SLACK) -> int:
@@ -79,6 +87,8 @@ class EnginePool:
         self.routed = [0] * len(clients)
         #: called when an engine passes a processor cache reset on (one list for all)
         self.on_reset_mm_cache: list = []
+        #: the engine each affinity key's last request went to, least recently used first
+        self._placed: OrderedDict[bytes, int] = OrderedDict()
         for client in clients:
             client.on_reset_mm_cache = self.on_reset_mm_cache
 
@@ -87,9 +97,16 @@ class EnginePool:
         return all(client.alive for client in self.clients)
 
     def choose(self, input_ids: list[int], mm_hashes: list[str]) -> int:
-        """The engine a request goes to (see :func:`pick`)."""
-        return pick(preferred(affinity_key(input_ids, mm_hashes), len(self.clients)),
-                    self.loads)
+        """The engine a request goes to (see the module's text), remembered for its key."""
+        key = affinity_key(input_ids, mm_hashes)
+        favourite = self._placed.get(key)
+        index = pick(preferred(key, len(self.clients)) if favourite is None else favourite,
+                     self.loads)
+        self._placed[key] = index
+        self._placed.move_to_end(key)
+        if len(self._placed) > AFFINITY_MEMORY:
+            self._placed.popitem(last=False)
+        return index
 
     async def generate(self, input_ids: list[int], mm: dict[str, Any],
                        sampling: dict[str, Any],
