@@ -227,9 +227,10 @@ def serve(
     data_parallel_size: Annotated[int, typer.Option(
         help="Model replicas, e.g. 2. This project's engine: that many engine processes on "
              "this machine's CPUs, each pinned to its own share of them with an even share of "
-             "--num-threads by default; each request goes to one, the one its first image (or "
-             "its prompt's start) was sent to before unless that one is 2 requests busier "
-             "than another (its prefix and encoder caches are its own). --engine vllm: "
+             "--num-threads by default; each request goes to one: where its first image (or its "
+             "prompt's start) went before, while that one is at most 4 requests busier than "
+             "another (each engine's prefix and encoder caches are its own), else the least "
+             "busy. --engine vllm: "
              "vLLM's data parallel ranks.")] = VllmConfig.data_parallel_size,
     distributed_executor_backend: Annotated[str | None, typer.Option(
         help="--engine vllm: mp (one node) or ray (several nodes); default: vLLM's choice.")

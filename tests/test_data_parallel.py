@@ -60,10 +60,13 @@ def test_affinity_key_and_balance_bound():
     share = sum(preferred(k, 2) for k in keys) / len(keys)
     assert 0.4 < share < 0.6, share
     assert {preferred(k, 3) for k in keys} == {0, 1, 2}
-    # the preferred engine while it is at most BALANCE_SLACK busier, else the least busy
-    assert pick(1, [0, BALANCE_SLACK]) == 1
-    assert pick(1, [0, BALANCE_SLACK + 1]) == 0
-    assert pick(0, [5, 3, 2]) == 2 and pick(1, [5, 3, 2]) == 1
+    # a key seen before: its engine while that is at most BALANCE_SLACK busier
+    assert pick(1, 0, [0, BALANCE_SLACK]) == 1
+    assert pick(1, 0, [0, BALANCE_SLACK + 1]) == 0
+    # past it, or a new key: the least busy, where the key hashes among equals
+    assert pick(None, 1, [0, 0]) == 1 and pick(None, 1, [0, 1]) == 0
+    assert pick(None, 2, [5, 3, 2]) == 2 and pick(None, 0, [5, 3, 3]) == 1
+    assert pick(0, 2, [BALANCE_SLACK + 4, 3, 3]) == 2  # (3 engines: the least busy tie)
 
 
 def test_a_diverted_key_is_followed_to_its_new_engine(monkeypatch):
@@ -163,11 +166,11 @@ def test_two_engines_share_the_requests_and_keep_each_image_on_one():
 
         def long(_: int) -> int:
             return client.completions.create(model=MODEL, prompt="Tell me a long story.",
-                                             max_tokens=200, extra_body={"ignore_eos": True}
+                                             max_tokens=300, extra_body={"ignore_eos": True}
                                              ).usage.completion_tokens
 
         with ThreadPoolExecutor(8) as pool:
-            assert list(pool.map(long, range(8))) == [200] * 8
+            assert list(pool.map(long, range(8))) == [300] * 8
         after = _routed(server.base)
         spread = {k: after[k] - before[k] for k in after}
         assert sum(spread.values()) == 8 and min(spread.values()) > 0, spread
