@@ -35,7 +35,9 @@
 #     the server may use, and then no prefill beside the decode steps): each server as it
 #     starts untuned. Note that with --num-threads 1 on 2 cores our engine already runs two
 #     compute threads (--overlap-prefill), so "one thread each" is one torch thread per
-#     engine thread, not one core. Our server also sends its stage timings
+#     engine thread, not one core. Against vLLM on both cores, OUR_THREADS=auto
+#     OURS_ARGS='--data-parallel-size 2' runs two of our engines, each pinned to one core
+#     (each with 1 thread). Our server also sends its stage timings
 #     (--expose-request-timings), so the result shows where our TTFT goes.
 #  4. For each repeat, for each load, vLLM then ours: aphrodite bench serve, random-mm images
 #     and 16-frame videos ($BUCKETS), --mode $MODE (both: the cold phase, then the same

@@ -190,3 +190,12 @@ def test_two_engines_share_the_requests_and_keep_each_image_on_one():
         assert server.kill_group(grace=10) == []
     finally:
         server.stop(signal.SIGKILL)
+
+
+def test_soak_reads_every_engine_pid_of_the_ready_line():
+    from aphrodite_cli.bench.load.soak import server_roles
+
+    line = ("aphrodite serving m on http://127.0.0.1:1 (1 API server(s); supervisor pid 5, "
+            "engine pids 81, 82, API server pids 90)")
+    assert server_roles(line) == {"supervisor": 5, "engine0": 81, "engine1": 82, "api0": 90}
+    assert server_roles(line.replace("engine pids 81, 82", "engine pid 81"))["engine"] == 81

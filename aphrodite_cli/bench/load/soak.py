@@ -88,12 +88,16 @@ def _children(pid: int) -> list[int]:
 
 
 def server_roles(output: str) -> dict[str, int]:
-    """Role -> pid from the server's ready line (supervisor, engine, API servers)."""
+    """Role -> pid from the server's ready line (supervisor, engine, API servers; several
+    data-parallel engines: engine0, engine1, ...)."""
     roles: dict[str, int] = {}
-    for key, role in (("supervisor pid", "supervisor"), ("engine pid", "engine")):
-        match = re.search(rf"{key} (\d+)", output)
-        if match:
-            roles[role] = int(match.group(1))
+    match = re.search(r"supervisor pid (\d+)", output)
+    if match:
+        roles["supervisor"] = int(match.group(1))
+    match = re.search(r"engine pids? ([\d, ]+)", output)
+    engines = match.group(1).replace(",", " ").split() if match else []
+    for i, pid in enumerate(engines):
+        roles["engine" if len(engines) == 1 else f"engine{i}"] = int(pid)
     match = re.search(r"API server pids ([\d, ]+)", output)
     for i, pid in enumerate(match.group(1).replace(",", " ").split() if match else []):
         roles[f"api{i}"] = int(pid)
