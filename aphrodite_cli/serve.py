@@ -226,7 +226,8 @@ def serve(
     ] = VllmConfig.pipeline_parallel_size,
     data_parallel_size: Annotated[int, typer.Option(
         help="Model replicas, e.g. 2. This project's engine: that many engine processes on "
-             "this machine's CPUs, each pinned to its own share of them with an even share of "
+             "this machine's CPUs, each with its own copy of the model and its own caches "
+             "(N times the memory), each pinned to its own share of them with an even share of "
              "--num-threads by default; each request goes to one: where its first image (or its "
              "prompt's start) went before, while that one is at most 4 requests busier than "
              "another (each engine's prefix and encoder caches are its own), else the least "

@@ -52,13 +52,44 @@ def use_torch_threads(count: int) -> None:
     torch.set_num_threads(count)
 
 
-def engine_share(index: int, engines: int, cpus: list[int] | None = None) -> list[int] | None:
+SYS_CPU = Path("/sys/devices/system/cpu")
+
+
+def _cpu_list(text: str) -> list[int]:
+    """``0-3,8`` as ``[0, 1, 2, 3, 8]`` (the kernel's CPU list format)."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        first, _, last = part.partition("-")
+        cpus += range(int(first), int(last or first) + 1)
+    return cpus
+
+
+def physical_cores(cpus: list[int], sys_cpu: Path = SYS_CPU) -> list[list[int]]:
+    """``cpus`` grouped by physical core (a core's SMT siblings together, from the kernel's
+    ``thread_siblings_list``; a CPU whose topology cannot be read is a core of its own), in
+    the order of their lowest CPU."""
+    groups: dict[int, list[int]] = {}
+    for cpu in cpus:
+        try:
+            key = min(_cpu_list((sys_cpu / f"cpu{cpu}" / "topology" /
+                                 "thread_siblings_list").read_text()))
+        except (OSError, ValueError):
+            key = cpu
+        groups.setdefault(key, []).append(cpu)
+    return [groups[key] for key in sorted(groups)]
+
+
+def engine_share(index: int, engines: int, cpus: list[int] | None = None,
+                 sys_cpu: Path = SYS_CPU) -> list[int] | None:
     """The CPUs data-parallel engine ``index`` of ``engines`` is pinned to: its contiguous
-    slice of the CPUs this process may run on (``cpus``; None: its affinity), the first slices
-    one larger when they do not divide evenly. None when there are fewer CPUs than engines
-    (engines then share them all, unpinned) or there is one engine. As vLLM's CPU backend binds
-    each data-parallel rank's threads to its own cores: two engines on the same cores would
-    each run their torch threads against the other's."""
+    slice of the physical cores this process may run on (``cpus``; None: its affinity), SMT
+    siblings kept together (Linux numbers a core's second thread after every core's first,
+    so a slice of CPU numbers would give two engines the two threads of the same cores), the
+    first slices one core larger when they do not divide evenly. With fewer cores than
+    engines, slices of the CPUs themselves; None when there are fewer CPUs than engines
+    (engines then share them all, unpinned) or there is one engine. As vLLM's CPU backend
+    binds each data-parallel rank's threads to its own cores: two engines on the same cores
+    would each run their torch threads against the other's."""
     if engines <= 1:
         return None
     if cpus is None:
@@ -68,9 +99,11 @@ def engine_share(index: int, engines: int, cpus: list[int] | None = None) -> lis
             return None
     if len(cpus) < engines:
         return None
-    size, extra = divmod(len(cpus), engines)
+    cores = physical_cores(cpus, sys_cpu)
+    units = cores if len(cores) >= engines else [[cpu] for cpu in cpus]
+    size, extra = divmod(len(units), engines)
     start = index * size + min(index, extra)
-    return cpus[start:start + size + (index < extra)]
+    return sorted(cpu for unit in units[start:start + size + (index < extra)] for cpu in unit)
 
 
 def engine_threads(engines: int, cpus: int | None = None) -> int:

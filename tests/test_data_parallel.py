@@ -45,6 +45,24 @@ def test_each_engine_gets_its_own_slice_of_the_cpus():
     assert engine_threads(3, cpus=2) == 1  # never 0
 
 
+def test_smt_siblings_stay_in_one_engine(tmp_path):
+    """Linux numbers each core's second thread after every core's first (here 0/2 and 1/3
+    are the two cores): a slice of CPU numbers would put both engines on both cores."""
+    for cpu, siblings in ((0, "0,2"), (1, "1,3"), (2, "0,2"), (3, "1,3"), (4, "4")):
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "thread_siblings_list").write_text(siblings + "\n")
+    cpus = [0, 1, 2, 3]
+    assert [engine_share(i, 2, cpus, tmp_path) for i in range(2)] == [[0, 2], [1, 3]]
+    # fewer cores than engines: slices of the CPUs themselves
+    assert [engine_share(i, 4, cpus, tmp_path) for i in range(4)] == [[0], [1], [2], [3]]
+    # a CPU whose topology cannot be read is a core of its own; ranges are read as such
+    (tmp_path / "cpu4" / "topology" / "thread_siblings_list").write_text("4-5\n")
+    # (cores {0,2}, {4}, {7}: the first slice one core larger)
+    assert engine_share(0, 2, [0, 2, 4, 7], tmp_path) == [0, 2, 4]
+    assert engine_share(1, 2, [0, 2, 4, 7], tmp_path) == [7]
+
+
 def test_affinity_key_and_balance_bound():
     # the first media item decides, whatever the text around it
     assert affinity_key([1, 2, 3], ["img-a", "img-b"]) == affinity_key([9], ["img-a"])

@@ -29,7 +29,7 @@ from typing import Any
 from engine.server.engine_client import EngineClient
 
 #: prompt tokens a text-only prompt's affinity key covers
-AFFINITY_TOKENS = 256
+AFFINITY_TOKENS = 64
 #: requests in flight the engine holding a key's prefix may have over the least busy one and
 #: still be chosen (with 2, a warm phase at concurrency 8 over 2 engines found 66-75% of its
 #: prompt tokens cached, against 98% on one engine: each diverted request prefilled anew)

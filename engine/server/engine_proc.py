@@ -60,7 +60,7 @@ def serve_engine(*, address: str, authkey: bytes, model: str | None,
     from engine.lifetime import exit_with_parent, name_process
 
     if cpus:
-        os.sched_setaffinity(0, cpus)
+        _pin(cpus)
     name_process("engine")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # (cleanly: see the finally below)
@@ -84,6 +84,16 @@ def serve_engine(*, address: str, authkey: bytes, model: str | None,
         with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(address))
     engine.close()
+
+
+def _pin(cpus: list[int]) -> None:
+    """Run this process on ``cpus``: every thread it has now (the affinity call covers the
+    calling thread only, and importing numpy may have started a BLAS pool already) and,
+    through the inheritance of the main thread's, every thread started later."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError, OSError):
+            os.sched_setaffinity(int(tid), cpus)
+    os.sched_setaffinity(0, cpus)
 
 
 def _exit_on_sigterm(*_: Any) -> None:

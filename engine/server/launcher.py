@@ -297,6 +297,13 @@ def _start_engines(config: ServerConfig, ctx: Any, model_path: str, name: str,
     return started
 
 
+def _join_all(procs: list[Any], timeout: float) -> None:
+    """Wait for every one of ``procs`` to exit, ``timeout`` seconds for them all."""
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+
+
 def check_flags(config: ServerConfig) -> None:
     """The checks that need no model (and no torch): a bad flag is reported as such (exit 2)
     before the port is bound, whatever holds the port. (The media policy and video options
@@ -372,7 +379,7 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     metrics_dir: str | None = None
     try:
         settings = []  # each engine's (pid, thread settings: None for vLLM's)
-        for _, ready, _, _ in started:
+        for engine, ready, _, _ in started:
             while not ready.poll(0.2):
                 for proc in engines:
                     if proc.exitcode is not None:
@@ -380,7 +387,12 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
                                           f"(code {proc.exitcode})")
                 if stopping["flag"]:
                     return 0
-            settings.append(ready.recv())
+            try:
+                settings.append(ready.recv())
+            except EOFError:  # it closed its end by exiting: poll saw the end, not a message
+                engine.join(5)
+                raise ConfigError(f"the {engine.name} exited during startup (code "
+                                  f"{engine.exitcode})", hint="see the messages above") from None
         listening = [ctx.Event() for _ in range(config.api_server_count)]
         # Several API servers share their counters through files here (see server.metrics),
         # so a scrape sees the server's totals, not one process's share.
@@ -421,15 +433,17 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
             proc.join(DRAIN_S + 5)
             if proc.exitcode is None:
                 proc.kill()
-        for engine in engines:
-            engine.join(10)
+        # The engines exit once their API servers are gone: all of them within one wait,
+        # then the ones left are stopped together (vLLM stops its workers: it gets longer).
+        _join_all(engines, 10)
         for engine in engines:
             if engine.exitcode is None:
                 engine.terminate()
-                engine.join(20 if config.engine_kind == "vllm" else 5)  # vLLM stops its workers
+        _join_all(engines, 20 if config.engine_kind == "vllm" else 5)
+        for engine in engines:
             if engine.exitcode is None:
                 engine.kill()
-                engine.join(5)
+        _join_all(engines, 5)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for _, ready, _, _ in started:
