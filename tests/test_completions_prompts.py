@@ -144,6 +144,7 @@ def test_a_client_that_goes_away_stops_every_prompts_generation(server, stream):
     after = wait_for(server, lambda n: n["requests_in_flight"] == 0, timeout=10)
     assert after["requests_in_flight"] == 0 and after["num_rows_running"] == 0
     assert wait_for(server, lambda n: n["closed"] == before + 1, 5)["closed"] == before + 1
+    assert "Traceback" not in server.output and "Error handling request" not in server.output
 
 
 def test_a_priority_under_fcfs_scheduling_is_refused_naming_the_flag(client):

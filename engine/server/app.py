@@ -154,9 +154,11 @@ async def errors_middleware(request: web.Request, handler):
             hint="send media by URL instead of inline, or raise --max-request-body-mb"))
     except ConnectionError:
         # The client went away mid-request: nothing to answer, not a server error. Counted
-        # as 499 (nginx's "client closed request"); aiohttp drops the connection quietly.
+        # as 499 (nginx's "client closed request"). Returned, not raised: aiohttp logs a
+        # handler's exception as a 500 with its traceback, while writing this answer to the
+        # closed connection fails quietly.
         state.metrics.requests.labels(route, "499").inc()
-        raise
+        return web.Response(status=499)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

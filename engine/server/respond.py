@@ -147,7 +147,6 @@ async def respond_stream(request: web.Request, reply: Reply, generations: list
                                            "Cache-Control": "no-cache",
                                            "x-aphrodite-request-id": reply.id,
                                            "x-aphrodite-api-server": str(os.getpid())})
-    await response.prepare(request)
 
     async def send(payload: dict[str, Any]) -> None:
         await response.write(f"data: {json.dumps(payload)}\n\n".encode())
@@ -157,6 +156,8 @@ async def respond_stream(request: web.Request, reply: Reply, generations: list
     finished = 0
     merged = merge(generations)
     try:
+        # (inside the try: a client gone before its headers must cancel its requests too)
+        await response.prepare(request)
         async for i, message in merged:
             if isinstance(message, Done):
                 ext = reply.extension(i, message)
