@@ -5,6 +5,7 @@ and the run fails if it leaves a process or a temp file behind."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -168,6 +169,8 @@ def pytest_collection_modifyitems(config, items):
         "needs_gpu": (_has_nvidia_gpu, "no NVIDIA GPU"),
         "needs_ffmpeg_cli": (lambda: shutil.which("ffmpeg") is not None, "no ffmpeg CLI"),
         "needs_browser": (lambda: shutil.which("chromium") is not None, "no chromium"),
+        "needs_gstreamer": (lambda: importlib.util.find_spec("gi") is not None,
+                            "no GStreamer Python bindings (gi)"),
     }
     for item in items:
         for marker, (present, why) in checks.items():

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from engine.config import MediaLimits
-from engine.errors import ConfigError
+from engine.errors import ClientError, ConfigError
 from engine.media.video import load_video
 from engine.media.video.backends import deepstream
 from engine.media.video.gpu import check_gpu_backend_startup
 from engine.media.video.options import server_video_spec
 from tests.fixtures import synthetic
+from tests.video_clips import CLIPS, clip
 
 
 def test_pynvvideocodec_needs_a_budget_and_mps(tmp_path):
@@ -45,6 +46,7 @@ def test_pynvvideocodec_unavailable_is_a_clear_error():
     assert "Traceback" not in str(info.value)
 
 
+@pytest.mark.needs_gstreamer
 def test_deepstream_software_pipeline_is_what_runs_here():
     if deepstream.nvidia_available():
         pytest.skip("NVIDIA GStreamer elements present")
@@ -105,3 +107,35 @@ def test_deepstream_nvidia_frames_match_cpu_reference():
     assert [synthetic.read_frame_index(f) for f in result.frames] == \
         result.metadata.sampled_indices
     assert np.abs(result.frames.astype(np.int16) - ref).mean() < GPU_TOLERANCE_MEAN
+
+
+# Clip kinds NVDEC has no decoder for: H.264 High 4:4:4 (odd-dimensions is yuv444p) and H.264
+# High 10 (10-bit). For these a clear client error is allowed; every other kind must decode.
+NVDEC_UNSUPPORTED = {"odd-dimensions", "10-bit"}
+
+
+@pytest.mark.needs_gpu
+@pytest.mark.parametrize("name", list(CLIPS))
+def test_pynvvideocodec_on_the_exactness_clips(name):
+    """NVDEC against pyav (pixel-identical to the ffmpeg CLI: tests/test_video_exact.py) on
+    every exactness clip: the same sampled frames, read through the number drawn into each,
+    pixels within GPU_TOLERANCE_MEAN; a kind NVDEC cannot decode is a client error, not a
+    crash."""
+    data = clip(name)
+    spec = server_video_spec({"video": {"backend": "pynvvideocodec", "num_frames": 8}})
+    try:
+        result = load_video(data, spec, MediaLimits.from_env())
+    except ClientError as exc:
+        assert name in NVDEC_UNSUPPORTED, f"{name}: {exc}"
+        assert "Traceback" not in str(exc)
+        return
+    ref = load_video(data, server_video_spec({"video": {"backend": "pyav", "num_frames": 8}}),
+                     MediaLimits.from_env())
+    assert result.frames.shape == ref.frames.shape
+    assert result.metadata.sampled_indices == ref.metadata.sampled_indices
+    if name != "odd-dimensions":  # (too narrow to read the frame number, as in test_video_exact)
+        rotation = CLIPS[name].get("rotation", 0)
+        shown = [np.rot90(f, -rotation // 90) if rotation else f for f in result.frames]
+        assert [synthetic.read_frame_index(f) for f in shown] == \
+            result.metadata.sampled_indices
+    assert np.abs(result.frames.astype(np.int16) - ref.frames).mean() < GPU_TOLERANCE_MEAN

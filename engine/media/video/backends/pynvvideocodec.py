@@ -5,7 +5,8 @@ driver its import fails ("Failed to load NVENC library"), which becomes a clear 
 ``hw_decoders`` decoder slots are kept per process (reserved when the server starts); a decode
 waits for a free slot. The bytes reach the decoder through an in-memory file (memfd).
 Frames come back to host memory as (T, H, W, 3) uint8; rotation is applied like the other
-backends (read from torchcodec's metadata, which the GPU image has with torch).
+backends (read by PyAV from the first frame, as ``media probe`` reads it: torchcodec needs the
+system's FFmpeg libraries, which a GPU image need not have).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from engine.errors import ConfigError, MediaDecodeError, sanitize
 from engine.media.video.backends.base import VideoBackend, rotate_for_display, stack
+from engine.media.video.info import first_frame_rotation
 from engine.media.video.options import PyNvVideoCodecOptions
 from engine.media.video.scan import ContainerScan
 
@@ -62,12 +64,6 @@ def reserve_slots(count: int) -> None:
             _slot_count = count
 
 
-def _rotation(data: bytes) -> float:
-    from torchcodec.decoders import VideoDecoder
-
-    return VideoDecoder(data, seek_mode="approximate").metadata.rotation or 0
-
-
 class PyNvVideoCodecBackend(VideoBackend):
     name: ClassVar[str] = "pynvvideocodec"
 
@@ -94,7 +90,7 @@ class PyNvVideoCodecBackend(VideoBackend):
         finally:
             os.close(fd)
             _slots.put(slot)  # type: ignore[union-attr]
-        turn = _rotation(data)
+        turn = first_frame_rotation(data)
         return stack([rotate_for_display(np.ascontiguousarray(f[..., :3]), turn)
                       for f in frames], scan)
 
