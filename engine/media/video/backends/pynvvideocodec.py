@@ -11,6 +11,7 @@ system's FFmpeg libraries, which a GPU image need not have).
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -18,11 +19,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from engine.errors import ConfigError, MediaDecodeError, sanitize
+from engine.errors import ConfigError, sanitize
 from engine.media.video.backends.base import VideoBackend, rotate_for_display, stack
 from engine.media.video.info import first_frame_rotation
 from engine.media.video.options import PyNvVideoCodecOptions
 from engine.media.video.scan import ContainerScan
+
+logger = logging.getLogger(__name__)
 
 _nvc: Any = None
 _slots: queue.Queue[int] | None = None
@@ -64,6 +67,29 @@ def reserve_slots(count: int) -> None:
             _slot_count = count
 
 
+_fallback_reasons: set[str] = set()
+
+
+def _is_nvdec_error(exc: BaseException) -> bool:
+    """PyNvVideoCodec's own exceptions (``_PyNvVideoCodec.PyNvVCException`` and its
+    ``...Unsupported``) are not RuntimeErrors; both kinds mean NVDEC could not decode this
+    stream (codec, profile, bit depth, chroma format or size it has no decoder for)."""
+    return isinstance(exc, RuntimeError) or type(exc).__module__.endswith("PyNvVideoCodec")
+
+
+def cpu_reason(scan: ContainerScan) -> str | None:
+    """Why a stream goes to pyav instead of NVDEC, decided from the scan before any decode;
+    None when NVDEC takes it. Seen on an H200 (PyNvVideoCodec 2.2.4): on an open-GOP H.264
+    stream NVDEC's output had shifted timestamps and the wrong picture at the second GOP's
+    leading B-frames (frame 10 where 17 belongs), and on Matroska every frame after the
+    fourth was the last one, whether read in order or by seeking."""
+    if scan.open_gop:
+        return "an open-GOP stream, where NVDEC returned wrong frames"
+    if "matroska" in scan.container:
+        return "a Matroska/WebM container, where NVDEC returned wrong frames"
+    return None
+
+
 class PyNvVideoCodecBackend(VideoBackend):
     name: ClassVar[str] = "pynvvideocodec"
 
@@ -73,6 +99,8 @@ class PyNvVideoCodecBackend(VideoBackend):
         reserve_slots(options.hw_decoders)
         if not indices:
             return stack([], scan)
+        if reason := cpu_reason(scan):
+            return self._on_cpu(data, scan, indices, reason)
         import torch
 
         slot = _slots.get()  # type: ignore[union-attr]
@@ -84,15 +112,33 @@ class PyNvVideoCodecBackend(VideoBackend):
                                         output_color_type=nvc.OutputColorType.RGB)
             batch = decoder.get_batch_frames_by_index(list(indices))
             frames = [torch.from_dlpack(f).cpu().numpy() for f in batch]
-        except RuntimeError as exc:
-            raise MediaDecodeError(f"NVDEC could not decode the video: {sanitize(exc)}",
-                                   code="video_corrupt") from None
+        except Exception as exc:
+            if not _is_nvdec_error(exc):
+                raise
+            return self._on_cpu(data, scan, indices, sanitize(exc))
         finally:
             os.close(fd)
             _slots.put(slot)  # type: ignore[union-attr]
         turn = first_frame_rotation(data)
         return stack([rotate_for_display(np.ascontiguousarray(f[..., :3]), turn)
                       for f in frames], scan)
+
+    @staticmethod
+    def _on_cpu(data: bytes, scan: ContainerScan, indices: list[int], reason: str
+                ) -> np.ndarray:
+        """A stream NVDEC gets wrong (``cpu_reason``) or has no decoder for (seen on an H200:
+        AV1, H.264 4:4:4 and High 10, HEVC and VP9 at 160x120) decodes on the CPU with pyav,
+        the reference backend, which also turns a truly corrupt stream into its client error.
+        Logged once per reason."""
+        from engine.media.video.backends import pyav
+        from engine.media.video.options import PyAVOptions
+
+        key = f"{scan.codec}: {reason.splitlines()[0] if reason else ''}"
+        if key not in _fallback_reasons and len(_fallback_reasons) < 64:
+            _fallback_reasons.add(key)
+            logger.warning("NVDEC cannot decode a %s stream (%s): decoding it with pyav",
+                           scan.codec, reason.replace("\n", " ")[:200])
+        return pyav.BACKEND.decode(data, scan, indices, PyAVOptions())
 
 
 BACKEND = PyNvVideoCodecBackend()
