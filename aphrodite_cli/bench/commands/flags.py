@@ -33,6 +33,27 @@ Model = Annotated[str | None, typer.Option(
     help="Model name to send (and to serve with --embedded); default: the first of the "
          "target's GET /v1/models.")]
 ApiKey = Annotated[str | None, typer.Option(help="Bearer key for the target.")]
+Header = Annotated[list[str] | None, typer.Option(
+    "--header", metavar="KEY=VALUE",
+    help="A header on every request to the target, GET /v1/models and /metrics included "
+         "(repeat for more; vLLM's --header). Names are HTTP tokens, values hold no CR/LF; "
+         "Content-Type, Host and (with --api-key) Authorization are the benchmark's own. "
+         "Result files keep the names only.")]
+ExtraBody = Annotated[str | None, typer.Option(
+    metavar="JSON",
+    help="A JSON object merged into every request's body (vLLM's --extra-body), e.g. "
+         '\'{"chat_template_kwargs": {"enable_thinking": false}}\', mm_processor_kwargs or '
+         "cache_salt. A field the benchmark sets itself (model, messages, prompt, max_tokens, "
+         "temperature, ignore_eos, stream) is an error naming the flag that sets it.")]
+CancellationRate = Annotated[float, typer.Option(
+    min=0, max=100,
+    help="Percent of each phase's requests the benchmark cancels itself (AIPerf's name), drawn "
+         "with --seed: it closes the connection --request-cancellation-delay seconds after "
+         "sending. Cancelled requests are counted apart from completed and failed ones, with "
+         "no latency sample; one whose answer ended first completes.")]
+CancellationDelay = Annotated[float, typer.Option(
+    min=0, help="Seconds after sending that a cancelled request's connection is closed (0: at "
+                "once, before its answer's headers).")]
 
 # The load and its media
 Mode = Annotated[options.Mode, typer.Option(help="cold, warm or both.")]

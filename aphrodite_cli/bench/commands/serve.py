@@ -29,7 +29,8 @@ EXAMPLES = """Examples:
 
 vLLM's flags work as given (--dataset-name, --result-dir, --result-filename, --save-result,
 --percentile-metrics, --metric-percentiles, --goodput ttft:500 tpot:50, --tokenizer,
---ignore-eos, --temperature, --host/--port, --endpoint); see the README's table."""
+--ignore-eos, --temperature, --host/--port, --endpoint, --header, --extra-body); see the
+README's table."""
 
 
 def serve_cmd(
@@ -45,6 +46,10 @@ def serve_cmd(
     server_engine: flags.EmbeddedEngine = "aphrodite",
     model: flags.Model = None,
     api_key: flags.ApiKey = None,
+    header: flags.Header = None,
+    extra_body: flags.ExtraBody = None,
+    request_cancellation_rate: flags.CancellationRate = 0.0,
+    request_cancellation_delay: flags.CancellationDelay = 0.0,
     dataset: Annotated[DatasetName, typer.Option(
         "--dataset", "--dataset-name",
         help="random-mm, jsonl, vLLM's random (text only: random-mm with no media), or "
@@ -123,7 +128,7 @@ def serve_cmd(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from aphrodite_cli.bench.load import vllm_compat
+    from aphrodite_cli.bench.load import vllm_compat, wire
     from aphrodite_cli.bench.load.archetypes import parse_archetypes
     from aphrodite_cli.bench.load.client import LoadConfig
     from aphrodite_cli.bench.load.datasets import parse_buckets
@@ -134,8 +139,27 @@ def serve_cmd(
     from engine.errors import ConfigError
 
     say = err if output_format == "json" else out  # stdout carries only the JSON then
+    goodput_parts = [goodput] if goodput else []
+    header_items = list(header or [])
+    stray = []
+    for arg in ctx.args:  # vLLM's nargs: --goodput ttft:500 tpot:50, --header a=1 b=2
+        if goodput and re.fullmatch(r"[A-Za-z0-9]+:[0-9.]+", arg):
+            goodput_parts.append(arg)
+        elif header_items and "=" in arg and not arg.startswith("-"):
+            header_items.append(arg)
+        else:
+            stray.append(arg)
+    if stray:
+        raise ConfigError(f"unexpected argument(s): {' '.join(stray)}",
+                          hint="every value needs its flag (see --help)", code="invalid_flag")
+    headers = wire.parse_headers(header_items, api_key)
+    body_extra = wire.parse_extra_body(extra_body)
+    for flag, value in (("--request-cancellation-rate", request_cancellation_rate),
+                        ("--request-cancellation-delay", request_cancellation_delay)):
+        if not math.isfinite(value):  # a range check lets inf through
+            raise ConfigError(f"{flag} {value} is not a finite number", code="invalid_flag")
     target = Target(base_url, host=host, port=port, embedded=embedded, model=model,
-                    engine=server_engine, api_key=api_key,
+                    engine=server_engine, api_key=api_key, headers=headers,
                     announce=lambda msg: say.print(printable(msg), markup=False))
     if dataset == "random":  # vLLM's text-only random dataset
         dataset, items_per_request = "random-mm", 0
@@ -151,13 +175,6 @@ def serve_cmd(
         raise ConfigError(f"--endpoint {endpoint} takes text prompts only, so it cannot carry "
                           "media", hint="use /v1/chat/completions, or --items-per-request 0 "
                           "(--dataset-name random)", code="invalid_flag")
-    extra = list(ctx.args)
-    goodput_parts = [goodput] if goodput else []
-    if extra and goodput and all(re.fullmatch(r"[A-Za-z0-9]+:[0-9.]+", a) for a in extra):
-        goodput_parts += extra  # vLLM's --goodput ttft:500 tpot:50
-    elif extra:
-        raise ConfigError(f"unexpected argument(s): {' '.join(extra)}",
-                          hint="every value needs its flag (see --help)", code="invalid_flag")
     try:
         rate = math.inf if request_rate.lower() == "inf" else float(request_rate)
     except ValueError:
@@ -180,7 +197,9 @@ def serve_cmd(
                      ramp_up_strategy=ramp_up_strategy,
                      ramp_up_start_rps=ramp_up_start_rps, ramp_up_end_rps=ramp_up_end_rps,
                      max_response_bytes=int(max_response_mb * (1 << 20)),
-                     ttft_from=ttft_from)
+                     ttft_from=ttft_from, headers=headers, extra_body=body_extra,
+                     cancel_rate=request_cancellation_rate,
+                     cancel_delay_s=request_cancellation_delay)
     args = ServeArgs(dataset=dataset, dataset_path=dataset_path, media_dir=media_dir,
                      num_prompts=num_prompts, num_warmups=num_warmups, mode=mode,
                      items_per_request=items_per_request, buckets=parse_buckets(bucket_config),
@@ -281,7 +300,10 @@ def check_ramp_up(strategy: str | None, start: float | None, end: float | None,
 def _print_serve_table(doc: dict, fmt: str = "table") -> None:
     metrics = doc.get("percentile_metrics") or ["ttft", "tpot", "itl", "e2el"]
     pcts = doc.get("metric_percentiles") or [50.0, 99.0]
-    columns = ["phase", "ok/failed", "req/s", "out tok/s",
+    # requests the run cancelled itself (--request-cancellation-rate): apart from failures
+    cancels = any(p.get("cancelled") for p in doc["phases"].values()) or bool(
+        (doc.get("config") or {}).get("cancel_rate"))
+    columns = ["phase", "ok/failed", *(["cancelled"] if cancels else []), "req/s", "out tok/s",
                *(f"{m.upper()} {'/'.join(f'p{p:g}' for p in pcts)} ms" for m in metrics),
                "cache hit", "prefix hit"]
     rows = []
@@ -290,7 +312,9 @@ def _print_serve_table(doc: dict, fmt: str = "table") -> None:
         prefix = (p.get("prefix_cache") or {}).get("hit_rate")
         cells = ["/".join("-" if p.get(f"p{q:g}_{m}_ms") is None else
                           f"{p[f'p{q:g}_{m}_ms']:.1f}" for q in pcts) for m in metrics]
-        rows.append([mode, f"{p['completed']}/{p['failed']}", f"{p['request_throughput']:.2f}",
+        rows.append([mode, f"{p['completed']}/{p['failed']}",
+                     *([str(p.get("cancelled", 0))] if cancels else []),
+                     f"{p['request_throughput']:.2f}",
                      f"{p['output_throughput']:.1f}", *cells,
                      "-" if hit is None else f"{hit:.0%}",
                      "-" if prefix is None else f"{prefix:.0%}"])

@@ -6,6 +6,8 @@ Per request (streaming):
 - TPOT = (E2E - TTFT) / (output tokens - 1), for requests with more than one output token;
   the first token is excluded.
 - E2E = time the stream ended - time the request was sent.
+A request the benchmark cancels itself (--request-cancellation-rate) is neither completed
+nor failed: it is counted as cancelled and has no latency sample.
 Run level: request throughput = completed requests / benchmark duration; output token
 throughput = output tokens of completed requests / duration; goodput = completed requests
 meeting every SLO given with --goodput (e.g. ttft:200,tpot:50 in ms) / duration.
@@ -38,6 +40,8 @@ class RequestRecord:
 
     index: int
     ok: bool = False
+    #: cut by the benchmark itself (--request-cancellation-rate): neither ok nor failed
+    cancelled: bool = False
     error: str | None = None
     status: int | None = None  # HTTP status of the answer; None: no answer
     error_body: str | None = None  # the start of a failed answer's body, as sent
@@ -90,6 +94,7 @@ def compute(records: list[RequestRecord], duration_s: float,
             slos_ms: dict[str, float] | None = None) -> dict[str, Any]:
     """Every metric of a run from its request records."""
     done = [r for r in records if r.ok]
+    failed = [r for r in records if not r.ok and not r.cancelled]
     ttft = [r.ttft for r in done if r.ttft is not None]
     tpot = [t for r in done if (t := r.tpot) is not None]
     itl = [gap for r in done for gap in r.itl]
@@ -112,13 +117,15 @@ def compute(records: list[RequestRecord], duration_s: float,
         for hit in r.server.get("cache_hits") or []:
             hits, misses = hits + bool(hit), misses + (not hit)
     return {
-        "completed": len(done), "failed": len(records) - len(done),
+        "completed": len(done), "failed": len(failed),
+        # closed by the benchmark (--request-cancellation-rate): neither completed nor failed
+        "cancelled": len(records) - len(done) - len(failed),
         # completed with 0 output tokens (the model ended at once): no TTFT sample
         "empty_answers": sum(1 for r in done if r.ttft is None),
-        "failures_by_type": dict(Counter(r.error or "unknown" for r in records if not r.ok)),
+        "failures_by_type": dict(Counter(r.error or "unknown" for r in failed)),
         # one answer body per failure type, as the target sent it (what to fix, at a glance)
-        "failure_examples": {r.error or "unknown": r.error_body for r in reversed(records)
-                             if not r.ok and r.error_body},
+        "failure_examples": {r.error or "unknown": r.error_body for r in reversed(failed)
+                             if r.error_body},
         # the server's usage, the client's tokenizer, or stream chunks counted one token
         # each (an estimate: a chunk may hold several tokens); several when they differ
         "output_tokens_from": " + ".join(sorted({r.token_source for r in done})) or None,

@@ -104,7 +104,8 @@ def request_rows(phase: str, records: list) -> list[dict[str, Any]]:
         timings = (r.server or {}).get("timings") or {}
         rows.append({
             "phase": phase, "index": r.index, "sent_ms": ms(r.sent_at - first) if r.sent_at
-            else None, "ok": r.ok, "status": r.status, "error": r.error,
+            else None, "ok": r.ok, "cancelled": r.cancelled, "status": r.status,
+            "error": r.error,
             "ttft_ms": ms(r.ttft), "tpot_ms": ms(r.tpot), "e2e_ms": ms(r.e2e),
             "itl_ms": [ms(g) for g in r.itl], "output_tokens": r.output_tokens,
             "output_tokens_from": r.token_source, "prompt_tokens": r.prompt_tokens,
@@ -140,14 +141,13 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
             warmups = [build_payload(r, cfg, host, cache) for r in make_dataset(
                 replace(args, num_prompts=args.num_warmups), run_nonce=nonce())
             ] if args.num_warmups else []
+            # unmeasured sends: all at once, none cancelled (a warm phase's media must land)
+            unmeasured = replace(cfg, request_rate=math.inf, ramp_up_strategy=None,
+                                 cancel_rate=0.0)
             if warmups:  # server warm-up (JIT, pools): never measured
-                await run_phase(warmups, LoadConfig(**{**cfg.__dict__,
-                                                       "request_rate": math.inf,
-                                                       "ramp_up_strategy": None}))
+                await run_phase(warmups, unmeasured)
             if mode == "warm":  # the same media, sent once before measuring: never measured
-                await run_phase(payloads, LoadConfig(**{**cfg.__dict__,
-                                                        "request_rate": math.inf,
-                                                       "ramp_up_strategy": None}))
+                await run_phase(payloads, unmeasured)
             task = progress.add_task(f"{mode} phase", total=len(payloads))
             async with PhaseWatch(cfg, mode, reset_caches=args.reset_caches,
                                   scrape_metrics=args.scrape_metrics,

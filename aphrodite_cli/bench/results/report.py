@@ -264,13 +264,13 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
                      f"{env.get('cpu_count')} CPUs)")
         if kind == "serve":
             lines += [_serve_header(doc), ""]
-            lines += ["| phase | ok | failed | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |"
-                      " E2E p50 ms | cache hit rate | prefix hit rate |",
-                      "|---|---|---|---|---|---|---|---|---|---|"]
+            lines += ["| phase | ok | failed | cancelled | req/s | TTFT p50 ms | TTFT p99 ms |"
+                      " TPOT p50 ms | E2E p50 ms | cache hit rate | prefix hit rate |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|"]
             for phase, r in doc["phases"].items():
                 ttft, tpot, e2e = (r.get(m) or {} for m in ("ttft_ms", "tpot_ms", "e2e_ms"))
                 lines.append(f"| {phase} | {_num(r.get('completed'))} | "
-                             f"{_num(r.get('failed'))} | "
+                             f"{_num(r.get('failed'))} | {_num(r.get('cancelled'))} | "
                              f"{_num(r.get('request_throughput'), '.2f')} | "
                              f"{_num(ttft.get('median'), '.1f')} | "
                              f"{_num(ttft.get('p99'), '.1f')} | "
