@@ -81,7 +81,8 @@ def serve_cmd(
         help="SLOs in ms: ttft:200,tpot:50 or vLLM's ttft:200 tpot:50 (e2el = e2e).")] = None,
     percentile_metrics: Annotated[str, typer.Option(
         help="Metrics whose percentiles are printed and stored as vLLM's p{N}_{metric}_ms "
-             "fields: ttft, tpot, itl, e2el.")] = "ttft,tpot,itl,e2el",
+             "fields: ttft, tpot, itl, e2el, ttst (time to second token).")
+    ] = "ttft,tpot,itl,e2el,ttst",
     metric_percentiles: Annotated[str, typer.Option(
         help="Those percentiles, e.g. 50,90,99.")] = "50,99",
     tokenizer: Annotated[str | None, typer.Option(
@@ -303,19 +304,23 @@ def _print_serve_table(doc: dict, fmt: str = "table") -> None:
     # requests the run cancelled itself (--request-cancellation-rate): apart from failures
     cancels = any(p.get("cancelled") for p in doc["phases"].values()) or bool(
         (doc.get("config") or {}).get("cancel_rate"))
-    columns = ["phase", "ok/failed", *(["cancelled"] if cancels else []), "req/s", "out tok/s",
+    columns = ["phase", "ok/failed", *(["cancelled"] if cancels else []), "req/s",
+               "in tok/s", "out tok/s", "total tok/s", "out tok/s/user p50",
                *(f"{m.upper()} {'/'.join(f'p{p:g}' for p in pcts)} ms" for m in metrics),
                "cache hit", "prefix hit"]
+
+    def num(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
     rows = []
     for mode, p in doc["phases"].items():
         hit = p["server_cache"]["hit_rate"]
         prefix = (p.get("prefix_cache") or {}).get("hit_rate")
-        cells = ["/".join("-" if p.get(f"p{q:g}_{m}_ms") is None else
-                          f"{p[f'p{q:g}_{m}_ms']:.1f}" for q in pcts) for m in metrics]
+        cells = ["/".join(num(p.get(f"p{q:g}_{m}_ms"), ".1f") for q in pcts) for m in metrics]
         rows.append([mode, f"{p['completed']}/{p['failed']}",
                      *([str(p.get("cancelled", 0))] if cancels else []),
-                     f"{p['request_throughput']:.2f}",
-                     f"{p['output_throughput']:.1f}", *cells,
-                     "-" if hit is None else f"{hit:.0%}",
-                     "-" if prefix is None else f"{prefix:.0%}"])
+                     f"{p['request_throughput']:.2f}", num(p.get("input_token_throughput"), ".1f"),
+                     f"{p['output_throughput']:.1f}", num(p.get("total_token_throughput"), ".1f"),
+                     num((p.get("output_token_throughput_per_user") or {}).get("median"), ".1f"),
+                     *cells, num(hit, ".0%"), num(prefix, ".0%")])
     print_table(f"bench serve: {doc['num_prompts']} prompts per phase", columns, rows, fmt)

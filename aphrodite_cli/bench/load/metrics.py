@@ -6,10 +6,18 @@ Per request (streaming):
 - TPOT = (E2E - TTFT) / (output tokens - 1), for requests with more than one output token;
   the first token is excluded.
 - E2E = time the stream ended - time the request was sent.
+- TTST (time to second token, AIPerf's ``time_to_second_token``) = the second content chunk's
+  time - the first's: the first ITL gap, the wait for decoding to start after prefill.
+- Output tokens per second per user (AIPerf's ``output_token_throughput_per_user``) =
+  (output tokens - 1) / (E2E - TTFT) = 1 / TPOT: the reading speed one user sees.
 A request the benchmark cancels itself (--request-cancellation-rate) is neither completed
 nor failed: it is counted as cancelled and has no latency sample.
 Run level: request throughput = completed requests / benchmark duration; output token
-throughput = output tokens of completed requests / duration; goodput = completed requests
+throughput = output tokens of completed requests / duration; input token throughput (SGLang's and
+AIPerf's ``input_token_throughput``) = the server's prompt tokens (``usage.prompt_tokens``) of
+completed requests / duration; total token throughput (vLLM's ``total_token_throughput``) =
+(input + output tokens) / duration; both None when a completed request's server reported no
+usage (its prompt tokens are unknown); goodput = completed requests
 meeting every SLO given with --goodput (e.g. ttft:200,tpot:50 in ms) / duration.
 Percentiles interpolate linearly between closest ranks (see stats.percentile).
 """
@@ -29,6 +37,12 @@ FORMULAS = {
     "e2e": "stream end time - send time",
     "request_throughput": "completed requests / duration",
     "output_throughput": "completed output tokens / duration",
+    "input_token_throughput": "completed requests' usage.prompt_tokens / duration (None "
+                              "without usage)",
+    "total_token_throughput": "(input + output tokens of completed requests) / duration",
+    "ttst": "second content chunk time - first content chunk time",
+    "output_token_throughput_per_user": "(output_tokens - 1) / (e2e - ttft) = 1 / tpot, "
+                                        "tokens/s, requests with >1 output token",
     "goodput": "completed requests meeting all SLOs / duration",
     "percentiles": "linear interpolation between closest ranks",
 }
@@ -75,6 +89,17 @@ class RequestRecord:
             return None
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
+    @property
+    def ttst(self) -> float | None:
+        """Time to second token: the first gap between content chunks."""
+        return self.itl[0] if self.ok and self.itl else None
+
+    @property
+    def tokens_per_s_per_user(self) -> float | None:
+        """Output tokens per second this request's user saw after the first: 1 / TPOT."""
+        tpot = self.tpot
+        return 1.0 / tpot if tpot else None
+
 
 def stage_ms(name: str) -> str:
     """A server stage's name in results, where it holds milliseconds: ``decode_s`` (the
@@ -82,12 +107,16 @@ def stage_ms(name: str) -> str:
     return name.removesuffix("_s") + "_ms"
 
 
-def _ms(values: list[float]) -> dict[str, float]:
-    out = summary([v * 1000 for v in values])
+def _stats(values: list[float]) -> dict[str, float]:
+    out = summary(values)
     if values:
         out["p50"] = out["median"]
-        out["p95"] = percentile([v * 1000 for v in values], 95)
+        out["p95"] = percentile(values, 95)
     return out
+
+
+def _ms(values: list[float]) -> dict[str, float]:
+    return _stats([v * 1000 for v in values])
 
 
 def compute(records: list[RequestRecord], duration_s: float,
@@ -100,6 +129,9 @@ def compute(records: list[RequestRecord], duration_s: float,
     itl = [gap for r in done for gap in r.itl]
     e2e = [r.e2e for r in done if r.e2e is not None]
     out_tokens = sum(r.output_tokens for r in done)
+    # prompt tokens as the server counted them: known when every completed answer said
+    in_tokens = (sum(r.prompt_tokens for r in done)
+                 if done and all(r.usage_reported for r in done) else None)
     slos = slos_ms or {}
 
     def good(r: RequestRecord) -> bool:
@@ -133,10 +165,18 @@ def compute(records: list[RequestRecord], duration_s: float,
         "request_throughput": len(done) / duration_s if duration_s else 0.0,
         "output_throughput": out_tokens / duration_s if duration_s else 0.0,
         "total_output_tokens": out_tokens,
+        "total_input_tokens": in_tokens,
+        "input_token_throughput": in_tokens / duration_s if duration_s and in_tokens is not
+        None else None,
+        "total_token_throughput": (in_tokens + out_tokens) / duration_s if duration_s and
+        in_tokens is not None else None,
         "goodput": (sum(1 for r in done if good(r)) / duration_s if duration_s else 0.0)
         if slos else None,
         "slos_ms": slos or None,
         "ttft_ms": _ms(ttft), "tpot_ms": _ms(tpot), "itl_ms": _ms(itl), "e2e_ms": _ms(e2e),
+        "ttst_ms": _ms([t for r in done if (t := r.ttst) is not None]),
+        "output_token_throughput_per_user": _stats(
+            [v for r in done if (v := r.tokens_per_s_per_user) is not None]),
         "client": {"request_bytes": summary([r.request_bytes for r in records]),
                    "encode_ms": _ms([r.encode_s for r in records])},
         "server_stages_ms": {k: _ms(v) for k, v in sorted(stages.items())},

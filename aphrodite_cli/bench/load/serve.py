@@ -107,6 +107,8 @@ def request_rows(phase: str, records: list) -> list[dict[str, Any]]:
             else None, "ok": r.ok, "cancelled": r.cancelled, "status": r.status,
             "error": r.error,
             "ttft_ms": ms(r.ttft), "tpot_ms": ms(r.tpot), "e2e_ms": ms(r.e2e),
+            "ttst_ms": ms(r.ttst), "output_token_throughput_per_user":
+            None if r.tokens_per_s_per_user is None else round(r.tokens_per_s_per_user, 3),
             "itl_ms": [ms(g) for g in r.itl], "output_tokens": r.output_tokens,
             "output_tokens_from": r.token_source, "prompt_tokens": r.prompt_tokens,
             "request_bytes": r.request_bytes, "encode_ms": ms(r.encode_s),
@@ -173,6 +175,9 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                 "itl_ms": [gap * 1e3 for r in records if r.ok for gap in r.itl],
                 "tpot_ms": [r.tpot * 1e3 for r in records if r.tpot is not None],
                 "e2e_ms": [r.e2e * 1e3 for r in records if r.ok and r.e2e is not None],
+                "ttst_ms": [t * 1e3 for r in records if (t := r.ttst) is not None],
+                "output_token_throughput_per_user": [
+                    v for r in records if (v := r.tokens_per_s_per_user) is not None],
                 "pixels": [sum(m.width * m.height * m.frames for m in req.media)
                            for req, r in zip(dataset, records, strict=True) if r.ok],
                 "stages_ms": {stage_ms(k): [float(((r.server or {}).get("timings") or {})
