@@ -74,7 +74,7 @@ def parse_json_flag(flag: str, text: str | None) -> dict | None:
 Mode = Literal["cold", "warm", "both"]
 MediaDelivery = Literal["data-url", "http"]
 TtftFrom = Literal["content", "chunk"]
-DatasetName = Literal["random-mm", "jsonl", "random", "trace"]
+DatasetName = Literal["random-mm", "jsonl", "random", "trace", "prefix_repetition"]
 DecodeIsolation = Literal["process", "thread"]
 SweepProfile = Literal["sweep"]
 RampUpStrategy = Literal["linear", "exponential"]

@@ -372,10 +372,14 @@ def test_a_vllm_bench_serve_command_line_runs_as_written(mock_process, tmp_path)
     assert "TTFT p50/p90/p99 ms" in done.stdout and "…" not in done.stdout
     assert "total tok/s" in done.stdout and "out tok/s/user p50" in done.stdout
     assert "cold phase" not in done.stdout + done.stderr
-    # vLLM's default backend posts text prompts to /v1/completions
+    # vLLM's default backend posts text prompts to /v1/completions; --random-input-len
+    # counts tokens with --tokenizer (the mock's model is no local folder)
+    from engine.models.loader import resolve_model_path
+
     done = subprocess.run(
         [str(exe), "bench", "serve", "--base-url", f"http://127.0.0.1:{mock_process}",
          "--backend", "openai", "--dataset-name", "random", "--random-input-len", "8",
+         "--tokenizer", str(resolve_model_path("tiny:qwen2_5_vl")),
          "--random-output-len", "4", "--num-prompts", "6", "--num-warmups", "0", "--mode",
          "cold", "--result-dir", str(tmp_path), "--result-filename", "completions.json"],
         capture_output=True, text=True, timeout=120)
@@ -384,6 +388,7 @@ def test_a_vllm_bench_serve_command_line_runs_as_written(mock_process, tmp_path)
     assert doc["target"]["endpoint"] == "/v1/completions"
     assert doc["phases"]["cold"]["completed"] == 6
     assert doc["phases"]["cold"]["total_output_tokens"] == 6 * 4
+    assert [r["input_len"] for r in doc["requests"]["cold"]] == [8] * 6
     done = subprocess.run([str(exe), "bench", "serve", "--embedded", "stray"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "unexpected argument(s): stray" in done.stdout + done.stderr

@@ -64,9 +64,27 @@ ItemsPerRequest = Annotated[int, typer.Option(min=0, help="Media items per reque
 BucketConfig = Annotated[str | None, typer.Option(
     metavar="JSON", help='"height,width,frames": probability; frames > 1 is a video.')]
 PromptLen = Annotated[int, typer.Option(
-    "--prompt-len", "--random-input-len", min=1,
-    help="Words of text per prompt (vLLM's --random-input-len counts tokens; a word is about "
-         "one token).")]
+    "--prompt-len", min=1,
+    help="Words of text per prompt (about a token each; --random-input-len counts tokens).")]
+RandomInputLen = Annotated[int | None, typer.Option(
+    min=1, help="Tokens per prompt as the server counts them (usage.prompt_tokens), vLLM's "
+                "flag: written with --tokenizer (default: the target's model when it is a "
+                "local folder or a cached tiny model); a chat template's own tokens are "
+                "taken off the text. Exact for text-only prompts; media add theirs.")]
+RandomRangeRatio = Annotated[float, typer.Option(
+    min=0, max=1, help="vLLM's: each prompt's and answer's length drawn uniformly from "
+                       "n x (1 - r) to n x (1 + r) (with --random-input-len); below 1.")]
+PrefixLen = Annotated[int, typer.Option(
+    "--prefix-repetition-prefix-len", min=1,
+    help="--dataset-name prefix_repetition (vLLM's): tokens of each shared prefix.")]
+SuffixLen = Annotated[int, typer.Option(
+    "--prefix-repetition-suffix-len", min=0,
+    help="prefix_repetition: tokens of each request's own suffix.")]
+NumPrefixes = Annotated[int, typer.Option(
+    "--prefix-repetition-num-prefixes", min=1,
+    help="prefix_repetition: distinct prefixes; request i has prefix i mod this (shuffled).")]
+PrefixOutputLen = Annotated[int, typer.Option(
+    "--prefix-repetition-output-len", min=1, help="prefix_repetition: tokens per answer.")]
 OutputLen = Annotated[int, typer.Option(
     "--output-len", "--random-output-len", min=1, help="Tokens per answer.")]
 MediaDelivery = Annotated[options.MediaDelivery, typer.Option(

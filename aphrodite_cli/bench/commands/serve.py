@@ -52,9 +52,9 @@ def serve_cmd(
     request_cancellation_delay: flags.CancellationDelay = 0.0,
     dataset: Annotated[DatasetName, typer.Option(
         "--dataset", "--dataset-name",
-        help="random-mm, jsonl, vLLM's random (text only: random-mm with no media), or "
+        help="random-mm, jsonl, vLLM's random (text only: random-mm with no media), "
              "trace (a timed JSONL replayed at its arrival times: arrival_s, prompt, media, "
-             "output_len).")
+             "output_len), or vLLM's prefix_repetition (shared prefixes, in tokens).")
     ] = "random-mm",
     dataset_path: Annotated[Path | None, typer.Option(
         help="JSONL file for --dataset jsonl or trace.")] = None,
@@ -71,7 +71,13 @@ def serve_cmd(
     items_per_request: flags.ItemsPerRequest = 1,
     bucket_config: flags.BucketConfig = None,
     prompt_len: flags.PromptLen = 32,
+    random_input_len: flags.RandomInputLen = None,
     output_len: flags.OutputLen = 16,
+    random_range_ratio: flags.RandomRangeRatio = 0.0,
+    prefix_repetition_prefix_len: flags.PrefixLen = 256,
+    prefix_repetition_suffix_len: flags.SuffixLen = 256,
+    prefix_repetition_num_prefixes: flags.NumPrefixes = 10,
+    prefix_repetition_output_len: flags.PrefixOutputLen = 128,
     image_format: Annotated[str, typer.Option(help="JPEG, PNG or WEBP.")] = "JPEG",
     image_quality: Annotated[int, typer.Option(min=1, max=100)] = 90,
     video_codec: Annotated[str, typer.Option()] = "libx264",
@@ -86,8 +92,9 @@ def serve_cmd(
     metric_percentiles: Annotated[str, typer.Option(
         help="Those percentiles, e.g. 50,90,99.")] = "50,99",
     tokenizer: Annotated[str | None, typer.Option(
-        help="Count output tokens with this tokenizer (folder or hub id) when the target "
-             "reports no usage, instead of counting stream chunks.")] = None,
+        help="A tokenizer (folder or hub id): writes --random-input-len and prefix_repetition "
+             "prompts in its tokens, and counts output tokens when the target reports no "
+             "usage, instead of counting stream chunks.")] = None,
     ignore_eos: Annotated[bool, typer.Option(
         help="Ask for every answer's full --output-len (ignore_eos).")] = True,
     temperature: Annotated[float, typer.Option(min=0)] = 0.0,
@@ -134,7 +141,7 @@ def serve_cmd(
     from aphrodite_cli.bench.load.client import LoadConfig
     from aphrodite_cli.bench.load.datasets import parse_buckets
     from aphrodite_cli.bench.load.escape import printable
-    from aphrodite_cli.bench.load.serve import ServeArgs, run
+    from aphrodite_cli.bench.load.serve import ServeArgs, TokenArgs, run
     from aphrodite_cli.bench.load.target import Target
     from aphrodite_cli.bench.results.files import write_result
     from engine.errors import ConfigError
@@ -182,6 +189,9 @@ def serve_cmd(
         raise ConfigError(f"--request-rate {request_rate!r} is a number or inf",
                           code="invalid_flag") from None
     check_ramp_up(ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps, rate)
+    check_token_flags(dataset, random_input_len, random_range_ratio, archetypes)
+    if dataset == "prefix_repetition":
+        items_per_request = 0  # text only, as vLLM's
     slos = vllm_compat.parse_goodput(goodput_parts)
     pct_metrics = vllm_compat.parse_list("--percentile-metrics", percentile_metrics,
                                          set(vllm_compat.METRICS))
@@ -205,6 +215,12 @@ def serve_cmd(
                      num_prompts=num_prompts, num_warmups=num_warmups, mode=mode,
                      items_per_request=items_per_request, buckets=parse_buckets(bucket_config),
                      prompt_len=prompt_len, output_len=output_len, seed=seed,
+                     tokens=TokenArgs(input_len=random_input_len, range_ratio=random_range_ratio,
+                                      prefix_len=prefix_repetition_prefix_len,
+                                      suffix_len=prefix_repetition_suffix_len,
+                                      num_prefixes=prefix_repetition_num_prefixes,
+                                      prefix_output_len=prefix_repetition_output_len,
+                                      tokenizer=tokenizer),
                      embedded=embedded, embedded_engine=server_engine,
                      percentile_metrics=tuple(pct_metrics),
                      metric_percentiles=tuple(pcts),
@@ -268,6 +284,24 @@ def serve_cmd(
                               f"{max_failure_rate:g}); result: {path}",
                               hint="the failures by type are listed above; --max-failure-rate "
                                    "sets how many a run may have", code="requests_failed")
+
+
+def check_token_flags(dataset: str, input_len: int | None, ratio: float,
+                      archetypes: str | None) -> None:
+    """Where --random-input-len and --random-range-ratio apply, as one-line errors."""
+    from engine.errors import ConfigError
+
+    if ratio >= 1:
+        raise ConfigError(f"--random-range-ratio {ratio:g} is below 1 (vLLM's rule)",
+                          code="invalid_flag")
+    if ratio and input_len is None:
+        raise ConfigError("--random-range-ratio needs --random-input-len (lengths in tokens)",
+                          code="invalid_flag")
+    if input_len is not None and (dataset not in ("random-mm", "random") or archetypes):
+        raise ConfigError(f"--random-input-len writes the random dataset's prompts, not "
+                          f"{'--archetypes' if archetypes else '--dataset-name ' + dataset}'s",
+                          hint="--prefix-repetition-* set prefix_repetition's lengths",
+                          code="invalid_flag")
 
 
 def check_ramp_up(strategy: str | None, start: float | None, end: float | None,

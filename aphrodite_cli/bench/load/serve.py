@@ -33,6 +33,24 @@ from engine.timings import SERVED_STAGES
 
 
 @dataclass(frozen=True)
+class TokenArgs:
+    """Prompts counted in tokens (see :mod:`aphrodite_cli.bench.load.token_prompts`):
+    ``--random-input-len`` and ``--random-range-ratio``, vLLM's prefix_repetition dataset,
+    and the tokenizer named by ``--tokenizer`` (None: the target's model);
+    ``prompts`` once the target is open."""
+
+    input_len: int | None = None  # --random-input-len (None: prompts in words)
+    range_ratio: float = 0.0  # --random-range-ratio
+    # --prefix-repetition-prefix-len, -suffix-len, -num-prefixes, -output-len (vLLM's defaults)
+    prefix_len: int = 256
+    suffix_len: int = 256
+    num_prefixes: int = 10
+    prefix_output_len: int = 128
+    tokenizer: str | None = None  # --tokenizer
+    prompts: Any = None  # a token_prompts.TokenPrompts, once the target is open
+
+
+@dataclass(frozen=True)
 class ServeArgs:
     """What ``bench serve`` sends and how (the load itself is a :class:`LoadConfig`),
     resolved from the flags once."""
@@ -64,6 +82,12 @@ class ServeArgs:
     server_cpu: bool = True
     archetypes: dict | None = None
     num_runs: int = 1  # the phases this many times, with run-to-run intervals (results/runs.py)
+    tokens: TokenArgs = TokenArgs()
+
+    @property
+    def in_tokens(self) -> bool:
+        """Whether prompts are written in tokens (and need a tokenizer)."""
+        return self.tokens.input_len is not None or self.dataset == "prefix_repetition"
 
 
 def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
@@ -79,6 +103,8 @@ def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
             raise ConfigError("--dataset-name trace needs --dataset-path FILE.jsonl")
         return load_trace(Path(args.dataset_path), args.media_dir, limit=args.num_prompts,
                           nonce=run_nonce)
+    if args.in_tokens:
+        return _token_dataset(args, run_nonce)
     if args.archetypes:
         from aphrodite_cli.bench.load.archetypes import archetype_dataset
 
@@ -90,17 +116,39 @@ def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
                      nonce=run_nonce)
 
 
-def request_rows(phase: str, records: list) -> list[dict[str, Any]]:
+def _token_dataset(args: ServeArgs, run_nonce: int) -> list[BenchRequest]:
+    from aphrodite_cli.bench.load import token_prompts
+
+    t = args.tokens
+    if args.dataset == "prefix_repetition":
+        texts = token_prompts.prefix_repetition_requests(
+            t.prompts, args.num_prompts, prefix_len=t.prefix_len, suffix_len=t.suffix_len,
+            num_prefixes=t.num_prefixes, seed=args.seed, nonce=run_nonce)
+        length = t.prefix_len + t.suffix_len + t.prompts.overhead
+        return [BenchRequest(text, [], t.prefix_output_len, input_len=length) for text in texts]
+    pairs = token_prompts.random_token_requests(
+        t.prompts, args.num_prompts, input_len=t.input_len, output_len=args.output_len,
+        range_ratio=t.range_ratio, seed=args.seed, nonce=run_nonce)
+    media = random_mm(args.num_prompts, items=args.items_per_request, buckets=args.buckets,
+                      prompt_len=1, output_len=1, seed=args.seed, nonce=run_nonce)
+    return [replace(req, prompt=text, input_len=length, output_len=out)
+            for req, (text, length, out) in zip(media, pairs, strict=True)]
+
+
+def request_rows(phase: str, records: list, dataset: list[BenchRequest] | None = None
+                 ) -> list[dict[str, Any]]:
     """One row per request, every time in ms: its index and send time (ms after the
-    phase's first send), status and error, every metric, its ITL gaps, and the server's
-    stage timings (``server_<stage>_ms``) when the target reports them."""
+    phase's first send), status and error, every metric, its ITL gaps, the server's
+    stage timings (``server_<stage>_ms``) when the target reports them, and the prompt
+    tokens asked for (``input_len``, vLLM's name) when prompts are written in tokens."""
     first = min((r.sent_at for r in records if r.sent_at), default=0.0)
 
     def ms(value: float | None) -> float | None:
         return None if value is None else round(value * 1e3, 3)
 
+    asked = [req.input_len for req in dataset] if dataset else [None] * len(records)
     rows = []
-    for r in records:
+    for r, input_len in zip(records, asked, strict=True):
         timings = (r.server or {}).get("timings") or {}
         rows.append({
             "phase": phase, "index": r.index, "sent_ms": ms(r.sent_at - first) if r.sent_at
@@ -110,7 +158,8 @@ def request_rows(phase: str, records: list) -> list[dict[str, Any]]:
             "ttst_ms": ms(r.ttst), "output_token_throughput_per_user":
             None if r.tokens_per_s_per_user is None else round(r.tokens_per_s_per_user, 3),
             "itl_ms": [ms(g) for g in r.itl], "output_tokens": r.output_tokens,
-            "output_tokens_from": r.token_source, "prompt_tokens": r.prompt_tokens,
+            "output_tokens_from": r.token_source, "input_len": input_len,
+            "prompt_tokens": r.prompt_tokens,
             "request_bytes": r.request_bytes, "encode_ms": ms(r.encode_s),
             **{f"server_{k.removeprefix('server_').removesuffix('_s')}_ms": ms(float(v))
                for k, v in timings.items() if k.endswith("_s") and isinstance(v, int | float)}})
@@ -187,7 +236,7 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
             result.update(flat_fields(result, list(args.percentile_metrics),
                                       list(args.metric_percentiles)))
             phases[mode] = result
-            rows[mode] = request_rows(mode, records)
+            rows[mode] = request_rows(mode, records, dataset)
     finally:
         if host:
             host.stop()
@@ -203,8 +252,33 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                                  "target": {"base_url": cfg.base_url,
                                             "endpoint": cfg.endpoint,
                                             "embedded_server": _embedded_server(args)},
-                                 "pid": os.getpid()})
+                                 "pid": os.getpid(),
+                                 "input_tokens": _token_settings(args)})
     return doc, rows
+
+
+def _token_settings(args: ServeArgs) -> dict[str, Any] | None:
+    """What the result says of prompts written in tokens (None: prompts in words)."""
+    if not args.in_tokens:
+        return None
+    t = args.tokens
+    lengths = ({"prefix_len": t.prefix_len, "suffix_len": t.suffix_len,
+                "num_prefixes": t.num_prefixes, "output_len": t.prefix_output_len}
+               if args.dataset == "prefix_repetition" else
+               {"input_len": t.input_len, "range_ratio": t.range_ratio})
+    return {**lengths, **t.prompts.describe()}
+
+
+def _prompts(args: ServeArgs, cfg: LoadConfig) -> Any:
+    """The tokenizer's prompt writer, for the target's model and endpoint."""
+    from aphrodite_cli.bench.load.token_prompts import TokenPrompts, resolve_tokenizer
+
+    needed_by = ("--random-input-len" if args.tokens.input_len is not None
+                 else "--dataset-name prefix_repetition")
+    tokenizer, name, source = resolve_tokenizer(args.tokens.tokenizer, cfg.model or "",
+                                                needed_by, loaded=args.tokenizer)
+    return TokenPrompts.build(tokenizer, chat=cfg.endpoint.endswith("chat/completions"),
+                              name=name, source=source)
 
 
 def run(cfg: LoadConfig, args: ServeArgs, target: Target, progress: Any
@@ -213,6 +287,8 @@ def run(cfg: LoadConfig, args: ServeArgs, target: Target, progress: Any
     ``cfg`` at its root and model, then run the phases."""
     with target:
         cfg.base_url, cfg.model = target.root, target.model
+        if args.in_tokens:
+            args = replace(args, tokens=replace(args.tokens, prompts=_prompts(args, cfg)))
         done = [asyncio.run(run_serve(cfg, args, progress, target.model_source))
                 for _ in range(args.num_runs)]
     if len(done) == 1:

@@ -89,7 +89,8 @@ def load_tokenizer(name: str) -> Any:
 
     try:
         return AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # a hostile folder's files raise anything
+        # (a tokenizer.json of the wrong shape is a KeyError deep in transformers)
         raise ConfigError(f"--tokenizer {name!r} could not be loaded ({type(exc).__name__})",
                           hint="pass a tokenizer folder or a Hugging Face Hub id",
                           code="invalid_flag") from None
