@@ -136,3 +136,16 @@ NumRuns = Annotated[int, typer.Option(
     min=1, max=100, help="Run the phases this many times against the same target; each "
                          "headline metric gets a 95% confidence interval across the runs "
                          "(Student t), which bench gate and report use.")]
+
+# Timed traces (--dataset-name trace, mooncake, timed_trace)
+TraceTimeScale = Annotated[float, typer.Option(
+    min=0.0001, help="A timed trace's gaps (--dataset-name trace, mooncake) times this: 0.5 "
+                     "replays it twice as fast.")]
+TimedTraceSecMultiplier = Annotated[float | None, typer.Option(
+    min=1e-12, help="vLLM's: seconds per timestamp unit of a mooncake/timed_trace trace "
+                    "(0.001 is real time for Mooncake's milliseconds), instead of "
+                    "--trace-time-scale.")]
+TimedTraceChunk = Annotated[int, typer.Option(
+    "--timed-trace-chunk-hash-size", min=1, max=1 << 16,
+    help="Tokens per hash id of a mooncake/timed_trace trace (vLLM's flag; 512 here, "
+         "Mooncake's block size, where vLLM's default 16 makes Mooncake prompts 32x short).")]

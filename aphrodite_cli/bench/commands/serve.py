@@ -4,6 +4,7 @@ endpoint."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated
@@ -11,6 +12,11 @@ from typing import Annotated
 import typer
 
 from aphrodite_cli.bench.commands import flags
+from aphrodite_cli.bench.commands.serve_checks import (
+    check_ramp_up,
+    check_token_flags,
+    trace_seconds,
+)
 from aphrodite_cli.bench.commands.serve_extras import print_phase_extras
 from aphrodite_cli.options import DatasetName, RampUpStrategy
 from aphrodite_cli.output import err, out, print_table
@@ -54,7 +60,9 @@ def serve_cmd(
         "--dataset", "--dataset-name",
         help="random-mm, jsonl, vLLM's random (text only: random-mm with no media), "
              "trace (a timed JSONL replayed at its arrival times: arrival_s, prompt, media, "
-             "output_len), or vLLM's prefix_repetition (shared prefixes, in tokens).")
+             "output_len), vLLM's prefix_repetition (shared prefixes, in tokens), or a "
+             "Mooncake trace: mooncake, or vLLM's timed_trace (timestamp, input_length, "
+             "output_length, hash_ids: equal ids are equal token blocks).")
     ] = "random-mm",
     dataset_path: Annotated[Path | None, typer.Option(
         help="JSONL file for --dataset jsonl or trace.")] = None,
@@ -78,6 +86,9 @@ def serve_cmd(
     prefix_repetition_suffix_len: flags.SuffixLen = 256,
     prefix_repetition_num_prefixes: flags.NumPrefixes = 10,
     prefix_repetition_output_len: flags.PrefixOutputLen = 128,
+    trace_time_scale: flags.TraceTimeScale = 1.0,
+    timed_trace_sec_multiplier: flags.TimedTraceSecMultiplier = None,
+    timed_trace_chunk_hash_size: flags.TimedTraceChunk = 512,
     image_format: Annotated[str, typer.Option(help="JPEG, PNG or WEBP.")] = "JPEG",
     image_quality: Annotated[int, typer.Option(min=1, max=100)] = 90,
     video_codec: Annotated[str, typer.Option()] = "libx264",
@@ -132,8 +143,6 @@ def serve_cmd(
     ttft_from: flags.TtftFrom = "content",
 ) -> None:
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
-    import math
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from aphrodite_cli.bench.load import vllm_compat, wire
@@ -171,6 +180,8 @@ def serve_cmd(
                     announce=lambda msg: say.print(printable(msg), markup=False))
     if dataset == "random":  # vLLM's text-only random dataset
         dataset, items_per_request = "random-mm", 0
+    if dataset in ("prefix_repetition", "mooncake", "timed_trace"):
+        items_per_request = 0  # text only, as vLLM's
     if endpoint is None:
         backends = {"openai-chat": "/v1/chat/completions", "openai": "/v1/completions",
                     "vllm": "/v1/completions", None: "/v1/chat/completions"}
@@ -190,8 +201,12 @@ def serve_cmd(
                           code="invalid_flag") from None
     check_ramp_up(ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps, rate)
     check_token_flags(dataset, random_input_len, random_range_ratio, archetypes)
-    if dataset == "prefix_repetition":
-        items_per_request = 0  # text only, as vLLM's
+    if dataset in ("jsonl", "trace", "mooncake", "timed_trace") and dataset_path is None:
+        raise ConfigError(f"--dataset-name {dataset} needs --dataset-path FILE.jsonl",
+                          code="invalid_flag")
+    if not math.isfinite(trace_time_scale):
+        raise ConfigError(f"--trace-time-scale {trace_time_scale} is not finite",
+                          code="invalid_flag")
     slos = vllm_compat.parse_goodput(goodput_parts)
     pct_metrics = vllm_compat.parse_list("--percentile-metrics", percentile_metrics,
                                          set(vllm_compat.METRICS))
@@ -220,7 +235,12 @@ def serve_cmd(
                                       suffix_len=prefix_repetition_suffix_len,
                                       num_prefixes=prefix_repetition_num_prefixes,
                                       prefix_output_len=prefix_repetition_output_len,
-                                      tokenizer=tokenizer),
+                                      tokenizer=tokenizer,
+                                      trace_block=timed_trace_chunk_hash_size,
+                                      trace_seconds_per_unit=trace_seconds(
+                                          dataset, trace_time_scale,
+                                          timed_trace_sec_multiplier)),
+                     trace_time_scale=trace_time_scale,
                      embedded=embedded, embedded_engine=server_engine,
                      percentile_metrics=tuple(pct_metrics),
                      metric_percentiles=tuple(pcts),
@@ -284,52 +304,6 @@ def serve_cmd(
                               f"{max_failure_rate:g}); result: {path}",
                               hint="the failures by type are listed above; --max-failure-rate "
                                    "sets how many a run may have", code="requests_failed")
-
-
-def check_token_flags(dataset: str, input_len: int | None, ratio: float,
-                      archetypes: str | None) -> None:
-    """Where --random-input-len and --random-range-ratio apply, as one-line errors."""
-    from engine.errors import ConfigError
-
-    if ratio >= 1:
-        raise ConfigError(f"--random-range-ratio {ratio:g} is below 1 (vLLM's rule)",
-                          code="invalid_flag")
-    if ratio and input_len is None:
-        raise ConfigError("--random-range-ratio needs --random-input-len (lengths in tokens)",
-                          code="invalid_flag")
-    if input_len is not None and (dataset not in ("random-mm", "random") or archetypes):
-        raise ConfigError(f"--random-input-len writes the random dataset's prompts, not "
-                          f"{'--archetypes' if archetypes else '--dataset-name ' + dataset}'s",
-                          hint="--prefix-repetition-* set prefix_repetition's lengths",
-                          code="invalid_flag")
-
-
-def check_ramp_up(strategy: str | None, start: float | None, end: float | None,
-                  rate: float) -> None:
-    """vLLM's rules for --ramp-up-strategy and its rates, as one-line errors."""
-    import math
-
-    from engine.errors import ConfigError
-
-    if strategy is None:
-        if start is not None or end is not None:
-            raise ConfigError("--ramp-up-start-rps/--ramp-up-end-rps need --ramp-up-strategy "
-                              "linear or exponential", code="invalid_flag")
-        return
-    if not math.isinf(rate):
-        raise ConfigError("--ramp-up-strategy sets the request rate itself",
-                          hint="drop --request-rate", code="invalid_flag")
-    if start is None or end is None:
-        raise ConfigError("--ramp-up-strategy needs both --ramp-up-start-rps and "
-                          "--ramp-up-end-rps", code="invalid_flag")
-    if start < 0 or end < 0 or start > end or (end == 0):
-        raise ConfigError(f"--ramp-up-start-rps {start:g} and --ramp-up-end-rps {end:g}: the "
-                          "rates are non-negative, the start at most the end, the end above 0",
-                          code="invalid_flag")
-    if strategy == "exponential" and start == 0:
-        raise ConfigError("an exponential ramp cannot start at 0 requests/s",
-                          hint="--ramp-up-start-rps above 0, or --ramp-up-strategy linear",
-                          code="invalid_flag")
 
 
 def _print_serve_table(doc: dict, fmt: str = "table") -> None:

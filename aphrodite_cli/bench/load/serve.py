@@ -48,6 +48,15 @@ class TokenArgs:
     prefix_output_len: int = 128
     tokenizer: str | None = None  # --tokenizer
     prompts: Any = None  # a token_prompts.TokenPrompts, once the target is open
+    # a Mooncake trace's block size (--timed-trace-chunk-hash-size) and seconds per timestamp
+    # unit (0.001 x --trace-time-scale, or --timed-trace-sec-multiplier)
+    trace_block: int = 512
+    trace_seconds_per_unit: float = 0.001
+
+
+#: Datasets whose requests carry their own arrival times; Mooncake's in tokens
+TIMED = ("trace", "mooncake", "timed_trace")
+MOONCAKE = ("mooncake", "timed_trace")
 
 
 @dataclass(frozen=True)
@@ -83,11 +92,13 @@ class ServeArgs:
     archetypes: dict | None = None
     num_runs: int = 1  # the phases this many times, with run-to-run intervals (results/runs.py)
     tokens: TokenArgs = TokenArgs()
+    trace_time_scale: float = 1.0  # --trace-time-scale: a trace's gaps times this
 
     @property
     def in_tokens(self) -> bool:
         """Whether prompts are written in tokens (and need a tokenizer)."""
-        return self.tokens.input_len is not None or self.dataset == "prefix_repetition"
+        return self.tokens.input_len is not None or self.dataset in ("prefix_repetition",
+                                                                     *MOONCAKE)
 
 
 def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
@@ -101,8 +112,10 @@ def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
 
         if not args.dataset_path:
             raise ConfigError("--dataset-name trace needs --dataset-path FILE.jsonl")
-        return load_trace(Path(args.dataset_path), args.media_dir, limit=args.num_prompts,
+        rows = load_trace(Path(args.dataset_path), args.media_dir, limit=args.num_prompts,
                           nonce=run_nonce)
+        return [replace(r, arrival_s=(r.arrival_s or 0.0) * args.trace_time_scale)
+                for r in rows]
     if args.in_tokens:
         return _token_dataset(args, run_nonce)
     if args.archetypes:
@@ -120,6 +133,15 @@ def _token_dataset(args: ServeArgs, run_nonce: int) -> list[BenchRequest]:
     from aphrodite_cli.bench.load import token_prompts
 
     t = args.tokens
+    if args.dataset in MOONCAKE:
+        from aphrodite_cli.bench.load.mooncake import load_mooncake
+
+        if not args.dataset_path:
+            raise ConfigError(f"--dataset-name {args.dataset} needs --dataset-path FILE.jsonl",
+                              code="invalid_flag")
+        return load_mooncake(Path(args.dataset_path), t.prompts, block=t.trace_block,
+                             seconds_per_unit=t.trace_seconds_per_unit, limit=args.num_prompts,
+                             seed=args.seed, nonce=run_nonce)
     if args.dataset == "prefix_repetition":
         texts = token_prompts.prefix_repetition_requests(
             t.prompts, args.num_prompts, prefix_len=t.prefix_len, suffix_len=t.suffix_len,
@@ -207,7 +229,7 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                                   server_cpu=args.server_cpu) as watch:
                 records, duration, send_rate = await run_phase(
                     payloads, cfg, on_done=lambda t=task: progress.advance(t),
-                    times=[r.arrival_s or 0.0 for r in dataset] if args.dataset == "trace"
+                    times=[r.arrival_s or 0.0 for r in dataset] if args.dataset in TIMED
                     else None)
             if args.tokenizer is not None:
                 count_tokens(args.tokenizer, records)
@@ -262,10 +284,14 @@ def _token_settings(args: ServeArgs) -> dict[str, Any] | None:
     if not args.in_tokens:
         return None
     t = args.tokens
-    lengths = ({"prefix_len": t.prefix_len, "suffix_len": t.suffix_len,
-                "num_prefixes": t.num_prefixes, "output_len": t.prefix_output_len}
-               if args.dataset == "prefix_repetition" else
-               {"input_len": t.input_len, "range_ratio": t.range_ratio})
+    if args.dataset in MOONCAKE:
+        lengths: dict[str, Any] = {"block_tokens": t.trace_block,
+                                   "seconds_per_timestamp_unit": t.trace_seconds_per_unit}
+    elif args.dataset == "prefix_repetition":
+        lengths = {"prefix_len": t.prefix_len, "suffix_len": t.suffix_len,
+                   "num_prefixes": t.num_prefixes, "output_len": t.prefix_output_len}
+    else:
+        lengths = {"input_len": t.input_len, "range_ratio": t.range_ratio}
     return {**lengths, **t.prompts.describe()}
 
 
@@ -274,7 +300,7 @@ def _prompts(args: ServeArgs, cfg: LoadConfig) -> Any:
     from aphrodite_cli.bench.load.token_prompts import TokenPrompts, resolve_tokenizer
 
     needed_by = ("--random-input-len" if args.tokens.input_len is not None
-                 else "--dataset-name prefix_repetition")
+                 else f"--dataset-name {args.dataset}")
     tokenizer, name, source = resolve_tokenizer(args.tokens.tokenizer, cfg.model or "",
                                                 needed_by, loaded=args.tokenizer)
     return TokenPrompts.build(tokenizer, chat=cfg.endpoint.endswith("chat/completions"),
