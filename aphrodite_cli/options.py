@@ -74,7 +74,8 @@ def parse_json_flag(flag: str, text: str | None) -> dict | None:
 Mode = Literal["cold", "warm", "both"]
 MediaDelivery = Literal["data-url", "http"]
 TtftFrom = Literal["content", "chunk"]
-DatasetName = Literal["random-mm", "jsonl", "random", "trace"]
+DatasetName = Literal["random-mm", "jsonl", "random", "trace", "prefix_repetition", "mooncake",
+                      "timed_trace"]
 DecodeIsolation = Literal["process", "thread"]
 SweepProfile = Literal["sweep"]
 RampUpStrategy = Literal["linear", "exponential"]

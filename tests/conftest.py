@@ -208,3 +208,18 @@ def hub(monkeypatch, tmp_path):
     with FakeHub() as fake:
         fake.patch_client(monkeypatch, tmp_path / "hf")
         yield fake
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir() -> str:
+    """The cached tiny Qwen2.5-VL's folder (its tokenizer: the benchmarks' token tests)."""
+    from engine.models.loader import resolve_model_path
+
+    return str(resolve_model_path("tiny:qwen2_5_vl"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from aphrodite_cli.bench.load.metrics import RequestRecord, compute
@@ -89,3 +90,71 @@ def test_the_prefix_cache_share_is_summed_from_usage_and_validated(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_result(bad)
     assert "phases.warm.prefix_cache.hit_rate" in info.value.message
+
+
+def test_token_throughputs_ttst_and_per_user_speed_from_a_hand_computed_trace():
+    """Two answers over a 2 s phase: 100 + 50 prompt tokens (usage) and 5 + 3 output tokens;
+    input 75 tok/s, total (150 + 8) / 2 = 79 tok/s; TTST is each answer's first gap (0.02,
+    0.04 s); tokens/s per user is (n - 1) / (E2E - TTFT): 4 / 0.4 = 10 and 2 / 0.1 = 20."""
+    records = [RequestRecord(0, ok=True, ttft=0.1, e2e=0.5, output_tokens=5, prompt_tokens=100,
+                             itl=[0.02, 0.1, 0.1, 0.18], token_source="usage"),
+               RequestRecord(1, ok=True, ttft=0.2, e2e=0.3, output_tokens=3, prompt_tokens=50,
+                             itl=[0.04, 0.06], token_source="usage"),
+               RequestRecord(2, error="http_500", prompt_tokens=999)]  # failed: not counted
+    m = compute(records, 2.0)
+    assert (m["total_input_tokens"], m["total_output_tokens"]) == (150, 8)
+    assert m["input_token_throughput"] == pytest.approx(75.0)
+    assert m["total_token_throughput"] == pytest.approx(79.0)
+    assert m["output_throughput"] == pytest.approx(4.0)
+    assert m["ttst_ms"]["count"] == 2 and m["ttst_ms"]["median"] == pytest.approx(30.0)
+    per_user = m["output_token_throughput_per_user"]
+    assert (per_user["min"], per_user["max"]) == (pytest.approx(10.0), pytest.approx(20.0))
+    assert per_user["median"] == pytest.approx(15.0)
+    # one completed answer without usage: the prompt tokens are unknown, not 0 tok/s
+    records[1].token_source = "stream chunks"
+    m = compute(records, 2.0)
+    assert m["total_input_tokens"] is None and m["total_token_throughput"] is None
+    assert m["input_token_throughput"] is None and m["output_throughput"] == pytest.approx(4)
+
+
+@pytest.mark.parametrize(("field", "named"), [
+    ({"total_token_throughput": "fast"}, "phases.cold.total_token_throughput"),
+    ({"input_token_throughput": [1]}, "phases.cold.input_token_throughput"),
+    ({"ttst_ms": {"median": "soon"}}, "phases.cold.ttst_ms.median"),
+    ({"output_token_throughput_per_user": {"p99": "x"}},
+     "phases.cold.output_token_throughput_per_user.p99"),
+    ({"cancelled": "some"}, "phases.cold.cancelled"),
+])
+def test_the_new_metrics_are_validated_by_field(tmp_path, field, named):
+    bad = _write(tmp_path / "serve-bad.json", {"schema_version": 2, "kind": "serve",
+                                               "phases": {"cold": {"samples": {}, **field}}})
+    with pytest.raises(ConfigError) as info:
+        load_result(bad)
+    assert named in info.value.message, info.value.message
+
+
+def test_a_result_written_before_the_new_metrics_still_loads(tmp_path):
+    old = _write(tmp_path / "serve-old.json", {"schema_version": 2, "kind": "serve",
+                                               "phases": {"cold": {"samples": {}}}})
+    assert load_result(old)["phases"]["cold"]["samples"] == {}
+
+
+def test_the_gate_judges_ttst_and_per_user_speed_higher_is_better(tmp_path):
+    """The gate's metric list holds both; a candidate whose users read 20% slower regresses
+    (higher is better), one whose TTST is 20% shorter improved."""
+    from aphrodite_cli.bench.results.gate import DEFAULT_METRICS, compare
+
+    assert {"ttst_ms", "output_token_throughput_per_user"} <= set(DEFAULT_METRICS)
+
+    def doc(name: str, speed: float, ttst: float):
+        rng = np.random.default_rng(len(name))
+        return _write(tmp_path / name, {"schema_version": 2, "kind": "serve", "phases": {
+            "cold": {"samples": {
+                "output_token_throughput_per_user": list(speed * rng.uniform(0.98, 1.02, 60)),
+                "ttst_ms": list(ttst * rng.uniform(0.98, 1.02, 60))}}}})
+
+    verdicts = {v.metric: v for v in compare([doc("a.json", 100.0, 20.0)],
+                                             [doc("b.json", 80.0, 16.0)])}
+    speed, ttst = verdicts["output_token_throughput_per_user"], verdicts["ttst_ms"]
+    assert speed.regressed and not speed.improved
+    assert ttst.improved and not ttst.regressed

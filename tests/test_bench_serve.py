@@ -346,6 +346,14 @@ def test_a_vllm_bench_serve_command_line_runs_as_written(mock_process, tmp_path)
                   "p99_e2el_ms", "p50_e2el_ms"):
         assert isinstance(cold[field], float), field
     assert cold["p90_ttft_ms"] >= cold["p50_ttft_ms"] >= 5.0  # the mock's 5 ms TTFT
+    # the metrics users compare by: the mock counts 1 prompt token a request, 4 out
+    assert (cold["total_input_tokens"], cold["total_output_tokens"]) == (8, 32)
+    assert cold["total_token_throughput"] == pytest.approx(40 / cold["duration_s"])
+    assert cold["input_token_throughput"] == pytest.approx(8 / cold["duration_s"])
+    # (the mock keeps an absolute schedule: a late first token is followed closely)
+    assert cold["ttst_ms"]["count"] == 8 and cold["ttst_ms"]["median"] > 0
+    assert cold["output_token_throughput_per_user"]["count"] == 8
+    assert len(cold["samples"]["ttst_ms"]) == 8
     # one record per request, in the JSON, the JSONL (pandas reads one row each) and the CSV
     import pandas as pd
 
@@ -356,16 +364,22 @@ def test_a_vllm_bench_serve_command_line_runs_as_written(mock_process, tmp_path)
     assert (rows["sent_ms"] >= 0).all() and rows["sent_ms"].min() == 0
     assert doc["requests"]["cold"][3]["ttft_ms"] == rows["ttft_ms"][3]
     header = (tmp_path / "run.csv").read_text().splitlines()[0].split(",")
-    assert {"index", "sent_ms", "status", "error", "ttft_ms", "itl_ms", "e2e_ms"} <= set(header)
+    assert {"index", "sent_ms", "status", "error", "ttft_ms", "itl_ms", "e2e_ms", "ttst_ms",
+            "output_token_throughput_per_user", "cancelled"} <= set(header)
     assert not any(h.endswith("_s") for h in header)  # one unit: ms
     # piped (as into a CI log): the table is as wide as it needs, nothing cut with "…", and
     # no progress bar mixed into the results
     assert "TTFT p50/p90/p99 ms" in done.stdout and "…" not in done.stdout
+    assert "total tok/s" in done.stdout and "out tok/s/user p50" in done.stdout
     assert "cold phase" not in done.stdout + done.stderr
-    # vLLM's default backend posts text prompts to /v1/completions
+    # vLLM's default backend posts text prompts to /v1/completions; --random-input-len
+    # counts tokens with --tokenizer (the mock's model is no local folder)
+    from engine.models.loader import resolve_model_path
+
     done = subprocess.run(
         [str(exe), "bench", "serve", "--base-url", f"http://127.0.0.1:{mock_process}",
          "--backend", "openai", "--dataset-name", "random", "--random-input-len", "8",
+         "--tokenizer", str(resolve_model_path("tiny:qwen2_5_vl")),
          "--random-output-len", "4", "--num-prompts", "6", "--num-warmups", "0", "--mode",
          "cold", "--result-dir", str(tmp_path), "--result-filename", "completions.json"],
         capture_output=True, text=True, timeout=120)
@@ -374,6 +388,7 @@ def test_a_vllm_bench_serve_command_line_runs_as_written(mock_process, tmp_path)
     assert doc["target"]["endpoint"] == "/v1/completions"
     assert doc["phases"]["cold"]["completed"] == 6
     assert doc["phases"]["cold"]["total_output_tokens"] == 6 * 4
+    assert [r["input_len"] for r in doc["requests"]["cold"]] == [8] * 6
     done = subprocess.run([str(exe), "bench", "serve", "--embedded", "stray"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "unexpected argument(s): stray" in done.stdout + done.stderr
@@ -424,6 +439,9 @@ def test_results_print_as_json_or_markdown_for_scripts_and_pull_requests(mock_pr
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)
     assert rows[0]["phase"] == "cold" and rows[0]["ok/failed"] == "12/0"
+    # the default --percentile-metrics has TTST; every throughput has its column
+    assert rows[0]["TTST p50/p99 ms"] != "-" and rows[0]["total tok/s"] != "-"
+    assert {"in tok/s", "out tok/s", "out tok/s/user p50"} <= set(rows[0])
     assert "result:" in done.stderr
     done, _ = _bench(tmp_path, "--base-url", base, "--output-format", "markdown")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -33,6 +33,27 @@ Model = Annotated[str | None, typer.Option(
     help="Model name to send (and to serve with --embedded); default: the first of the "
          "target's GET /v1/models.")]
 ApiKey = Annotated[str | None, typer.Option(help="Bearer key for the target.")]
+Header = Annotated[list[str] | None, typer.Option(
+    "--header", metavar="KEY=VALUE",
+    help="A header on every request to the target, GET /v1/models and /metrics included "
+         "(repeat for more; vLLM's --header). Names are HTTP tokens, values hold no CR/LF; "
+         "Content-Type, Host and (with --api-key) Authorization are the benchmark's own. "
+         "Result files keep the names only.")]
+ExtraBody = Annotated[str | None, typer.Option(
+    metavar="JSON",
+    help="A JSON object merged into every request's body (vLLM's --extra-body), e.g. "
+         '\'{"chat_template_kwargs": {"enable_thinking": false}}\', mm_processor_kwargs or '
+         "cache_salt. A field the benchmark sets itself (model, messages, prompt, max_tokens, "
+         "temperature, ignore_eos, stream) is an error naming the flag that sets it.")]
+CancellationRate = Annotated[float, typer.Option(
+    min=0, max=100,
+    help="Percent of each phase's requests the benchmark cancels itself (AIPerf's name), drawn "
+         "with --seed: it closes the connection --request-cancellation-delay seconds after "
+         "sending. Cancelled requests are counted apart from completed and failed ones, with "
+         "no latency sample; one whose answer ended first completes.")]
+CancellationDelay = Annotated[float, typer.Option(
+    min=0, help="Seconds after sending that a cancelled request's connection is closed (0: at "
+                "once, before its answer's headers).")]
 
 # The load and its media
 Mode = Annotated[options.Mode, typer.Option(help="cold, warm or both.")]
@@ -43,9 +64,27 @@ ItemsPerRequest = Annotated[int, typer.Option(min=0, help="Media items per reque
 BucketConfig = Annotated[str | None, typer.Option(
     metavar="JSON", help='"height,width,frames": probability; frames > 1 is a video.')]
 PromptLen = Annotated[int, typer.Option(
-    "--prompt-len", "--random-input-len", min=1,
-    help="Words of text per prompt (vLLM's --random-input-len counts tokens; a word is about "
-         "one token).")]
+    "--prompt-len", min=1,
+    help="Words of text per prompt (about a token each; --random-input-len counts tokens).")]
+RandomInputLen = Annotated[int | None, typer.Option(
+    min=1, help="Tokens per prompt as the server counts them (usage.prompt_tokens), vLLM's "
+                "flag: written with --tokenizer (default: the target's model when it is a "
+                "local folder or a cached tiny model); a chat template's own tokens are "
+                "taken off the text. Exact for text-only prompts; media add theirs.")]
+RandomRangeRatio = Annotated[float, typer.Option(
+    min=0, max=1, help="vLLM's: each prompt's and answer's length drawn uniformly from "
+                       "n x (1 - r) to n x (1 + r) (with --random-input-len); below 1.")]
+PrefixLen = Annotated[int, typer.Option(
+    "--prefix-repetition-prefix-len", min=1,
+    help="--dataset-name prefix_repetition (vLLM's): tokens of each shared prefix.")]
+SuffixLen = Annotated[int, typer.Option(
+    "--prefix-repetition-suffix-len", min=0,
+    help="prefix_repetition: tokens of each request's own suffix.")]
+NumPrefixes = Annotated[int, typer.Option(
+    "--prefix-repetition-num-prefixes", min=1,
+    help="prefix_repetition: distinct prefixes; request i has prefix i mod this (shuffled).")]
+PrefixOutputLen = Annotated[int, typer.Option(
+    "--prefix-repetition-output-len", min=1, help="prefix_repetition: tokens per answer.")]
 OutputLen = Annotated[int, typer.Option(
     "--output-len", "--random-output-len", min=1, help="Tokens per answer.")]
 MediaDelivery = Annotated[options.MediaDelivery, typer.Option(
@@ -97,3 +136,16 @@ NumRuns = Annotated[int, typer.Option(
     min=1, max=100, help="Run the phases this many times against the same target; each "
                          "headline metric gets a 95% confidence interval across the runs "
                          "(Student t), which bench gate and report use.")]
+
+# Timed traces (--dataset-name trace, mooncake, timed_trace)
+TraceTimeScale = Annotated[float, typer.Option(
+    min=0.0001, help="A timed trace's gaps (--dataset-name trace, mooncake) times this: 0.5 "
+                     "replays it twice as fast.")]
+TimedTraceSecMultiplier = Annotated[float | None, typer.Option(
+    min=1e-12, help="vLLM's: seconds per timestamp unit of a mooncake/timed_trace trace "
+                    "(0.001 is real time for Mooncake's milliseconds), instead of "
+                    "--trace-time-scale.")]
+TimedTraceChunk = Annotated[int, typer.Option(
+    "--timed-trace-chunk-hash-size", min=1, max=1 << 16,
+    help="Tokens per hash id of a mooncake/timed_trace trace (vLLM's flag; 512 here, "
+         "Mooncake's block size, where vLLM's default 16 makes Mooncake prompts 32x short).")]

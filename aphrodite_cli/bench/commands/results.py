@@ -20,6 +20,10 @@ GATE_EXAMPLES = """Examples:
   aphrodite bench gate --baseline base1.json --baseline base2.json --candidate new1.json
   --candidate new2.json --threshold ttft_ms:10%,e2e_ms:5%
 
+Serve results are judged per request on ttft_ms, tpot_ms, e2e_ms, ttst_ms (time to second
+token) and output_token_throughput_per_user (higher is better: a drop regresses); --num-runs
+results also on run-level throughputs (request, output, total and input tokens/s).
+
 Sweeps (bench sweep with --slo) are compared on capacity: a drop of more than the threshold
 (--threshold capacity:10%) is a regression.
 

@@ -4,6 +4,7 @@ endpoint."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated
@@ -11,6 +12,11 @@ from typing import Annotated
 import typer
 
 from aphrodite_cli.bench.commands import flags
+from aphrodite_cli.bench.commands.serve_checks import (
+    check_ramp_up,
+    check_token_flags,
+    trace_seconds,
+)
 from aphrodite_cli.bench.commands.serve_extras import print_phase_extras
 from aphrodite_cli.options import DatasetName, RampUpStrategy
 from aphrodite_cli.output import err, out, print_table
@@ -29,7 +35,8 @@ EXAMPLES = """Examples:
 
 vLLM's flags work as given (--dataset-name, --result-dir, --result-filename, --save-result,
 --percentile-metrics, --metric-percentiles, --goodput ttft:500 tpot:50, --tokenizer,
---ignore-eos, --temperature, --host/--port, --endpoint); see the README's table."""
+--ignore-eos, --temperature, --host/--port, --endpoint, --header, --extra-body); see the
+README's table."""
 
 
 def serve_cmd(
@@ -45,11 +52,17 @@ def serve_cmd(
     server_engine: flags.EmbeddedEngine = "aphrodite",
     model: flags.Model = None,
     api_key: flags.ApiKey = None,
+    header: flags.Header = None,
+    extra_body: flags.ExtraBody = None,
+    request_cancellation_rate: flags.CancellationRate = 0.0,
+    request_cancellation_delay: flags.CancellationDelay = 0.0,
     dataset: Annotated[DatasetName, typer.Option(
         "--dataset", "--dataset-name",
-        help="random-mm, jsonl, vLLM's random (text only: random-mm with no media), or "
+        help="random-mm, jsonl, vLLM's random (text only: random-mm with no media), "
              "trace (a timed JSONL replayed at its arrival times: arrival_s, prompt, media, "
-             "output_len).")
+             "output_len), vLLM's prefix_repetition (shared prefixes, in tokens), or a "
+             "Mooncake trace: mooncake, or vLLM's timed_trace (timestamp, input_length, "
+             "output_length, hash_ids: equal ids are equal token blocks).")
     ] = "random-mm",
     dataset_path: Annotated[Path | None, typer.Option(
         help="JSONL file for --dataset jsonl or trace.")] = None,
@@ -66,7 +79,16 @@ def serve_cmd(
     items_per_request: flags.ItemsPerRequest = 1,
     bucket_config: flags.BucketConfig = None,
     prompt_len: flags.PromptLen = 32,
+    random_input_len: flags.RandomInputLen = None,
     output_len: flags.OutputLen = 16,
+    random_range_ratio: flags.RandomRangeRatio = 0.0,
+    prefix_repetition_prefix_len: flags.PrefixLen = 256,
+    prefix_repetition_suffix_len: flags.SuffixLen = 256,
+    prefix_repetition_num_prefixes: flags.NumPrefixes = 10,
+    prefix_repetition_output_len: flags.PrefixOutputLen = 128,
+    trace_time_scale: flags.TraceTimeScale = 1.0,
+    timed_trace_sec_multiplier: flags.TimedTraceSecMultiplier = None,
+    timed_trace_chunk_hash_size: flags.TimedTraceChunk = 512,
     image_format: Annotated[str, typer.Option(help="JPEG, PNG or WEBP.")] = "JPEG",
     image_quality: Annotated[int, typer.Option(min=1, max=100)] = 90,
     video_codec: Annotated[str, typer.Option()] = "libx264",
@@ -76,12 +98,14 @@ def serve_cmd(
         help="SLOs in ms: ttft:200,tpot:50 or vLLM's ttft:200 tpot:50 (e2el = e2e).")] = None,
     percentile_metrics: Annotated[str, typer.Option(
         help="Metrics whose percentiles are printed and stored as vLLM's p{N}_{metric}_ms "
-             "fields: ttft, tpot, itl, e2el.")] = "ttft,tpot,itl,e2el",
+             "fields: ttft, tpot, itl, e2el, ttst (time to second token).")
+    ] = "ttft,tpot,itl,e2el,ttst",
     metric_percentiles: Annotated[str, typer.Option(
         help="Those percentiles, e.g. 50,90,99.")] = "50,99",
     tokenizer: Annotated[str | None, typer.Option(
-        help="Count output tokens with this tokenizer (folder or hub id) when the target "
-             "reports no usage, instead of counting stream chunks.")] = None,
+        help="A tokenizer (folder or hub id): writes --random-input-len and prefix_repetition "
+             "prompts in its tokens, and counts output tokens when the target reports no "
+             "usage, instead of counting stream chunks.")] = None,
     ignore_eos: Annotated[bool, typer.Option(
         help="Ask for every answer's full --output-len (ignore_eos).")] = True,
     temperature: Annotated[float, typer.Option(min=0)] = 0.0,
@@ -119,26 +143,45 @@ def serve_cmd(
     ttft_from: flags.TtftFrom = "content",
 ) -> None:
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
-    import math
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from aphrodite_cli.bench.load import vllm_compat
+    from aphrodite_cli.bench.load import vllm_compat, wire
     from aphrodite_cli.bench.load.archetypes import parse_archetypes
     from aphrodite_cli.bench.load.client import LoadConfig
     from aphrodite_cli.bench.load.datasets import parse_buckets
     from aphrodite_cli.bench.load.escape import printable
-    from aphrodite_cli.bench.load.serve import ServeArgs, run
+    from aphrodite_cli.bench.load.serve import ServeArgs, TokenArgs, run
     from aphrodite_cli.bench.load.target import Target
     from aphrodite_cli.bench.results.files import write_result
     from engine.errors import ConfigError
 
     say = err if output_format == "json" else out  # stdout carries only the JSON then
+    goodput_parts = [goodput] if goodput else []
+    header_items = list(header or [])
+    stray = []
+    for arg in ctx.args:  # vLLM's nargs: --goodput ttft:500 tpot:50, --header a=1 b=2
+        if goodput and re.fullmatch(r"[A-Za-z0-9]+:[0-9.]+", arg):
+            goodput_parts.append(arg)
+        elif header_items and "=" in arg and not arg.startswith("-"):
+            header_items.append(arg)
+        else:
+            stray.append(arg)
+    if stray:
+        raise ConfigError(f"unexpected argument(s): {' '.join(stray)}",
+                          hint="every value needs its flag (see --help)", code="invalid_flag")
+    headers = wire.parse_headers(header_items, api_key)
+    body_extra = wire.parse_extra_body(extra_body)
+    for flag, value in (("--request-cancellation-rate", request_cancellation_rate),
+                        ("--request-cancellation-delay", request_cancellation_delay)):
+        if not math.isfinite(value):  # a range check lets inf through
+            raise ConfigError(f"{flag} {value} is not a finite number", code="invalid_flag")
     target = Target(base_url, host=host, port=port, embedded=embedded, model=model,
-                    engine=server_engine, api_key=api_key,
+                    engine=server_engine, api_key=api_key, headers=headers,
                     announce=lambda msg: say.print(printable(msg), markup=False))
     if dataset == "random":  # vLLM's text-only random dataset
         dataset, items_per_request = "random-mm", 0
+    if dataset in ("prefix_repetition", "mooncake", "timed_trace"):
+        items_per_request = 0  # text only, as vLLM's
     if endpoint is None:
         backends = {"openai-chat": "/v1/chat/completions", "openai": "/v1/completions",
                     "vllm": "/v1/completions", None: "/v1/chat/completions"}
@@ -151,19 +194,19 @@ def serve_cmd(
         raise ConfigError(f"--endpoint {endpoint} takes text prompts only, so it cannot carry "
                           "media", hint="use /v1/chat/completions, or --items-per-request 0 "
                           "(--dataset-name random)", code="invalid_flag")
-    extra = list(ctx.args)
-    goodput_parts = [goodput] if goodput else []
-    if extra and goodput and all(re.fullmatch(r"[A-Za-z0-9]+:[0-9.]+", a) for a in extra):
-        goodput_parts += extra  # vLLM's --goodput ttft:500 tpot:50
-    elif extra:
-        raise ConfigError(f"unexpected argument(s): {' '.join(extra)}",
-                          hint="every value needs its flag (see --help)", code="invalid_flag")
     try:
         rate = math.inf if request_rate.lower() == "inf" else float(request_rate)
     except ValueError:
         raise ConfigError(f"--request-rate {request_rate!r} is a number or inf",
                           code="invalid_flag") from None
     check_ramp_up(ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps, rate)
+    check_token_flags(dataset, random_input_len, random_range_ratio, archetypes)
+    if dataset in ("jsonl", "trace", "mooncake", "timed_trace") and dataset_path is None:
+        raise ConfigError(f"--dataset-name {dataset} needs --dataset-path FILE.jsonl",
+                          code="invalid_flag")
+    if not math.isfinite(trace_time_scale):
+        raise ConfigError(f"--trace-time-scale {trace_time_scale} is not finite",
+                          code="invalid_flag")
     slos = vllm_compat.parse_goodput(goodput_parts)
     pct_metrics = vllm_compat.parse_list("--percentile-metrics", percentile_metrics,
                                          set(vllm_compat.METRICS))
@@ -180,11 +223,24 @@ def serve_cmd(
                      ramp_up_strategy=ramp_up_strategy,
                      ramp_up_start_rps=ramp_up_start_rps, ramp_up_end_rps=ramp_up_end_rps,
                      max_response_bytes=int(max_response_mb * (1 << 20)),
-                     ttft_from=ttft_from)
+                     ttft_from=ttft_from, headers=headers, extra_body=body_extra,
+                     cancel_rate=request_cancellation_rate,
+                     cancel_delay_s=request_cancellation_delay)
     args = ServeArgs(dataset=dataset, dataset_path=dataset_path, media_dir=media_dir,
                      num_prompts=num_prompts, num_warmups=num_warmups, mode=mode,
                      items_per_request=items_per_request, buckets=parse_buckets(bucket_config),
                      prompt_len=prompt_len, output_len=output_len, seed=seed,
+                     tokens=TokenArgs(input_len=random_input_len, range_ratio=random_range_ratio,
+                                      prefix_len=prefix_repetition_prefix_len,
+                                      suffix_len=prefix_repetition_suffix_len,
+                                      num_prefixes=prefix_repetition_num_prefixes,
+                                      prefix_output_len=prefix_repetition_output_len,
+                                      tokenizer=tokenizer,
+                                      trace_block=timed_trace_chunk_hash_size,
+                                      trace_seconds_per_unit=trace_seconds(
+                                          dataset, trace_time_scale,
+                                          timed_trace_sec_multiplier)),
+                     trace_time_scale=trace_time_scale,
                      embedded=embedded, embedded_engine=server_engine,
                      percentile_metrics=tuple(pct_metrics),
                      metric_percentiles=tuple(pcts),
@@ -250,48 +306,29 @@ def serve_cmd(
                                    "sets how many a run may have", code="requests_failed")
 
 
-def check_ramp_up(strategy: str | None, start: float | None, end: float | None,
-                  rate: float) -> None:
-    """vLLM's rules for --ramp-up-strategy and its rates, as one-line errors."""
-    import math
-
-    from engine.errors import ConfigError
-
-    if strategy is None:
-        if start is not None or end is not None:
-            raise ConfigError("--ramp-up-start-rps/--ramp-up-end-rps need --ramp-up-strategy "
-                              "linear or exponential", code="invalid_flag")
-        return
-    if not math.isinf(rate):
-        raise ConfigError("--ramp-up-strategy sets the request rate itself",
-                          hint="drop --request-rate", code="invalid_flag")
-    if start is None or end is None:
-        raise ConfigError("--ramp-up-strategy needs both --ramp-up-start-rps and "
-                          "--ramp-up-end-rps", code="invalid_flag")
-    if start < 0 or end < 0 or start > end or (end == 0):
-        raise ConfigError(f"--ramp-up-start-rps {start:g} and --ramp-up-end-rps {end:g}: the "
-                          "rates are non-negative, the start at most the end, the end above 0",
-                          code="invalid_flag")
-    if strategy == "exponential" and start == 0:
-        raise ConfigError("an exponential ramp cannot start at 0 requests/s",
-                          hint="--ramp-up-start-rps above 0, or --ramp-up-strategy linear",
-                          code="invalid_flag")
-
-
 def _print_serve_table(doc: dict, fmt: str = "table") -> None:
     metrics = doc.get("percentile_metrics") or ["ttft", "tpot", "itl", "e2el"]
     pcts = doc.get("metric_percentiles") or [50.0, 99.0]
-    columns = ["phase", "ok/failed", "req/s", "out tok/s",
+    # requests the run cancelled itself (--request-cancellation-rate): apart from failures
+    cancels = any(p.get("cancelled") for p in doc["phases"].values()) or bool(
+        (doc.get("config") or {}).get("cancel_rate"))
+    columns = ["phase", "ok/failed", *(["cancelled"] if cancels else []), "req/s",
+               "in tok/s", "out tok/s", "total tok/s", "out tok/s/user p50",
                *(f"{m.upper()} {'/'.join(f'p{p:g}' for p in pcts)} ms" for m in metrics),
                "cache hit", "prefix hit"]
+
+    def num(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
     rows = []
     for mode, p in doc["phases"].items():
         hit = p["server_cache"]["hit_rate"]
         prefix = (p.get("prefix_cache") or {}).get("hit_rate")
-        cells = ["/".join("-" if p.get(f"p{q:g}_{m}_ms") is None else
-                          f"{p[f'p{q:g}_{m}_ms']:.1f}" for q in pcts) for m in metrics]
-        rows.append([mode, f"{p['completed']}/{p['failed']}", f"{p['request_throughput']:.2f}",
-                     f"{p['output_throughput']:.1f}", *cells,
-                     "-" if hit is None else f"{hit:.0%}",
-                     "-" if prefix is None else f"{prefix:.0%}"])
+        cells = ["/".join(num(p.get(f"p{q:g}_{m}_ms"), ".1f") for q in pcts) for m in metrics]
+        rows.append([mode, f"{p['completed']}/{p['failed']}",
+                     *([str(p.get("cancelled", 0))] if cancels else []),
+                     f"{p['request_throughput']:.2f}", num(p.get("input_token_throughput"), ".1f"),
+                     f"{p['output_throughput']:.1f}", num(p.get("total_token_throughput"), ".1f"),
+                     num((p.get("output_token_throughput_per_user") or {}).get("median"), ".1f"),
+                     *cells, num(hit, ".0%"), num(prefix, ".0%")])
     print_table(f"bench serve: {doc['num_prompts']} prompts per phase", columns, rows, fmt)

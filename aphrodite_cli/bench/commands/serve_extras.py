@@ -22,9 +22,12 @@ def _group_rows(groups: dict[str, Any]) -> list[list[str]]:
         per = mm.get("per_request") or {}
         tokens = ", ".join(f"{m} {s.get('mean', 0):.0f}" for m, s in per.items()) or (
             "none" if mm.get("requests_with_counts") else "unknown")
+        total = g.get("total_token_throughput")
         rows.append([name, f"{g['completed']}/{g['failed']}",
                      f"{g['request_throughput']:.2f}", f"{g['output_throughput']:.1f}",
+                     "-" if total is None else f"{total:.1f}",
                      f"{_p(g['ttft_ms'], 'p50')}/{_p(g['ttft_ms'], 'p99')}",
+                     f"{_p(g.get('ttst_ms'), 'p50')}/{_p(g.get('ttst_ms'), 'p99')}",
                      f"{_p(g['tpot_ms'], 'p50')}/{_p(g['tpot_ms'], 'p99')}",
                      f"{_p(g['e2e_ms'], 'p50')}/{_p(g['e2e_ms'], 'p99')}", tokens])
     return rows
@@ -63,7 +66,8 @@ def print_phase_extras(doc: dict[str, Any], fmt: str, say: Any) -> None:
                           f"{_p(probes['ttft_ms'], 'p50')}/{_p(probes['ttft_ms'], 'p99')}",
                           f"{_p(probes['e2e_ms'], 'p50')}/{_p(probes['e2e_ms'], 'p99')}"]],
                         fmt)
-        columns = ["ok/failed", "req/s", "out tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
+        columns = ["ok/failed", "req/s", "out tok/s", "total tok/s", "TTFT p50/p99 ms",
+                   "TTST p50/p99 ms", "TPOT p50/p99 ms",
                    "E2E p50/p99 ms", "media tokens/req"]
         if phase.get("by_kind") and tables:
             print_table(f"{mode}: per kind", ["kind", *columns],

@@ -160,8 +160,9 @@ def _headline(records: list[RequestRecord], duration_s: float, slos: dict[str, f
               ) -> dict[str, Any]:
     m = compute(records, duration_s, slos)
     keep = ("completed", "failed", "failures_by_type", "request_throughput",
-            "output_throughput", "total_output_tokens", "goodput", "ttft_ms", "tpot_ms",
-            "itl_ms", "e2e_ms")
+            "output_throughput", "total_output_tokens", "total_input_tokens",
+            "input_token_throughput", "total_token_throughput", "goodput", "ttft_ms",
+            "tpot_ms", "itl_ms", "e2e_ms", "ttst_ms", "output_token_throughput_per_user")
     out = {k: m[k] for k in keep}
     out["mm_tokens"] = mm_token_summary(records, duration_s)
     return out

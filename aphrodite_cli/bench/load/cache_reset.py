@@ -14,14 +14,17 @@ from typing import Any
 
 import aiohttp
 
+from aphrodite_cli.bench.load.wire import request_headers
+
 ROUTES = ("/reset_mm_cache", "/reset_prefix_cache")
 
 
-async def reset_caches(root: str, api_key: str | None = None, timeout_s: float = 30.0
+async def reset_caches(root: str, api_key: str | None = None, timeout_s: float = 30.0,
+                       extra_headers: dict[str, str] | None = None
                        ) -> dict[str, dict[str, Any]]:
     """route -> ``{"status": "reset" | "no cache" | "not reset" | "absent" | "failed", "http": code,
     "detail": what the target said or why}``."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = request_headers(api_key, extra_headers, json_body=False)
     out: dict[str, dict[str, Any]] = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         for route in ROUTES:

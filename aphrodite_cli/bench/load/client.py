@@ -21,6 +21,7 @@ from aphrodite_cli.bench.load import sse_client
 from aphrodite_cli.bench.load.datasets import BenchRequest, MediaSpec, render_media
 from aphrodite_cli.bench.load.escape import printable
 from aphrodite_cli.bench.load.metrics import FORMULAS, RequestRecord, compute
+from aphrodite_cli.bench.load.wire import cancelled_indices, request_headers
 
 #: Where a chat benchmark posts, relative to the server's root (vLLM's --endpoint default).
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -39,7 +40,8 @@ def server_root(base_url: str) -> str:
 MAX_MODELS_BYTES = 1 << 20
 
 
-def first_model(root: str, api_key: str | None, timeout_s: float = 30.0) -> str:
+def first_model(root: str, api_key: str | None, timeout_s: float = 30.0,
+                headers: dict[str, str] | None = None) -> str:
     """The first model id of ``GET {root}/v1/models``, as vLLM's client picks one when no
     ``--model`` is given. At most :data:`MAX_MODELS_BYTES` and ``timeout_s`` seconds in all:
     an endless or trickling answer is an error, not a hang."""
@@ -49,8 +51,8 @@ def first_model(root: str, api_key: str | None, timeout_s: float = 30.0) -> str:
     from engine.errors import ConfigError
 
     url = f"{root}/v1/models"
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"}
-                                 if api_key else {})
+    req = urllib.request.Request(url, headers=request_headers(api_key, headers,
+                                                              json_body=False))
     deadline = time.monotonic() + timeout_s
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
@@ -113,6 +115,14 @@ class LoadConfig:
     # Stop the phase when the first this-many answers are all the same 4xx (a wrong URL,
     # model or key fails every request alike); 0: never.
     abort_after: int = 5
+    #: --header K=V: on every request to the target (load/wire.py checks them)
+    headers: dict[str, str] = field(default_factory=dict)
+    #: --extra-body: merged into every request's body (none of the fields set here)
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    #: --request-cancellation-rate (percent of a phase's requests, drawn with the seed) and
+    #: --request-cancellation-delay (seconds after sending): the connection is closed then
+    cancel_rate: float = 0.0
+    cancel_delay_s: float = 0.0
 
 
 def media_url(spec: MediaSpec, data: bytes, host: MediaHost | None) -> str:
@@ -140,6 +150,7 @@ def build_payload(req: BenchRequest, cfg: LoadConfig, host: MediaHost | None,
                                 "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos}
         if cfg.model:
             body["model"] = cfg.model
+        body.update(cfg.extra_body)  # load/wire.py: none of its fields is one set here
         return json.dumps(body).encode(), time.perf_counter() - start
     if req.messages is not None:
         messages = req.messages
@@ -155,18 +166,22 @@ def build_payload(req: BenchRequest, cfg: LoadConfig, host: MediaHost | None,
                             "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos}
     if cfg.model:
         body["model"] = cfg.model
+    body.update(cfg.extra_body)  # load/wire.py: none of its fields is one set here
     encoded = json.dumps(body).encode()
     return encoded, time.perf_counter() - start
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
-                      body: bytes, record: RequestRecord, cfg: LoadConfig | None = None) -> None:
+                      body: bytes, record: RequestRecord, cfg: LoadConfig | None = None,
+                      cancel: bool = False) -> None:
     """One request under ``cfg``'s bounds (--request-timeout, --max-response-mb): see
-    :mod:`aphrodite_cli.bench.load.sse_client` for how every answer is read and judged."""
+    :mod:`aphrodite_cli.bench.load.sse_client` for how every answer is read and judged.
+    ``cancel``: cut it ``cfg.cancel_delay_s`` after sending (--request-cancellation-*)."""
     cfg = cfg or LoadConfig(base_url=url)
     await sse_client.one_request(session, url, headers, body, record, timeout_s=cfg.timeout_s,
                                  max_bytes=cfg.max_response_bytes, keep_text=cfg.keep_text,
-                                 any_chunk=cfg.ttft_from == "chunk")
+                                 any_chunk=cfg.ttft_from == "chunk",
+                                 cancel_after=cfg.cancel_delay_s if cancel else None)
 
 
 class TargetRefused(Exception):
@@ -222,9 +237,8 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
     """Send every payload on the arrival schedule; returns records, duration and the
     achieved send rate."""
     url = server_root(cfg.base_url) + cfg.endpoint
-    headers = {"Content-Type": "application/json"}
-    if cfg.api_key:
-        headers["Authorization"] = f"Bearer {cfg.api_key}"
+    headers = request_headers(cfg.api_key, cfg.headers)
+    cut = cancelled_indices(len(payloads), cfg.cancel_rate, cfg.seed)
     own = session is None
     if session is None:
         session = aiohttp.ClientSession(
@@ -245,10 +259,11 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
                 if refused.is_set():
                     return
                 sent.append(time.perf_counter())
-                await one_request(session, url, headers, payloads[i][0], records[i], cfg)
+                await one_request(session, url, headers, payloads[i][0], records[i], cfg,
+                                  i in cut)
         else:
             sent.append(time.perf_counter())
-            await one_request(session, url, headers, payloads[i][0], records[i], cfg)
+            await one_request(session, url, headers, payloads[i][0], records[i], cfg, i in cut)
         finished.append(records[i])
         if cfg.abort_after and len(finished) == cfg.abort_after and _refused_alike(finished):
             refused.set()
@@ -304,6 +319,8 @@ def document(cfg: LoadConfig, phases: dict[str, Any], extra: dict[str, Any]) -> 
     config["request_rate"] = "inf" if math.isinf(cfg.request_rate) else cfg.request_rate
     config["model"] = None if cfg.model is None else printable(cfg.model)  # the target's words
     config["api_key"] = "(set)" if cfg.api_key else None  # a secret stays out of result files
+    # a header may carry a gateway's token: names only, as vLLM redacts --header
+    config["headers"] = {printable(name, 80): "(set)" for name in cfg.headers}
     for phase in phases.values():
         if math.isinf(phase.get("requested_rate", 0)):
             phase["requested_rate"] = "inf"

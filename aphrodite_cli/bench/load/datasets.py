@@ -49,6 +49,8 @@ class BenchRequest:
     messages: list[dict[str, Any]] | None = None  # jsonl requests carry their own
     kind: str | None = None  # its archetype (--archetypes), for the per-kind breakdown
     arrival_s: float | None = None  # when a replayed trace sends it (load/trace.py)
+    #: the prompt tokens the server should count, when prompts are written in tokens
+    input_len: int | None = None
 
 
 def parse_buckets(text: str | None) -> dict[tuple[int, int, int], float]:

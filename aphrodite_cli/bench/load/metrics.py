@@ -6,8 +6,18 @@ Per request (streaming):
 - TPOT = (E2E - TTFT) / (output tokens - 1), for requests with more than one output token;
   the first token is excluded.
 - E2E = time the stream ended - time the request was sent.
+- TTST (time to second token, AIPerf's ``time_to_second_token``) = the second content chunk's
+  time - the first's: the first ITL gap, the wait for decoding to start after prefill.
+- Output tokens per second per user (AIPerf's ``output_token_throughput_per_user``) =
+  (output tokens - 1) / (E2E - TTFT) = 1 / TPOT: the reading speed one user sees.
+A request the benchmark cancels itself (--request-cancellation-rate) is neither completed
+nor failed: it is counted as cancelled and has no latency sample.
 Run level: request throughput = completed requests / benchmark duration; output token
-throughput = output tokens of completed requests / duration; goodput = completed requests
+throughput = output tokens of completed requests / duration; input token throughput (SGLang's and
+AIPerf's ``input_token_throughput``) = the server's prompt tokens (``usage.prompt_tokens``) of
+completed requests / duration; total token throughput (vLLM's ``total_token_throughput``) =
+(input + output tokens) / duration; both None when a completed request's server reported no
+usage (its prompt tokens are unknown); goodput = completed requests
 meeting every SLO given with --goodput (e.g. ttft:200,tpot:50 in ms) / duration.
 Percentiles interpolate linearly between closest ranks (see stats.percentile).
 """
@@ -27,6 +37,12 @@ FORMULAS = {
     "e2e": "stream end time - send time",
     "request_throughput": "completed requests / duration",
     "output_throughput": "completed output tokens / duration",
+    "input_token_throughput": "completed requests' usage.prompt_tokens / duration (None "
+                              "without usage)",
+    "total_token_throughput": "(input + output tokens of completed requests) / duration",
+    "ttst": "second content chunk time - first content chunk time",
+    "output_token_throughput_per_user": "(output_tokens - 1) / (e2e - ttft) = 1 / tpot, "
+                                        "tokens/s, requests with >1 output token",
     "goodput": "completed requests meeting all SLOs / duration",
     "percentiles": "linear interpolation between closest ranks",
 }
@@ -38,6 +54,8 @@ class RequestRecord:
 
     index: int
     ok: bool = False
+    #: cut by the benchmark itself (--request-cancellation-rate): neither ok nor failed
+    cancelled: bool = False
     error: str | None = None
     status: int | None = None  # HTTP status of the answer; None: no answer
     error_body: str | None = None  # the start of a failed answer's body, as sent
@@ -71,6 +89,17 @@ class RequestRecord:
             return None
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
+    @property
+    def ttst(self) -> float | None:
+        """Time to second token: the first gap between content chunks."""
+        return self.itl[0] if self.ok and self.itl else None
+
+    @property
+    def tokens_per_s_per_user(self) -> float | None:
+        """Output tokens per second this request's user saw after the first: 1 / TPOT."""
+        tpot = self.tpot
+        return 1.0 / tpot if tpot else None
+
 
 def stage_ms(name: str) -> str:
     """A server stage's name in results, where it holds milliseconds: ``decode_s`` (the
@@ -78,23 +107,31 @@ def stage_ms(name: str) -> str:
     return name.removesuffix("_s") + "_ms"
 
 
-def _ms(values: list[float]) -> dict[str, float]:
-    out = summary([v * 1000 for v in values])
+def _stats(values: list[float]) -> dict[str, float]:
+    out = summary(values)
     if values:
         out["p50"] = out["median"]
-        out["p95"] = percentile([v * 1000 for v in values], 95)
+        out["p95"] = percentile(values, 95)
     return out
+
+
+def _ms(values: list[float]) -> dict[str, float]:
+    return _stats([v * 1000 for v in values])
 
 
 def compute(records: list[RequestRecord], duration_s: float,
             slos_ms: dict[str, float] | None = None) -> dict[str, Any]:
     """Every metric of a run from its request records."""
     done = [r for r in records if r.ok]
+    failed = [r for r in records if not r.ok and not r.cancelled]
     ttft = [r.ttft for r in done if r.ttft is not None]
     tpot = [t for r in done if (t := r.tpot) is not None]
     itl = [gap for r in done for gap in r.itl]
     e2e = [r.e2e for r in done if r.e2e is not None]
     out_tokens = sum(r.output_tokens for r in done)
+    # prompt tokens as the server counted them: known when every completed answer said
+    in_tokens = (sum(r.prompt_tokens for r in done)
+                 if done and all(r.usage_reported for r in done) else None)
     slos = slos_ms or {}
 
     def good(r: RequestRecord) -> bool:
@@ -112,13 +149,15 @@ def compute(records: list[RequestRecord], duration_s: float,
         for hit in r.server.get("cache_hits") or []:
             hits, misses = hits + bool(hit), misses + (not hit)
     return {
-        "completed": len(done), "failed": len(records) - len(done),
+        "completed": len(done), "failed": len(failed),
+        # closed by the benchmark (--request-cancellation-rate): neither completed nor failed
+        "cancelled": len(records) - len(done) - len(failed),
         # completed with 0 output tokens (the model ended at once): no TTFT sample
         "empty_answers": sum(1 for r in done if r.ttft is None),
-        "failures_by_type": dict(Counter(r.error or "unknown" for r in records if not r.ok)),
+        "failures_by_type": dict(Counter(r.error or "unknown" for r in failed)),
         # one answer body per failure type, as the target sent it (what to fix, at a glance)
-        "failure_examples": {r.error or "unknown": r.error_body for r in reversed(records)
-                             if not r.ok and r.error_body},
+        "failure_examples": {r.error or "unknown": r.error_body for r in reversed(failed)
+                             if r.error_body},
         # the server's usage, the client's tokenizer, or stream chunks counted one token
         # each (an estimate: a chunk may hold several tokens); several when they differ
         "output_tokens_from": " + ".join(sorted({r.token_source for r in done})) or None,
@@ -126,10 +165,18 @@ def compute(records: list[RequestRecord], duration_s: float,
         "request_throughput": len(done) / duration_s if duration_s else 0.0,
         "output_throughput": out_tokens / duration_s if duration_s else 0.0,
         "total_output_tokens": out_tokens,
+        "total_input_tokens": in_tokens,
+        "input_token_throughput": in_tokens / duration_s if duration_s and in_tokens is not
+        None else None,
+        "total_token_throughput": (in_tokens + out_tokens) / duration_s if duration_s and
+        in_tokens is not None else None,
         "goodput": (sum(1 for r in done if good(r)) / duration_s if duration_s else 0.0)
         if slos else None,
         "slos_ms": slos or None,
         "ttft_ms": _ms(ttft), "tpot_ms": _ms(tpot), "itl_ms": _ms(itl), "e2e_ms": _ms(e2e),
+        "ttst_ms": _ms([t for r in done if (t := r.ttst) is not None]),
+        "output_token_throughput_per_user": _stats(
+            [v for r in done if (v := r.tokens_per_s_per_user) is not None]),
         "client": {"request_bytes": summary([r.request_bytes for r in records]),
                    "encode_ms": _ms([r.encode_s for r in records])},
         "server_stages_ms": {k: _ms(v) for k, v in sorted(stages.items())},

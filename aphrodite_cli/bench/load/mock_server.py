@@ -21,7 +21,7 @@ async def _sleep_until(due: float) -> None:
 def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
                headers_ms: float = 0.0, *, model: str = "mock",
                require_model: bool = False, max_concurrency: int | None = None,
-               usage: bool = True) -> web.Application:
+               usage: bool = True, seen: list[dict] | None = None) -> web.Application:
     """``headers_ms``: when a stream's response headers go out (capped at the TTFT); a real
     server may send them at once or only with the first token, and a client must time the
     first token from its request either way, never from the headers. With the headers goes
@@ -33,13 +33,20 @@ def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
     of their own (a server is free at its last request's scheduled end, not when the event
     loop got round to finishing it), so the mock's own overhead and wake-up lateness cost it
     no throughput: its capacity is ``max_concurrency`` / (TTFT + ITL x (tokens - 1))
-    requests per second exactly, overhead included, as long as it has the CPU to keep up."""
+    requests per second exactly, overhead included, as long as it has the CPU to keep up.
+    ``seen``: each request that arrives is appended to it as it arrives (its ``headers`` and
+    ``body`` as sent), with the ``tokens`` streamed and whether the client ``disconnected``
+    mid-stream: what a test asserts the client put on the wire."""
     headers_ms = min(headers_ms, ttft_ms)
     free_at = [0.0] * (max_concurrency or 0)  # perf_counter when each server is free
 
     async def chat(request: web.Request) -> web.StreamResponse:
         start = time.perf_counter()  # delays count from the request's arrival (or its server)
         body = await request.json()
+        entry = {"path": request.path, "headers": dict(request.headers), "body": body, "tokens": 0,
+                 "disconnected": False}
+        if seen is not None:
+            seen.append(entry)
         if require_model and body.get("model") != model:
             return web.json_response({"error": {
                 "message": f"The model `{body.get('model')}` does not exist; this server "
@@ -64,6 +71,17 @@ def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
                 "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await _sleep_until(start + headers_ms / 1000)
+        try:
+            await _stream(request, response, body, n, start, chat_api, rid, entry)
+        except ConnectionResetError:  # the client closed the connection mid-answer
+            entry["disconnected"] = True
+        except asyncio.CancelledError:  # ... and aiohttp cancelled the handler for it
+            entry["disconnected"] = True
+            raise
+        return response
+
+    async def _stream(request: web.Request, response: web.StreamResponse, body: dict, n: int,
+                      start: float, chat_api: bool, rid: str, entry: dict) -> None:
         await response.prepare(request)
         if chat_api:
             role = {"id": rid, "object": "chat.completion.chunk", "choices": [
@@ -79,6 +97,7 @@ def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
             await response.write(b"data: " + json.dumps(
                 {"id": rid, "object": "chat.completion.chunk", "choices": [choice]}).encode()
                 + b"\n\n")
+            entry["tokens"] += 1
         if usage and (body.get("stream_options") or {}).get("include_usage"):
             # only when asked for, as the OpenAI API does
             tally = {"id": rid, "object": "chat.completion.chunk", "choices": [],
@@ -86,9 +105,10 @@ def create_app(ttft_ms: float, itl_ms: float, output_tokens: int | None,
                                "total_tokens": n + 1}}
             await response.write(b"data: " + json.dumps(tally).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
-        return response
 
     async def models(request: web.Request) -> web.Response:
+        if seen is not None:
+            seen.append({"path": request.path, "headers": dict(request.headers)})
         return web.json_response({"object": "list", "data": [{"id": model, "object": "model"}]})
 
     app = web.Application(client_max_size=1 << 30)

@@ -52,9 +52,11 @@ class PhaseWatch:
 
     async def __aenter__(self) -> PhaseWatch:
         if self.reset_caches and self.mode == "cold":
-            self.reset = await cache_reset.reset_caches(self.root, self.cfg.api_key)
+            self.reset = await cache_reset.reset_caches(self.root, self.cfg.api_key,
+                                                         extra_headers=self.cfg.headers)
         if self.scrape_metrics:
-            self.before = await scrape.scrape(self.root, self.cfg.api_key)
+            self.before = await scrape.scrape(self.root, self.cfg.api_key,
+                                             extra_headers=self.cfg.headers)
         if self.probe_rate:
             self.probes = await self._stack.enter_async_context(
                 Probes(self.cfg, self.probe_rate, self.cfg.seed))
@@ -67,7 +69,8 @@ class PhaseWatch:
             self.cpu.stop()
         await self._stack.aclose()
         if self.scrape_metrics and exc_type is None:
-            self.after = await scrape.scrape(self.root, self.cfg.api_key)
+            self.after = await scrape.scrape(self.root, self.cfg.api_key,
+                                             extra_headers=self.cfg.headers)
 
     def annotate(self, result: dict[str, Any], dataset: list[Any], records: list[Any],
                  duration: float) -> dict[str, Any]:

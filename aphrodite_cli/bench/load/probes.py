@@ -22,6 +22,7 @@ import numpy as np
 
 from aphrodite_cli.bench.load.client import LoadConfig, one_request, server_root
 from aphrodite_cli.bench.load.metrics import RequestRecord, compute
+from aphrodite_cli.bench.load.wire import request_headers
 
 #: A probe's prompt and answer length: small, so its own cost is negligible.
 PROMPT = "Reply with one word: ok"
@@ -39,6 +40,7 @@ def probe_body(cfg: LoadConfig, output_len: int = OUTPUT_LEN) -> bytes:
         body["prompt"] = PROMPT
     if cfg.model:
         body["model"] = cfg.model
+    body.update(cfg.extra_body)  # --extra-body, as on the phase's own requests
     return json.dumps(body).encode()
 
 
@@ -56,9 +58,7 @@ class Probes:
     async def _run(self) -> None:
         cfg = self.cfg
         url = server_root(cfg.base_url) + cfg.endpoint
-        headers = {"Content-Type": "application/json"}
-        if cfg.api_key:
-            headers["Authorization"] = f"Bearer {cfg.api_key}"
+        headers = request_headers(cfg.api_key, cfg.headers)
         body = probe_body(cfg)
         rng = np.random.default_rng(self.seed + 104729)
         inflight: list[asyncio.Task] = []

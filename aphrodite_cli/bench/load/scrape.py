@@ -29,6 +29,8 @@ from typing import Any
 
 import aiohttp
 
+from aphrodite_cli.bench.load.wire import request_headers
+
 #: The processor cache's counters: (hits, lookups or misses, whether the second is misses).
 _PROCESSOR_CACHE = (
     ('aphrodite_processor_cache_total{result="hit"}',
@@ -68,10 +70,11 @@ def parse(text: str) -> dict[str, float]:
     return out
 
 
-async def scrape(root: str, api_key: str | None = None, timeout_s: float = 10.0
+async def scrape(root: str, api_key: str | None = None, timeout_s: float = 10.0,
+                 extra_headers: dict[str, str] | None = None
                  ) -> dict[str, float] | str:
     """``GET {root}/metrics`` parsed (see :func:`parse`), or why not (a sentence)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = request_headers(api_key, extra_headers, json_body=False)
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)
                                          ) as session, \

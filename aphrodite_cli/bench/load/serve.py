@@ -33,6 +33,33 @@ from engine.timings import SERVED_STAGES
 
 
 @dataclass(frozen=True)
+class TokenArgs:
+    """Prompts counted in tokens (see :mod:`aphrodite_cli.bench.load.token_prompts`):
+    ``--random-input-len`` and ``--random-range-ratio``, vLLM's prefix_repetition dataset,
+    and the tokenizer named by ``--tokenizer`` (None: the target's model);
+    ``prompts`` once the target is open."""
+
+    input_len: int | None = None  # --random-input-len (None: prompts in words)
+    range_ratio: float = 0.0  # --random-range-ratio
+    # --prefix-repetition-prefix-len, -suffix-len, -num-prefixes, -output-len (vLLM's defaults)
+    prefix_len: int = 256
+    suffix_len: int = 256
+    num_prefixes: int = 10
+    prefix_output_len: int = 128
+    tokenizer: str | None = None  # --tokenizer
+    prompts: Any = None  # a token_prompts.TokenPrompts, once the target is open
+    # a Mooncake trace's block size (--timed-trace-chunk-hash-size) and seconds per timestamp
+    # unit (0.001 x --trace-time-scale, or --timed-trace-sec-multiplier)
+    trace_block: int = 512
+    trace_seconds_per_unit: float = 0.001
+
+
+#: Datasets whose requests carry their own arrival times; Mooncake's in tokens
+TIMED = ("trace", "mooncake", "timed_trace")
+MOONCAKE = ("mooncake", "timed_trace")
+
+
+@dataclass(frozen=True)
 class ServeArgs:
     """What ``bench serve`` sends and how (the load itself is a :class:`LoadConfig`),
     resolved from the flags once."""
@@ -64,6 +91,14 @@ class ServeArgs:
     server_cpu: bool = True
     archetypes: dict | None = None
     num_runs: int = 1  # the phases this many times, with run-to-run intervals (results/runs.py)
+    tokens: TokenArgs = TokenArgs()
+    trace_time_scale: float = 1.0  # --trace-time-scale: a trace's gaps times this
+
+    @property
+    def in_tokens(self) -> bool:
+        """Whether prompts are written in tokens (and need a tokenizer)."""
+        return self.tokens.input_len is not None or self.dataset in ("prefix_repetition",
+                                                                     *MOONCAKE)
 
 
 def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
@@ -77,8 +112,12 @@ def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
 
         if not args.dataset_path:
             raise ConfigError("--dataset-name trace needs --dataset-path FILE.jsonl")
-        return load_trace(Path(args.dataset_path), args.media_dir, limit=args.num_prompts,
+        rows = load_trace(Path(args.dataset_path), args.media_dir, limit=args.num_prompts,
                           nonce=run_nonce)
+        return [replace(r, arrival_s=(r.arrival_s or 0.0) * args.trace_time_scale)
+                for r in rows]
+    if args.in_tokens:
+        return _token_dataset(args, run_nonce)
     if args.archetypes:
         from aphrodite_cli.bench.load.archetypes import archetype_dataset
 
@@ -90,24 +129,59 @@ def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
                      nonce=run_nonce)
 
 
-def request_rows(phase: str, records: list) -> list[dict[str, Any]]:
+def _token_dataset(args: ServeArgs, run_nonce: int) -> list[BenchRequest]:
+    from aphrodite_cli.bench.load import token_prompts
+
+    t = args.tokens
+    if args.dataset in MOONCAKE:
+        from aphrodite_cli.bench.load.mooncake import load_mooncake
+
+        if not args.dataset_path:
+            raise ConfigError(f"--dataset-name {args.dataset} needs --dataset-path FILE.jsonl",
+                              code="invalid_flag")
+        return load_mooncake(Path(args.dataset_path), t.prompts, block=t.trace_block,
+                             seconds_per_unit=t.trace_seconds_per_unit, limit=args.num_prompts,
+                             seed=args.seed, nonce=run_nonce)
+    if args.dataset == "prefix_repetition":
+        texts = token_prompts.prefix_repetition_requests(
+            t.prompts, args.num_prompts, prefix_len=t.prefix_len, suffix_len=t.suffix_len,
+            num_prefixes=t.num_prefixes, seed=args.seed, nonce=run_nonce)
+        length = t.prefix_len + t.suffix_len + t.prompts.overhead
+        return [BenchRequest(text, [], t.prefix_output_len, input_len=length) for text in texts]
+    pairs = token_prompts.random_token_requests(
+        t.prompts, args.num_prompts, input_len=t.input_len, output_len=args.output_len,
+        range_ratio=t.range_ratio, seed=args.seed, nonce=run_nonce)
+    media = random_mm(args.num_prompts, items=args.items_per_request, buckets=args.buckets,
+                      prompt_len=1, output_len=1, seed=args.seed, nonce=run_nonce)
+    return [replace(req, prompt=text, input_len=length, output_len=out)
+            for req, (text, length, out) in zip(media, pairs, strict=True)]
+
+
+def request_rows(phase: str, records: list, dataset: list[BenchRequest] | None = None
+                 ) -> list[dict[str, Any]]:
     """One row per request, every time in ms: its index and send time (ms after the
-    phase's first send), status and error, every metric, its ITL gaps, and the server's
-    stage timings (``server_<stage>_ms``) when the target reports them."""
+    phase's first send), status and error, every metric, its ITL gaps, the server's
+    stage timings (``server_<stage>_ms``) when the target reports them, and the prompt
+    tokens asked for (``input_len``, vLLM's name) when prompts are written in tokens."""
     first = min((r.sent_at for r in records if r.sent_at), default=0.0)
 
     def ms(value: float | None) -> float | None:
         return None if value is None else round(value * 1e3, 3)
 
+    asked = [req.input_len for req in dataset] if dataset else [None] * len(records)
     rows = []
-    for r in records:
+    for r, input_len in zip(records, asked, strict=True):
         timings = (r.server or {}).get("timings") or {}
         rows.append({
             "phase": phase, "index": r.index, "sent_ms": ms(r.sent_at - first) if r.sent_at
-            else None, "ok": r.ok, "status": r.status, "error": r.error,
+            else None, "ok": r.ok, "cancelled": r.cancelled, "status": r.status,
+            "error": r.error,
             "ttft_ms": ms(r.ttft), "tpot_ms": ms(r.tpot), "e2e_ms": ms(r.e2e),
+            "ttst_ms": ms(r.ttst), "output_token_throughput_per_user":
+            None if r.tokens_per_s_per_user is None else round(r.tokens_per_s_per_user, 3),
             "itl_ms": [ms(g) for g in r.itl], "output_tokens": r.output_tokens,
-            "output_tokens_from": r.token_source, "prompt_tokens": r.prompt_tokens,
+            "output_tokens_from": r.token_source, "input_len": input_len,
+            "prompt_tokens": r.prompt_tokens,
             "request_bytes": r.request_bytes, "encode_ms": ms(r.encode_s),
             **{f"server_{k.removeprefix('server_').removesuffix('_s')}_ms": ms(float(v))
                for k, v in timings.items() if k.endswith("_s") and isinstance(v, int | float)}})
@@ -140,14 +214,13 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
             warmups = [build_payload(r, cfg, host, cache) for r in make_dataset(
                 replace(args, num_prompts=args.num_warmups), run_nonce=nonce())
             ] if args.num_warmups else []
+            # unmeasured sends: all at once, none cancelled (a warm phase's media must land)
+            unmeasured = replace(cfg, request_rate=math.inf, ramp_up_strategy=None,
+                                 cancel_rate=0.0)
             if warmups:  # server warm-up (JIT, pools): never measured
-                await run_phase(warmups, LoadConfig(**{**cfg.__dict__,
-                                                       "request_rate": math.inf,
-                                                       "ramp_up_strategy": None}))
+                await run_phase(warmups, unmeasured)
             if mode == "warm":  # the same media, sent once before measuring: never measured
-                await run_phase(payloads, LoadConfig(**{**cfg.__dict__,
-                                                        "request_rate": math.inf,
-                                                       "ramp_up_strategy": None}))
+                await run_phase(payloads, unmeasured)
             task = progress.add_task(f"{mode} phase", total=len(payloads))
             async with PhaseWatch(cfg, mode, reset_caches=args.reset_caches,
                                   scrape_metrics=args.scrape_metrics,
@@ -156,7 +229,7 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                                   server_cpu=args.server_cpu) as watch:
                 records, duration, send_rate = await run_phase(
                     payloads, cfg, on_done=lambda t=task: progress.advance(t),
-                    times=[r.arrival_s or 0.0 for r in dataset] if args.dataset == "trace"
+                    times=[r.arrival_s or 0.0 for r in dataset] if args.dataset in TIMED
                     else None)
             if args.tokenizer is not None:
                 count_tokens(args.tokenizer, records)
@@ -173,6 +246,9 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                 "itl_ms": [gap * 1e3 for r in records if r.ok for gap in r.itl],
                 "tpot_ms": [r.tpot * 1e3 for r in records if r.tpot is not None],
                 "e2e_ms": [r.e2e * 1e3 for r in records if r.ok and r.e2e is not None],
+                "ttst_ms": [t * 1e3 for r in records if (t := r.ttst) is not None],
+                "output_token_throughput_per_user": [
+                    v for r in records if (v := r.tokens_per_s_per_user) is not None],
                 "pixels": [sum(m.width * m.height * m.frames for m in req.media)
                            for req, r in zip(dataset, records, strict=True) if r.ok],
                 "stages_ms": {stage_ms(k): [float(((r.server or {}).get("timings") or {})
@@ -182,7 +258,7 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
             result.update(flat_fields(result, list(args.percentile_metrics),
                                       list(args.metric_percentiles)))
             phases[mode] = result
-            rows[mode] = request_rows(mode, records)
+            rows[mode] = request_rows(mode, records, dataset)
     finally:
         if host:
             host.stop()
@@ -198,8 +274,37 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                                  "target": {"base_url": cfg.base_url,
                                             "endpoint": cfg.endpoint,
                                             "embedded_server": _embedded_server(args)},
-                                 "pid": os.getpid()})
+                                 "pid": os.getpid(),
+                                 "input_tokens": _token_settings(args)})
     return doc, rows
+
+
+def _token_settings(args: ServeArgs) -> dict[str, Any] | None:
+    """What the result says of prompts written in tokens (None: prompts in words)."""
+    if not args.in_tokens:
+        return None
+    t = args.tokens
+    if args.dataset in MOONCAKE:
+        lengths: dict[str, Any] = {"block_tokens": t.trace_block,
+                                   "seconds_per_timestamp_unit": t.trace_seconds_per_unit}
+    elif args.dataset == "prefix_repetition":
+        lengths = {"prefix_len": t.prefix_len, "suffix_len": t.suffix_len,
+                   "num_prefixes": t.num_prefixes, "output_len": t.prefix_output_len}
+    else:
+        lengths = {"input_len": t.input_len, "range_ratio": t.range_ratio}
+    return {**lengths, **t.prompts.describe()}
+
+
+def _prompts(args: ServeArgs, cfg: LoadConfig) -> Any:
+    """The tokenizer's prompt writer, for the target's model and endpoint."""
+    from aphrodite_cli.bench.load.token_prompts import TokenPrompts, resolve_tokenizer
+
+    needed_by = ("--random-input-len" if args.tokens.input_len is not None
+                 else f"--dataset-name {args.dataset}")
+    tokenizer, name, source = resolve_tokenizer(args.tokens.tokenizer, cfg.model or "",
+                                                needed_by, loaded=args.tokenizer)
+    return TokenPrompts.build(tokenizer, chat=cfg.endpoint.endswith("chat/completions"),
+                              name=name, source=source)
 
 
 def run(cfg: LoadConfig, args: ServeArgs, target: Target, progress: Any
@@ -208,6 +313,8 @@ def run(cfg: LoadConfig, args: ServeArgs, target: Target, progress: Any
     ``cfg`` at its root and model, then run the phases."""
     with target:
         cfg.base_url, cfg.model = target.root, target.model
+        if args.in_tokens:
+            args = replace(args, tokens=replace(args.tokens, prompts=_prompts(args, cfg)))
         done = [asyncio.run(run_serve(cfg, args, progress, target.model_source))
                 for _ in range(args.num_runs)]
     if len(done) == 1:

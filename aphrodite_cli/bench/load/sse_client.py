@@ -14,6 +14,8 @@ Failure types (``RequestRecord.error``; the example, escaped, is ``error_body``)
 - ``stream_error[:<code>]``: the server sent an error event inside the stream;
 - ``stream_incomplete``: the stream ended without ``data: [DONE]``;
 - ``disconnected``: the connection broke mid-answer; ``connection_failed``: no connection;
+- ``cancelled``: not a failure: the benchmark itself closed the connection
+  ``--request-cancellation-delay`` seconds after sending (``RequestRecord.cancelled``);
 - ``no_tokens``: a complete stream without a single content token and without a finish
   reason. One that gave a finish reason (the model's end-of-sequence came first) is a
   completed answer with 0 output tokens and no TTFT, as vLLM's ``bench serve`` counts it
@@ -210,22 +212,30 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord,
 async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
                       body: bytes, record: RequestRecord, *, timeout_s: float = 300.0,
                       max_bytes: int = 16 << 20, keep_text: bool = False,
-                      any_chunk: bool = False) -> None:
+                      any_chunk: bool = False, cancel_after: float | None = None) -> None:
     """Send ``body`` and read the streamed answer into ``record``: timed (TTFT, ITL, E2E)
     when it is sound, else failed with a type and an escaped example. At most ``timeout_s``
     seconds and ``max_bytes`` bytes of answer; the answer's text is kept only with
     ``keep_text`` (for counting its tokens), and nothing of a failed answer's.
-    ``any_chunk``: every chunk with choices is a token, text or not (``--ttft-from chunk``)."""
+    ``any_chunk``: every chunk with choices is a token, text or not (``--ttft-from chunk``).
+    ``cancel_after``: close the connection this many seconds after sending, wherever the
+    answer is then (waiting for headers, mid-stream): the record is ``cancelled``, not failed;
+    an answer complete before then is a completed request."""
     record.request_bytes = len(body)
     record.sent_at = time.perf_counter()
+    cut = asyncio.timeout(cancel_after)  # None: never
     try:
-        async with asyncio.timeout(timeout_s), session.post(url, data=body,
-                                                            headers=headers) as resp:
+        async with asyncio.timeout(timeout_s), cut, session.post(url, data=body,
+                                                                 headers=headers) as resp:
             record.status = resp.status
-            if resp.status != 200:
-                await _error_answer(resp, record)
-                return
-            await _read_stream(resp, record, max_bytes, keep_text, any_chunk)
+            try:
+                if resp.status != 200:
+                    await _error_answer(resp, record)
+                    return
+                await _read_stream(resp, record, max_bytes, keep_text, any_chunk)
+            except asyncio.CancelledError:
+                resp.close()  # the connection, mid-answer: the server sees the client leave
+                raise
         record.e2e = time.perf_counter() - record.sent_at
         record.ok = record.ttft is not None or record.finish_reason is not None
         if not record.ok:
@@ -234,9 +244,16 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
     except ResponseProblem as problem:
         record.error, record.error_body = problem.kind, problem.example
     except TimeoutError:
-        record.error = "request_timeout"
-        record.error_body = (f"no complete answer within {timeout_s:g} s (--request-timeout); "
-                             f"{record.output_tokens} tokens had arrived")
+        if cut.expired():  # ours, not the target's: counted apart from failures
+            record.cancelled, record.error = True, "cancelled"
+            record.error_body = (f"closed by the benchmark {cancel_after:g} s after sending "
+                                 f"(--request-cancellation-delay); {record.output_tokens} "
+                                 "tokens had arrived")
+        else:
+            record.error = "request_timeout"
+            record.error_body = (f"no complete answer within {timeout_s:g} s "
+                                 f"(--request-timeout); {record.output_tokens} tokens had "
+                                 "arrived")
     except aiohttp.ClientConnectorError as exc:
         record.error, record.error_body = "connection_failed", printable(exc, EXAMPLE_CHARS)
     except (aiohttp.ClientError, ConnectionError) as exc:

@@ -28,6 +28,7 @@ class Target:
     def __init__(self, base_url: str | None = None, *, host: str | None = None,
                  port: int | None = None, embedded: bool = False, model: str | None = None,
                  engine: str = "aphrodite", api_key: str | None = None,
+                 headers: dict[str, str] | None = None,
                  server_args: Sequence[str] = (),
                  server_env: dict[str, str] | None = None,
                  announce: Callable[[str], Any] | None = None) -> None:
@@ -48,6 +49,7 @@ class Target:
         if engine != "aphrodite":
             server_args = ("--engine", engine, *server_args)
         self.base_url, self.embedded, self.api_key = base_url, embedded, api_key
+        self.headers = headers or {}  # --header: GET /v1/models carries them too
         self.model_flag, self.announce = model, announce
         self.server_args, self.server_env = tuple(server_args), server_env
         self.server: ServerProcess | None = None
@@ -67,7 +69,7 @@ class Target:
             if self.model_flag and not self.embedded:
                 self.model = self.model_flag
             else:
-                self.model = first_model(self.root, self.api_key)
+                self.model = first_model(self.root, self.api_key, headers=self.headers)
                 self.model_source = "first of GET /v1/models"
                 if self.announce:
                     self.announce(f"model: {self.model} (the first of GET {self.root}/v1/models; "

@@ -13,8 +13,10 @@ import numpy as np
 from aphrodite_cli.bench.results.stats import percentile
 from engine.errors import ConfigError
 
-#: vLLM's metric names -> the sample list of a phase that holds them (ms).
-METRICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
+#: vLLM's metric names -> the sample list of a phase that holds them (ms); ``ttst`` (time to
+#: second token) is AIPerf's, given vLLM's field shape (``p99_ttst_ms``).
+METRICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms",
+           "ttst": "ttst_ms"}
 #: vLLM names ``e2el``; ours is ``e2e``: both are accepted wherever a metric is named.
 ALIASES = {"e2e": "e2el"}
 
@@ -67,7 +69,9 @@ def flat_fields(phase: dict[str, Any], metrics: list[str], percentiles: list[flo
     out: dict[str, float | None] = {
         "completed": phase["completed"], "request_throughput": phase["request_throughput"],
         "output_throughput": phase["output_throughput"],
-        "total_output_tokens": phase["total_output_tokens"]}
+        "total_output_tokens": phase["total_output_tokens"],
+        "total_input_tokens": phase["total_input_tokens"],
+        "total_token_throughput": phase["total_token_throughput"]}
     for metric in metrics:
         summary, samples = phase[METRICS[metric]], phase["samples"].get(METRICS[metric], [])
         out[f"mean_{metric}_ms"] = summary.get("mean")
@@ -85,7 +89,8 @@ def load_tokenizer(name: str) -> Any:
 
     try:
         return AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # a hostile folder's files raise anything
+        # (a tokenizer.json of the wrong shape is a KeyError deep in transformers)
         raise ConfigError(f"--tokenizer {name!r} could not be loaded ({type(exc).__name__})",
                           hint="pass a tokenizer folder or a Hugging Face Hub id",
                           code="invalid_flag") from None

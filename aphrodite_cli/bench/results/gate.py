@@ -4,7 +4,9 @@ For each metric, the per-request samples of every baseline file are pooled, like
 candidate's, and the ratio of medians (candidate / baseline) gets a 95% bootstrap confidence
 interval (seeded, 2000 resamples). A latency metric regresses when the whole interval lies
 above 1 + threshold: a slowdown the noise cannot explain. Run several repeats per side to
-catch run-to-run noise, not just request-to-request noise.
+catch run-to-run noise, not just request-to-request noise. A metric where higher is better
+(:data:`HIGHER_IS_BETTER`: output tokens per second per user) regresses when the whole
+interval lies below 1 - threshold.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from aphrodite_cli.bench.results.files import load_result
 from engine.errors import ConfigError
 
 DEFAULT_THRESHOLD = 0.05
-DEFAULT_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "total_ms")
+DEFAULT_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "ttst_ms", "output_token_throughput_per_user",
+                   "total_ms")
+#: Sample metrics where a larger value is the better one
+HIGHER_IS_BETTER = frozenset({"output_token_throughput_per_user"})
 
 
 @dataclass
@@ -38,10 +43,14 @@ class Verdict:
 
     @property
     def regressed(self) -> bool:
+        if self.metric in HIGHER_IS_BETTER:
+            return self.high < 1 - self.threshold
         return self.low > 1 + self.threshold
 
     @property
     def improved(self) -> bool:
+        if self.metric in HIGHER_IS_BETTER:
+            return self.low > 1 + self.threshold
         return self.high < 1 - self.threshold
 
 

@@ -48,7 +48,9 @@ def slices(records: list[Any], seconds: float) -> dict[str, Any]:
             "start_s": round(lo, 6), "end_s": round(lo + seconds, 6),
             # the last interval ends with the phase's last request, maybe before end_s
             "partial": n == count - 1 and last < lo + seconds,
-            "completed": len(done), "failed": len(bucket) - len(done),
+            "completed": len(done),
+            "failed": sum(1 for r in bucket if not r.ok and not r.cancelled),
+            "cancelled": sum(1 for r in bucket if r.cancelled),
             "rps": len(done) / seconds,
             "output_tokens_per_s": sum(r.output_tokens for r in done) / seconds,
             "ttft_ms": _pcts([r.ttft * 1e3 for r in done if r.ttft is not None]),

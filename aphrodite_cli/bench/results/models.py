@@ -58,9 +58,16 @@ class ServePhase(_Open):
     completed: int | None = None
     failed: int | None = None
     request_throughput: float | None = None
+    cancelled: int | None = None  # requests the run cancelled itself (absent before)
+    # None when the target reported no usage (prompt tokens unknown), absent in older files
+    total_input_tokens: int | None = None
+    input_token_throughput: float | None = None
+    total_token_throughput: float | None = None
     ttft_ms: Stats = Stats()
     tpot_ms: Stats = Stats()
     e2e_ms: Stats = Stats()
+    ttst_ms: Stats = Stats()  # time to second token
+    output_token_throughput_per_user: Stats = Stats()  # tokens/s, 1 / TPOT per request
     server_cache: ServeCache = ServeCache()
     prefix_cache: ServePrefixCache = ServePrefixCache()
 

@@ -264,16 +264,24 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
                      f"{env.get('cpu_count')} CPUs)")
         if kind == "serve":
             lines += [_serve_header(doc), ""]
-            lines += ["| phase | ok | failed | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |"
-                      " E2E p50 ms | cache hit rate | prefix hit rate |",
-                      "|---|---|---|---|---|---|---|---|---|---|"]
+            lines += ["| phase | ok | failed | cancelled | req/s | in tok/s | out tok/s | "
+                      "total tok/s | out tok/s/user p50 | TTFT p50 ms | TTFT p99 ms | "
+                      "TTST p50 ms | TPOT p50 ms | E2E p50 ms | cache hit rate | "
+                      "prefix hit rate |", "|---" * 16 + "|"]
             for phase, r in doc["phases"].items():
-                ttft, tpot, e2e = (r.get(m) or {} for m in ("ttft_ms", "tpot_ms", "e2e_ms"))
+                ttft, tpot, e2e, ttst, user = (r.get(m) or {} for m in (
+                    "ttft_ms", "tpot_ms", "e2e_ms", "ttst_ms",
+                    "output_token_throughput_per_user"))
                 lines.append(f"| {phase} | {_num(r.get('completed'))} | "
-                             f"{_num(r.get('failed'))} | "
+                             f"{_num(r.get('failed'))} | {_num(r.get('cancelled'))} | "
                              f"{_num(r.get('request_throughput'), '.2f')} | "
+                             f"{_num(r.get('input_token_throughput'), '.1f')} | "
+                             f"{_num(r.get('output_throughput'), '.1f')} | "
+                             f"{_num(r.get('total_token_throughput'), '.1f')} | "
+                             f"{_num(user.get('median'), '.1f')} | "
                              f"{_num(ttft.get('median'), '.1f')} | "
                              f"{_num(ttft.get('p99'), '.1f')} | "
+                             f"{_num(ttst.get('median'), '.1f')} | "
                              f"{_num(tpot.get('median'), '.2f')} | "
                              f"{_num(e2e.get('median'), '.1f')} | "
                              f"{_num((r.get('server_cache') or {}).get('hit_rate'), '.0%')} | "

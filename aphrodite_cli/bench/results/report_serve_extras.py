@@ -20,8 +20,8 @@ def _pp(stats: dict[str, Any] | None, spec: str = ".1f") -> str:
 
 def _groups(title: str, groups: dict[str, Any]) -> list[str]:
     lines = [f"**{title}**", "", f"| {title.split()[-1]} | ok | failed | req/s | out tok/s | "
-             "TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p50 / p99 ms | media tokens per "
-             "request |", "|---|---|---|---|---|---|---|---|---|"]
+             "total tok/s | TTFT p50 / p99 ms | TTST p50 / p99 ms | TPOT p50 / p99 ms | "
+             "E2E p50 / p99 ms | media tokens per request |", "|---" * 11 + "|"]
     for name, g in groups.items():
         per = (g.get("mm_tokens") or {}).get("per_request") or {}
         mm = g.get("mm_tokens") or {}
@@ -29,8 +29,10 @@ def _groups(title: str, groups: dict[str, Any]) -> list[str]:
             "none" if mm.get("requests_with_counts") else "unknown")
         lines.append(f"| {name} | {g.get('completed')} | {g.get('failed')} | "
                      f"{_n(g.get('request_throughput'), '.2f')} | "
-                     f"{_n(g.get('output_throughput'))} | {_pp(g.get('ttft_ms'))} | "
-                     f"{_pp(g.get('tpot_ms'), '.2f')} | {_pp(g.get('e2e_ms'))} | {tokens} |")
+                     f"{_n(g.get('output_throughput'))} | "
+                     f"{_n(g.get('total_token_throughput'))} | {_pp(g.get('ttft_ms'))} | "
+                     f"{_pp(g.get('ttst_ms'))} | {_pp(g.get('tpot_ms'), '.2f')} | "
+                     f"{_pp(g.get('e2e_ms'))} | {tokens} |")
     return [*lines, ""]
 
 

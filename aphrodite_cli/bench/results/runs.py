@@ -29,9 +29,14 @@ METHOD = "Student t-interval of the per-run values"
 HEADLINE: dict[str, tuple[tuple[str, ...], bool]] = {
     "request_throughput": (("request_throughput",), True),
     "output_throughput": (("output_throughput",), True),
+    "total_token_throughput": (("total_token_throughput",), True),
+    "input_token_throughput": (("input_token_throughput",), True),
+    "output_token_throughput_per_user_p50": (("output_token_throughput_per_user", "median"),
+                                             True),
     "ttft_ms_p50": (("ttft_ms", "median"), False),
     "ttft_ms_p99": (("ttft_ms", "p99"), False),
     "tpot_ms_p50": (("tpot_ms", "median"), False),
+    "ttst_ms_p50": (("ttst_ms", "median"), False),
     "e2e_ms_p50": (("e2e_ms", "median"), False),
     "e2e_ms_p99": (("e2e_ms", "p99"), False),
 }
