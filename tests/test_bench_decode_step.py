@@ -89,3 +89,33 @@ def test_the_last_level_cache_is_read_from_sysfs(tmp_path):
         (tmp_path / name / "size").write_text(f"{size}\n")
     assert llc_bytes(tmp_path) == 480 << 20
     assert llc_bytes(tmp_path / "absent") is None
+
+
+def test_an_untied_embedding_table_counts_only_the_rows_a_step_reads():
+    import torch
+
+    from aphrodite_cli.bench.offline.decode_step import weight_bytes
+
+    class Text(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = torch.nn.Embedding(1000, 16)
+            self.layer = torch.nn.Linear(16, 32)
+
+        def get_input_embeddings(self):
+            return self.embed_tokens
+
+    class Model(torch.nn.Module):
+        def __init__(self, tied: bool):
+            super().__init__()
+            self.language_model = Text()
+            self.lm_head = torch.nn.Linear(16, 1000, bias=False)
+            if tied:
+                self.lm_head.weight = self.language_model.embed_tokens.weight
+
+        def get_output_embeddings(self):
+            return self.lm_head
+
+    layer = 4 * (16 * 32 + 32)
+    assert weight_bytes(Model(tied=False), rows=3) == layer + 4 * 1000 * 16 + 4 * 3 * 16
+    assert weight_bytes(Model(tied=True), rows=3) == layer + 4 * 1000 * 16
