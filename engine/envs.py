@@ -150,6 +150,10 @@ _DECLARED: tuple[EnvVar, ...] = (
            "Run a CPU decode step of a Qwen2/Qwen2-VL/Qwen2.5-VL/Llama text model layer by "
            "layer on its weights, without transformers' module machinery (the same logits; 30% "
            "less time a step on a small model); 0 runs the model's own forward.", "bool"),
+    EnvVar("APHRODITE_LEAN_DECODE_FUSED", True, _bool,
+           "In the lean decode step, each layer's q/k/v products as one product and its "
+           "gate/up products as one, over weights concatenated once at load; 0 runs them one "
+           "by one.", "bool"),
     EnvVar("APHRODITE_VIDEO_LOADER_BACKEND", "opencv", _video_backend,
            f"Default video decoder: one of {', '.join(VIDEO_BACKENDS)}.", "name"),
     EnvVar("APHRODITE_API_KEY", "", str,

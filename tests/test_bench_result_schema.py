@@ -26,6 +26,10 @@ def _write(path, doc: dict):
     ("sweep", {"phases": {"cold": {"capacity": None}}}, "phases.cold.points"),
     ("sweep", {"phases": {"cold": {"points": [{"kind": "rate"}]}}},
      "phases.cold.points.0.result"),
+    ("decode-step", {"num_threads": 1, "bandwidth": {"gb_s": {"median": 9.0}}}, "rows"),
+    ("decode-step", {"num_threads": 1, "bandwidth": {"gb_s": {}}, "rows": [{
+        "batch_size": 1, "context_len": 8, "step_ms": {}, "weight_bytes": 1, "kv_bytes": 1,
+        "bytes": 2, "floor_ms": 1.0}]}, "rows.0.ratio_to_floor"),
 ])
 def test_a_result_missing_a_required_field_is_refused_naming_it(tmp_path, kind, doc, named):
     path = _write(tmp_path / f"{kind}.json",

@@ -104,3 +104,36 @@ def test_an_engine_decoding_lean_keeps_every_rows_generate_logits():
             assert_generate_logits(engine, logits, req, prompt, 6)
     finally:
         engine.close()
+
+
+def test_fused_products_share_the_layers_weights_and_stay_within_rounding(monkeypatch):
+    """Each layer's q/k/v products run as one product and its gate/up products as one, over
+    weights concatenated at load: the layers' own weights become views of them (nothing held
+    twice). Through PyTorch's product the logits are bit for bit the model's (above); through
+    oneDNN's packed kernel (every weight packed here) the sums run in another order, so the
+    logits may differ by rounding: bounded here, the greedy tokens the same."""
+    runner = llm("qwen2_5_vl").engine.runner
+    text = parts.language_model(runner.model)
+    head = runner.model.get_output_embeddings()
+    monkeypatch.setenv("APHRODITE_LEAN_DECODE_FUSED", "0")
+    plain = lean_decode._step(text, list(text.layers), head)
+    monkeypatch.setenv("APHRODITE_LEAN_DECODE_FUSED", "1")
+    monkeypatch.setenv("APHRODITE_CPU_ONEDNN_MIN_WEIGHT", "0")
+    fused = lean_decode._step(text, list(text.layers), head)
+    for layer in text.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        q, k, v = attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight
+        assert k.data_ptr() == q.data_ptr() + q.numel() * q.element_size()
+        assert v.data_ptr() == k.data_ptr() + k.numel() * k.element_size()
+        gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
+        assert up.data_ptr() == gate.data_ptr() + gate.numel() * gate.element_size()
+    batch = running_batch(runner, prompts_of("qwen2_5_vl"))
+    assert len(batch.rows) >= 4  # (oneDNN takes 4 rows or more)
+    monkeypatch.setattr(runner, "_lean_decode", plain)
+    want = one_step_logits(runner, batch, lean=True)
+    monkeypatch.setattr(runner, "_lean_decode", fused)
+    got = one_step_logits(runner, batch, lean=True)
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    for row in batch.rows:
+        runner.finish_row(row, "abort")

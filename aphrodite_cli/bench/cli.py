@@ -13,6 +13,7 @@ app = typer.Typer(help="Benchmarks that write result files.", no_args_is_help=Tr
 app.command("video-decode", epilog=offline.VIDEO_DECODE_EXAMPLES)(offline.video_decode)
 app.command("mm-processor", epilog=offline.MM_PROCESSOR_EXAMPLES)(offline.mm_processor)
 app.command("batching")(offline.batching)
+app.command("decode-step", epilog=offline.DECODE_STEP_EXAMPLES)(offline.decode_step)
 # extra arguments: vLLM's `--goodput ttft:500 tpot:50` (several values after one flag)
 app.command("serve", epilog=serve.EXAMPLES,
             context_settings={"allow_extra_args": True})(serve.serve_cmd)

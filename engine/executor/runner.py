@@ -211,6 +211,12 @@ class TransformersRunner:
                                  inside_media=self.resumes_in_media)
         self.prefix_cache, self.encoder_cache = self.caches.prefix, self.caches.encoder
 
+    @property
+    def decode_path(self) -> str:
+        """How decode steps run: "lean" (:mod:`engine.models.lean_decode`) or "forward" (the
+        model's own forward)."""
+        return "forward" if self._lean_decode is None else "lean"
+
     def _add_encoder_time(self, seconds: float) -> None:
         self.encoder_s += seconds
 
@@ -333,6 +339,11 @@ class TransformersRunner:
             if self.on_first_tokens is not None:
                 self.on_first_tokens()
         return batch  # type: ignore[return-value]  (rows is not empty: one pass ran)
+
+    def prefill_requests(self, requests: list[EngineRequest]) -> RunningBatch:
+        """One row of each of ``requests`` prefilled (unseeded): the running batch to step
+        with :meth:`decode` (``bench decode-step`` times its steps)."""
+        return self.prefill([_Row(req, 0, None) for req in requests])
 
     def _row_positions(self, row: _Row) -> tuple[Any, int | None]:
         """A row's prompt positions and rope delta (see :meth:`_positions`), prepared ahead

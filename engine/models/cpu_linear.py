@@ -88,6 +88,29 @@ def linear(owner: Any, x: Any, weight: Any, bias: Any) -> Any:
                                                       [], "")
 
 
+def prepared(weight: Any, bias: Any) -> Any:
+    """``x -> F.linear(x, weight, bias)`` for inference, with ``weight`` packed for oneDNN now
+    where :func:`pack_linears` would pack it (inputs of :data:`MIN_ROWS` rows or more then go
+    through the packed copy): what is decided here is not asked again per call."""
+    import torch
+    import torch.nn.functional as F
+
+    if not envs.APHRODITE_CPU_ONEDNN_LINEAR or not available() or \
+            weight.dtype != torch.float32 or weight.device.type != "cpu" or \
+            weight.numel() < envs.APHRODITE_CPU_ONEDNN_MIN_WEIGHT:
+        return lambda x: F.linear(x, weight, bias)
+    with torch.no_grad():
+        blocked = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+    packed_product = torch.ops.mkldnn._linear_pointwise.default
+
+    def product(x: Any) -> Any:
+        if x.numel() < MIN_ROWS * x.shape[-1]:
+            return F.linear(x, weight, bias)
+        return packed_product(x.contiguous(), blocked, bias, "none", [], "")
+
+    return product
+
+
 def _packed_forward(module: Any) -> Any:
     import torch
     import torch.nn.functional as F

@@ -23,11 +23,17 @@ from engine.paths import cache_root
 TINY_VERSION = 1  # bump when the tiny builders change, so caches rebuild
 
 
-def tiny_model_dir(arch: str = DEFAULT_ARCH, seed: int = 0) -> Path:
-    """The cached tiny model of ``arch``, built on first use (safe across processes)."""
+def tiny_model_dir(arch: str = DEFAULT_ARCH, seed: int = 0, size: str = "tiny") -> Path:
+    """The cached tiny model of ``arch`` (or a larger ``size``, :data:`engine.models.sizes.
+    SIZES`, as ``aphrodite model make-tiny --size`` builds it), built on first use (safe
+    across processes)."""
+    from engine.models.sizes import get_size
+    from engine.models.tiny import build_tiny
+
     spec = get_arch(arch)
+    sized = get_size(size, spec.name, None) is not None  # (refuses a size it cannot build)
     root = cache_root() / "models"
-    target = root / f"tiny-{spec.name}-v{TINY_VERSION}-seed{seed}"
+    target = root / f"{size}-{spec.name}-v{TINY_VERSION}-seed{seed}"
     if (target / "config.json").exists():
         return target
     root.mkdir(parents=True, exist_ok=True)
@@ -36,7 +42,10 @@ def tiny_model_dir(arch: str = DEFAULT_ARCH, seed: int = 0) -> Path:
         if not (target / "config.json").exists():
             tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
             try:
-                spec.build_tiny(tmp, seed)
+                if sized:
+                    build_tiny(spec.name, tmp, seed, size=size)
+                else:
+                    spec.build_tiny(tmp, seed)
                 tmp.rename(target)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)

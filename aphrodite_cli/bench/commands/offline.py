@@ -1,5 +1,5 @@
-"""``aphrodite bench video-decode``, ``mm-processor`` and ``batching``: the offline
-benchmarks (no server)."""
+"""``aphrodite bench video-decode``, ``mm-processor``, ``batching`` and ``decode-step``: the
+offline benchmarks (no server)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from aphrodite_cli.options import (
     BatchingWorkload,
     MediaDelivery,
     Mode,
+    ModelSizeName,
     OutputFormat,
 )
 from aphrodite_cli.output import err, out, print_table
@@ -262,3 +263,92 @@ def batching(
               f"another: {doc['sequential_s']['median']:.2f} s -> {doc['speedup_median']:.1f}x",
               markup=False)
     out.print(f"result: {path}", markup=False)
+
+
+#: ``aphrodite bench decode-step --help``'s epilog.
+DECODE_STEP_EXAMPLES = """Examples:
+
+  aphrodite bench decode-step                       # the tiny Qwen2.5-VL, all CPUs
+
+  aphrodite bench decode-step --size small --batch-sizes 1,8 --context-lens 512
+  --num-threads 1
+
+  aphrodite bench decode-step --model /models/qwen2.5-vl-3b --num-threads 2
+
+ms per step is the median of --repeats steps of the engine's decode step (runner.decode: the
+lean step where the model has one, sampling included); the bytes are the language model's
+weights plus the rows' keys and values; the floor is those bytes over the read bandwidth
+measured in the same run on the same threads (a float32 sum over a tensor 4x the last-level
+cache); x floor is the step over it."""
+
+
+def _counts(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise typer.BadParameter(f"{text!r} is not a comma-separated list of positive "
+                                 "integers, e.g. 1,4,8", param_hint=flag)
+    return values
+
+
+def decode_step(
+    model: Annotated[str | None, typer.Option(
+        help="Model folder, hub id or tiny:ARCH; default: the embedded tiny Qwen2.5-VL.")
+    ] = None,
+    size: Annotated[ModelSizeName | None, typer.Option(
+        help="A random-weight Qwen2.5-VL of this size instead of --model, built once into "
+             "the cache as `aphrodite model make-tiny --size` builds it (small ~43 M "
+             "parameters, medium ~150 M).")] = None,
+    batch_sizes: Annotated[str, typer.Option(metavar="N,N,...", help="Rows per step.")
+                           ] = "1,4,8",
+    context_lens: Annotated[str, typer.Option(
+        metavar="N,N,...", help="Tokens in each row's cache at the middle timed step.")
+    ] = "128,512",
+    num_threads: Annotated[int | None, typer.Option(
+        min=1, help="Torch threads of the steps and of the bandwidth probe; default: the "
+                    "CPUs this process may use (as serve).")] = None,
+    warmups: Annotated[int, typer.Option(min=0, help="Untimed steps first.")] = 3,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed steps per configuration.")] = 20,
+    read_mib: Annotated[int | None, typer.Option(
+        min=1, help="MiB the bandwidth probe reads (default: 4x the last-level cache, at "
+                    "least 256).")] = None,
+    out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
+    output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
+) -> None:
+    """Time the engine's decode step per batch size and context length beside its floor: the
+    bytes it must read (weights + KV) over this machine's read bandwidth."""
+    from aphrodite_cli.bench.offline.decode_step import run_decode_step
+    from aphrodite_cli.bench.results.files import write_result
+    from engine.cpus import usable_cpus
+
+    if size is not None and model is not None:
+        raise typer.BadParameter("give --model or --size, not both", param_hint="--size")
+    batches = _counts(batch_sizes, "--batch-sizes")
+    contexts = _counts(context_lens, "--context-lens")
+    if min(contexts) <= warmups + repeats // 2:
+        raise typer.BadParameter(
+            f"each context length must exceed --warmups + --repeats / 2 "
+            f"({warmups + repeats // 2}): the steps before the middle one grow the cache",
+            param_hint="--context-lens")
+    if size is not None:
+        from engine.models.loader import tiny_model_dir
+
+        model = str(tiny_model_dir(size=size))
+    doc = run_decode_step(model, batch_sizes=batches, context_lens=contexts,
+                          num_threads=num_threads or usable_cpus(), warmups=warmups,
+                          repeats=repeats, read_bytes=read_mib << 20 if read_mib else None)
+    if size is not None:
+        doc["size"] = size
+    path = write_result(doc, "decode-step", out_dir)
+    bw = doc["bandwidth"]
+    print_table(f"{size or doc['model']}: decode step ({doc['decode_path']}), {doc['num_threads']} "
+                f"threads, read bandwidth {bw['gb_s']['median']:.1f} GB/s",
+                ["batch", "context", "ms p50", "ms p90", "MB read", "GB/s", "floor ms",
+                 "x floor"],
+                [[r["batch_size"], r["context_len"], f"{r['step_ms']['median']:.2f}",
+                  f"{r['step_ms']['p90']:.2f}", f"{r['bytes'] / 1e6:.1f}",
+                  f"{r['achieved_gb_s']:.1f}", f"{r['floor_ms']:.2f}",
+                  f"{r['ratio_to_floor']:.2f}"] for r in doc["rows"]], output_format)
+    (err if output_format == "json" else out).print(f"result: {path}", markup=False)

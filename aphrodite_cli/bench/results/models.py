@@ -188,6 +188,36 @@ class BatchingResult(_Result):
         return self
 
 
+# --- bench decode-step ------------------------------------------------------------------------
+class ReadBandwidth(_Open):
+    gb_s: Stats
+
+
+class DecodeStepRow(_Open):
+    """One batch size and context length: the step's time, the bytes it must read and its
+    ratio to the floor (bytes over the read bandwidth)."""
+
+    batch_size: int
+    context_len: int
+    step_ms: Stats
+    weight_bytes: int
+    kv_bytes: int
+    bytes: int
+    floor_ms: float
+    ratio_to_floor: float
+
+
+class DecodeStepResult(_Result):
+    """``bench decode-step``: the engine's decode step per configuration beside the
+    machine's read bandwidth measured in the same run."""
+
+    KIND = "decode-step"
+    VERSION = 1
+    num_threads: int
+    bandwidth: ReadBandwidth
+    rows: list[DecodeStepRow]
+
+
 # --- bench video-decode -----------------------------------------------------------------------
 class Reference(_Open):
     median_s: float | None = None
@@ -230,4 +260,4 @@ class SoakResult(_Result):
 
 MODELS: dict[str, type[_Result]] = {m.KIND: m for m in (
     ServeResult, SweepResult, ProcessorResult, ProcessorCompareResult, BatchingResult,
-    VideoDecodeResult, SoakResult)}
+    DecodeStepResult, VideoDecodeResult, SoakResult)}

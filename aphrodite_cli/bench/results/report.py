@@ -320,6 +320,16 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
                       "|---|---|---|---|",
                       f"| {doc['concurrency']} | {doc['concurrent_s']['median']:.2f} | "
                       f"{doc['sequential_s']['median']:.2f} | {doc['speedup_median']:.1f}x |"]
+        elif kind == "decode-step":
+            bw = doc["bandwidth"]["gb_s"]["median"]
+            lines += [f"{doc.get('model', '?')}, {doc['num_threads']} threads, read bandwidth "
+                      f"{bw:.1f} GB/s", "",
+                      "| batch | context | ms p50 | MB read | floor ms | x floor |",
+                      "|---|---|---|---|---|---|"]
+            for r in doc["rows"]:
+                lines.append(f"| {r['batch_size']} | {r['context_len']} | "
+                             f"{r['step_ms']['median']:.2f} | {r['bytes'] / 1e6:.1f} | "
+                             f"{r['floor_ms']:.2f} | {r['ratio_to_floor']:.2f} |")
         elif kind == "sweep":
             lines += [f"SLOs: {', '.join(doc.get('slos') or []) or 'none'}", "",
                       "| phase | capacity req/s | limited by | points | seconds |",

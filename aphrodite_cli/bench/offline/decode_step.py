@@ -1,0 +1,169 @@
+"""``bench decode-step``: the engine's decode step against the memory-bandwidth floor.
+
+A decode step reads every weight of the language model once (its products are a few rows
+against each weight) and every row's keys and values: on a CPU its least possible time is
+those bytes over the machine's read bandwidth. Here, on one loaded model, for each batch size
+and context length:
+
+- the rows are prefilled (text prompts, not timed), then stepped by ``runner.decode``, the
+  step the engine runs between its scheduling decisions (the lean decode step where the
+  model has one, sampling and bookkeeping included): ``warmups`` steps, then ``repeats``
+  timed ones, centred on the context length (the middle timed step starts with
+  ``context_len`` tokens in each row's cache);
+- the bytes that step must read: the language model's weights (its input embedding table
+  only as far as the step's rows read it, unless it is also the output head) plus the keys
+  and values of ``context_len + 1`` columns per row;
+- the machine's read bandwidth on the same torch threads, measured between the
+  configurations: a sum over a float32 tensor several times the last-level cache.
+
+``floor_ms`` is bytes / bandwidth; ``ratio_to_floor`` the median step over it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from aphrodite_cli.bench.results.stats import summary
+
+#: the least the bandwidth probe reads, and its size in last-level caches
+MIN_READ_BYTES = 256 << 20
+LLC_MULTIPLE = 4
+#: probe samples taken before the first configuration and after each one
+PROBE_SAMPLES = 3
+_TEXT = "The quick brown fox jumps over the lazy dog while the model keeps on reading. "
+
+
+def llc_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The size of this CPU's last-level cache (sysfs), or None where it is not told."""
+    best: tuple[int, int] | None = None
+    for index in root.glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit() and (best is None or level > best[0]):
+            best = (level, int(digits) * scale)
+    return best[1] if best else None
+
+
+def read_bytes_default() -> int:
+    """What the bandwidth probe reads: ``LLC_MULTIPLE`` last-level caches, at least
+    ``MIN_READ_BYTES``."""
+    return max(MIN_READ_BYTES, LLC_MULTIPLE * (llc_bytes() or 0))
+
+
+def read_bandwidth(buffer: Any, samples: int) -> list[float]:
+    """GB/s of ``samples`` full reads of ``buffer`` (a float32 tensor) by a sum, on this
+    thread's torch threads."""
+    rates = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        buffer.sum()
+        rates.append(buffer.numel() * buffer.element_size() / (time.perf_counter() - start)
+                     / 1e9)
+    return rates
+
+
+def weight_bytes(model: Any, rows: int) -> int:
+    """Bytes of weights a decode step of ``rows`` rows reads: the language model's
+    parameters and the output head's, each tensor once; the input embedding table only as
+    ``rows`` of its rows when it is not the head's weight."""
+    from engine.models import parts
+
+    text = parts.language_model(model) or model
+    head = model.get_output_embeddings()
+    embed = text.get_input_embeddings().weight
+    tensors = {p.data_ptr(): p for p in [*text.parameters(), *head.parameters()]}
+    total = sum(p.numel() * p.element_size() for p in tensors.values())
+    if embed.data_ptr() != head.weight.data_ptr():
+        total -= embed.numel() * embed.element_size()
+        total += rows * embed.shape[-1] * embed.element_size()
+    return total
+
+
+def kv_bytes(cache: Any, columns: int) -> int:
+    """Bytes of keys and values a step reads over ``columns`` columns of every row."""
+    total = 0
+    for layer in cache.layers:
+        rows, heads, _, dim = layer.keys.shape
+        total += 2 * rows * heads * columns * dim * layer.keys.element_size()
+    return total
+
+
+def _requests(llm: Any, rows: int, prompt_tokens: int, steps: int) -> list[Any]:
+    from engine import SamplingParams
+    from engine.executor.request import CompletionOutput, EngineRequest
+    from engine.processing.preprocess import ProcessedPrompt
+
+    ids = llm.loaded.tokenizer(_TEXT, add_special_tokens=False)["input_ids"]
+    ids = (ids * (prompt_tokens // len(ids) + 1))[:prompt_tokens]
+    out = []
+    for _ in range(rows):
+        prompt = ProcessedPrompt(list(ids), {}, [], {}, {})
+        req = EngineRequest(prompt, SamplingParams(max_tokens=steps + 2, temperature=0,
+                                                   ignore_eos=True))
+        req.outputs = [CompletionOutput(0)]
+        out.append(req)
+    return out
+
+
+def _one(llm: Any, rows: int, context: int, warmups: int, repeats: int) -> dict[str, Any]:
+    runner = llm.engine.runner
+    prompt_tokens = context - warmups - repeats // 2
+    batch = runner.prefill_requests(_requests(llm, rows, prompt_tokens, warmups + repeats))
+    times = []
+    for n in range(warmups + repeats):
+        start = time.perf_counter()
+        runner.decode(batch)
+        if n >= warmups:
+            times.append((time.perf_counter() - start) * 1e3)
+    weights = weight_bytes(runner.model, rows)
+    kv = kv_bytes(batch.cache, context + 1)
+    for row in batch.rows:
+        runner.finish_row(row, "abort")
+    return {"batch_size": rows, "context_len": context, "step_ms": summary(times),
+            "weight_bytes": weights, "kv_bytes": kv, "bytes": weights + kv}
+
+
+def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: list[int],
+                    num_threads: int, warmups: int, repeats: int,
+                    read_bytes: int | None = None) -> dict[str, Any]:
+    import torch
+
+    from engine import LLM
+    from engine.cpus import use_torch_threads
+
+    llm = LLM(model, num_threads=num_threads, max_num_seqs=max(batch_sizes),
+              enable_prefix_caching=False, encoder_cache_gb=0, mm_processor_cache_gb=0)
+    try:
+        use_torch_threads(num_threads)  # (the engine's own thread keeps its count)
+        nbytes = read_bytes or read_bytes_default()
+        buffer = torch.ones(nbytes // 4, dtype=torch.float32)
+        buffer.sum()  # (its pages touched)
+        rates = read_bandwidth(buffer, PROBE_SAMPLES)
+        rows = []
+        for context in context_lens:
+            for size in batch_sizes:
+                rows.append(_one(llm, size, context, warmups, repeats))
+                rates += read_bandwidth(buffer, PROBE_SAMPLES)
+        del buffer
+        runner = llm.engine.runner
+        bandwidth = summary(rates)
+        for row in rows:
+            floor_ms = row["bytes"] / (bandwidth["median"] * 1e9) * 1e3
+            step = row["step_ms"]["median"]
+            row.update(floor_ms=floor_ms, ratio_to_floor=step / floor_ms,
+                       achieved_gb_s=row["bytes"] / (step / 1e3) / 1e9)
+        return {"model": llm.loaded.name, "num_threads": num_threads,
+                "decode_path": runner.decode_path, "warmups": warmups, "repeats": repeats,
+                "parameters": sum(p.numel() for p in runner.model.parameters()),
+                "bandwidth": {"gb_s": bandwidth, "read_bytes": nbytes,
+                              "llc_bytes": llc_bytes(), "method": "float32 sum"},
+                "rows": rows}
+    finally:
+        llm.close()

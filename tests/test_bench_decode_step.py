@@ -1,0 +1,121 @@
+"""``bench decode-step``: on the tiny Qwen2.5-VL the command runs the engine's lean decode
+step per batch size and context length and writes a result whose bytes are the language
+model's weights (counted here from its config, not from the loaded model) plus the rows' keys
+and values, and whose ratio is the median step over those bytes at the measured bandwidth;
+bad flags are refused before any model loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aphrodite_cli.bench.offline.decode_step import llc_bytes
+from aphrodite_cli.bench.results.files import load_result
+from aphrodite_cli.bench.results.report import summary_markdown
+from engine.models.loader import tiny_model_dir
+from tests.test_cli import run
+
+
+def _expected_bytes(text: dict, rows: int, context: int) -> tuple[int, int]:
+    """Float32 weights a decode step reads and the keys and values of ``context + 1``
+    columns, from a Qwen2 text config: q/k/v products with biases, o and the three MLP
+    products without, two norms per layer, the final norm, the embedding table (tied: it is
+    the head, read whole)."""
+    hidden, mlp, layers = text["hidden_size"], text["intermediate_size"], \
+        text["num_hidden_layers"]
+    heads, kv_heads = text["num_attention_heads"], text["num_key_value_heads"]
+    dim = text.get("head_dim") or hidden // heads
+    assert text["tie_word_embeddings"]
+    per_layer = (hidden * heads * dim + heads * dim  # q
+                 + 2 * (hidden * kv_heads * dim + kv_heads * dim)  # k, v
+                 + heads * dim * hidden  # o
+                 + 3 * hidden * mlp  # gate, up, down
+                 + 2 * hidden)  # the two norms
+    weights = 4 * (layers * per_layer + hidden + text["vocab_size"] * hidden)
+    kv = 4 * layers * 2 * rows * kv_heads * (context + 1) * dim
+    return weights, kv
+
+
+def test_the_decode_step_is_timed_beside_its_bytes_and_the_bandwidth_floor(tmp_path):
+    result = run("bench", "decode-step", "--batch-sizes", "1,3", "--context-lens", "24,40",
+                 "--warmups", "1", "--repeats", "4", "--num-threads", "1", "--read-mib", "16",
+                 "--out-dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "x floor" in result.stdout
+    [path] = tmp_path.glob("decode-step-*.json")
+    doc = load_result(path, ("decode-step",))
+    assert doc["decode_path"] == "lean" and doc["num_threads"] == 1
+    assert doc["bandwidth"]["read_bytes"] == 16 << 20
+    bandwidth = doc["bandwidth"]["gb_s"]
+    assert bandwidth["count"] == 3 * 5 and bandwidth["median"] > 0  # before, after each
+    text = json.loads((tiny_model_dir() / "config.json").read_text())["text_config"]
+    assert [(r["batch_size"], r["context_len"]) for r in doc["rows"]] == \
+        [(1, 24), (3, 24), (1, 40), (3, 40)]
+    for row in doc["rows"]:
+        weights, kv = _expected_bytes(text, row["batch_size"], row["context_len"])
+        assert (row["weight_bytes"], row["kv_bytes"]) == (weights, kv)
+        assert row["bytes"] == weights + kv
+        assert row["step_ms"]["count"] == 4
+        floor_ms = row["bytes"] / (bandwidth["median"] * 1e9) * 1e3
+        assert row["floor_ms"] == pytest.approx(floor_ms)
+        assert row["ratio_to_floor"] == pytest.approx(row["step_ms"]["median"] / floor_ms)
+        assert row["achieved_gb_s"] == pytest.approx(
+            row["bytes"] / row["step_ms"]["median"] / 1e6)
+    report = summary_markdown([(path, doc)])
+    last = doc["rows"][-1]
+    assert f"| 3 | 40 | {last['step_ms']['median']:.2f} |" in report
+    assert f"| {last['ratio_to_floor']:.2f} |" in report
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--model", "tiny:qwen2_5_vl", "--size", "small"], "not both"),
+    (["--batch-sizes", "1,x"], "comma-separated list of positive integers"),
+    (["--batch-sizes", "0"], "comma-separated list of positive integers"),
+    (["--context-lens", "12", "--warmups", "3", "--repeats", "20"], "must exceed"),
+])
+def test_bad_flags_are_refused_before_a_model_loads(tmp_path, args, named):
+    result = run("bench", "decode-step", *args, "--out-dir", str(tmp_path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert named in " ".join(result.stderr.split())
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_last_level_cache_is_read_from_sysfs(tmp_path):
+    for name, level, size in (("index0", 1, "48K"), ("index2", 2, "2048K"),
+                              ("index3", 3, "480M"), ("index4", "x", "1G")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(f"{level}\n")
+        (tmp_path / name / "size").write_text(f"{size}\n")
+    assert llc_bytes(tmp_path) == 480 << 20
+    assert llc_bytes(tmp_path / "absent") is None
+
+
+def test_an_untied_embedding_table_counts_only_the_rows_a_step_reads():
+    import torch
+
+    from aphrodite_cli.bench.offline.decode_step import weight_bytes
+
+    class Text(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = torch.nn.Embedding(1000, 16)
+            self.layer = torch.nn.Linear(16, 32)
+
+        def get_input_embeddings(self):
+            return self.embed_tokens
+
+    class Model(torch.nn.Module):
+        def __init__(self, tied: bool):
+            super().__init__()
+            self.language_model = Text()
+            self.lm_head = torch.nn.Linear(16, 1000, bias=False)
+            if tied:
+                self.lm_head.weight = self.language_model.embed_tokens.weight
+
+        def get_output_embeddings(self):
+            return self.lm_head
+
+    layer = 4 * (16 * 32 + 32)
+    assert weight_bytes(Model(tied=False), rows=3) == layer + 4 * 1000 * 16 + 4 * 3 * 16
+    assert weight_bytes(Model(tied=True), rows=3) == layer + 4 * 1000 * 16
