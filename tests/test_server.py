@@ -418,3 +418,48 @@ def test_vllm_metric_names_count_what_was_served(server, client):
                  "vllm:time_per_output_token_seconds_count"):
         assert delta[name] == 2, name
     assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
+
+
+def test_model_card_names_where_the_weights_came_from(server, client):
+    """vLLM's ``root``: a client (AIPerf takes its tokenizer from it) can load the served
+    model's own tokenizer from there; the list and the by-id card agree."""
+    from transformers import AutoTokenizer
+
+    listed = json.loads(get(server, "/v1/models"))["data"][0]
+    assert listed == json.loads(get(server, "/v1/models/tiny-qwen2_5_vl"))
+    assert listed["parent"] is None and listed["max_model_len"] > 0
+    tokenizer = AutoTokenizer.from_pretrained(listed["root"])
+    assert tokenizer.encode("Hello") == loaded("qwen2_5_vl").tokenizer.encode("Hello")
+
+
+def test_ping_answers_without_a_key(server):
+    for method in ("GET", "POST"):
+        with urllib.request.urlopen(urllib.request.Request(f"{server.base}/ping",
+                                                           method=method)) as resp:
+            assert resp.status == 200 and json.loads(resp.read()) == {"status": "ok"}
+
+
+def test_x_request_id_names_the_answer_and_comes_back(server, client):
+    """A client's X-Request-Id names the answer (``chatcmpl-<id>``, vLLM's) and is returned,
+    streamed too; without one the server makes one up; a malformed one is a 400 naming it."""
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny-qwen2_5_vl", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+        extra_headers={"X-Request-Id": "gw-7:a.b"})
+    assert raw.headers["x-request-id"] == "gw-7:a.b"
+    assert raw.parse().id == "chatcmpl-gw-7:a.b"
+    with client.chat.completions.with_streaming_response.create(
+            model="tiny-qwen2_5_vl", messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=2, stream=True, extra_headers={"X-Request-Id": "s1"}) as streamed:
+        assert streamed.headers["x-request-id"] == "s1"
+        assert all(chunk.id == "chatcmpl-s1" for chunk in streamed.parse())
+    made_up = client.models.with_raw_response.list().headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{24}", made_up)
+    for bad in ("two words", "x" * 129, "caf\u00e9"):
+        req = urllib.request.Request(
+            f"{server.base}/v1/models",
+            headers={"Authorization": f"Bearer {KEY}",
+                     "X-Request-Id": bad.encode().decode("latin-1")})
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req)
+        body = json.loads(info.value.read())
+        assert info.value.code == 400 and body["error"]["param"] == "X-Request-Id", body

@@ -51,6 +51,7 @@ from engine.server.front_door import (
 from engine.server.logprobs import TokenStrings
 from engine.server.metrics import REFRESH_S, Metrics
 from engine.server.prepare import prepare_chat, prepare_prompts
+from engine.server.request_ids import add_request_id_header, request_id_middleware
 from engine.server.respond import respond
 from engine.server.text_limits import TextLimits
 from engine.version import __version__
@@ -241,12 +242,17 @@ async def completions(request: web.Request, ticket: Ticket) -> web.StreamRespons
     return await respond(request, state, fields, processed, start, chat=False)
 
 
+def _model_card(state: State) -> dict[str, Any]:
+    """vLLM's model card: ``root`` is where the weights came from (the Hub id, or the local
+    folder, a ``tiny:ARCH`` model's too), so a client can load the same tokenizer."""
+    return {"id": state.name, "object": "model", "created": 0, "owned_by": "aphrodite",
+            "root": state.loaded.repo or str(state.loaded.path), "parent": None,
+            "max_model_len": state.config.max_model_len,
+            "modalities": list(state.loaded.spec.modalities)}
+
+
 async def models(request: web.Request) -> web.Response:
-    state: State = request.app[STATE]
-    return web.json_response({"object": "list", "data": [{
-        "id": state.name, "object": "model", "created": 0, "owned_by": "aphrodite",
-        "max_model_len": state.config.max_model_len,
-        "modalities": list(state.loaded.spec.modalities)}]})
+    return web.json_response({"object": "list", "data": [_model_card(request.app[STATE])]})
 
 
 async def model(request: web.Request) -> web.Response:
@@ -256,10 +262,7 @@ async def model(request: web.Request) -> web.Response:
         raise ModelNotFoundError(f"model {request.match_info['model']!r} is not served here; "
                                  f"this server serves {state.name!r}",
                                  hint="GET /v1/models lists it", param="model")
-    return web.json_response({"id": state.name, "object": "model", "created": 0,
-                              "owned_by": "aphrodite",
-                              "max_model_len": state.config.max_model_len,
-                              "modalities": list(state.loaded.spec.modalities)})
+    return web.json_response(_model_card(state))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -289,8 +292,9 @@ async def _refresh_metrics(metrics: Metrics) -> None:
 def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
                ) -> web.Application:
     """The app factory: state lives in an AppKey, cleanup in cleanup_ctx."""
-    app = web.Application(middlewares=[errors_middleware, auth_middleware(
-                              config.api_key, config.metrics_without_auth)],
+    app = web.Application(middlewares=[errors_middleware, request_id_middleware,
+                                       auth_middleware(config.api_key,
+                                                       config.metrics_without_auth)],
                           client_max_size=int(config.max_request_body_mb * 1024 * 1024))
 
     async def lifecycle(app: web.Application):
@@ -305,11 +309,13 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
             app[STATE].decoders.close()
 
     app.cleanup_ctx.append(lifecycle)
+    app.on_response_prepare.append(add_request_id_header)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{model:.+}", model)
     app.router.add_get("/health", health)
+    app.router.add_route("*", "/ping", health)  # vLLM's (SageMaker's) health check
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
     add_admin_routes(app, STATE)

@@ -4,7 +4,7 @@ In this order, and nothing is held before it is earned:
 
 1. The API key, from the headers alone (401 with ``WWW-Authenticate: Bearer``). A client
    without the key takes no pending slot, sends no body that is read, costs nothing else.
-   Open without a key: ``/health``; ``/metrics`` only with ``--metrics-without-auth``.
+   Open without a key: ``/health`` and ``/ping``; ``/metrics`` only with ``--metrics-without-auth``.
 2. Admission: a pending slot (``--max-pending-requests``; 503 + Retry-After when full).
    Before admission, a declared ``Content-Length`` over ``--max-request-body-mb`` is a 413.
 3. The body: ``Content-Type`` must be JSON (415; a browser's cross-site form or text/plain
@@ -50,7 +50,7 @@ def key_matches(header: str | None, key: str) -> bool:
 
 def auth_middleware(api_key: str | None, metrics_without_auth: bool):
     """Refuse requests without the key before any handler (and so any slot) runs."""
-    open_paths = {"/health"} | ({"/metrics"} if metrics_without_auth else set())
+    open_paths = {"/health", "/ping"} | ({"/metrics"} if metrics_without_auth else set())
 
     @web.middleware
     async def check_key(request: web.Request, handler):

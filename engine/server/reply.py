@@ -35,13 +35,13 @@ class Reply:
     (stage timings, cache hits; metrics are observed as each prompt finishes)."""
 
     def __init__(self, state: State, fields: GenerationFields, prompts: list[ProcessedPrompt],
-                 start: float, *, chat: bool) -> None:
+                 start: float, *, chat: bool, request_id: str | None = None) -> None:
         self.state = state
         self.fields = fields
         self.prompts = prompts
         self.start = start
         self.chat = chat
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id or uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.n = fields.sampling.n
         self._logprobs: dict[int, ChatLogprobs | CompletionLogprobs] = {}

@@ -19,6 +19,7 @@ from engine.executor.sampling import MAX_TOKENS_CAP
 from engine.server import vllm_media
 from engine.server.prepare import preprocess_slot
 from engine.server.reply import Reply
+from engine.server.request_ids import request_id
 from engine.server.wire import Done
 
 logger = logging.getLogger("aphrodite.server")
@@ -87,7 +88,7 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
                                              (p.mm_hashes, p.mm_positions),
                                              priority=fields.priority)
                        for p, sp in zip(prompts, params, strict=True)]
-    reply = Reply(state, fields, prompts, start, chat=chat)
+    reply = Reply(state, fields, prompts, start, chat=chat, request_id=request_id(request))
     if fields.stream:
         return await respond_stream(request, reply, generations)
     return await respond_json(request, reply, generations)
