@@ -463,3 +463,22 @@ def test_x_request_id_names_the_answer_and_comes_back(server, client):
             urllib.request.urlopen(req)
         body = json.loads(info.value.read())
         assert info.value.code == 400 and body["error"]["param"] == "X-Request-Id", body
+
+
+def test_continuous_usage_stats_puts_usage_on_every_chunk(server, client):
+    """vLLM's stream_options.continuous_usage_stats (guidellm sends it on every stream, AIPerf's
+    --per-chunk-usage needs it): each token's chunk carries the usage so far."""
+    stream = client.chat.completions.create(
+        model="tiny-qwen2_5_vl", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+        stream=True, extra_body={"ignore_eos": True},
+        stream_options={"continuous_usage_stats": True})
+    chunks = list(stream)
+    with_tokens = [c for c in chunks if c.choices]
+    assert [c.usage.completion_tokens for c in with_tokens] == [1, 2, 3, 4]
+    assert len({c.usage.prompt_tokens for c in chunks}) == 1
+    assert chunks[-1].usage.completion_tokens == 4
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="tiny-qwen2_5_vl", messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=1, stream=True, stream_options={"continuous_usage_stats": "yes"})
+    assert info.value.body["param"] == "stream_options.continuous_usage_stats"

@@ -24,6 +24,16 @@ def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], defau
     return value
 
 
+def _stream_option(options: dict[str, Any], name: str) -> bool:
+    """One of ``stream_options``' switches: a boolean (a string such as "false" would read as
+    true), absent meaning false."""
+    value = options.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"stream_options.{name} must be true or false",
+                                  param=f"stream_options.{name}")
+    return value
+
+
 @dataclass
 class GenerationFields:
     stream: bool
@@ -42,6 +52,8 @@ class GenerationFields:
     #: vLLM's extension: lower values join the running batch first (``--scheduling-policy
     #: priority``)
     priority: int = 0
+    #: ``stream_options.continuous_usage_stats`` (vLLM's): usage on every streamed chunk
+    continuous_usage: bool = False
 
     def sampling_for(self, prompt_tokens: int, max_model_len: int, param: str
                      ) -> SamplingParams:
@@ -144,7 +156,8 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
     media = _field(body, "media_io_kwargs", dict, None)
     return GenerationFields(
         stream=bool(_field(body, "stream", bool, False)),
-        include_usage=bool(options.get("include_usage", False)),
+        include_usage=_stream_option(options, "include_usage"),
+        continuous_usage=_stream_option(options, "continuous_usage_stats"),
         sampling=sampling,
         media_io_kwargs=media,
         mm_processor_kwargs=_field(body, "mm_processor_kwargs", dict, None),

@@ -167,7 +167,7 @@ async def respond_stream(request: web.Request, reply: Reply, generations: list
                     tail = reply.envelope([], chunk=True)
                     if state.config.expose_request_timings:
                         tail["aphrodite"] = ext
-                    if reply.fields.include_usage:
+                    if reply.fields.include_usage or reply.fields.continuous_usage:
                         tail["usage"] = reply.usage(completion_tokens)
                     if "aphrodite" in tail or "usage" in tail:
                         await send(tail)
@@ -176,9 +176,11 @@ async def respond_stream(request: web.Request, reply: Reply, generations: list
             if message.token_id is not None:
                 completion_tokens += 1
             piece = reply.add_logprobs(at, message.token_id, message.logprobs)
-            await send(reply.envelope([reply.choice(at, message.text, message.finish_reason,
-                                                    piece, first=at not in started)],
-                                      chunk=True))
+            chunk = reply.envelope([reply.choice(at, message.text, message.finish_reason,
+                                                 piece, first=at not in started)], chunk=True)
+            if reply.fields.continuous_usage:  # vLLM's usage so far, on every chunk
+                chunk["usage"] = reply.usage(completion_tokens)
+            await send(chunk)
             started.add(at)
         await response.write(b"data: [DONE]\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
