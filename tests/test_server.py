@@ -482,3 +482,49 @@ def test_continuous_usage_stats_puts_usage_on_every_chunk(server, client):
             model="tiny-qwen2_5_vl", messages=[{"role": "user", "content": "Hi"}],
             max_tokens=1, stream=True, stream_options={"continuous_usage_stats": "yes"})
     assert info.value.body["param"] == "stream_options.continuous_usage_stats"
+
+
+def post(server, path: str, body: dict) -> tuple[int, dict]:
+    """``POST path`` with the API key: the status and the JSON answer (errors included)."""
+    req = urllib.request.Request(f"{server.base}{path}", data=json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {KEY}",
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_tokenize_counts_what_the_generation_routes_report(server, client, media):
+    """vLLM's /tokenize: a chat with an image counts its media tokens, the same number the
+    chat request reports as prompt tokens; a prompt counts as /v1/completions does, and
+    /detokenize gives its text back."""
+    parts = [image_part(f"{media.base}/cat.jpg"), {"type": "text", "text": "What?"}]
+    messages = [{"role": "user", "content": parts}]
+    status, counted = post(server, "/tokenize", {"model": "tiny-qwen2_5_vl",
+                                                 "messages": messages})
+    assert status == 200, counted
+    assert counted["count"] == chat(client, parts[:1], max_tokens=1).usage.prompt_tokens
+    assert counted["count"] == len(counted["tokens"]) and counted["token_strs"] is None
+    status, counted = post(server, "/tokenize", {"prompt": "Once upon a time",
+                                                 "return_token_strs": True})
+    reported = client.completions.create(model="tiny-qwen2_5_vl", prompt="Once upon a time",
+                                         max_tokens=1).usage.prompt_tokens
+    assert status == 200 and counted["count"] == reported == len(counted["token_strs"])
+    assert post(server, "/detokenize", {"tokens": counted["tokens"]}) == (
+        200, {"prompt": "Once upon a time"})
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/tokenize", {"prompt": "x", "add_special_tokens": False}, "add_special_tokens"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "x"}],
+                   "add_generation_prompt": "yes"}, "add_generation_prompt"),
+    ("/tokenize", {"prompt": ["x"]}, "prompt"),
+    ("/detokenize", {"tokens": [1 << 40]}, "tokens"),
+    ("/detokenize", {"tokens": [True]}, "tokens"),
+    ("/detokenize", {"tokens": "abc"}, "tokens"),
+])
+def test_tokenize_refusals_name_the_field(server, path, body, param):
+    status, answer = post(server, path, body)
+    assert status == 400 and answer["error"]["param"] == param, answer

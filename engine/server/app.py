@@ -27,6 +27,7 @@ from aiohttp import web
 
 from engine.errors import (
     AphroditeError,
+    InvalidRequestError,
     ModelNotFoundError,
     OverloadedError,
     RequestTooLargeError,
@@ -242,6 +243,69 @@ async def completions(request: web.Request, ticket: Ticket) -> web.StreamRespons
     return await respond(request, state, fields, processed, start, chat=False)
 
 
+def _switch(data: dict[str, Any], name: str, default: bool) -> None:
+    """A /tokenize switch this server honours only at vLLM's default: a boolean, else a 400;
+    the other value a 400 naming it rather than a count that ignores it."""
+    value = data.pop(name, default)
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"{name} must be true or false", param=name)
+    if value != default:
+        raise InvalidRequestError(f"{name}={str(value).lower()} is not supported here",
+                                  param=name, code="unsupported_parameter",
+                                  hint=f"leave {name} out: the count is what the "
+                                       f"completion routes would send the model")
+
+
+@admitted
+async def tokenize(request: web.Request, ticket: Ticket) -> web.Response:
+    """vLLM's ``POST /tokenize``: ``prompt`` tokenized as ``/v1/completions`` does, or
+    ``messages`` prepared as ``/v1/chat/completions`` does (media fetched, decoded and
+    expanded into its tokens), so ``count`` is the ``prompt_tokens`` that route reports."""
+    state: State = request.app[STATE]
+    data = await read_json(request, ticket)
+    strings = data.pop("return_token_strs", False)
+    if not isinstance(strings, bool):
+        raise InvalidRequestError("return_token_strs must be true or false",
+                                  param="return_token_strs")
+    if "messages" in data:
+        _switch(data, "add_generation_prompt", True)
+        _switch(data, "continue_final_message", False)
+        state.text_limits.check_chat(data.get("messages"))
+        _, one = await prepare_chat(state, data, ticket, client_key(request.remote))
+        if one.text is not None and one.mm:
+            raise InvalidRequestError(
+                "with --engine vllm, vLLM's processor expands media: this server cannot "
+                "count a chat's media tokens", param="messages",
+                code="unsupported_parameter", hint="count a text-only chat, or ask vLLM")
+    else:
+        _switch(data, "add_special_tokens", True)
+        if not isinstance(data.get("prompt"), str):
+            raise InvalidRequestError("prompt must be a string (or send messages)",
+                                      param="prompt")
+        state.text_limits.check_prompt(data["prompt"], state.config.max_model_len)
+        _, (one,) = await prepare_prompts(state, {"prompt": data["prompt"]})
+    ids = list(one.input_ids)
+    return web.json_response({
+        "count": len(ids), "max_model_len": state.config.max_model_len, "tokens": ids,
+        "token_strs": state.loaded.tokenizer.convert_ids_to_tokens(ids) if strings else None})
+
+
+@admitted
+async def detokenize(request: web.Request, ticket: Ticket) -> web.Response:
+    """vLLM's ``POST /detokenize``: ``tokens`` (ids of this model's vocabulary, at most
+    --max-model-len of them) back to text."""
+    state: State = request.app[STATE]
+    tokens = (await read_json(request, ticket)).get("tokens")
+    if not isinstance(tokens, list) or len(tokens) > state.config.max_model_len or not all(
+            type(t) is int and 0 <= t < state.vocab_size for t in tokens):
+        raise InvalidRequestError(
+            f"tokens must be a list of at most {state.config.max_model_len} token ids, each "
+            f"from 0 to {state.vocab_size - 1}", param="tokens")
+    text = await asyncio.get_running_loop().run_in_executor(
+        decode_executor(), state.loaded.tokenizer.decode, tokens)
+    return web.json_response({"prompt": text})
+
+
 def _model_card(state: State) -> dict[str, Any]:
     """vLLM's model card: ``root`` is where the weights came from (the Hub id, or the local
     folder, a ``tiny:ARCH`` model's too), so a client can load the same tokenizer."""
@@ -314,6 +378,8 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{model:.+}", model)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/health", health)
     app.router.add_route("*", "/ping", health)  # vLLM's (SageMaker's) health check
     app.router.add_get("/version", version)
