@@ -390,9 +390,10 @@ def test_models_by_id_and_405_says_allow(server, client):
     assert info.value.code == 405 and "POST" in info.value.headers["Allow"]
 
 
-def test_vllm_metric_names_count_what_was_served(server, client):
+def test_vllm_metric_names_count_what_was_served(server, client, media):
     """Dashboards built for vLLM read this server: vLLM's metric names with model_name,
-    counting exactly the tokens the answers' usage reported."""
+    counting exactly the tokens the answers' usage reported, the gaps between them, the
+    requests' waits in the engine and the media the processor cache was asked for."""
     def scrape() -> dict[str, float]:
         req = urllib.request.Request(f"{server.base}/metrics",
                                      headers={"Authorization": f"Bearer {KEY}"})
@@ -408,15 +409,23 @@ def test_vllm_metric_names_count_what_was_served(server, client):
         model="tiny-qwen2_5_vl", max_tokens=2, stream=True, extra_body={"ignore_eos": True},
         stream_options={"include_usage": True}, messages=[{"role": "user", "content": "two"}])
     usage = [c.usage for c in stream if c.usage][-1]
+    # the second is a processor cache hit whatever came before
+    images = [chat(client, [image_part(f"{media.base}/cat.jpg")], max_tokens=1).usage
+              for _ in range(2)]
     after = scrape()
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
     assert delta["vllm:generation_tokens_total"] == one.usage.completion_tokens + \
-        usage.completion_tokens == 5
-    assert delta["vllm:prompt_tokens_total"] == one.usage.prompt_tokens + usage.prompt_tokens
+        usage.completion_tokens + 2 == 7
+    assert delta["vllm:prompt_tokens_total"] == one.usage.prompt_tokens + usage.prompt_tokens \
+        + sum(u.prompt_tokens for u in images)
     for name in ("vllm:e2e_request_latency_seconds_count",
                  "vllm:time_to_first_token_seconds_count",
-                 "vllm:time_per_output_token_seconds_count"):
-        assert delta[name] == 2, name
+                 "vllm:request_queue_time_seconds_count"):
+        assert delta[name] == 4, name
+    assert delta["vllm:time_per_output_token_seconds_count"] == 2  # (not for 1 token)
+    assert delta["vllm:inter_token_latency_seconds_count"] == (3 - 1) + (2 - 1)
+    assert delta["vllm:mm_cache_queries_total"] == 2 and delta["vllm:mm_cache_hits_total"] >= 1
+    assert after["vllm:num_preemptions_total"] == 0
     assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
 
 

@@ -90,7 +90,7 @@ class State:
         self.connector = self.pipeline.connector()
         self.fetch_slots = FetchSlots(config.max_concurrent_fetches,
                                       config.max_fetches_per_client)
-        self.metrics = Metrics()
+        self.metrics = Metrics(model_name=self.name)
         self.pending = 0
         # in this process's threads, checked between frames against the same budget
         self.decoders: Any = InProcessDecoders(config.decode_cpu_budget_s)

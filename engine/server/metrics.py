@@ -42,7 +42,9 @@ def multiprocess_dir() -> str | None:
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "") -> None:
+        #: the served model's name: vLLM's metrics carry it as their model_name label
+        self.model_name = model_name
         self.registry = CollectorRegistry()
         self.multiprocess = multiprocess_dir() is not None
         if self.multiprocess and values.ValueClass is values.MutexValue:
@@ -158,6 +160,26 @@ class Metrics:
         self.vllm_prefix_hits = Counter("vllm:prefix_cache_hits",
                                         "Prompt tokens found in the prefix cache",
                                         ["model_name"], registry=self.registry)
+        self.vllm_itl = Histogram("vllm:inter_token_latency_seconds",
+                                  "Time between a sequence's consecutive tokens, as the API "
+                                  "server receives them", ["model_name"], buckets=latency,
+                                  registry=self.registry)
+        self.vllm_queue = Histogram("vllm:request_queue_time_seconds",
+                                    "Time a request waited in the engine before its prefill",
+                                    ["model_name"], buckets=latency, registry=self.registry)
+        self.vllm_mm_queries = Counter("vllm:mm_cache_queries",
+                                       "Media items looked up in the processor cache",
+                                       ["model_name"], registry=self.registry)
+        self.vllm_mm_hits = Counter("vllm:mm_cache_hits",
+                                    "Media items found in the processor cache", ["model_name"],
+                                    registry=self.registry)
+        # this engine's KV grows on demand and a running sequence is never preempted: the
+        # counter exists for vLLM's dashboards and stays 0
+        self.vllm_preemptions = Counter("vllm:num_preemptions", "Sequences preempted "
+                                        "(never, in this engine)", ["model_name"],
+                                        registry=self.registry)
+        if model_name:  # (a labelled counter shows only once its label is used)
+            self.vllm_preemptions.labels(model_name)
         self.vllm_running = self.gauge("vllm:num_requests_running",
                                        "Requests of the API server(s) in the engine",
                                        ["model_name"])
@@ -193,14 +215,20 @@ class Metrics:
                 entry[2] = now
 
     def count_items(self, hits: list[bool]) -> None:
-        """A request's media items in ``aphrodite_processor_cache_total``: found or not."""
+        """A request's media items in ``aphrodite_processor_cache_total`` (found or not) and
+        in vLLM's ``mm_cache_queries``/``mm_cache_hits``."""
         for hit in hits:
             self.cache.labels("hit" if hit else "miss").inc()
+        if hits and self.model_name:
+            self.vllm_mm_queries.labels(self.model_name).inc(len(hits))
+            self.vllm_mm_hits.labels(self.model_name).inc(sum(hits))
 
     def observe_request(self, model: str, *, e2e_s: float, decode_s: float, prompt: int,
-                        generated: int, cached: int = 0) -> None:
+                        generated: int, cached: int = 0, queue_s: float | None = None) -> None:
         """One finished request in vLLM's metrics (``cached``: its prompt tokens from the
-        prefix cache)."""
+        prefix cache; ``queue_s``: its wait in the engine, when the engine timed it)."""
+        if queue_s is not None:
+            self.vllm_queue.labels(model).observe(queue_s)
         self.vllm_prefix_queries.labels(model).inc(prompt)
         self.vllm_prefix_hits.labels(model).inc(cached)
         self.vllm_e2e.labels(model).observe(e2e_s)

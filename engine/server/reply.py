@@ -47,6 +47,8 @@ class Reply:
         self._logprobs: dict[int, ChatLogprobs | CompletionLogprobs] = {}
         #: per prompt, its tokens the engine's prefix cache supplied
         self._cached_tokens: dict[int, int] = {}
+        #: per choice, when its last token arrived (vLLM's inter-token latency)
+        self._token_times: dict[int, float] = {}
 
     def at(self, prompt: int, index: int) -> int:
         """The choice index of row ``index`` of prompt ``prompt``."""
@@ -83,6 +85,15 @@ class Reply:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": self.prompt_tokens + completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": sum(self._cached_tokens.values())}}
+
+    def tick(self, at: int) -> None:
+        """A token of choice ``at`` arrived: the time since its previous one goes to vLLM's
+        ``inter_token_latency_seconds``."""
+        now = time.perf_counter()
+        last = self._token_times.get(at)
+        if last is not None:
+            self.state.metrics.vllm_itl.labels(self.state.name).observe(now - last)
+        self._token_times[at] = now
 
     def add_logprobs(self, at: int, token_id: int | None, lp: tuple | None
                      ) -> dict[str, Any] | None:
@@ -121,7 +132,7 @@ class Reply:
                 decode_s=float(timings.get("decode_s", 0.0)),
                 prompt=len(processed.input_ids),
                 generated=sum(len(out.token_ids) for out in done.outputs),
-                cached=done.num_cached_tokens)
+                cached=done.num_cached_tokens, queue_s=done.timings.get("queue_s"))
             self._cached_tokens[prompt] = done.num_cached_tokens
         for name in SERVED_STAGES:
             if name in timings:

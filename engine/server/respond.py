@@ -122,7 +122,10 @@ async def respond_json(request: web.Request, reply: Reply, generations: list
             done[i] = message
             ext = reply.extension(i, message)
         else:
-            reply.add_logprobs(reply.at(i, message.index), message.token_id, message.logprobs)
+            at = reply.at(i, message.index)
+            if message.token_id is not None:
+                reply.tick(at)
+            reply.add_logprobs(at, message.token_id, message.logprobs)
     choices = []
     total = 0
     for i in range(len(reply.prompts)):
@@ -175,6 +178,7 @@ async def respond_stream(request: web.Request, reply: Reply, generations: list
             at = reply.at(i, message.index)
             if message.token_id is not None:
                 completion_tokens += 1
+                reply.tick(at)
             piece = reply.add_logprobs(at, message.token_id, message.logprobs)
             chunk = reply.envelope([reply.choice(at, message.text, message.finish_reason,
                                                  piece, first=at not in started)], chunk=True)
