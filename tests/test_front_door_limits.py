@@ -14,6 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from engine.errors import AphroditeError
+from engine.server import front_door, text_limits
+from engine.server.app import error_response
 from engine.server.text_limits import TextLimits
 from tests.server_harness import ServerProcess
 
@@ -169,6 +172,60 @@ def test_text_that_cannot_fit_is_refused_from_its_bytes(server):
     assert status == 400 and doc["error"]["code"] == "prompt_too_long", doc
     status, doc = post(server, chat("a short prompt"))
     assert status == 200, doc
+
+
+def walks(monkeypatch) -> list[str]:
+    """The per-item work of the front door, recorded as it happens: the shape walk over
+    every value and the byte count of every message's text."""
+    seen: list[str] = []
+    shape, nbytes = front_door.check_shape, text_limits._nbytes
+
+    def check_shape(data):
+        seen.append("shape")
+        return shape(data)
+
+    def count_bytes(text):
+        seen.append("bytes")
+        return nbytes(text)
+
+    monkeypatch.setattr(front_door, "check_shape", check_shape)
+    monkeypatch.setattr(text_limits, "_nbytes", count_bytes)
+    return seen
+
+
+def test_300000_messages_are_refused_from_their_count_before_any_walk(monkeypatch):
+    """A 10 MB body of 300,000 messages is refused from ``len(messages)``: no message is
+    walked, measured or templated first (that walk took 1.2 s on a busy machine)."""
+    limits = TextLimits(max_prompt_bytes=1 << 20, max_messages=2048)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello"}]
+                       * 300_000}).encode()
+    assert len(body) >= 10_000_000
+    seen = walks(monkeypatch)
+    with pytest.raises(AphroditeError) as caught:
+        front_door.parse_body(body, lambda data: limits.check_chat(data.get("messages")))
+    doc = error_response(caught.value)
+    assert doc.status == 400, doc
+    error = json.loads(doc.body)["error"]
+    assert error["code"] == "too_many_messages" and error["param"] == "messages", error
+    assert "300000 messages" in error["message"] and "--max-messages" in error["message"]
+    assert seen == []
+    # ... and 300,000 prompts to /v1/completions the same way
+    prompts = json.dumps({"prompt": ["hello"] * 300_000}).encode()
+    with pytest.raises(AphroditeError) as caught:
+        front_door.parse_body(prompts, lambda data: limits.check_prompt(data["prompt"], 100))
+    assert caught.value.status == 400 and caught.value.code == "too_many_prompts"
+    assert caught.value.param == "prompt" and seen == []
+
+
+def test_a_body_within_the_counts_is_still_walked(monkeypatch):
+    """The counts come first, the shape walk still follows: a lone surrogate in a short
+    chat is refused by it."""
+    limits = TextLimits(max_prompt_bytes=1 << 20, max_messages=2048)
+    seen = walks(monkeypatch)
+    body = b'{"messages": [{"role": "user", "content": "\\ud800"}]}'
+    with pytest.raises(AphroditeError) as caught:
+        front_door.parse_body(body, lambda data: limits.check_chat(data.get("messages")))
+    assert caught.value.code == "invalid_json" and seen == ["bytes", "shape"]
 
 
 class _Tokenizer:

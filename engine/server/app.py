@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -176,16 +177,19 @@ async def errors_middleware(request: web.Request, handler):
     return response
 
 
-async def read_json(request: web.Request, ticket: Ticket) -> dict[str, Any]:
-    """The admitted request's body, read and shape-checked (front_door), then its model."""
+async def read_json(request: web.Request, ticket: Ticket,
+                    check_counts: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The admitted request's body, read, its counts and lengths checked (``check_counts``:
+    the text limits, before any per-item work), shape-checked (front_door), then its
+    model."""
     state: State = request.app[STATE]
     body = await read_body(request, state.config.request_body_timeout_s, ticket,
                            body_cap(state.config))
     if len(body) > OFF_LOOP_BYTES:  # parsing and shape-checking a big body takes a while
         data = await asyncio.get_running_loop().run_in_executor(decode_executor(),
-                                                                parse_body, body)
+                                                                parse_body, body, check_counts)
     else:
-        data = parse_body(body)
+        data = parse_body(body, check_counts)
     model = data.get("model")
     if model is not None and model != state.name:
         raise ModelNotFoundError(f"model {model!r} is not served here; this server serves "
@@ -220,8 +224,8 @@ def admitted(handler):
 @admitted
 async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
     state: State = request.app[STATE]
-    data = await read_json(request, ticket)
-    state.text_limits.check_chat(data.get("messages"))  # before templating and tokenizing
+    data = await read_json(request, ticket,  # text limits before templating and tokenizing
+                           lambda body: state.text_limits.check_chat(body.get("messages")))
     start = time.perf_counter()
     fields, processed = await prepare_chat(state, data, ticket, client_key(request.remote))
     return await respond(request, state, fields, [processed], start, chat=True)
@@ -232,8 +236,8 @@ async def completions(request: web.Request, ticket: Ticket) -> web.StreamRespons
     """``prompt``: a string, a list of strings, a list of token ids or a list of lists of
     token ids; one engine request per prompt (see :mod:`engine.server.reply`)."""
     state: State = request.app[STATE]
-    data = await read_json(request, ticket)
-    state.text_limits.check_prompt(data.get("prompt"), state.config.max_model_len)
+    data = await read_json(request, ticket, lambda body: state.text_limits.check_prompt(
+        body.get("prompt"), state.config.max_model_len))
     start = time.perf_counter()
     fields, processed = await prepare_prompts(state, data)
     return await respond(request, state, fields, processed, start, chat=False)

@@ -14,7 +14,10 @@ In this order, and nothing is held before it is earned:
    while it streams (413), and it must arrive within ``--request-body-timeout-s`` (408): a
    client that sends headers and then drips or withholds the body loses its slot instead of
    keeping it.
-4. Its JSON shape, before any field is looked at: an object, nested at most
+4. Its counts and lengths (the route's ``check_counts``: too many messages or prompts, text
+   over the byte bound), on the parsed object and before any per-item work: a 10 MB body
+   of 300,000 messages is refused from ``len(messages)``, not after a walk over every one.
+5. Its JSON shape, before any field is looked at: an object, nested at most
    :data:`MAX_DEPTH` deep, integers within 64 bits, finite numbers, text that is valid
    Unicode (no lone surrogates). Fields are validated after this by the protocol module.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -113,8 +117,10 @@ async def read_body(request: web.Request, timeout_s: float, ticket: Ticket,
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
-    """The JSON object in ``body``, shape-checked (see the module docstring)."""
+def parse_body(body: bytes, check_counts: Callable[[dict[str, Any]], None] | None = None
+               ) -> dict[str, Any]:
+    """The JSON object in ``body``: ``check_counts`` first (counts and lengths, which cost
+    no walk over every item), then its shape (see the module docstring)."""
     try:
         data = json.loads(body, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
@@ -130,6 +136,8 @@ def parse_body(body: bytes) -> dict[str, Any]:
                                   code="invalid_json") from None
     if not isinstance(data, dict):
         raise InvalidRequestError("the request body must be a JSON object", code="invalid_json")
+    if check_counts is not None:
+        check_counts(data)
     check_shape(data)
     return data
 
