@@ -259,6 +259,59 @@ def test_a_request_may_lower_the_pixel_budget(server):
     assert tokens[28 * 28 * 4] < tokens[None]
 
 
+def text_of(server, **fields) -> str:
+    status, _, doc = call(server, "/v1/chat/completions", chat("Tell me a story.", **fields),
+                          keyed())
+    assert status == 200, (fields, doc)
+    return doc["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("field", [
+    {"temperature": 1e-45}, {"temperature": 5e-324}, {"temperature": 1e-38},
+    {"temperature": 1e-46}, {"top_p": 1e-45}, {"top_p": 1e-46}, {"top_p": 1e-300}])
+def test_float32_edge_temperature_and_top_p_are_served(server, field):
+    """Values that pass validation and are subnormal, tiny or underflow in float32 are
+    served as documented: a temperature below 1e-5 is greedy (vLLM's _SAMPLING_EPS), a
+    top_p that keeps less than the most likely token keeps that one: greedy too."""
+    fields = {"max_tokens": 6, "ignore_eos": True, "seed": 3}
+    greedy = text_of(server, temperature=0, **fields)
+    assert text_of(server, **{"temperature": 1.0, **field}, **fields) == greedy
+
+
+def test_every_bit_of_a_seed_counts(server):
+    """torch's CPU generator keeps a seed's low 32 bits; seeds that differ above them drew
+    the same tokens. Same seed, same text; any other accepted seed, another."""
+    fields = {"max_tokens": 8, "ignore_eos": True, "temperature": 1.0}
+    texts = {seed: text_of(server, seed=seed, **fields)
+             for seed in (1, 1 + (1 << 32), 1 + (1 << 62), -1, (1 << 63) - 1)}
+    assert len(set(texts.values())) == len(texts), texts
+    assert text_of(server, seed=1 + (1 << 32), **fields) == texts[1 + (1 << 32)]
+
+
+def test_a_requests_video_fps_takes_effect(server):
+    """``mm_processor_kwargs.fps`` samples that many frames per second (Hugging Face's
+    meaning): a 2 s clip at fps 1 is fewer video tokens than at fps 8, and the request's
+    ``media_io_kwargs.video.fps`` wins over it. It was accepted and changed nothing."""
+    import base64
+
+    from tests.fixtures import synthetic
+
+    clip = synthetic.make_video(width=64, height=48, seconds=2, fps=8)
+    url = "data:video/mp4;base64," + base64.b64encode(clip).decode()
+
+    def prompt_tokens(**extra) -> int:
+        body = json.dumps({"messages": [{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": url}}]}], "max_tokens": 1, **extra})
+        status, _, doc = call(server, "/v1/chat/completions", body.encode(), keyed())
+        assert status == 200, (extra, doc)
+        return doc["usage"]["prompt_tokens"]
+
+    one, eight = (prompt_tokens(mm_processor_kwargs={"fps": fps}) for fps in (1, 8))
+    assert one < eight
+    assert prompt_tokens(mm_processor_kwargs={"fps": 8},
+                         media_io_kwargs={"video": {"fps": 1}}) == one
+
+
 json_value = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
     | st.text(max_size=12),

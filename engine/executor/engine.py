@@ -43,6 +43,7 @@ from engine.executor.runner import (
     TransformersRunner,
     _Row,
 )
+from engine.executor.sampler import seeded_generator
 from engine.executor.scheduler import (
     Chunk,
     Prefilling,
@@ -281,15 +282,13 @@ class Engine:
                 self._step_done()
             req.run()
             return
-        import torch
-
         req.outputs = [CompletionOutput(i) for i in range(req.params.n)]
         self._rows_left[req.request_id] = req.params.n
         self._seqs[req.request_id] = self._seq_state(req)
         for i in range(req.params.n):
             gen = None
             if req.params.seed is not None:
-                gen = torch.Generator(device="cpu").manual_seed(req.params.seed + i)
+                gen = seeded_generator(req.params.seed + i)
             self.waiting.append(_Row(req, i, gen))
 
     def _drop_cancelled(self) -> None:
