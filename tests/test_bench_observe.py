@@ -277,7 +277,9 @@ def test_cache_resets_reach_every_api_server_and_bench_checks_the_counted_hits(t
         warmed = until_both_answered()
         assert set(warmed) == api_pids
         assert all(v[-1] == [True] for v in warmed.values())  # both hold the image now
-        assert _post(server.base, "/reset_mm_cache") == {"reset": True, "api_servers": 2}
+        mm = _post(server.base, "/reset_mm_cache")
+        assert mm["reset"] is True and mm["api_servers"] == 2, mm
+        assert mm["encoder_entries_dropped"] >= 1, mm  # the engine's encoder cache too
         # the engine's prefix cache: a long prompt's second send reuses blocks; after the
         # reset, none (the reset runs on the engine thread between two steps)
         assert _cached_tokens(server.base) >= 0

@@ -154,12 +154,24 @@ class Engine:
             return {"reset": False, "has_cache": False,
                     "note": "prefix caching is off (or this model's cache cannot be cut into "
                             "blocks): nothing to reset"}
-        call = _Call(prefix.clear)
+        return self._between_steps(prefix.clear, timeout_s, "blocks_dropped")
+
+    def reset_encoder_cache(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Empty the encoder output cache (part of ``POST /reset_mm_cache``: the media's
+        cached results), on the engine thread between two steps. Waits for it."""
+        encoder = self.runner.encoder_cache
+        if encoder is None:
+            return {"encoder_cache": False}
+        return self._between_steps(encoder.clear, timeout_s, "encoder_entries_dropped")
+
+    def _between_steps(self, fn: Callable[[], Any], timeout_s: float, name: str
+                       ) -> dict[str, Any]:
+        call = _Call(fn)
         self._queue.put(call)  # wakes an idle engine; a busy one takes it before its next step
         if not call.done.wait(timeout_s):
             return {"reset": False, "note": f"the engine did not reach a step boundary in "
                                             f"{timeout_s:g} s"}
-        return {"reset": True, "blocks_dropped": call.result}
+        return {"reset": True, name: call.result}
 
     def close(self) -> None:
         self._queue.put(None)

@@ -1,6 +1,7 @@
 """Cache resets, under vLLM's route names, for benchmarks that need a cold start without a
-restart: ``POST /reset_mm_cache`` (the API servers' processor caches) and ``POST
-/reset_prefix_cache`` (the engine's prefix cache). Behind the same API key as every other
+restart: ``POST /reset_mm_cache`` (the API servers' processor caches and every engine's
+encoder output cache) and ``POST /reset_prefix_cache`` (the engine's prefix cache); after
+both, a request is cold. Behind the same API key as every other
 route.
 
 How a reset reaches every API server (``--api-server-count N``: each has its own processor
