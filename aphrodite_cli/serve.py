@@ -63,6 +63,15 @@ def serve(
     api_key: Annotated[str | None, typer.Option(
         help="Require 'Authorization: Bearer KEY' (or set APHRODITE_API_KEY).")
     ] = ServerConfig.api_key,
+    admin_api_key: Annotated[str | None, typer.Option(
+        help="Key of the admin routes (POST /reset_mm_cache, /reset_prefix_cache: they empty "
+             "every client's caches), apart from --api-key (or set APHRODITE_ADMIN_API_KEY). "
+             "Without it or --server-dev-mode those routes answer 404.")
+    ] = ServerConfig.admin_api_key,
+    server_dev_mode: Annotated[bool, typer.Option(
+        help="Open the admin routes to --api-key holders (or anyone, without a key) with no "
+             "admin key, as vLLM's VLLM_SERVER_DEV_MODE (or set APHRODITE_SERVER_DEV_MODE=1).")
+    ] = ServerConfig.server_dev_mode,
     allowed_media_domains: AllowedMediaDomains = None,
     allowed_local_media_path: AllowedLocalMediaPath = None,
     limit_mm_per_prompt: Annotated[str | None, typer.Option(
@@ -258,6 +267,8 @@ def serve(
         served_model_name=served_model_name,
         chat_template=str(chat_template) if chat_template else None,
         api_key=api_key or envs.APHRODITE_API_KEY or None,
+        admin_api_key=admin_api_key or envs.APHRODITE_ADMIN_API_KEY or None,
+        server_dev_mode=server_dev_mode or envs.APHRODITE_SERVER_DEV_MODE,
         # the request pipeline's settings, parsed and checked here once
         pipeline=pipeline_config(
             allowed_media_domains=tuple(split_hosts(allowed_media_domains)),

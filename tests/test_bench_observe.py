@@ -256,7 +256,7 @@ def test_cache_resets_reach_every_api_server_and_bench_checks_the_counted_hits(t
     image = "data:image/png;base64," + base64.b64encode(
         synthetic.make_image(64, 48, fmt="PNG", seed=3)).decode()
     server = ServerProcess("tiny:qwen2_vl", "--api-server-count", "2",
-                           "--expose-request-timings").wait_ready()
+                           "--expose-request-timings", "--server-dev-mode").wait_ready()
     try:
         api_pids = set(re.findall(r"\d+", server.output.split(
             "API server pids", 1)[1].split(")", 1)[0]))

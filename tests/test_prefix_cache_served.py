@@ -47,7 +47,7 @@ def test_cached_tokens_in_usage_and_prefix_cache_counters_on_metrics():
         synthetic.make_image(160, 120, fmt="JPEG", seed=5)).decode()
     answers = {}
     for flags in ((), ("--no-enable-prefix-caching",)):
-        server = ServerProcess(MODEL, *flags).wait_ready()
+        server = ServerProcess(MODEL, "--server-dev-mode", *flags).wait_ready()
         try:
             client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0)
             replies = [ask(client, image, "What is in it?"),

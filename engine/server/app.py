@@ -39,7 +39,7 @@ from engine.models.loader import LoadedModel
 from engine.processing.media_items import InProcessDecoders
 from engine.processing.pipeline import Pipeline
 from engine.server import vllm_media
-from engine.server.admin_routes import add_admin_routes
+from engine.server.admin_routes import ADMIN_PATHS, Access, add_admin_routes
 from engine.server.config import ServerConfig
 from engine.server.engine_client import EngineClient
 from engine.server.fetch_slots import FetchSlots, client_key
@@ -292,7 +292,7 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
                ) -> web.Application:
     """The app factory: state lives in an AppKey, cleanup in cleanup_ctx."""
     app = web.Application(middlewares=[errors_middleware, auth_middleware(
-                              config.api_key, config.metrics_without_auth)],
+                              config.api_key, config.metrics_without_auth, ADMIN_PATHS)],
                           client_max_size=int(config.max_request_body_mb * 1024 * 1024))
 
     async def lifecycle(app: web.Application):
@@ -314,5 +314,6 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
-    add_admin_routes(app, STATE)
+    add_admin_routes(app, STATE, Access(config.admin_api_key, config.api_key,
+                                        config.server_dev_mode))
     return app

@@ -19,6 +19,11 @@ class ServerConfig:
     served_model_name: str | None = None
     chat_template: str | None = None
     api_key: str | None = None
+    #: the key of the admin routes (the cache resets), apart from the users' --api-key;
+    #: without it (or server_dev_mode) those routes are off
+    admin_api_key: str | None = None
+    #: vLLM's VLLM_SERVER_DEV_MODE: the admin routes open to the API's key holders
+    server_dev_mode: bool = False
     #: media policy, video options, item limits, processor kwargs and cache: resolved once
     #: where the flags are read (clients may set only the bounded processor kwargs)
     pipeline: PipelineConfig = field(

@@ -35,6 +35,7 @@ from aiohttp import web
 from engine.errors import (
     AuthenticationError,
     InvalidRequestError,
+    PermissionDeniedError,
     RequestTimeoutError,
     RequestTooLargeError,
     UnsupportedContentTypeError,
@@ -52,9 +53,11 @@ def key_matches(header: str | None, key: str) -> bool:
                                                               key.encode())
 
 
-def auth_middleware(api_key: str | None, metrics_without_auth: bool):
-    """Refuse requests without the key before any handler (and so any slot) runs."""
-    open_paths = {"/health"} | ({"/metrics"} if metrics_without_auth else set())
+def auth_middleware(api_key: str | None, metrics_without_auth: bool,
+                    own_checks: frozenset[str] = frozenset()):
+    """Refuse requests without the key before any handler (and so any slot) runs.
+    ``own_checks``: paths whose handlers check their own key (the admin routes)."""
+    open_paths = {"/health"} | ({"/metrics"} if metrics_without_auth else set()) | own_checks
 
     @web.middleware
     async def check_key(request: web.Request, handler):
@@ -72,6 +75,37 @@ def auth_middleware(api_key: str | None, metrics_without_auth: bool):
 def _is_json(content_type: str) -> bool:
     return content_type == "application/json" or (
         content_type.startswith("application/") and content_type.endswith("+json"))
+
+
+def check_content_type(request: web.Request) -> None:
+    """A POST is JSON or says nothing (415): a browser's cross-site form or text/plain, the
+    only POSTs another site's page can send without the server's consent, is refused."""
+    if "Content-Type" in request.headers and not _is_json(request.content_type):
+        raise UnsupportedContentTypeError(
+            f"the request body has Content-Type {request.content_type!r}; the API takes JSON",
+            hint="send the header 'Content-Type: application/json'")
+
+
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+def check_same_origin(request: web.Request) -> None:
+    """A request carrying another site's ``Origin`` (a browser sends it with every
+    cross-site POST, a body-less ``fetch`` in no-cors mode included) is a 403; one without
+    ``Origin`` (curl, SDKs, scripts) or from this server's own origin passes."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return
+    scheme, _, rest = origin.strip().lower().partition("://")
+    host = request.host.lower()
+    if scheme in _DEFAULT_PORTS:
+        default = ":" + _DEFAULT_PORTS[scheme]
+        rest, host = rest.removesuffix(default), host.removesuffix(default)
+    if not rest or rest != host:
+        raise PermissionDeniedError(
+            f"{request.path} does not take requests from another site's page (Origin "
+            f"{origin[:100]!r})", code="cross_origin_request",
+            hint="call it from a script or the command line (without an Origin header)")
 
 
 def check_declared_length(request: web.Request, max_bytes: int) -> None:
@@ -94,10 +128,7 @@ async def read_body(request: web.Request, timeout_s: float, ticket: Ticket,
     ``timeout_s`` (408). Bytes are charged to ``ticket`` as they arrive, chunked bodies
     included: a body that is declared but not sent holds nothing, and one that streams
     counts while it streams."""
-    if "Content-Type" in request.headers and not _is_json(request.content_type):
-        raise UnsupportedContentTypeError(
-            f"the request body has Content-Type {request.content_type!r}; the API takes JSON",
-            hint="send the header 'Content-Type: application/json'")
+    check_content_type(request)
     check_declared_length(request, max_bytes)
     chunks: list[bytes] = []
     size = 0

@@ -45,6 +45,7 @@ def serve_cmd(
     server_engine: flags.EmbeddedEngine = "aphrodite",
     model: flags.Model = None,
     api_key: flags.ApiKey = None,
+    admin_api_key: flags.AdminApiKey = None,
     dataset: Annotated[DatasetName, typer.Option(
         "--dataset", "--dataset-name",
         help="random-mm, jsonl, vLLM's random (text only: random-mm with no media), or "
@@ -170,7 +171,8 @@ def serve_cmd(
     pcts = vllm_compat.parse_percentiles(metric_percentiles)
     # base_url and model: the target's, once it is open (run)
     cfg = LoadConfig(base_url="", endpoint="/" + endpoint.lstrip("/"),
-                     abort_after=abort_after_failures, api_key=api_key, request_rate=rate,
+                     abort_after=abort_after_failures, api_key=api_key,
+                     admin_api_key=admin_api_key, request_rate=rate,
                      burstiness=burstiness,
                      max_concurrency=max_concurrency, seed=seed, media_delivery=media_delivery,
                      image_format=image_format.upper(), image_quality=image_quality,

@@ -52,7 +52,8 @@ class PhaseWatch:
 
     async def __aenter__(self) -> PhaseWatch:
         if self.reset_caches and self.mode == "cold":
-            self.reset = await cache_reset.reset_caches(self.root, self.cfg.api_key)
+            self.reset = await cache_reset.reset_caches(
+                self.root, self.cfg.admin_api_key or self.cfg.api_key)
         if self.scrape_metrics:
             self.before = await scrape.scrape(self.root, self.cfg.api_key)
         if self.probe_rate:
