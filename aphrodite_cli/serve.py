@@ -107,8 +107,9 @@ def serve(
     ] = ServerConfig.keep_alive_timeout_s,
     max_connections_per_client: Annotated[int, typer.Option(
         min=0, help="Open connections one client (its peer address) may hold per API server; "
-                    "past it 503 and close; 0: no per-client cap (behind a reverse proxy), "
-                    "e.g. 256.")] = ServerConfig.max_connections_per_client,
+                    "past it a new one replaces the client's oldest idle one (503 and close "
+                    "when all are busy); 0: no per-client cap, e.g. 256.")
+    ] = ServerConfig.max_connections_per_client,
     max_prompt_bytes: Annotated[int | None, typer.Option(
         min=1, help="Most bytes of text in one request's messages or prompt, checked before "
                     "templating (400 prompt_too_long); default: what cannot fit "

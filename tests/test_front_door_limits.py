@@ -91,12 +91,16 @@ def noise_png(side: int) -> str:
     return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
-def inflight(server) -> float:
+def gauge(server, prefix: str) -> float:
     with urllib.request.urlopen(f"{server.base}/metrics", timeout=30) as resp:
         for line in resp.read().decode().splitlines():
-            if line.startswith("aphrodite_media_bytes_in_flight "):
+            if line.startswith(prefix):
                 return float(line.split()[-1])
-    raise AssertionError("no in-flight gauge")
+    raise AssertionError(f"no {prefix} on /metrics")
+
+
+def inflight(server) -> float:
+    return gauge(server, "aphrodite_media_bytes_in_flight ")
 
 
 # -- bodies ---------------------------------------------------------------------------------
@@ -276,14 +280,39 @@ def test_an_idle_kept_alive_connection_is_closed(server):
         sock.close()
 
 
+def test_a_gateway_holding_idle_connections_is_still_served(server):
+    """Behind a reverse proxy every user is one address: a gateway holding more idle
+    keep-alive connections than --max-connections-per-client is served on a new one (its
+    oldest idle ones are closed to make room) instead of a 503 and a broken pipe."""
+    source = "127.0.0.7"
+    kept = []
+    try:
+        for _ in range(PER_CLIENT):
+            sock = connect(server, source)
+            kept.append(sock)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert response(sock)[0] == 200
+        kept += [connect(server, source) for _ in range(4)]  # idle before any request
+        status, doc = post(server, chat("hi"), source=source)
+        assert status == 200, doc
+        assert closed_by_server(kept[0])  # the oldest made room
+    finally:
+        for sock in kept:
+            sock.close()
+
+
 def test_one_client_cannot_hold_every_connection(server):
-    """PER_CLIENT connections from one address (headers sent, body withheld: held until the
-    30 s body deadline); the next from that address is a 503 at once, while another client
-    is served."""
+    """PER_CLIENT connections from one address, each busy with a request (headers sent,
+    body withheld: held until the 30 s body deadline); the next from that address is a 503
+    at once, while another client is served."""
     held = [connect(server, "127.0.0.5") for _ in range(PER_CLIENT)]
     try:
         for sock in held:
             sock.sendall(head(100))
+        deadline = time.monotonic() + 30  # every one busy (an idle one would make room)
+        while gauge(server, "vllm:num_requests_running{") < PER_CLIENT:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         extra = connect(server, "127.0.0.5")
         try:
             status, doc = response(extra)
