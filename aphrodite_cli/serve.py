@@ -110,6 +110,11 @@ def serve(
                     "past it a new one replaces the client's oldest idle one (503 and close "
                     "when all are busy); 0: no per-client cap, e.g. 256.")
     ] = ServerConfig.max_connections_per_client,
+    trusted_proxies: Annotated[str | None, typer.Option(
+        help="Reverse proxies (addresses or CIDR networks, comma-separated, e.g. "
+             "10.0.0.0/8,127.0.0.1) whose X-Forwarded-For names the client: per-client fetch "
+             "and decode shares count the user behind the proxy. Connections still count "
+             "peers.")] = None,
     max_prompt_bytes: Annotated[int | None, typer.Option(
         min=1, help="Most bytes of text in one request's messages or prompt, checked before "
                     "templating (400 prompt_too_long); default: what cannot fit "
@@ -260,6 +265,7 @@ def serve(
     """Serve a multimodal model with an OpenAI-compatible API (alias: aphrodite run)."""
     from engine import envs
     from engine.processing.pipeline import pipeline_config
+    from engine.server.forwarded import TrustedProxies
     from engine.server.launcher import run
 
     limits = parse_json_flag("--limit-mm-per-prompt", limit_mm_per_prompt)
@@ -285,6 +291,7 @@ def serve(
         request_body_timeout_s=request_body_timeout_s,
         header_read_timeout_s=header_read_timeout_s, keep_alive_timeout_s=keep_alive_timeout_s,
         max_connections_per_client=max_connections_per_client,
+        trusted_proxies=tuple(p for p in (trusted_proxies or "").split(",") if p.strip()),
         max_prompt_bytes=max_prompt_bytes, max_messages=max_messages,
         metrics_without_auth=metrics_without_auth,
         expose_request_timings=expose_request_timings,
@@ -312,5 +319,6 @@ def serve(
         max_concurrent_fetches=max_concurrent_fetches,
         max_fetches_per_client=max_fetches_per_client,
         max_inflight_media_mb=max_inflight_media_mb)
+    TrustedProxies(config.trusted_proxies)  # a bad network is a flag error here, not at start
     code = run(config, announce=lambda msg: out.print(msg, markup=False))
     raise typer.Exit(code)

@@ -43,6 +43,7 @@ from engine.server.admin_routes import ADMIN_PATHS, Access, add_admin_routes
 from engine.server.config import ServerConfig
 from engine.server.engine_client import EngineClient
 from engine.server.fetch_slots import FetchSlots, client_key
+from engine.server.forwarded import TrustedProxies
 from engine.server.front_door import (
     auth_middleware,
     check_declared_length,
@@ -89,6 +90,7 @@ class State:
         self.connector = self.pipeline.connector()
         self.fetch_slots = FetchSlots(config.max_concurrent_fetches,
                                       config.max_fetches_per_client)
+        self.trusted_proxies = TrustedProxies(config.trusted_proxies)
         self.metrics = Metrics()
         self.pending = 0
         # in this process's threads, checked between frames against the same budget
@@ -227,7 +229,9 @@ async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamRe
     data = await read_json(request, ticket,  # text limits before templating and tokenizing
                            lambda body: state.text_limits.check_chat(body.get("messages")))
     start = time.perf_counter()
-    fields, processed = await prepare_chat(state, data, ticket, client_key(request.remote))
+    client = state.trusted_proxies.client(request.remote,
+                                          request.headers.getall("X-Forwarded-For", ()))
+    fields, processed = await prepare_chat(state, data, ticket, client_key(client))
     return await respond(request, state, fields, [processed], start, chat=True)
 
 
