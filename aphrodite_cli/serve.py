@@ -63,6 +63,15 @@ def serve(
     api_key: Annotated[str | None, typer.Option(
         help="Require 'Authorization: Bearer KEY' (or set APHRODITE_API_KEY).")
     ] = ServerConfig.api_key,
+    admin_api_key: Annotated[str | None, typer.Option(
+        help="Key of the admin routes (POST /reset_mm_cache, /reset_prefix_cache: they empty "
+             "every client's caches), apart from --api-key (or set APHRODITE_ADMIN_API_KEY). "
+             "Without it or --server-dev-mode those routes answer 404.")
+    ] = ServerConfig.admin_api_key,
+    server_dev_mode: Annotated[bool, typer.Option(
+        help="Open the admin routes to --api-key holders (or anyone, without a key) with no "
+             "admin key, as vLLM's VLLM_SERVER_DEV_MODE (or set APHRODITE_SERVER_DEV_MODE=1).")
+    ] = ServerConfig.server_dev_mode,
     allowed_media_domains: AllowedMediaDomains = None,
     allowed_local_media_path: AllowedLocalMediaPath = None,
     limit_mm_per_prompt: Annotated[str | None, typer.Option(
@@ -98,8 +107,14 @@ def serve(
     ] = ServerConfig.keep_alive_timeout_s,
     max_connections_per_client: Annotated[int, typer.Option(
         min=0, help="Open connections one client (its peer address) may hold per API server; "
-                    "past it 503 and close; 0: no per-client cap (behind a reverse proxy), "
-                    "e.g. 256.")] = ServerConfig.max_connections_per_client,
+                    "past it a new one replaces the client's oldest idle one (503 and close "
+                    "when all are busy); 0: no per-client cap, e.g. 256.")
+    ] = ServerConfig.max_connections_per_client,
+    trusted_proxies: Annotated[str | None, typer.Option(
+        help="Reverse proxies (addresses or CIDR networks, comma-separated, e.g. "
+             "10.0.0.0/8,127.0.0.1) whose X-Forwarded-For names the client: per-client fetch "
+             "and decode shares count the user behind the proxy. Connections still count "
+             "peers.")] = None,
     max_prompt_bytes: Annotated[int | None, typer.Option(
         min=1, help="Most bytes of text in one request's messages or prompt, checked before "
                     "templating (400 prompt_too_long); default: what cannot fit "
@@ -250,6 +265,7 @@ def serve(
     """Serve a multimodal model with an OpenAI-compatible API (alias: aphrodite run)."""
     from engine import envs
     from engine.processing.pipeline import pipeline_config
+    from engine.server.forwarded import TrustedProxies
     from engine.server.launcher import run
 
     limits = parse_json_flag("--limit-mm-per-prompt", limit_mm_per_prompt)
@@ -258,6 +274,8 @@ def serve(
         served_model_name=served_model_name,
         chat_template=str(chat_template) if chat_template else None,
         api_key=api_key or envs.APHRODITE_API_KEY or None,
+        admin_api_key=admin_api_key or envs.APHRODITE_ADMIN_API_KEY or None,
+        server_dev_mode=server_dev_mode or envs.APHRODITE_SERVER_DEV_MODE,
         # the request pipeline's settings, parsed and checked here once
         pipeline=pipeline_config(
             allowed_media_domains=tuple(split_hosts(allowed_media_domains)),
@@ -273,6 +291,7 @@ def serve(
         request_body_timeout_s=request_body_timeout_s,
         header_read_timeout_s=header_read_timeout_s, keep_alive_timeout_s=keep_alive_timeout_s,
         max_connections_per_client=max_connections_per_client,
+        trusted_proxies=tuple(p for p in (trusted_proxies or "").split(",") if p.strip()),
         max_prompt_bytes=max_prompt_bytes, max_messages=max_messages,
         metrics_without_auth=metrics_without_auth,
         expose_request_timings=expose_request_timings,
@@ -300,5 +319,6 @@ def serve(
         max_concurrent_fetches=max_concurrent_fetches,
         max_fetches_per_client=max_fetches_per_client,
         max_inflight_media_mb=max_inflight_media_mb)
+    TrustedProxies(config.trusted_proxies)  # a bad network is a flag error here, not at start
     code = run(config, announce=lambda msg: out.print(msg, markup=False))
     raise typer.Exit(code)

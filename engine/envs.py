@@ -158,6 +158,13 @@ _DECLARED: tuple[EnvVar, ...] = (
            f"Default video decoder: one of {', '.join(VIDEO_BACKENDS)}.", "name"),
     EnvVar("APHRODITE_API_KEY", "", str,
            "API key the server requires (Authorization: Bearer KEY); --api-key wins.", "text"),
+    EnvVar("APHRODITE_ADMIN_API_KEY", "", str,
+           "Key of the admin routes (/reset_mm_cache, /reset_prefix_cache), apart from the "
+           "API key; --admin-api-key wins. Without it or APHRODITE_SERVER_DEV_MODE those "
+           "routes are off.", "text"),
+    EnvVar("APHRODITE_SERVER_DEV_MODE", False, _bool,
+           "Open the admin routes (cache resets) to API key holders without an admin key, as "
+           "vLLM's VLLM_SERVER_DEV_MODE; --server-dev-mode too.", "bool"),
     EnvVar("APHRODITE_CACHE_ROOT", "", str,
            "Folder for built tiny models and other caches (default ~/.cache/aphrodite).",
            "path"),

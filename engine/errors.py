@@ -11,7 +11,9 @@ changes the outcome. Catch at the level you need::
     ├── ClientError (4xx)               the request is at fault
     │   ├── InvalidRequestError  400    malformed input
     │   ├── AuthenticationError  401    missing or wrong API key
+    │   ├── PermissionDeniedError 403   a request from another site's page (its Origin)
     │   ├── ModelNotFoundError   404    a model name this server does not serve
+    │   ├── RouteDisabledError   404    a route this server was started without
     │   ├── RequestTimeoutError  408    the request body did not arrive in time
     │   ├── MediaPolicyError     400    a media URL the operator's policy forbids
     │   ├── MediaFetchError      400    the media could not be fetched (status, timeout, refused)
@@ -109,6 +111,22 @@ class AuthenticationError(ClientError):
     status = 401
     type = "authentication_error"
     default_code = "invalid_api_key"
+
+
+class PermissionDeniedError(ClientError):
+    """The request may not do this from where it comes (another site's page)."""
+
+    status = 403
+    type = "permission_error"
+    default_code = "forbidden"
+
+
+class RouteDisabledError(ClientError):
+    """A route that is off on this server until a flag turns it on (the cache resets)."""
+
+    status = 404
+    type = "not_found_error"
+    default_code = "route_disabled"
 
 
 class ModelNotFoundError(ClientError):

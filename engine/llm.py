@@ -190,17 +190,19 @@ class LLM:
         content parts the server accepts (media URLs are fetched under this LLM's policy)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prepared = []
+        # (the kwargs' fps is the frames per second a video's frames are sampled at)
+        video = self.pipeline.video_for(None, self.pipeline.kwargs_for(mm_processor_kwargs))
         for conversation in conversations:
             parsed = parse_messages(list(conversation))
             self.pipeline.check_counts(parsed.counts())
-            items = asyncio.run(self._fetch(parsed.media)) if parsed.media else []
+            items = asyncio.run(self._fetch(parsed.media, video)) if parsed.media else []
             prepared.append(self.prepare(self.pipeline.render(parsed.messages), items,
                                          mm_processor_kwargs, raw=False))
         return self._run(prepared, self._params(sampling_params, len(prepared)))
 
-    async def _fetch(self, media: list[tuple[str, str]]) -> list[MediaItem]:
+    async def _fetch(self, media: list[tuple[str, str]], video: Any) -> list[MediaItem]:
         async with self.pipeline.connector() as connector:
-            items, _ = await self.pipeline.fetch(connector, media, self.pipeline.video)
+            items, _ = await self.pipeline.fetch(connector, media, video)
         return items
 
     def close(self) -> None:

@@ -140,7 +140,7 @@ serve_on_gpu() {
   fi
   echo "MPS servers: $(echo get_server_list | nvidia-cuda-mps-control 2>&1 | tr '\n' ' ')"
   aph serve "$model" --served-model-name small --device "$DEVICE" --port 2242 \
-    --api-server-count 2 --mm-ipc-gpu-memory-gb 0.05 \
+    --api-server-count 2 --mm-ipc-gpu-memory-gb 0.05 --server-dev-mode \
     --media-io-kwargs "{\"video\": {\"backend\": \"$video_backend\"}}" \
     >"$OUT_DIR/serve.log" 2>&1 &
   local server=$!

@@ -196,7 +196,7 @@ start_servers() {  # size model
   # shellcheck disable=SC2206
   OURS_CMD=("$APHRODITE" serve "$model" --served-model-name "$NAME" --host 127.0.0.1
             --port "$PORT_OURS" --max-model-len 2048 --dtype float32 --max-num-seqs "$max_conc"
-            --expose-request-timings ${OURS_ARGS:-})
+            --expose-request-timings --server-dev-mode ${OURS_ARGS:-})
   if [ "$MEDIA_DELIVERY" = http ]; then
     OURS_CMD+=(--allowed-media-domains 127.0.0.1)
   fi

@@ -234,9 +234,13 @@ def _cached_tokens(base: str) -> int:
     return (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
 
 
+ADMIN_KEY = "observe-admin-key"
+
+
 def _post(base: str, path: str) -> dict:
     req = urllib.request.Request(f"{base}{path}", data=b"", method="POST",
-                                 headers={"Connection": "close"})
+                                 headers={"Connection": "close",
+                                          "Authorization": f"Bearer {ADMIN_KEY}"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read())
 
@@ -256,7 +260,8 @@ def test_cache_resets_reach_every_api_server_and_bench_checks_the_counted_hits(t
     image = "data:image/png;base64," + base64.b64encode(
         synthetic.make_image(64, 48, fmt="PNG", seed=3)).decode()
     server = ServerProcess("tiny:qwen2_vl", "--api-server-count", "2",
-                           "--expose-request-timings").wait_ready()
+                           "--expose-request-timings", "--admin-api-key", ADMIN_KEY
+                           ).wait_ready()
     try:
         api_pids = set(re.findall(r"\d+", server.output.split(
             "API server pids", 1)[1].split(")", 1)[0]))
@@ -277,7 +282,9 @@ def test_cache_resets_reach_every_api_server_and_bench_checks_the_counted_hits(t
         warmed = until_both_answered()
         assert set(warmed) == api_pids
         assert all(v[-1] == [True] for v in warmed.values())  # both hold the image now
-        assert _post(server.base, "/reset_mm_cache") == {"reset": True, "api_servers": 2}
+        mm = _post(server.base, "/reset_mm_cache")
+        assert mm["reset"] is True and mm["api_servers"] == 2, mm
+        assert mm["encoder_entries_dropped"] >= 1, mm  # the engine's encoder cache too
         # the engine's prefix cache: a long prompt's second send reuses blocks; after the
         # reset, none (the reset runs on the engine thread between two steps)
         assert _cached_tokens(server.base) >= 0
@@ -291,6 +298,7 @@ def test_cache_resets_reach_every_api_server_and_bench_checks_the_counted_hits(t
         assert all(v[0] == [False] for v in after.values()), after
         done = subprocess.run(
             [str(EXE), "bench", "serve", "--base-url", server.base, "--num-prompts", "4",
+             "--admin-api-key", ADMIN_KEY,  # (the resets take it, not the API's key)
              "--num-warmups", "0", "--mode", "cold", "--bucket-config", '{"48,64,1": 1}',
              "--output-len", "2", "--out-dir", str(tmp_path)],
             capture_output=True, text=True, timeout=300)
@@ -298,6 +306,7 @@ def test_cache_resets_reach_every_api_server_and_bench_checks_the_counted_hits(t
         doc = json.loads(next(tmp_path.glob("serve-*.json")).read_text())
         cold = doc["phases"]["cold"]
         assert cold["cache_reset"]["/reset_mm_cache"]["status"] == "reset"
+        assert doc["config"]["admin_api_key"] == "(set)"  # (the key itself is not written)
         assert cold["server_metrics"]["processor_cache"]["misses"] == 4
         assert cold["server_metrics"]["processor_cache"]["hits"] == 0
         assert cold["server_metrics"]["check"] == "ok"

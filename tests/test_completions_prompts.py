@@ -91,7 +91,7 @@ def test_streamed_list_prompts_carry_each_choice_by_index(client, alone):
     ([1, 2, 10**6], "invalid_token_id"), ([[1, 2], [3, -1]], "invalid_token_id"),
     ([], "invalid_request"), ([[]], "invalid_request"), ([1, "a"], "invalid_request"),
     ([True], "invalid_request"), ({"text": "x"}, "invalid_request"), ("", "invalid_request"),
-    (["x"] * 65, "invalid_request")])
+    (["x"] * 65, "too_many_prompts")])
 def test_bad_prompts_are_a_400_naming_prompt(server, prompt, code):
     req = urllib.request.Request(f"{server.base}/v1/completions", data=json.dumps(
         {"prompt": prompt, "max_tokens": 1}).encode(), headers={"Content-Type":

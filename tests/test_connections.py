@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.server.connections import RESERVED_FDS, total_connection_cap
+from engine.server.connections import RESERVED_FDS, ConnectionGuard, total_connection_cap
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,3 +116,82 @@ def _png(pixels) -> bytes:
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, format="PNG")
     return out.getvalue()
+
+
+class Handler:
+    """An aiohttp RequestHandler as the guard sees it: idle or busy, closed or not."""
+
+    def __init__(self, busy: bool = False) -> None:
+        self._request_in_progress, self._messages, self.closed = busy, [], False
+
+    def force_close(self) -> None:
+        self.closed = True
+
+
+class Transport:
+    def __init__(self, address: str) -> None:
+        self.address, self.written = address, b""
+
+    def get_extra_info(self, name: str):
+        return (self.address, 40000) if name == "peername" else None
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+
+class Server:
+    """The hooks the guard wraps (aiohttp's web.Server has these three)."""
+
+    def connection_made(self, handler, transport) -> None:
+        pass
+
+    def connection_lost(self, handler, exc=None) -> None:
+        pass
+
+    def request_factory(self, message, payload, protocol, *args):
+        return None
+
+
+def guarded(per_client: int, total: int) -> Server:
+    server = Server()
+    ConnectionGuard(per_client=per_client, total=total, header_timeout_s=0).install(server)
+    return server
+
+
+def open_from(server: Server, address: str, busy: bool = False) -> tuple[Handler, Transport]:
+    handler, transport = Handler(busy), Transport(address)
+    server.connection_made(handler, transport)
+    return handler, transport
+
+
+def test_a_client_past_its_cap_replaces_its_oldest_idle_connection():
+    """A gateway (one address for every user) holding idle keep-alive connections is never
+    refused: its least recently active idle one is closed instead; a 503 only when every
+    one it holds is busy with a request."""
+    server = guarded(per_client=3, total=100)
+    held = [open_from(server, "10.0.0.1")[0] for _ in range(3)]
+    server.request_factory(None, None, held[0])  # the first one served a request since
+    handler, transport = open_from(server, "10.0.0.1")
+    assert not handler.closed and transport.written == b""
+    assert [h.closed for h in held] == [False, True, False]  # the least recently active
+    other, _ = open_from(server, "10.0.0.2")  # another client is not touched
+    assert not other.closed
+    for h in (held[0], held[2], handler):
+        h._request_in_progress = True
+    refused, transport = open_from(server, "10.0.0.1")
+    assert refused.closed and transport.written.startswith(b"HTTP/1.1 503")
+    assert b"too_many_connections" in transport.written
+    assert b"--max-connections-per-client" in transport.written
+
+
+def test_past_the_total_anyones_oldest_idle_connection_makes_room():
+    server = guarded(per_client=0, total=3)
+    first, _ = open_from(server, "10.0.0.1")
+    busy, _ = open_from(server, "10.0.0.2", busy=True)
+    third, _ = open_from(server, "10.0.0.3")
+    newcomer, transport = open_from(server, "10.0.0.4")
+    assert transport.written == b"" and first.closed and not (busy.closed or third.closed)
+    server.connection_lost(first)  # (its close arrives later: counted once)
+    third._request_in_progress = newcomer._request_in_progress = True
+    refused, transport = open_from(server, "10.0.0.5")
+    assert refused.closed and b"ulimit -n" in transport.written

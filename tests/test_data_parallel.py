@@ -148,7 +148,7 @@ def test_two_engines_share_the_requests_and_keep_each_image_on_one():
     second question about each image finds the first one's prefix in the engine that
     answered it; a burst on one prompt spills to the other engine; a prefix cache reset
     reaches both; an engine killed stops the server with its name."""
-    server = ServerProcess(MODEL, "--data-parallel-size", "2").wait_ready()
+    server = ServerProcess(MODEL, "--data-parallel-size", "2", "--server-dev-mode").wait_ready()
     try:
         lines = [line for line in server.lines if re.match(r"engine \d", line)]
         assert [line.split(" ")[1] for line in lines] == ["0", "1"], server.output

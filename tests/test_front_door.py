@@ -15,18 +15,21 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import AphroditeError
+from engine.server.admin_routes import Access
 from engine.server.app import error_response
 from engine.server.front_door import MAX_DEPTH, auth_middleware, key_matches, parse_body
 from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
 KEY = "front-door-key"
+ADMIN_KEY = "front-door-admin-key"
 BODY_TIMEOUT_S = 2
 
 
 @pytest.fixture(scope="module")
 def server():
-    proc = ServerProcess("--api-key", KEY, "--max-pending-requests", "2",
+    proc = ServerProcess("--api-key", KEY, "--admin-api-key", ADMIN_KEY,
+                         "--max-pending-requests", "2",
                          "--request-body-timeout-s", str(BODY_TIMEOUT_S),
                          "--max-request-body-mb", "1").wait_ready()
     yield proc
@@ -162,15 +165,28 @@ def test_models_metrics_and_version_need_the_key_health_does_not(server):
     assert call(server, "/health")[0] == 200
 
 
-def test_the_cache_resets_need_the_key(server):
+def test_the_cache_resets_take_the_admin_key_alone(server):
     """``POST /reset_mm_cache`` and ``/reset_prefix_cache`` empty caches every client shares:
-    without the key they are refused before they run; with it they answer 200."""
+    with ``--admin-api-key`` they take that key, never a user's; with it they still take the
+    API's checks (a cross-site form is a 415, another site's Origin a 403)."""
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     for path in ("/reset_mm_cache", "/reset_prefix_cache"):
-        status, headers, _ = call(server, path, body=b"", method="POST")
-        assert status == 401 and headers["WWW-Authenticate"] == "Bearer", path
-        status, _, _ = call(server, path, body=b"", method="POST",
-                            headers={"Authorization": f"Bearer {KEY}"})
-        assert status == 200, path
+        for headers in ({}, {"Authorization": f"Bearer {KEY}"}):
+            status, sent, doc = call(server, path, body=b"", method="POST", headers=headers)
+            assert status == 401 and sent["WWW-Authenticate"] == "Bearer", (path, doc)
+            assert "--admin-api-key" in doc["error"]["message"]
+        for ctype in ("text/plain", "application/x-www-form-urlencoded",
+                      "multipart/form-data; boundary=x"):
+            status, _, doc = call(server, path, body=b"a=1", method="POST",
+                                  headers={**admin, "Content-Type": ctype,
+                                           "Origin": "http://evil.example"})
+            assert status == 415 and doc["error"]["code"] == "unsupported_content_type", doc
+        status, _, doc = call(server, path, body=b"", method="POST",
+                              headers={**admin, "Origin": "http://evil.example"})
+        assert status == 403 and doc["error"]["code"] == "cross_origin_request", doc
+        status, _, doc = call(server, path, body=b"", method="POST",
+                              headers={**admin, "Origin": f"http://127.0.0.1:{server.port}"})
+        assert status == 200, (path, doc)
 
 
 def test_the_engine_process_side_of_a_reset_needs_no_web_framework():
@@ -259,6 +275,59 @@ def test_a_request_may_lower_the_pixel_budget(server):
     assert tokens[28 * 28 * 4] < tokens[None]
 
 
+def text_of(server, **fields) -> str:
+    status, _, doc = call(server, "/v1/chat/completions", chat("Tell me a story.", **fields),
+                          keyed())
+    assert status == 200, (fields, doc)
+    return doc["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("field", [
+    {"temperature": 1e-45}, {"temperature": 5e-324}, {"temperature": 1e-38},
+    {"temperature": 1e-46}, {"top_p": 1e-45}, {"top_p": 1e-46}, {"top_p": 1e-300}])
+def test_float32_edge_temperature_and_top_p_are_served(server, field):
+    """Values that pass validation and are subnormal, tiny or underflow in float32 are
+    served as documented: a temperature below 1e-5 is greedy (vLLM's _SAMPLING_EPS), a
+    top_p that keeps less than the most likely token keeps that one: greedy too."""
+    fields = {"max_tokens": 6, "ignore_eos": True, "seed": 3}
+    greedy = text_of(server, temperature=0, **fields)
+    assert text_of(server, **{"temperature": 1.0, **field}, **fields) == greedy
+
+
+def test_every_bit_of_a_seed_counts(server):
+    """torch's CPU generator keeps a seed's low 32 bits; seeds that differ above them drew
+    the same tokens. Same seed, same text; any other accepted seed, another."""
+    fields = {"max_tokens": 8, "ignore_eos": True, "temperature": 1.0}
+    texts = {seed: text_of(server, seed=seed, **fields)
+             for seed in (1, 1 + (1 << 32), 1 + (1 << 62), -1, (1 << 63) - 1)}
+    assert len(set(texts.values())) == len(texts), texts
+    assert text_of(server, seed=1 + (1 << 32), **fields) == texts[1 + (1 << 32)]
+
+
+def test_a_requests_video_fps_takes_effect(server):
+    """``mm_processor_kwargs.fps`` samples that many frames per second (Hugging Face's
+    meaning): a 2 s clip at fps 1 is fewer video tokens than at fps 8, and the request's
+    ``media_io_kwargs.video.fps`` wins over it. It was accepted and changed nothing."""
+    import base64
+
+    from tests.fixtures import synthetic
+
+    clip = synthetic.make_video(width=64, height=48, seconds=2, fps=8)
+    url = "data:video/mp4;base64," + base64.b64encode(clip).decode()
+
+    def prompt_tokens(**extra) -> int:
+        body = json.dumps({"messages": [{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": url}}]}], "max_tokens": 1, **extra})
+        status, _, doc = call(server, "/v1/chat/completions", body.encode(), keyed())
+        assert status == 200, (extra, doc)
+        return doc["usage"]["prompt_tokens"]
+
+    one, eight = (prompt_tokens(mm_processor_kwargs={"fps": fps}) for fps in (1, 8))
+    assert one < eight
+    assert prompt_tokens(mm_processor_kwargs={"fps": 8},
+                         media_io_kwargs={"video": {"fps": 1}}) == one
+
+
 json_value = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
     | st.text(max_size=12),
@@ -295,16 +364,18 @@ def test_whatever_a_client_sends_the_answer_is_200_or_4xx(server, body):
 
 # The middleware alone, in-process: which paths are open, and the key's spelling.
 
+@web.middleware
+async def errors(request, handler):
+    """As the app's: a project error is its OpenAI-shaped answer."""
+    try:
+        return await handler(request)
+    except AphroditeError as err:
+        return error_response(err)
+
+
 async def test_metrics_open_only_with_the_flag(aiohttp_client):
     async def ok(request):
         return web.json_response({"ok": True})
-
-    @web.middleware
-    async def errors(request, handler):
-        try:
-            return await handler(request)
-        except AphroditeError as err:
-            return error_response(err)
 
     for flag, metrics_status in ((False, 401), (True, 200)):
         app = web.Application(middlewares=[errors, auth_middleware(KEY, flag)])
@@ -314,6 +385,64 @@ async def test_metrics_open_only_with_the_flag(aiohttp_client):
         assert (await client.get("/health")).status == 200
         assert (await client.get("/metrics")).status == metrics_status
         assert (await client.get("/v1/models")).status == 401
+
+
+async def admin_client(aiohttp_client, access: Access):
+    """The admin routes in-process, behind the API's middleware, over a stand-in state (an
+    engine that answers every reset)."""
+    import types
+
+    from engine.server.admin_routes import ADMIN_PATHS, add_admin_routes
+
+    async def reset(what):
+        return {"reset": True, "what": what}
+
+    key = web.AppKey("state", object)
+    app = web.Application(middlewares=[errors, auth_middleware(access.api_key, False,
+                                                               ADMIN_PATHS)])
+    app[key] = types.SimpleNamespace(
+        engine=types.SimpleNamespace(reset=reset, on_reset_mm_cache=[]),
+        pipeline=types.SimpleNamespace(cache=types.SimpleNamespace(clear=lambda: 0)),
+        vllm_ledger=types.SimpleNamespace(clear=lambda: 0))
+    add_admin_routes(app, key, access)
+    return await aiohttp_client(app)
+
+
+@pytest.mark.parametrize("api_key", [None, KEY])
+async def test_the_cache_resets_are_off_without_an_admin_key_or_dev_mode(aiohttp_client,
+                                                                         api_key):
+    """As vLLM (its resets only with VLLM_SERVER_DEV_MODE=1): a 404 naming both flags, for
+    key holders too; a web page's form gets nothing either."""
+    client = await admin_client(aiohttp_client, Access(api_key=api_key))
+    for path in ("/reset_mm_cache", "/reset_prefix_cache"):
+        for headers in ({}, {"Authorization": f"Bearer {KEY}"},
+                        {"Content-Type": "text/plain", "Origin": "http://evil.example"}):
+            resp = await client.post(path, headers=headers)
+            doc = await resp.json()
+            assert resp.status == 404 and doc["error"]["code"] == "admin_route_disabled", doc
+            assert "--admin-api-key" in doc["error"]["message"]
+            assert "--server-dev-mode" in doc["error"]["message"]
+
+
+async def test_dev_mode_resets_take_the_apis_checks(aiohttp_client):
+    """``--server-dev-mode`` on a server without any key: a script resets, a web page's
+    cross-site form (text/plain, form-urlencoded, multipart) is a 415 as chat's is, and a
+    body-less POST from another site's page (fetch in no-cors mode) a 403."""
+    client = await admin_client(aiohttp_client, Access(server_dev_mode=True))
+    for path, what in (("/reset_mm_cache", "mm"), ("/reset_prefix_cache", "prefix")):
+        resp = await client.post(path)  # (aiohttp says application/octet-stream, empty)
+        assert resp.status == 200 and (await resp.json())["what"] == what
+        for ctype in ("text/plain", "application/x-www-form-urlencoded",
+                      "multipart/form-data; boundary=x"):
+            resp = await client.post(path, data=b"a=1", headers={
+                "Content-Type": ctype, "Origin": "http://evil.example"})
+            assert resp.status == 415, ctype
+        for origin in ("http://evil.example", "null", "http://127.0.0.1.evil.example"):
+            resp = await client.post(path, headers={"Origin": origin})
+            doc = await resp.json()
+            assert resp.status == 403 and doc["error"]["code"] == "cross_origin_request", doc
+        resp = await client.post(path, headers={"Origin": f"http://{client.host}:{client.port}"})
+        assert resp.status == 200
 
 
 @pytest.mark.parametrize(("header", "ok"), [

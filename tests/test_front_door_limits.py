@@ -14,6 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from engine.errors import AphroditeError
+from engine.server import front_door, text_limits
+from engine.server.app import error_response
 from engine.server.text_limits import TextLimits
 from tests.server_harness import ServerProcess
 
@@ -88,12 +91,16 @@ def noise_png(side: int) -> str:
     return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
-def inflight(server) -> float:
+def gauge(server, prefix: str) -> float:
     with urllib.request.urlopen(f"{server.base}/metrics", timeout=30) as resp:
         for line in resp.read().decode().splitlines():
-            if line.startswith("aphrodite_media_bytes_in_flight "):
+            if line.startswith(prefix):
                 return float(line.split()[-1])
-    raise AssertionError("no in-flight gauge")
+    raise AssertionError(f"no {prefix} on /metrics")
+
+
+def inflight(server) -> float:
+    return gauge(server, "aphrodite_media_bytes_in_flight ")
 
 
 # -- bodies ---------------------------------------------------------------------------------
@@ -171,6 +178,60 @@ def test_text_that_cannot_fit_is_refused_from_its_bytes(server):
     assert status == 200, doc
 
 
+def walks(monkeypatch) -> list[str]:
+    """The per-item work of the front door, recorded as it happens: the shape walk over
+    every value and the byte count of every message's text."""
+    seen: list[str] = []
+    shape, nbytes = front_door.check_shape, text_limits._nbytes
+
+    def check_shape(data):
+        seen.append("shape")
+        return shape(data)
+
+    def count_bytes(text):
+        seen.append("bytes")
+        return nbytes(text)
+
+    monkeypatch.setattr(front_door, "check_shape", check_shape)
+    monkeypatch.setattr(text_limits, "_nbytes", count_bytes)
+    return seen
+
+
+def test_300000_messages_are_refused_from_their_count_before_any_walk(monkeypatch):
+    """A 10 MB body of 300,000 messages is refused from ``len(messages)``: no message is
+    walked, measured or templated first (that walk took 1.2 s on a busy machine)."""
+    limits = TextLimits(max_prompt_bytes=1 << 20, max_messages=2048)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello"}]
+                       * 300_000}).encode()
+    assert len(body) >= 10_000_000
+    seen = walks(monkeypatch)
+    with pytest.raises(AphroditeError) as caught:
+        front_door.parse_body(body, lambda data: limits.check_chat(data.get("messages")))
+    doc = error_response(caught.value)
+    assert doc.status == 400, doc
+    error = json.loads(doc.body)["error"]
+    assert error["code"] == "too_many_messages" and error["param"] == "messages", error
+    assert "300000 messages" in error["message"] and "--max-messages" in error["message"]
+    assert seen == []
+    # ... and 300,000 prompts to /v1/completions the same way
+    prompts = json.dumps({"prompt": ["hello"] * 300_000}).encode()
+    with pytest.raises(AphroditeError) as caught:
+        front_door.parse_body(prompts, lambda data: limits.check_prompt(data["prompt"], 100))
+    assert caught.value.status == 400 and caught.value.code == "too_many_prompts"
+    assert caught.value.param == "prompt" and seen == []
+
+
+def test_a_body_within_the_counts_is_still_walked(monkeypatch):
+    """The counts come first, the shape walk still follows: a lone surrogate in a short
+    chat is refused by it."""
+    limits = TextLimits(max_prompt_bytes=1 << 20, max_messages=2048)
+    seen = walks(monkeypatch)
+    body = b'{"messages": [{"role": "user", "content": "\\ud800"}]}'
+    with pytest.raises(AphroditeError) as caught:
+        front_door.parse_body(body, lambda data: limits.check_chat(data.get("messages")))
+    assert caught.value.code == "invalid_json" and seen == ["bytes", "shape"]
+
+
 class _Tokenizer:
     def __init__(self, vocab: list[str]) -> None:
         self.vocab = {t: i for i, t in enumerate(vocab)}
@@ -219,14 +280,39 @@ def test_an_idle_kept_alive_connection_is_closed(server):
         sock.close()
 
 
+def test_a_gateway_holding_idle_connections_is_still_served(server):
+    """Behind a reverse proxy every user is one address: a gateway holding more idle
+    keep-alive connections than --max-connections-per-client is served on a new one (its
+    oldest idle ones are closed to make room) instead of a 503 and a broken pipe."""
+    source = "127.0.0.7"
+    kept = []
+    try:
+        for _ in range(PER_CLIENT):
+            sock = connect(server, source)
+            kept.append(sock)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert response(sock)[0] == 200
+        kept += [connect(server, source) for _ in range(4)]  # idle before any request
+        status, doc = post(server, chat("hi"), source=source)
+        assert status == 200, doc
+        assert closed_by_server(kept[0])  # the oldest made room
+    finally:
+        for sock in kept:
+            sock.close()
+
+
 def test_one_client_cannot_hold_every_connection(server):
-    """PER_CLIENT connections from one address (headers sent, body withheld: held until the
-    30 s body deadline); the next from that address is a 503 at once, while another client
-    is served."""
+    """PER_CLIENT connections from one address, each busy with a request (headers sent,
+    body withheld: held until the 30 s body deadline); the next from that address is a 503
+    at once, while another client is served."""
     held = [connect(server, "127.0.0.5") for _ in range(PER_CLIENT)]
     try:
         for sock in held:
             sock.sendall(head(100))
+        deadline = time.monotonic() + 30  # every one busy (an idle one would make room)
+        while gauge(server, "vllm:num_requests_running{") < PER_CLIENT:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         extra = connect(server, "127.0.0.5")
         try:
             status, doc = response(extra)

@@ -140,6 +140,17 @@ def test_chat_with_server_content_parts():
     assert "Audio 1:" in out[0].prompt and len(out[0].outputs[0].token_ids) == 6
 
 
+def test_chat_samples_a_video_at_the_kwargs_fps():
+    """``mm_processor_kwargs={"fps": N}`` is the frames per second a chat's video is sampled
+    at (the server's rule too: test_front_door.py::test_a_requests_video_fps_takes_effect)."""
+    clip = synthetic.make_video(width=64, height=48, seconds=2, fps=8)
+    url = "data:video/mp4;base64," + base64.b64encode(clip).decode()
+    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]
+    one, eight = (len(llm("qwen2_5_vl").chat(messages, SamplingParams(max_tokens=1), {"fps": fps}
+                                             )[0].prompt_token_ids) for fps in (1, 8))
+    assert one < eight
+
+
 def test_chat_refusals():
     model = llm("qwen2_5_vl")
     with pytest.raises(InvalidRequestError, match="does not accept audio"):

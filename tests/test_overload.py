@@ -149,15 +149,18 @@ def test_fetch_slots_go_to_remote_media_only_and_waiting_counts_against_the_dead
         host.stop()
 
 
-def post_from(source: str, base: str, parts: list[dict]) -> tuple[int, dict]:
+def post_from(source: str, base: str, parts: list[dict], forwarded_for: str | None = None
+              ) -> tuple[int, dict]:
     """``post`` from another loopback address (all of 127/8 is this machine): a different
-    client to the server, which tells clients apart by peer address."""
+    client to the server, which tells clients apart by peer address (or, from a trusted
+    proxy, by ``forwarded_for``)."""
     port = int(base.rsplit(":", 1)[1])
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120,
                                       source_address=(source, 0))
+    forwarded = {"X-Forwarded-For": forwarded_for} if forwarded_for else {}
     try:
         conn.request("POST", "/v1/chat/completions", headers={
-            "Content-Type": "application/json"}, body=json.dumps(
+            "Content-Type": "application/json", **forwarded}, body=json.dumps(
             {"max_tokens": 2, "messages": [{"role": "user", "content": parts}]}))
         resp = conn.getresponse()
         return resp.status, json.loads(resp.read())
@@ -170,13 +173,17 @@ def test_one_client_with_slow_media_hosts_holds_only_its_share_of_the_fetch_slot
     share (--max-fetches-per-client 2) and the third waits for it. Its image request then
     gets a 503 naming that flag once its 1 s fetch deadline passes, while another client's
     image gets one of the pool's free slots at once. Without the share the three videos and
-    the image would all have had slots of the pool of four."""
+    the image would all have had slots of the pool of four. Behind a trusted proxy
+    (--trusted-proxies 127.0.0.9) a user is its X-Forwarded-For: the same client's image
+    through the proxy waits for the same share, another user's is served; a peer that is
+    not a trusted proxy cannot claim the client's address."""
     clip = synthetic.make_video(width=64, height=48, seconds=0.5)
     host = MediaHost({"/slow.mp4": (clip, "video/mp4"), "/cat.png": (noise_png(32, 4),
                                                                        "image/png")},
                       stalls={"/slow.mp4": 10.0})
     server = ServerProcess("--allowed-media-domains", "127.0.0.1",
                            "--max-concurrent-fetches", "4", "--max-fetches-per-client", "2",
+                           "--trusted-proxies", "127.0.0.9",
                            env={"APHRODITE_IMAGE_FETCH_TIMEOUT": "1",
                                 "APHRODITE_VIDEO_FETCH_TIMEOUT": "60"}).wait_ready()
     slow = [{"type": "video_url", "video_url": {"url": f"{host.base}/slow.mp4"}}]
@@ -192,9 +199,15 @@ def test_one_client_with_slow_media_hosts_holds_only_its_share_of_the_fetch_slot
             status, body = post_from("127.0.0.2", server.base, cat)
             assert status == 503 and body["error"]["code"] == "fetch_slots_busy", body
             assert "--max-fetches-per-client" in body["error"]["message"]
+            status, body = post_from("127.0.0.9", server.base, cat, "127.0.0.2")
+            assert status == 503 and body["error"]["code"] == "fetch_slots_busy", body
             status, _, body = post(server.base, cat)  # another client: served at once
             assert status == 200, body
-            assert host.hits["/cat.png"] == 1
+            for source, forwarded in (("127.0.0.9", "6.6.6.6, 198.51.100.7"),
+                                      ("127.0.0.3", "127.0.0.2")):  # not a trusted proxy
+                status, body = post_from(source, server.base, cat, forwarded)
+                assert status == 200, body
+            assert host.hits["/cat.png"] == 3
             # The waiting video gets the share when a drip ends (10 s), inside its deadline.
             assert [f.result()[0] for f in videos] == [200, 200, 200]
         assert host.hits["/slow.mp4"] == 3

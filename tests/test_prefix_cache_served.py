@@ -47,14 +47,15 @@ def test_cached_tokens_in_usage_and_prefix_cache_counters_on_metrics():
         synthetic.make_image(160, 120, fmt="JPEG", seed=5)).decode()
     answers = {}
     for flags in ((), ("--no-enable-prefix-caching",)):
-        server = ServerProcess(MODEL, *flags).wait_ready()
+        server = ServerProcess(MODEL, "--server-dev-mode", *flags).wait_ready()
         try:
             client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0)
             replies = [ask(client, image, "What is in it?"),
                        ask(client, image, "Which colours does it have?"),
                        ask(client, image, "Which colours does it have?", stream=True)]
-            with urllib.request.urlopen(f"{server.base}/metrics", timeout=30) as resp:
-                text = resp.read().decode()
+            text = scrape(server)
+            if not flags:
+                cold = cold_after_resets(server, client, image, text)
         finally:
             assert server.stop() == 0
         answers[flags] = [content for content, _ in replies]
@@ -75,3 +76,30 @@ def test_cached_tokens_in_usage_and_prefix_cache_counters_on_metrics():
         assert metric(text, "aphrodite_engine_encoder_cache_misses") == 1
         assert metric(text, "aphrodite_engine_prefix_cache_bytes") > 0
     assert answers[()] == answers[("--no-enable-prefix-caching",)]
+    assert cold == answers[()][1]  # the reset caches gave back the same answer
+
+
+def scrape(server) -> str:
+    with urllib.request.urlopen(f"{server.base}/metrics", timeout=30) as resp:
+        return resp.read().decode()
+
+
+def cold_after_resets(server, client, image: str, before: str) -> str:
+    """After both reset routes the same question is truly cold: no prompt token from the
+    prefix cache, the encoder runs again (its cache emptied too, which survived both
+    resets before) and the processor cache misses."""
+    def counts(text: str) -> tuple[float, ...]:
+        return tuple(metric(text, name) for name in (
+            "aphrodite_engine_encoder_cache_hits", "aphrodite_engine_encoder_cache_misses",
+            'aphrodite_processor_cache_total{result="miss"}'))
+
+    hits_before, misses_before, processor_misses = counts(before)
+    assert misses_before == 1  # (later questions found the image in the prefix cache)
+    for route in ("/reset_mm_cache", "/reset_prefix_cache"):
+        request = urllib.request.Request(f"{server.base}{route}", method="POST")
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            assert resp.status == 200
+    content, usage = ask(client, image, "Which colours does it have?")
+    assert usage.prompt_tokens_details.cached_tokens == 0
+    assert counts(scrape(server)) == (hits_before, misses_before + 1, processor_misses + 1)
+    return content

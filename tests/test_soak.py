@@ -56,7 +56,7 @@ def test_short_soak(tmp_path):
     # sockets declaring ~2 MB each (80 MB) held none of the 64 MB in-flight bound, since
     # no valid request got a 503; chunked bodies were counted while they streamed
     for kind, status in (("declared-over-cap", "413"), ("declared-unsent", "408"),
-                         ("chunked-drip", "413"), ("connection-hog", "503"),
+                         ("chunked-drip", "413"), ("connection-hog", "0"),
                          ("slowloris-headers", "0")):  # 0: cut off unanswered, in time
         assert set(doc["by_kind"][kind]) == {status}, (kind, doc["by_kind"][kind])
     assert doc["attackers"]["inflight_seen_while_chunked_min"] > 0

@@ -81,12 +81,16 @@ def test_gpu_backend_per_request_only_if_the_server_started_with_it(gpu):
     assert parse_video_io_kwargs({"backend": gpu, "num_frames": 4}, started).backend == gpu
 
 
-def test_startup_only_options_are_ignored_per_request_with_a_warning(caplog):
+def test_startup_only_options_are_refused_per_request_unless_the_servers():
+    """An option the backend fixes when the server starts would have no effect per request:
+    the server's own value is taken, another is a 400 naming the option."""
     server = server_video_spec({"video": {"backend": "pynvvideocodec", "hw_decoders": 3}})
-    with caplog.at_level(logging.WARNING):
-        spec = parse_video_io_kwargs({"hw_decoders": 9}, server)
-    assert spec.options.hw_decoders == 3
-    assert "hw_decoders" in caplog.text and "ignoring" in caplog.text
+    assert parse_video_io_kwargs({"hw_decoders": 3}, server).options.hw_decoders == 3
+    with pytest.raises(InvalidRequestError) as caught:
+        parse_video_io_kwargs({"hw_decoders": 9}, server)
+    assert caught.value.status == 400 and caught.value.code == "invalid_video_option"
+    assert caught.value.param == "media_io_kwargs.video.hw_decoders"
+    assert "--media-io-kwargs" in str(caught.value)
 
 
 def test_deepstream_pool_size_defaults_and_clamps(monkeypatch, caplog):

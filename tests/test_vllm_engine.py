@@ -39,7 +39,7 @@ openai = pytest.importorskip("openai")
 MODELS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aphrodite" / "vllm-tiny"
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 COMMON = ("--max-model-len", "2048", "--dtype", "float32", "--expose-request-timings",
-          "--allowed-media-domains", "127.0.0.1")
+          "--allowed-media-domains", "127.0.0.1", "--server-dev-mode")
 #: vLLM's own server samples video as ours does by default (uniform, at most 32 frames)
 VLLM_VIDEO = '{"video": {"video_backend": "opencv", "num_frames": 32}}'
 

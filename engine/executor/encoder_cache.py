@@ -95,6 +95,14 @@ class EncoderCache:
         finally:
             self._keys, self._call = None, 0
 
+    def clear(self) -> int:
+        """Drop every entry (``POST /reset_mm_cache``); the hit and miss counts stay. The
+        entries dropped."""
+        dropped = len(self._entries)
+        self._entries.clear()
+        self.stats.bytes = self.stats.entries = 0
+        return dropped
+
     def _put(self, key: tuple, value: Any) -> None:
         size = nbytes(value)
         if size > self.max_bytes:

@@ -43,6 +43,7 @@ from engine.executor.runner import (
     TransformersRunner,
     _Row,
 )
+from engine.executor.sampler import seeded_generator
 from engine.executor.scheduler import (
     Chunk,
     Prefilling,
@@ -153,12 +154,24 @@ class Engine:
             return {"reset": False, "has_cache": False,
                     "note": "prefix caching is off (or this model's cache cannot be cut into "
                             "blocks): nothing to reset"}
-        call = _Call(prefix.clear)
+        return self._between_steps(prefix.clear, timeout_s, "blocks_dropped")
+
+    def reset_encoder_cache(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Empty the encoder output cache (part of ``POST /reset_mm_cache``: the media's
+        cached results), on the engine thread between two steps. Waits for it."""
+        encoder = self.runner.encoder_cache
+        if encoder is None:
+            return {"encoder_cache": False}
+        return self._between_steps(encoder.clear, timeout_s, "encoder_entries_dropped")
+
+    def _between_steps(self, fn: Callable[[], Any], timeout_s: float, name: str
+                       ) -> dict[str, Any]:
+        call = _Call(fn)
         self._queue.put(call)  # wakes an idle engine; a busy one takes it before its next step
         if not call.done.wait(timeout_s):
             return {"reset": False, "note": f"the engine did not reach a step boundary in "
                                             f"{timeout_s:g} s"}
-        return {"reset": True, "blocks_dropped": call.result}
+        return {"reset": True, name: call.result}
 
     def close(self) -> None:
         self._queue.put(None)
@@ -281,15 +294,13 @@ class Engine:
                 self._step_done()
             req.run()
             return
-        import torch
-
         req.outputs = [CompletionOutput(i) for i in range(req.params.n)]
         self._rows_left[req.request_id] = req.params.n
         self._seqs[req.request_id] = self._seq_state(req)
         for i in range(req.params.n):
             gen = None
             if req.params.seed is not None:
-                gen = torch.Generator(device="cpu").manual_seed(req.params.seed + i)
+                gen = seeded_generator(req.params.seed + i)
             self.waiting.append(_Row(req, i, gen))
 
     def _drop_cancelled(self) -> None:

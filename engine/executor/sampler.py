@@ -42,9 +42,37 @@ def logprobs(rows: Sequence[Any], logits: Any, tokens: list[int]) -> list[TokenL
         out[i] = TokenLogprobs(picked_list[j], int(ranks[j]), top_i[j][:n], top_v[j][:n])
     return out
 
+def seeded_generator(seed: int) -> Any:
+    """A row's own random stream from all 64 bits of its seed. torch's CPU generator seeds
+    its Mersenne Twister from the low 32 bits alone (seeds 1 and 1 + 2**32 draw the same
+    tokens); numpy's PCG64 takes the whole integer through its SeedSequence. A negative seed
+    is taken modulo 2**64 (as torch does), one to one over the accepted range."""
+    import numpy as np
+
+    return np.random.Generator(np.random.PCG64(seed % (1 << 64)))
+
+
+def _draw(probs: Any, generator: Any) -> int:
+    """One token from ``probs`` (not necessarily summing to 1): the global torch stream for
+    an unseeded row, else the row's own uniform draw through the cumulative distribution
+    (the first token whose cumulative mass passes the draw: never one of mass 0)."""
+    import torch
+
+    if generator is None:
+        return int(torch.multinomial(probs, 1).item())
+    cdf = torch.cumsum(probs.double(), 0)
+    point = torch.tensor([generator.random() * float(cdf[-1])], dtype=cdf.dtype,
+                         device=cdf.device)
+    token = int(torch.searchsorted(cdf, point, right=True).item())
+    if token >= probs.numel():  # a draw that rounded up to the total mass: the last token
+        token = int(torch.nonzero(probs)[-1].item())  # with any mass
+    return token
+
+
 def sample(rows: Sequence[Any], logits: Any) -> list[int]:
     """Each row's next token: greedy rows take the argmax; the others sample with their own
-    temperature/top-k/top-p and generator (seeded per row)."""
+    temperature/top-k/top-p and generator (seeded per row). top-p keeps at least the most
+    likely token, whatever the value (one that underflows in float32 keeps that one)."""
     import torch
 
     tokens = logits.argmax(dim=-1).tolist()
@@ -60,9 +88,9 @@ def sample(rows: Sequence[Any], logits: Any) -> list[int]:
         if p.top_p < 1.0:
             sorted_p, order = torch.sort(probs, descending=True)
             keep = torch.cumsum(sorted_p, 0) - sorted_p < p.top_p
+            keep[0] = True
             mask = torch.zeros_like(probs, dtype=torch.bool)
             mask[order[keep]] = True
             probs = torch.where(mask, probs, torch.zeros_like(probs))
-            probs = probs / probs.sum()
-        tokens[i] = int(torch.multinomial(probs, 1, generator=row.generator).item())
+        tokens[i] = _draw(probs, row.generator)
     return tokens

@@ -11,9 +11,12 @@ MAX_TOKENS_CAP = 4096
 MAX_N = 16
 #: the most top log-probabilities one token may report (OpenAI's and vLLM's default limit)
 MAX_LOGPROBS = 20
-#: torch's 64-bit generator seed range (as vLLM's); row i of ``n`` samples with seed + i,
-#: which torch still takes (it accepts up to 2**64 - 1).
+#: torch's 64-bit generator seed range (as vLLM's); row i of ``n`` samples with seed + i.
+#: All 64 bits choose the row's random stream (engine/executor/sampler.py seeded_generator).
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1
+#: a temperature below this samples greedily (vLLM's ``_SAMPLING_EPS``): logits divided by a
+#: subnormal or tiny temperature overflow float32 to inf, and their softmax is NaN
+SAMPLING_EPS = 1e-5
 
 
 def _bad(name: str, value: object, rule: str) -> InvalidRequestError:
@@ -23,8 +26,9 @@ def _bad(name: str, value: object, rule: str) -> InvalidRequestError:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample: ``temperature`` 0 is greedy; ``top_k`` 0 or -1 is off; ``stop`` strings
-    end the text (not included); ``seed`` makes sampling repeatable per request.
+    """How to sample: ``temperature`` 0 (or below :data:`SAMPLING_EPS`) is greedy; ``top_k``
+    0 or -1 is off; ``stop`` strings end the text (not included); ``seed`` makes sampling
+    repeatable per request (all of its 64 bits count).
     ``logprobs`` (vLLM's meaning): None reports none; k (0..20) reports each generated token's
     log-probability and the k most likely tokens', from the model's raw distribution
     (log_softmax of the logits, before temperature/top-k/top-p: vLLM's default
@@ -48,6 +52,8 @@ class SamplingParams:
         if not isinstance(self.temperature, int | float) or not math.isfinite(self.temperature) \
                 or not 0 <= self.temperature <= 2:
             raise _bad("temperature", self.temperature, "must be between 0 and 2")
+        if self.temperature < SAMPLING_EPS:
+            object.__setattr__(self, "temperature", 0.0)  # greedy
         if not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
             raise _bad("top_p", self.top_p, "must be in (0, 1]")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:

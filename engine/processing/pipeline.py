@@ -20,6 +20,7 @@ fetch slot and a decode-queue place around :meth:`Pipeline.fetch`):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -114,9 +115,20 @@ class Pipeline:
             merged.update(device_normalize.processor_kwargs())
         return merged
 
-    def video_for(self, media_io_kwargs: dict[str, Any] | None) -> VideoLoadSpec:
-        """The video options of one request: the server's, with the request's on top."""
-        return parse_video_io_kwargs((media_io_kwargs or {}).get("video"), self.video)
+    def video_for(self, media_io_kwargs: dict[str, Any] | None,
+                  processor_kwargs: dict[str, Any] | None = None) -> VideoLoadSpec:
+        """The video options of one request: the server's, with the request's on top. The
+        processor kwargs' ``fps`` (``processor_kwargs``, from :meth:`kwargs_for`: frames per
+        second to sample, Hugging Face's meaning) sets the frame sampler's: the engine samples
+        the frames and hands the processor those alone (``do_sample_frames`` off), so an
+        ``fps`` left to the processor would change nothing. The request's own
+        ``media_io_kwargs.video.fps`` wins over it."""
+        video = (media_io_kwargs or {}).get("video")
+        spec = parse_video_io_kwargs(video, self.video)
+        fps = (processor_kwargs or {}).get("fps")
+        if fps is None or (isinstance(video, dict) and "fps" in video):
+            return spec
+        return dataclasses.replace(spec, sampling=dataclasses.replace(spec.sampling, fps=fps))
 
     def render(self, messages: list[dict[str, Any]]) -> str:
         """A chat's prompt text (the model's template), one placeholder per media part."""

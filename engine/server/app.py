@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -39,10 +40,11 @@ from engine.models.loader import LoadedModel
 from engine.processing.media_items import InProcessDecoders
 from engine.processing.pipeline import Pipeline
 from engine.server import vllm_media
-from engine.server.admin_routes import add_admin_routes
+from engine.server.admin_routes import ADMIN_PATHS, Access, add_admin_routes
 from engine.server.config import ServerConfig
 from engine.server.engine_client import EngineClient
 from engine.server.fetch_slots import FetchSlots, client_key
+from engine.server.forwarded import TrustedProxies
 from engine.server.front_door import (
     auth_middleware,
     check_declared_length,
@@ -90,6 +92,7 @@ class State:
         self.connector = self.pipeline.connector()
         self.fetch_slots = FetchSlots(config.max_concurrent_fetches,
                                       config.max_fetches_per_client)
+        self.trusted_proxies = TrustedProxies(config.trusted_proxies)
         self.metrics = Metrics(model_name=self.name)
         self.pending = 0
         # in this process's threads, checked between frames against the same budget
@@ -180,16 +183,19 @@ async def errors_middleware(request: web.Request, handler):
     return response
 
 
-async def read_json(request: web.Request, ticket: Ticket) -> dict[str, Any]:
-    """The admitted request's body, read and shape-checked (front_door), then its model."""
+async def read_json(request: web.Request, ticket: Ticket,
+                    check_counts: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The admitted request's body, read, its counts and lengths checked (``check_counts``:
+    the text limits, before any per-item work), shape-checked (front_door), then its
+    model."""
     state: State = request.app[STATE]
     body = await read_body(request, state.config.request_body_timeout_s, ticket,
                            body_cap(state.config))
     if len(body) > OFF_LOOP_BYTES:  # parsing and shape-checking a big body takes a while
         data = await asyncio.get_running_loop().run_in_executor(decode_executor(),
-                                                                parse_body, body)
+                                                                parse_body, body, check_counts)
     else:
-        data = parse_body(body)
+        data = parse_body(body, check_counts)
     model = data.get("model")
     if model is not None and model != state.name:
         raise ModelNotFoundError(f"model {model!r} is not served here; this server serves "
@@ -224,10 +230,12 @@ def admitted(handler):
 @admitted
 async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
     state: State = request.app[STATE]
-    data = await read_json(request, ticket)
-    state.text_limits.check_chat(data.get("messages"))  # before templating and tokenizing
+    data = await read_json(request, ticket,  # text limits before templating and tokenizing
+                           lambda body: state.text_limits.check_chat(body.get("messages")))
     start = time.perf_counter()
-    fields, processed = await prepare_chat(state, data, ticket, client_key(request.remote))
+    client = state.trusted_proxies.client(request.remote,
+                                          request.headers.getall("X-Forwarded-For", ()))
+    fields, processed = await prepare_chat(state, data, ticket, client_key(client))
     return await respond(request, state, fields, [processed], start, chat=True)
 
 
@@ -236,8 +244,8 @@ async def completions(request: web.Request, ticket: Ticket) -> web.StreamRespons
     """``prompt``: a string, a list of strings, a list of token ids or a list of lists of
     token ids; one engine request per prompt (see :mod:`engine.server.reply`)."""
     state: State = request.app[STATE]
-    data = await read_json(request, ticket)
-    state.text_limits.check_prompt(data.get("prompt"), state.config.max_model_len)
+    data = await read_json(request, ticket, lambda body: state.text_limits.check_prompt(
+        body.get("prompt"), state.config.max_model_len))
     start = time.perf_counter()
     fields, processed = await prepare_prompts(state, data)
     return await respond(request, state, fields, processed, start, chat=False)
@@ -358,7 +366,8 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
     """The app factory: state lives in an AppKey, cleanup in cleanup_ctx."""
     app = web.Application(middlewares=[errors_middleware, request_id_middleware,
                                        auth_middleware(config.api_key,
-                                                       config.metrics_without_auth)],
+                                                       config.metrics_without_auth,
+                                                       ADMIN_PATHS)],
                           client_max_size=int(config.max_request_body_mb * 1024 * 1024))
 
     async def lifecycle(app: web.Application):
@@ -384,5 +393,6 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
     app.router.add_route("*", "/ping", health)  # vLLM's (SageMaker's) health check
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
-    add_admin_routes(app, STATE)
+    add_admin_routes(app, STATE, Access(config.admin_api_key, config.api_key,
+                                        config.server_dev_mode))
     return app

@@ -12,14 +12,18 @@ from typing import Any
 
 def engine_answer(engine: Any, what: str, senders: list[Callable[[Any], None]]
                   ) -> dict[str, Any]:
-    """In the engine process: carry out ``what`` (``mm``: tell every API server to clear its
-    processor cache; ``prefix``: reset the prefix cache) and say what was done."""
+    """In the engine process: carry out ``what`` (``mm``: empty the engine's encoder output
+    cache and tell every API server to clear its processor cache; ``prefix``: reset the
+    prefix cache) and say what was done."""
     if what == "mm":
         from engine.server.wire import ResetMmCache
 
+        reset_encoder = getattr(engine, "reset_encoder_cache", None)
+        encoder = reset_encoder() if reset_encoder is not None else {}
         for send in list(senders):
             send(ResetMmCache())
-        return {"reset": True, "api_servers": len(senders)}
+        answer = {"reset": encoder.get("reset", True), "api_servers": len(senders)}
+        return {**answer, **{k: v for k, v in encoder.items() if k != "reset"}}
     if what == "prefix":
         reset = getattr(engine, "reset_prefix_cache", None)
         if reset is None:

@@ -19,6 +19,11 @@ class ServerConfig:
     served_model_name: str | None = None
     chat_template: str | None = None
     api_key: str | None = None
+    #: the key of the admin routes (the cache resets), apart from the users' --api-key;
+    #: without it (or server_dev_mode) those routes are off
+    admin_api_key: str | None = None
+    #: vLLM's VLLM_SERVER_DEV_MODE: the admin routes open to the API's key holders
+    server_dev_mode: bool = False
     #: media policy, video options, item limits, processor kwargs and cache: resolved once
     #: where the flags are read (clients may set only the bounded processor kwargs)
     pipeline: PipelineConfig = field(
@@ -32,6 +37,8 @@ class ServerConfig:
     #: seconds an idle connection stays open between requests
     keep_alive_timeout_s: float = 15.0
     max_connections_per_client: int = 256  # 0: no per-client cap
+    #: networks whose X-Forwarded-For names the client (per-client fetch and decode shares)
+    trusted_proxies: tuple[str, ...] = ()
     #: text bytes / messages per request; None: what cannot fit max_model_len tokens
     max_prompt_bytes: int | None = None
     max_messages: int | None = None

@@ -7,7 +7,11 @@ nobody was served and every failed ``accept`` logged a traceback. Here:
 - the open-file limit is raised to the hard limit at start (:func:`raise_open_file_limit`);
 - at most ``per_client`` connections per client (its peer address; an IPv6 peer by its /64,
   as the fetch slots count it) and at most ``total`` in all, kept below the open-file limit
-  so ``accept`` itself never runs out; a connection past either is answered 503 +
+  so ``accept`` itself never runs out. A connection past either takes the place of an idle
+  one, the oldest first (the client's own past its cap, anyone's past the total): behind a
+  reverse proxy, a load balancer or an ingress every user is one address, and a gateway
+  holding hundreds of idle keep-alive connections must still be served. Only when every
+  connection it could replace is busy with a request is the new one answered 503 +
   ``Retry-After`` and closed at once;
 - a connection must send its first request's headers within ``header_timeout_s``; between
   requests aiohttp's keep-alive timer (``--keep-alive-timeout-s``) closes an idle one (and one
@@ -16,7 +20,9 @@ nobody was served and every failed ``accept`` logged a traceback. Here:
 
 The guard hooks the aiohttp ``Server`` (the protocol factory) through its public callbacks:
 ``connection_made``/``connection_lost`` (called by each connection's handler) and
-``request_factory`` (called once per request whose headers arrived).
+``request_factory`` (called once per request whose headers arrived). Whether a connection is
+idle is read from its handler as aiohttp's own keep-alive timer reads it (no request being
+handled, none queued); a handler without those fields is never taken for idle.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import json
 import logging
 import resource
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Any
 
 from engine.server.fetch_slots import client_key
@@ -69,9 +75,17 @@ def _refusal(message: str, hint: str) -> bytes:
             + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
+def _idle(handler: Any) -> bool:
+    """No request being handled or waiting on ``handler``'s connection (before its first
+    request, or between two): the state aiohttp's keep-alive timer closes."""
+    return not getattr(handler, "_request_in_progress", True) and \
+        not getattr(handler, "_messages", True)
+
+
 class ConnectionGuard:
-    """Counts connections per client and in all, and closes connections whose first
-    request's headers do not arrive in time. Runs on the event loop."""
+    """Counts connections per client and in all, makes room for a new one by closing the
+    oldest idle ones, and closes connections whose first request's headers do not arrive in
+    time. Runs on the event loop."""
 
     def __init__(self, *, per_client: int, total: int, header_timeout_s: float) -> None:
         self.per_client = per_client
@@ -80,8 +94,12 @@ class ConnectionGuard:
         self.by_client: Counter[str] = Counter()
         self.open = 0
         self.refused = 0
+        self.shed = 0  # idle connections closed to make room for new ones
         self.header_timeouts = 0
-        self._tracked: dict[Any, tuple[str, asyncio.TimerHandle | None]] = {}
+        #: every connection, least recently active first, with its client and header timer
+        self._tracked: OrderedDict[Any, tuple[str, asyncio.TimerHandle | None]] = OrderedDict()
+        #: each client's connections, least recently active first
+        self._of_client: dict[str, OrderedDict[Any, None]] = {}
 
     def install(self, server: Any) -> None:
         """Hook ``server`` (an ``aiohttp.web.Server``) before it takes connections."""
@@ -107,14 +125,17 @@ class ConnectionGuard:
     def _admit(self, handler: Any, transport: Any) -> None:
         peer = transport.get_extra_info("peername")
         key = client_key(peer[0] if isinstance(peer, (tuple, list)) and peer else None)
-        if self.open >= self.total:
-            self._refuse(handler, transport, f"this API server holds {self.open} connections",
+        if self.open >= self.total and not self._shed_oldest_idle(self._tracked):
+            self._refuse(handler, transport, f"this API server holds {self.open} connections, "
+                         "each busy with a request",
                          "retry later; the bound is the open-file limit (ulimit -n)")
             return
-        if self.per_client and self.by_client[key] >= self.per_client:
+        if self.per_client and self.by_client[key] >= self.per_client and \
+                not self._shed_oldest_idle(self._of_client[key]):
             self._refuse(handler, transport,
-                         f"this client already holds {self.by_client[key]} connections",
-                         "reuse connections, or raise --max-connections-per-client")
+                         f"this client already holds {self.by_client[key]} connections, each "
+                         "busy with a request",
+                         "wait for an answer first, or raise --max-connections-per-client")
             return
         self.open += 1
         self.by_client[key] += 1
@@ -122,6 +143,18 @@ class ConnectionGuard:
                                                        handler)
                  if self.header_timeout_s > 0 else None)
         self._tracked[handler] = (key, timer)
+        self._of_client.setdefault(key, OrderedDict())[handler] = None
+
+    def _shed_oldest_idle(self, among: OrderedDict[Any, Any]) -> bool:
+        """Close the least recently active idle connection of ``among``; False when all
+        are busy."""
+        oldest = next((h for h in among if _idle(h)), None)
+        if oldest is None:
+            return False
+        self.shed += 1
+        self._release(oldest)  # counted out now: its connection_lost comes a step later
+        oldest.force_close()
+        return True
 
     def _refuse(self, handler: Any, transport: Any, message: str, hint: str) -> None:
         self.refused += 1
@@ -130,9 +163,13 @@ class ConnectionGuard:
 
     def _headers_arrived(self, handler: Any) -> None:
         entry = self._tracked.get(handler)
-        if entry is not None and entry[1] is not None:
+        if entry is None:
+            return
+        if entry[1] is not None:
             entry[1].cancel()
             self._tracked[handler] = (entry[0], None)
+        self._tracked.move_to_end(handler)  # the most recently active now
+        self._of_client[entry[0]].move_to_end(handler)
 
     def _expire(self, handler: Any) -> None:
         entry = self._tracked.get(handler)
@@ -149,8 +186,12 @@ class ConnectionGuard:
             timer.cancel()
         self.open -= 1
         self.by_client[key] -= 1
+        mine = self._of_client.get(key)
+        if mine is not None:
+            mine.pop(handler, None)
         if self.by_client[key] <= 0:
             del self.by_client[key]
+            self._of_client.pop(key, None)
 
 
 class AcceptErrorLog:

@@ -133,13 +133,9 @@ class EnginePool:
             *(client.stats(timeout_s) for client in self.clients))))
 
     async def reset(self, what: str, timeout_s: float = 40.0) -> dict[str, Any] | None:
-        """A cache reset on every engine (``mm``: one engine tells every API server, as
-        each engine would); one answer, None when an engine did not answer."""
-        if what == "mm":
-            for client in self.clients:
-                if client.alive:
-                    return await client.reset(what, timeout_s)
-            return None
+        """A cache reset on every engine (``mm``: each empties its encoder cache, and every
+        API server is told to clear its processor cache once per engine); one answer, None
+        when an engine did not answer."""
         answers = await asyncio.gather(*(c.reset(what, timeout_s) for c in self.clients))
         if any(a is None for a in answers):
             return None
@@ -148,6 +144,9 @@ class EnginePool:
         for answer in answers:
             for name, value in answer.items():  # type: ignore[union-attr]
                 if name == "reset":
+                    continue
+                if name == "api_servers":  # each engine told the same API servers
+                    merged[name] = max(merged.get(name, 0), value)
                     continue
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     merged[name] = merged.get(name, 0) + value

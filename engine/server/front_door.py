@@ -14,7 +14,10 @@ In this order, and nothing is held before it is earned:
    while it streams (413), and it must arrive within ``--request-body-timeout-s`` (408): a
    client that sends headers and then drips or withholds the body loses its slot instead of
    keeping it.
-4. Its JSON shape, before any field is looked at: an object, nested at most
+4. Its counts and lengths (the route's ``check_counts``: too many messages or prompts, text
+   over the byte bound), on the parsed object and before any per-item work: a 10 MB body
+   of 300,000 messages is refused from ``len(messages)``, not after a walk over every one.
+5. Its JSON shape, before any field is looked at: an object, nested at most
    :data:`MAX_DEPTH` deep, integers within 64 bits, finite numbers, text that is valid
    Unicode (no lone surrogates). Fields are validated after this by the protocol module.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -31,6 +35,7 @@ from aiohttp import web
 from engine.errors import (
     AuthenticationError,
     InvalidRequestError,
+    PermissionDeniedError,
     RequestTimeoutError,
     RequestTooLargeError,
     UnsupportedContentTypeError,
@@ -48,9 +53,12 @@ def key_matches(header: str | None, key: str) -> bool:
                                                               key.encode())
 
 
-def auth_middleware(api_key: str | None, metrics_without_auth: bool):
-    """Refuse requests without the key before any handler (and so any slot) runs."""
-    open_paths = {"/health", "/ping"} | ({"/metrics"} if metrics_without_auth else set())
+def auth_middleware(api_key: str | None, metrics_without_auth: bool,
+                    own_checks: frozenset[str] = frozenset()):
+    """Refuse requests without the key before any handler (and so any slot) runs.
+    ``own_checks``: paths whose handlers check their own key (the admin routes)."""
+    open_paths = {"/health", "/ping"} | ({"/metrics"} if metrics_without_auth else set()) \
+        | own_checks
 
     @web.middleware
     async def check_key(request: web.Request, handler):
@@ -68,6 +76,37 @@ def auth_middleware(api_key: str | None, metrics_without_auth: bool):
 def _is_json(content_type: str) -> bool:
     return content_type == "application/json" or (
         content_type.startswith("application/") and content_type.endswith("+json"))
+
+
+def check_content_type(request: web.Request) -> None:
+    """A POST is JSON or says nothing (415): a browser's cross-site form or text/plain, the
+    only POSTs another site's page can send without the server's consent, is refused."""
+    if "Content-Type" in request.headers and not _is_json(request.content_type):
+        raise UnsupportedContentTypeError(
+            f"the request body has Content-Type {request.content_type!r}; the API takes JSON",
+            hint="send the header 'Content-Type: application/json'")
+
+
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+def check_same_origin(request: web.Request) -> None:
+    """A request carrying another site's ``Origin`` (a browser sends it with every
+    cross-site POST, a body-less ``fetch`` in no-cors mode included) is a 403; one without
+    ``Origin`` (curl, SDKs, scripts) or from this server's own origin passes."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return
+    scheme, _, rest = origin.strip().lower().partition("://")
+    host = request.host.lower()
+    if scheme in _DEFAULT_PORTS:
+        default = ":" + _DEFAULT_PORTS[scheme]
+        rest, host = rest.removesuffix(default), host.removesuffix(default)
+    if not rest or rest != host:
+        raise PermissionDeniedError(
+            f"{request.path} does not take requests from another site's page (Origin "
+            f"{origin[:100]!r})", code="cross_origin_request",
+            hint="call it from a script or the command line (without an Origin header)")
 
 
 def check_declared_length(request: web.Request, max_bytes: int) -> None:
@@ -90,10 +129,7 @@ async def read_body(request: web.Request, timeout_s: float, ticket: Ticket,
     ``timeout_s`` (408). Bytes are charged to ``ticket`` as they arrive, chunked bodies
     included: a body that is declared but not sent holds nothing, and one that streams
     counts while it streams."""
-    if "Content-Type" in request.headers and not _is_json(request.content_type):
-        raise UnsupportedContentTypeError(
-            f"the request body has Content-Type {request.content_type!r}; the API takes JSON",
-            hint="send the header 'Content-Type: application/json'")
+    check_content_type(request)
     check_declared_length(request, max_bytes)
     chunks: list[bytes] = []
     size = 0
@@ -113,8 +149,10 @@ async def read_body(request: web.Request, timeout_s: float, ticket: Ticket,
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
-    """The JSON object in ``body``, shape-checked (see the module docstring)."""
+def parse_body(body: bytes, check_counts: Callable[[dict[str, Any]], None] | None = None
+               ) -> dict[str, Any]:
+    """The JSON object in ``body``: ``check_counts`` first (counts and lengths, which cost
+    no walk over every item), then its shape (see the module docstring)."""
     try:
         data = json.loads(body, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
@@ -130,6 +168,8 @@ def parse_body(body: bytes) -> dict[str, Any]:
                                   code="invalid_json") from None
     if not isinstance(data, dict):
         raise InvalidRequestError("the request body must be a JSON object", code="invalid_json")
+    if check_counts is not None:
+        check_counts(data)
     check_shape(data)
     return data
 

@@ -42,8 +42,8 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
     counts = Counter(parsed.counts())
     pipeline = state.pipeline
     pipeline.check_counts(counts)
-    video = pipeline.video_for(fields.media_io_kwargs)
     kwargs = pipeline.kwargs_for(fields.mm_processor_kwargs)
+    video = pipeline.video_for(fields.media_io_kwargs, kwargs)  # (kwargs' fps samples frames)
     text = await asyncio.get_running_loop().run_in_executor(  # templating: off the loop
         decode_executor(), pipeline.render, parsed.messages)
     items, fetch_s = [], 0.0

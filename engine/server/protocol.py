@@ -175,6 +175,12 @@ MAX_PROMPTS = 64
 PromptInput = str | list[int]
 
 
+def too_many_prompts(count: int) -> InvalidRequestError:
+    return InvalidRequestError(f"prompt holds {count} prompts; at most {MAX_PROMPTS} per "
+                               "request", param="prompt", hint="send several requests",
+                               code="too_many_prompts")
+
+
 def parse_prompts(prompt: Any, vocab_size: int, forbidden_ids: set[int] = frozenset()
                   ) -> list[PromptInput]:
     """``/v1/completions``' ``prompt``: a string, a list of strings, a list of token ids or a
@@ -197,8 +203,7 @@ def parse_prompts(prompt: Any, vocab_size: int, forbidden_ids: set[int] = frozen
     else:
         raise InvalidRequestError(shape, param="prompt")
     if len(prompts) > MAX_PROMPTS:
-        raise InvalidRequestError(f"prompt holds {len(prompts)} prompts; at most {MAX_PROMPTS} "
-                                  "per request", param="prompt", hint="send several requests")
+        raise too_many_prompts(len(prompts))
     for p in prompts:
         if isinstance(p, str):
             continue

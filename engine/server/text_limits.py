@@ -4,9 +4,10 @@ A prompt of N bytes is at least ``N / L`` tokens, where ``L`` is the most bytes 
 the vocabulary stands for; so a text over ``max_model_len x L`` bytes cannot fit the model and
 is refused from its length alone (``--max-prompt-bytes`` sets another bound). Every message of
 a chat renders to at least one token (its role's marker), so more messages than
-``max_model_len`` cannot fit either (``--max-messages``). Both checks cost one pass over the
-parsed body, where templating and tokenizing a 5 MB prompt or 300,000 messages cost seconds
-and hundreds of MB.
+``max_model_len`` cannot fit either (``--max-messages``). Both run on the parsed body before
+its shape is walked (engine/server/front_door.py): a count costs nothing, the byte bound one
+pass over at most that many messages, where walking, templating and tokenizing a 5 MB prompt
+or 300,000 messages cost seconds and hundreds of MB.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequestError
+from engine.server.protocol import MAX_PROMPTS, too_many_prompts
 
 
 def longest_token_bytes(tokenizer: Any) -> int:
@@ -74,6 +76,8 @@ class TextLimits:
         """``/v1/completions``' prompt(s): each string's bytes, each id list's length."""
         prompts = prompt if isinstance(prompt, list) and prompt and not isinstance(
             prompt[0], int) else [prompt]
+        if len(prompts) > MAX_PROMPTS:  # from the count, before a walk over every one
+            raise too_many_prompts(len(prompts))
         for one in prompts:
             if isinstance(one, str) and self.max_prompt_bytes and \
                     _nbytes(one) > self.max_prompt_bytes:

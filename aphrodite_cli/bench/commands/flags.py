@@ -112,6 +112,9 @@ OutDir = Annotated[Path, typer.Option(
 OutputFormat = Annotated[options.OutputFormat, typer.Option(help=options.OUTPUT_FORMAT_HELP)]
 
 # What bench serve watches around each phase (aphrodite_cli/bench/load/observe.py)
+AdminApiKey = Annotated[str | None, typer.Option(
+    help="Bearer key for the target's cache resets (this project's serve --admin-api-key); "
+         "default: --api-key.")]
 ResetCaches = Annotated[bool, typer.Option(
     help="Before a cold phase, POST /reset_mm_cache and /reset_prefix_cache (vLLM's routes) "
          "when the target has them; a target without them is said in the output and the "

@@ -56,6 +56,7 @@ def serve_cmd(
     extra_body: flags.ExtraBody = None,
     request_cancellation_rate: flags.CancellationRate = 0.0,
     request_cancellation_delay: flags.CancellationDelay = 0.0,
+    admin_api_key: flags.AdminApiKey = None,
     dataset: Annotated[DatasetName, typer.Option(
         "--dataset", "--dataset-name",
         help="random-mm, jsonl, vLLM's random (text only: random-mm with no media), "
@@ -213,7 +214,8 @@ def serve_cmd(
     pcts = vllm_compat.parse_percentiles(metric_percentiles)
     # base_url and model: the target's, once it is open (run)
     cfg = LoadConfig(base_url="", endpoint="/" + endpoint.lstrip("/"),
-                     abort_after=abort_after_failures, api_key=api_key, request_rate=rate,
+                     abort_after=abort_after_failures, api_key=api_key,
+                     admin_api_key=admin_api_key, request_rate=rate,
                      burstiness=burstiness,
                      max_concurrency=max_concurrency, seed=seed, media_delivery=media_delivery,
                      image_format=image_format.upper(), image_quality=image_quality,

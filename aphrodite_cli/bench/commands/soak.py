@@ -66,8 +66,8 @@ def soak(
                     "(each must be closed at --header-read-timeout-s).")] = 4,
     connection_hog: Annotated[int, typer.Option(
         min=0, help="Clients (from --hog-address) holding --max-connections-per-client "
-                    "idle connections and opening more (each extra must get 503 "
-                    "too_many_connections).")] = 1,
+                    "idle connections and opening more (each extra must be admitted, the "
+                    "hog's oldest idle connection closed at once in its place).")] = 1,
     attacker_address: Annotated[str, typer.Option(
         help="Local address the attacks connect from (another client to the server; any "
              "127.x.y.z is this machine on Linux); empty: the default.")] = "127.0.0.2",

@@ -90,6 +90,8 @@ class LoadConfig:
     endpoint: str = CHAT_ENDPOINT
     model: str | None = None
     api_key: str | None = None
+    #: for the cache resets (a target's admin key); None: api_key
+    admin_api_key: str | None = None
     request_rate: float = math.inf
     burstiness: float = 1.0
     max_concurrency: int | None = None
@@ -318,7 +320,8 @@ def document(cfg: LoadConfig, phases: dict[str, Any], extra: dict[str, Any]) -> 
     config = asdict(cfg)
     config["request_rate"] = "inf" if math.isinf(cfg.request_rate) else cfg.request_rate
     config["model"] = None if cfg.model is None else printable(cfg.model)  # the target's words
-    config["api_key"] = "(set)" if cfg.api_key else None  # a secret stays out of result files
+    for secret in ("api_key", "admin_api_key"):  # a secret stays out of result files
+        config[secret] = "(set)" if getattr(cfg, secret) else None
     # a header may carry a gateway's token: names only, as vLLM redacts --header
     config["headers"] = {printable(name, 80): "(set)" for name in cfg.headers}
     for phase in phases.values():

@@ -52,8 +52,9 @@ class PhaseWatch:
 
     async def __aenter__(self) -> PhaseWatch:
         if self.reset_caches and self.mode == "cold":
-            self.reset = await cache_reset.reset_caches(self.root, self.cfg.api_key,
-                                                         extra_headers=self.cfg.headers)
+            self.reset = await cache_reset.reset_caches(
+                self.root, self.cfg.admin_api_key or self.cfg.api_key,
+                extra_headers=self.cfg.headers)
         if self.scrape_metrics:
             self.before = await scrape.scrape(self.root, self.cfg.api_key,
                                              extra_headers=self.cfg.headers)

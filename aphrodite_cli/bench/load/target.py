@@ -62,7 +62,8 @@ class Target:
         if self.embedded:
             self.server = ServerProcess(
                 *([self.model_flag] if self.model_flag else []), "--allowed-media-domains",
-                "127.0.0.1", "--expose-request-timings", *self.server_args,
+                "127.0.0.1", "--expose-request-timings", "--server-dev-mode",
+                *self.server_args,
                 env=self.server_env).wait_ready(READY_TIMEOUT_S)
         try:
             self.root = server_root(self.server.base if self.server else self.base_url or "")

@@ -225,12 +225,17 @@ def parse_video_io_kwargs(
             hint=f"start the server with --media-io-kwargs '{{\"video\": {{\"backend\": "
                  f"\"{backend}\"}}}}' or pick a CPU backend ({', '.join(CPU_NAMES)})",
             code="video_backend_not_enabled", param="media_io_kwargs")
-    # Options fixed when the server starts: a per-request value is ignored with a warning.
+    # Options fixed when the server starts: a request may repeat the server's value, and
+    # another is refused (it would have no effect).
     for key in BACKENDS[backend].startup_only:
         if key in request_kwargs:
             if request_kwargs[key] != getattr(server.options, key, None):
-                logger.warning("ignoring per-request video option %s=%r: %s fixes it when the "
-                               "server starts", key, request_kwargs[key], backend)
+                raise InvalidRequestError(
+                    f"media_io_kwargs.video {key}={request_kwargs[key]!r} cannot be set per "
+                    f"request: {backend} fixes it when the server starts",
+                    hint=f"leave {key} out of the request; the operator sets it with "
+                         "--media-io-kwargs", code="invalid_video_option",
+                    param=f"media_io_kwargs.video.{key}")
             request_kwargs = {k: v for k, v in request_kwargs.items() if k != key}
     asked = request_kwargs.get("num_frames")
     ceiling = max(server.sampling.num_frames, DEFAULT_NUM_FRAMES)
