@@ -39,6 +39,7 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
                                      scheduling_policy=state.config.engine.scheduling_policy)
     parsed = parse_messages(data.get("messages"))
+    await check_constraint(state, fields)
     counts = Counter(parsed.counts())
     pipeline = state.pipeline
     pipeline.check_counts(counts)
@@ -76,6 +77,18 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
         state.metrics.video_decode.labels(video.backend).observe(
             processed.timings["media_decode_s"])
     return fields, processed
+
+
+async def check_constraint(state: State, fields: GenerationFields) -> None:
+    """A structured-output constraint compiled (or found compiled) before the request goes
+    any further, off the event loop and within the compile deadline: one that does not
+    compile, or not in time, is a 400 naming its field (see :mod:`engine.executor.grammar`).
+    The engine compiles it again for its own use (cached there too)."""
+    spec = fields.sampling.structured_outputs
+    if spec is None:
+        return
+    grammars = await asyncio.get_running_loop().run_in_executor(None, state.grammars)
+    await grammars.check_async(spec)
 
 
 def vllm_processor_kwargs(state: State, request: dict[str, Any] | None
@@ -185,6 +198,7 @@ async def prepare_prompts(state: State, data: dict[str, Any]
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
                                      chat=False,
                                      scheduling_policy=state.config.engine.scheduling_policy)
+    await check_constraint(state, fields)
     prompts = parse_prompts(data.get("prompt"), state.vocab_size,
                             set(state.preprocessor.expansion_ids.values())
                             | set(state.preprocessor.feature_ids.values()))

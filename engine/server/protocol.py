@@ -9,6 +9,7 @@ from typing import Any
 from engine.errors import InvalidRequestError
 from engine.executor.request import checked_priority
 from engine.executor.sampling import MAX_LOGPROBS, MAX_TOKENS_CAP, SamplingParams
+from engine.server.structured_fields import constraint
 
 
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = None
@@ -67,7 +68,7 @@ class GenerationFields:
 #: JSON output or tool calls must not get free text as if it had been honoured).
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-    "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+    "function_call": (None, "none"),
     "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
     "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
@@ -140,6 +141,7 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
         n=_field(body, "n", int, 1),
         ignore_eos=bool(_field(body, "ignore_eos", bool, False)),
         logprobs=logprobs,
+        structured_outputs=constraint(body),
     )
     media = _field(body, "media_io_kwargs", dict, None)
     return GenerationFields(

@@ -1,0 +1,98 @@
+"""Decode cost of structured outputs: a batch of 8 rows with a grammar (a JSON schema) against
+the same batch without, in milliseconds per decode step, on the same engine in this process
+(the two interleaved, ``--repeats`` times each). Only steps that ran all 8 rows count; the
+rows ignore the end token and the constrained rows' schema never completes before
+``--max-tokens`` (an array of numbers without bound), so both run the same steps. Writes
+``results/grammar-decode-<date>.json`` and prints the ratio.
+
+    .venv/bin/python scripts/grammar_bench.py --model tiny:qwen2_5_vl --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = 8
+#: never complete: numbers without end (the model may pick any number, any length)
+SCHEMA = {"type": "object", "properties": {"values": {"type": "array", "items": {
+    "type": "number"}}}, "required": ["values"]}
+
+
+def run(llm, structured: bool, max_tokens: int) -> list[float]:
+    """The durations (s) of the decode steps that ran all the rows."""
+    from engine import SamplingParams
+
+    runner = llm.engine.runner
+    steps: list[float] = []
+    decode = runner.decode
+
+    def timed(batch) -> None:
+        start = time.perf_counter()
+        decode(batch)
+        if len(batch.rows) == ROWS:
+            steps.append(time.perf_counter() - start)
+
+    runner.decode = timed
+    try:
+        params = SamplingParams(max_tokens=max_tokens, n=ROWS, seed=0, ignore_eos=True,
+                                structured_outputs={"json": SCHEMA} if structured else None)
+        llm.generate("Numbers as JSON:", params)
+    finally:
+        runner.decode = decode
+    return steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny:qwen2_5_vl")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--num-threads", type=int, default=1)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    import torch
+    import xgrammar
+
+    from engine import LLM
+
+    llm = LLM(args.model, max_num_seqs=ROWS, num_threads=args.num_threads,
+              enable_prefix_caching=False)
+    run(llm, True, 8)  # warm both paths up (the grammar compiled once)
+    run(llm, False, 8)
+    plain: list[float] = []
+    constrained: list[float] = []
+    for _ in range(args.repeats):
+        plain += run(llm, False, args.max_tokens)
+        constrained += run(llm, True, args.max_tokens)
+    llm.close()
+    plain_ms = statistics.median(plain) * 1e3
+    constrained_ms = statistics.median(constrained) * 1e3
+    result = {
+        "kind": "grammar-decode", "model": args.model, "rows": ROWS,
+        "max_tokens": args.max_tokens, "repeats": args.repeats,
+        "num_threads": args.num_threads, "steps": {"plain": len(plain),
+                                                   "constrained": len(constrained)},
+        "plain_ms_per_step": round(plain_ms, 3),
+        "constrained_ms_per_step": round(constrained_ms, 3),
+        "ratio": round(constrained_ms / plain_ms, 3),
+        "environment": {"python": platform.python_version(), "torch": torch.__version__,
+                        "xgrammar": getattr(xgrammar, "__version__", "?"),
+                        "machine": platform.machine(), "processor": platform.processor()},
+        "date": datetime.now().isoformat(timespec="seconds"),
+    }
+    out = Path(args.out or ROOT / "results" / f"grammar-decode-{datetime.now():%Y%m%d-%H%M%S}"
+                                               ".json")
+    out.write_text(json.dumps(result, indent=2))
+    print(f"{ROWS} rows, {args.model}: {plain_ms:.2f} ms per step without a grammar, "
+          f"{constrained_ms:.2f} ms with: {constrained_ms / plain_ms:.2f}x ({out})")
+
+
+if __name__ == "__main__":
+    main()

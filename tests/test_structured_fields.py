@@ -1,0 +1,148 @@
+"""Structured-output constraints as requests carry them: every field name OpenAI and vLLM use,
+one constraint per request, and the size limits decided before anything compiles (no model;
+milliseconds)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from engine.errors import InvalidRequestError
+from engine.executor import structured
+from engine.executor.grammar import bounded_strings
+from engine.executor.sampling import SamplingParams
+from engine.server.structured_fields import constraint
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def refused(body: dict) -> InvalidRequestError:
+    with pytest.raises(InvalidRequestError) as info:
+        constraint(body)
+    return info.value
+
+
+@pytest.mark.parametrize(("body", "kind", "param"), [
+    ({"response_format": {"type": "json_object"}}, "json_object", "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": SCHEMA, "strict": True}}}, "json",
+     "response_format.json_schema.schema"),
+    ({"structured_outputs": {"json": SCHEMA}}, "json", "structured_outputs.json"),
+    ({"structured_outputs": {"json": json.dumps(SCHEMA)}}, "json", "structured_outputs.json"),
+    ({"structured_outputs": {"regex": "[a-z]+"}}, "regex", "structured_outputs.regex"),
+    ({"structured_outputs": {"choice": ["a", "b"]}}, "choice", "structured_outputs.choice"),
+    ({"structured_outputs": {"grammar": 'root ::= "x"'}}, "grammar",
+     "structured_outputs.grammar"),
+    ({"structured_outputs": {"json_object": True}}, "json_object",
+     "structured_outputs.json_object"),
+    ({"guided_json": SCHEMA}, "json", "guided_json"),
+    ({"guided_regex": "a+"}, "regex", "guided_regex"),
+    ({"guided_choice": ["x"]}, "choice", "guided_choice"),
+    ({"guided_grammar": 'root ::= "x"'}, "grammar", "guided_grammar"),
+])
+def test_each_field_name_becomes_one_constraint(body, kind, param):
+    spec = constraint(body)
+    assert (spec.kind, spec.param, spec.any_whitespace) == (kind, param, False)
+
+
+def test_no_constraint_and_the_text_format_ask_for_nothing():
+    assert constraint({}) is None
+    assert constraint({"response_format": {"type": "text"}, "guided_json": None}) is None
+
+
+def test_two_constraints_are_a_400_naming_both():
+    err = refused({"response_format": {"type": "json_object"}, "guided_regex": "a"})
+    assert "response_format and guided_regex" in err.message and err.param == "guided_regex"
+    err = refused({"structured_outputs": {"json": SCHEMA, "regex": "a"}})
+    assert "json and regex" in err.message and err.param == "structured_outputs"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": 3}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "x": 1}}},
+     "response_format.json_schema.x"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {},
+                                                                 "strict": "yes"}}},
+     "response_format.json_schema.strict"),
+    ({"response_format": {"type": "structural_tag"}}, "response_format.type"),
+    ({"response_format": "json"}, "response_format"),
+    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json"),
+    ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern"),
+    ({"structured_outputs": {"json": SCHEMA, "mystery": 1}}, "structured_outputs.mystery"),
+    ({"structured_outputs": {"disable_fallback": False, "regex": "a"}},
+     "structured_outputs.disable_fallback"),
+    ({"structured_outputs": {}}, "structured_outputs"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_choice": ["a", 2]}, "guided_choice"),
+    ({"guided_regex": ""}, "guided_regex"),
+    ({"guided_whitespace_pattern": " ", "guided_regex": "a"}, "guided_whitespace_pattern"),
+    ({"guided_decoding_backend": "outlines", "guided_regex": "a"}, "guided_decoding_backend"),
+])
+def test_malformed_constraints_are_a_400_naming_the_field(body, param):
+    assert refused(body).param == param
+
+
+def test_whitespace_is_allowed_only_when_asked():
+    spec = constraint({"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": False}})
+    assert spec.any_whitespace
+    assert not constraint({"structured_outputs": {"json": SCHEMA,
+                                                   "disable_any_whitespace": True}}).any_whitespace
+
+
+def deep(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+@pytest.mark.parametrize(("schema", "rule"), [
+    (deep(5000), "levels deep"),  # a recursive walk would exhaust the stack
+    ({"enum": list(range(100_000))}, "enum values"),
+    ({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(65)}},
+     "optional properties"),
+    ({"description": "x" * (70 << 10)}, "bytes"),
+])
+def test_schema_bombs_are_refused_before_compiling(schema, rule):
+    start = time.perf_counter()
+    err = refused({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "bomb", "schema": schema}}})
+    assert rule in err.message and err.param == "response_format.json_schema.schema"
+    assert err.hint and "simplify" in err.hint
+    assert time.perf_counter() - start < 5  # (a generous bound: the walk is linear)
+
+
+def test_limits_leave_ordinary_schemas_alone():
+    required = {"type": "object", "properties": {f"p{i}": {"type": "integer"}
+                                                 for i in range(500)},
+                "required": [f"p{i}" for i in range(500)]}
+    assert constraint({"guided_json": required}).kind == "json"
+    assert constraint({"guided_json": deep(20)}).kind == "json"
+    assert constraint({"guided_choice": [str(i) for i in range(1000)]}).kind == "choice"
+    assert refused({"guided_choice": [str(i) for i in range(1001)]}).param == "guided_choice"
+
+
+def test_sampling_params_take_vllms_object_and_keep_a_plain_value():
+    params = SamplingParams(structured_outputs={"regex": "[0-9]+"})
+    assert params.structured_outputs == structured.GrammarSpec(
+        "regex", "[0-9]+", "structured_outputs.regex")
+    # what crosses the engine-process socket: the sampling fields as keywords, again
+    assert SamplingParams(**params.__dict__) == params
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(structured_outputs={"regex": 5})
+
+
+def test_length_bounded_strings_become_patterns_without_control_characters():
+    schema = bounded_strings({"type": "object", "properties": {
+        "a": {"type": "string", "maxLength": 5}, "b": {"type": "string", "minLength": 2},
+        "c": {"type": "string", "maxLength": 3, "pattern": "[a-z]+"},
+        "d": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 2}}}})
+    props = schema["properties"]
+    assert props["a"] == {"type": "string", "pattern": "[^\\x00-\\x1f]{0,5}"}
+    assert props["b"] == {"type": "string", "pattern": "[^\\x00-\\x1f]{2,}"}
+    assert props["c"] == {"type": "string", "maxLength": 3, "pattern": "[a-z]+"}
+    assert props["d"]["items"] == {"type": "string", "pattern": "[^\\x00-\\x1f]{1,2}"}
