@@ -1,0 +1,268 @@
+"""Structured outputs on the tiny random-weight Qwen2.5-VL, at temperature 1: whatever the
+model would say, the grammar engine's mask leaves only what the constraint allows, so every
+finished answer parses and validates (the validator below shares no code with the engine);
+a row that reaches max_tokens first ends with "length". Offline (``LLM``, one batch of 100
+rows) and served (a real `aphrodite serve` and the `openai` client, streaming and not)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.errors import InvalidRequestError, OverloadedError
+from engine.executor.grammar import Grammars
+from engine.executor.structured import GrammarSpec
+from tests.engine_fixtures import llm as shared_llm
+from tests.engine_fixtures import loaded
+from tests.server_harness import openai_client, running
+from tests.test_structured_fields import deep as nested
+
+pytestmark = pytest.mark.timeout(300)
+MODEL = "tiny-qwen2_5_vl"
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+#: short keys: the tiny model's 449-token vocabulary spends about a token per character
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "nm": {"type": "string", "maxLength": 3},
+        "k": {"enum": ["cat", "dog", "bird"]},
+        "a": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+        "t": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        "o": {"type": "object", "properties": {
+            "id": {"type": "integer", "minimum": 0, "maximum": 999},
+            "z": {"type": "string", "pattern": "^[0-9]{3}$"}},
+            "required": ["id", "z"]},
+    },
+    "required": ["nm", "k", "a", "t", "o"],
+}
+CHOICES = ["yes", "no", "maybe later", 'say "hi"']
+REGEX = r"[a-z]{2,6}@(ex|ample)\.(com|org)"
+
+
+def valid(value, schema: dict) -> bool:
+    """The JSON Schema keywords :data:`SCHEMA` uses, checked by hand (no properties beyond
+    those declared: the grammar never adds any)."""
+    if "enum" in schema:
+        return value in schema["enum"]
+    kind = schema["type"]
+    if kind == "object":
+        props = schema["properties"]
+        return isinstance(value, dict) and set(value) <= set(props) and all(
+            k in value for k in schema.get("required", ())) and all(
+            valid(v, props[k]) for k, v in value.items())
+    if kind == "array":
+        return isinstance(value, list) and len(value) <= schema.get("maxItems", 1 << 30) and \
+            all(valid(v, schema["items"]) for v in value)
+    if kind == "string":
+        return isinstance(value, str) and len(value) <= schema.get("maxLength", 1 << 30) and (
+            "pattern" not in schema or re.search(schema["pattern"], value) is not None)
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool) and \
+            schema.get("minimum", value) <= value <= schema.get("maximum", value)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    raise AssertionError(f"the validator does not know {kind}")
+
+
+def check_json(outputs: list[tuple[str, str]]) -> int:
+    """Every finished answer parses and validates; those cut by max_tokens end "length".
+    The number finished."""
+    finished = 0
+    for text, reason in outputs:
+        assert reason in ("stop", "length"), reason
+        if reason == "stop":
+            assert valid(json.loads(text), SCHEMA), text
+            finished += 1
+    return finished
+
+
+@pytest.fixture(scope="module")
+def wide_llm():
+    """The tiny model with room for 100 rows in one running batch (one batch, a few s)."""
+    engine = LLM("tiny:qwen2_5_vl", max_num_seqs=100, enable_prefix_caching=False)
+    yield engine
+    engine.close()
+
+
+def test_a_batch_of_100_json_answers_all_parse_and_validate(wide_llm):
+    """The done-when: 100 rows at temperature 1 with a nested schema (objects, arrays, enums,
+    required fields, an optional one); each finished row is valid JSON of the schema."""
+    params = SamplingParams(max_tokens=96, n=10, seed=7, temperature=1.0,
+                            structured_outputs={"json": SCHEMA})
+    results = wide_llm.generate([f"Record {i} as JSON:" for i in range(10)], params)
+    outputs = [(o.text, o.finish_reason) for r in results for o in r.outputs]
+    assert len(outputs) == 100
+    assert check_json(outputs) >= 90  # (the few cut by max_tokens end "length")
+
+
+def test_a_row_that_reaches_max_tokens_ends_length(wide_llm):
+    results = wide_llm.generate("JSON:", SamplingParams(
+        max_tokens=6, n=4, seed=1, structured_outputs={"json": SCHEMA}))
+    for out in results[0].outputs:
+        assert out.finish_reason == "length" and len(out.token_ids) == 6
+        assert out.text.startswith('{"')  # (a prefix of the schema's JSON)
+
+
+def test_choices_and_patterns_always_match(wide_llm):
+    results = wide_llm.generate(["Pick one:", "Email:"], [
+        SamplingParams(max_tokens=16, n=16, seed=3, structured_outputs={"choice": CHOICES}),
+        SamplingParams(max_tokens=24, n=16, seed=4, structured_outputs={"regex": REGEX})])
+    assert {(o.text, o.finish_reason) for o in results[0].outputs} <= {
+        (c, "stop") for c in CHOICES}
+    for out in results[1].outputs:
+        assert out.finish_reason == "stop" and re.fullmatch(REGEX, out.text), out.text
+
+
+def test_rows_without_a_grammar_share_the_step_untouched():
+    """A plain greedy row beside constrained rows in the same decode steps says exactly what
+    it says alone."""
+    llm = shared_llm("qwen2_5_vl")
+    plain = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    alone = llm.generate("Say something.", plain)[0].outputs[0].token_ids
+    mixed = llm.generate(["Say something.", "JSON:", "Pick:"], [
+        plain, SamplingParams(max_tokens=8, n=3, structured_outputs={"json": SCHEMA}),
+        SamplingParams(max_tokens=8, structured_outputs={"choice": CHOICES})])
+    assert mixed[0].outputs[0].token_ids == alone
+    assert mixed[2].outputs[0].text in CHOICES
+
+
+def test_a_bad_constraint_raises_before_any_row_runs():
+    llm = shared_llm("qwen2_5_vl")
+    with pytest.raises(InvalidRequestError) as info:
+        llm.generate(["a", "b"], [SamplingParams(max_tokens=2), SamplingParams(
+            structured_outputs={"grammar": "root ::= undefined_rule"})])
+    assert info.value.param == "structured_outputs.grammar"
+    assert "undefined_rule" in info.value.message and "/" not in info.value.message
+
+
+def slow_spec(tag: str) -> GrammarSpec:
+    """A constraint that takes the grammar compiler a while (1000 long enum values: 0.2 s
+    here), within the size limits."""
+    values = [f"{tag}{'x' * 50}{i}" for i in range(1000)]
+    return GrammarSpec("json", json.dumps({"enum": values}), "guided_json")
+
+
+def test_compiles_are_bounded_in_time_cached_and_evicted():
+    tokenizer = loaded("qwen2_5_vl").tokenizer
+    grammars = Grammars(tokenizer, len(tokenizer), [tokenizer.eos_token_id], entries=2,
+                        threads=1)
+    try:
+        slow = slow_spec("a")
+        with pytest.raises(InvalidRequestError) as info:  # started, ran past the deadline
+            grammars.check(slow, timeout_s=0.001)
+        assert info.value.param == "guided_json" and "longer than" in info.value.message
+        # the one compile thread is busy with it: another constraint cannot even start
+        with pytest.raises(OverloadedError):
+            grammars.check(slow_spec("b"), timeout_s=0.001)
+        assert grammars.check(slow, timeout_s=60) is not None  # it finished: cached
+        assert grammars.stats == {"compiles": 2, "hits": 1}
+        grammars.check(GrammarSpec("regex", "a+", "guided_regex"))
+        grammars.check(slow)  # still cached: no compile
+        assert grammars.stats["compiles"] == 3
+        grammars.check(GrammarSpec("regex", "b+", "guided_regex"))  # 2 entries at most
+        grammars.check(GrammarSpec("regex", "a+", "guided_regex"))
+        assert grammars.stats["compiles"] == 5
+    finally:
+        grammars.close()
+
+
+# -- served ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def server():
+    with running() as proc:
+        yield proc
+
+
+@pytest.fixture
+def client(server):
+    return openai_client(server)
+
+
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA,
+                                                          "strict": True}}
+
+
+def test_served_json_schema_answers_validate(client):
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "A pet as JSON."}], n=8,
+        temperature=1.0, max_tokens=96, seed=11, response_format=RESPONSE_FORMAT)
+    outputs = [(c.message.content, c.finish_reason) for c in reply.choices]
+    assert len(outputs) == 8 and check_json(outputs) >= 6
+
+
+def test_served_streams_validate_too(client):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "A pet as JSON."}], n=4,
+        temperature=1.0, max_tokens=96, seed=12, stream=True,
+        extra_body={"structured_outputs": {"json": SCHEMA}})
+    texts, reasons = ["", "", "", ""], [None] * 4
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    assert check_json(list(zip(texts, reasons, strict=True))) >= 3
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Email?"}], n=4, max_tokens=24,
+        stream=True, extra_body={"guided_regex": REGEX})
+    texts = ["", "", "", ""]
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert all(re.fullmatch(REGEX, t) for t in texts), texts
+
+
+def test_text_completions_take_constraints(client):
+    reply = client.completions.create(model=MODEL, prompt="Answer:", max_tokens=16, n=8,
+                                      extra_body={"guided_choice": CHOICES})
+    assert {(c.text, c.finish_reason) for c in reply.choices} <= {(c, "stop") for c in CHOICES}
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "nonsense"}}}}, "response_format.json_schema.schema"),
+    ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs.regex"),
+    ({"response_format": {"type": "json_object"}, "guided_choice": ["a"]}, "guided_choice"),
+])
+def test_served_bad_constraints_are_a_400_naming_the_field(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
+            {"role": "user", "content": "hi"}], extra_body=extra)
+    assert info.value.body["param"] == param
+    assert "Traceback" not in info.value.body["message"] and ".cc" not in \
+        info.value.body["message"]
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"structured_outputs": {"json": json.dumps(nested(200))}}, "structured_outputs.json"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "bomb", "schema": {
+        "enum": [f"v{i}" for i in range(50_000)]}}}}, "response_format.json_schema.schema"),
+], ids=["deep", "huge-enum"])
+def test_served_schema_bombs_are_refused_in_bounded_time(client, extra, param):
+    """Unchecked, either would hold a compile thread for seconds to minutes. (An object
+    nested deeper than 64 levels in the body is refused by the front door already.)"""
+    start = time.perf_counter()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
+            {"role": "user", "content": "hi"}], extra_body=extra)
+    assert info.value.body["param"] == param
+    assert time.perf_counter() - start < 10
+
+
+def test_readme_structured_outputs_example_runs(server):
+    text = README.read_text()
+    block = text[text.index("<!-- structured-outputs-example:start -->"):
+                 text.index("<!-- structured-outputs-example:end -->")]
+    code = re.search(r"```python\n(.*?)```", block, re.S).group(1)
+    scope: dict = {}
+    exec(code.replace("localhost:2242", f"localhost:{server.port}"), scope)
+    assert isinstance(json.loads(scope["reply"].choices[0].message.content), dict) or \
+        scope["reply"].choices[0].finish_reason == "length"
