@@ -266,3 +266,34 @@ def test_readme_structured_outputs_example_runs(server):
     exec(code.replace("localhost:2242", f"localhost:{server.port}"), scope)
     assert isinstance(json.loads(scope["reply"].choices[0].message.content), dict) or \
         scope["reply"].choices[0].finish_reason == "length"
+
+
+def test_the_mask_covers_padded_logits_and_leaves_plain_rows_alone():
+    """Logits wider than the grammar's vocabulary (a model's padded embedding) have the extra
+    columns masked in constrained rows; plain and finished rows keep every logit; bfloat16
+    logits are masked in their own dtype."""
+    import torch
+
+    from engine.executor.grammar import mask_logits
+
+    tokenizer = loaded("qwen2_5_vl").tokenizer
+    grammars = Grammars(tokenizer, len(tokenizer), [tokenizer.eos_token_id], threads=1)
+    try:
+        compiled = grammars.check(GrammarSpec("choice", json.dumps(["yes"]), "guided_choice"))
+
+        class Row:
+            def __init__(self, grammar, done=False):
+                self.request = type("Request", (), {"grammar": grammar})()
+                self.done, self.matcher = done, None
+
+        for dtype in (torch.float32, torch.bfloat16):
+            rows = [Row(None), Row(compiled), Row(compiled, done=True)]
+            logits = torch.zeros(3, len(tokenizer) + 23, dtype=dtype)
+            assert mask_logits(rows, logits, grammars) is logits
+            allowed = torch.isfinite(logits[1]).nonzero().flatten().tolist()
+            assert [tokenizer.decode([t]) for t in allowed] and all(
+                "yes".startswith(tokenizer.decode([t])) for t in allowed)
+            assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[2]).all()
+            assert rows[1].matcher is not None and rows[2].matcher is None
+    finally:
+        grammars.close()

@@ -223,10 +223,16 @@ def mask_logits(rows: Sequence[Any], logits: Any, grammars: Grammars | None) -> 
             row.matcher.fill_next_token_bitmask(bitmask, i)
     if logits.shape[-1] > grammars.vocab_size:  # columns past the grammar's vocabulary
         logits[constrained, grammars.vocab_size:] = float("-inf")
+    if logits.device.type != "cpu":  # plain torch operations: no kernel compiled at run time
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
+                                        vocab_size=grammars.vocab_size, indices=constrained,
+                                        backend="torch_native")
+        return logits
+    # xgrammar's CPU kernel takes contiguous float32 logits
     target = logits if logits.dtype == torch.float32 and logits.is_contiguous() \
         else logits.float().contiguous()
-    xgr.apply_token_bitmask_inplace(target, bitmask.to(target.device),
-                                    vocab_size=grammars.vocab_size, indices=constrained)
+    xgr.apply_token_bitmask_inplace(target, bitmask, vocab_size=grammars.vocab_size,
+                                    indices=constrained, backend="cpu")
     if target is not logits:
         logits.copy_(target)
     return logits
