@@ -2,8 +2,11 @@
 the same batch without, in milliseconds per decode step, on the same engine in this process
 (the two interleaved, ``--repeats`` times each). Only steps that ran all 8 rows count; the
 rows ignore the end token and the constrained rows' schema never completes before
-``--max-tokens`` (an array of numbers without bound), so both run the same steps. Writes
-``results/grammar-decode-<date>.json`` and prints the ratio.
+``--max-tokens`` (an array of numbers without bound), so both run the same steps. The tiny
+model's vocabulary is 449 tokens, so its masks cost little: ``--vocab-size`` also times the
+grammar's part of a step alone (the 8 rows' masks filled, then applied to float32 logits on
+the CPU) over a synthetic vocabulary of that many tokens (Qwen2.5's 152064 by default; 0
+skips it). Writes ``results/grammar-decode-<date>.json`` and prints the ratio.
 
     .venv/bin/python scripts/grammar_bench.py --model tiny:qwen2_5_vl --repeats 3
 """
@@ -49,12 +52,61 @@ def run(llm, structured: bool, max_tokens: int) -> list[float]:
     return steps
 
 
+def synthetic_mask_ms(vocab_size: int, steps: int = 60) -> dict[str, float]:
+    """Median ms per step to fill :data:`ROWS` rows' masks and to apply them, over a
+    synthetic byte vocabulary of ``vocab_size`` tokens (random words of 2-9 characters)."""
+    import random
+
+    import torch
+    import xgrammar as xgr
+
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789{}[]\":,.-_"
+    vocab = [bytes([i]) for i in range(256)]
+    seen = set(vocab)
+    while len(vocab) < vocab_size - 1:
+        word = "".join(rng.choice(letters) for _ in range(rng.randint(2, 9))).encode()
+        if word not in seen:
+            seen.add(word)
+            vocab.append(word)
+    vocab.append(b"<eos>")
+    info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, vocab_size=vocab_size,
+                             stop_token_ids=[vocab_size - 1])
+    compiled = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False) \
+        .compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
+    matchers = [xgr.GrammarMatcher(compiled) for _ in range(ROWS)]
+    bitmask = xgr.allocate_token_bitmask(ROWS, vocab_size)
+    logits = torch.randn(ROWS, vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    fills, applies = [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        for i, matcher in enumerate(matchers):
+            if matcher.is_terminated():  # (a row whose JSON ended starts again)
+                matcher.reset()
+            matcher.fill_next_token_bitmask(bitmask, i)
+        filled = time.perf_counter()
+        masked = logits.clone()
+        applying = time.perf_counter()
+        xgr.apply_token_bitmask_inplace(masked, bitmask, vocab_size=vocab_size,
+                                        indices=list(range(ROWS)), backend="cpu")
+        fills.append(filled - start)
+        applies.append(time.perf_counter() - applying)
+        tokens = torch.multinomial(torch.softmax(masked, -1), 1, generator=generator)
+        for matcher, token in zip(matchers, tokens[:, 0].tolist(), strict=True):
+            matcher.accept_token(token)
+    return {"vocab_size": vocab_size,
+            "fill_ms_per_step": round(statistics.median(fills) * 1e3, 3),
+            "apply_ms_per_step": round(statistics.median(applies) * 1e3, 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny:qwen2_5_vl")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--num-threads", type=int, default=1)
+    parser.add_argument("--vocab-size", type=int, default=152064)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     import torch
@@ -82,6 +134,7 @@ def main() -> None:
         "plain_ms_per_step": round(plain_ms, 3),
         "constrained_ms_per_step": round(constrained_ms, 3),
         "ratio": round(constrained_ms / plain_ms, 3),
+        "synthetic_vocab": synthetic_mask_ms(args.vocab_size) if args.vocab_size else None,
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
                         "xgrammar": getattr(xgrammar, "__version__", "?"),
                         "machine": platform.machine(), "processor": platform.processor()},
@@ -92,6 +145,10 @@ def main() -> None:
     out.write_text(json.dumps(result, indent=2))
     print(f"{ROWS} rows, {args.model}: {plain_ms:.2f} ms per step without a grammar, "
           f"{constrained_ms:.2f} ms with: {constrained_ms / plain_ms:.2f}x ({out})")
+    if result["synthetic_vocab"]:
+        print(f"{args.vocab_size}-token vocabulary: {ROWS} masks filled in "
+              f"{result['synthetic_vocab']['fill_ms_per_step']:.2f} ms, applied in "
+              f"{result['synthetic_vocab']['apply_ms_per_step']:.2f} ms per step")
 
 
 if __name__ == "__main__":

@@ -223,10 +223,13 @@ def mask_logits(rows: Sequence[Any], logits: Any, grammars: Grammars | None) -> 
             row.matcher.fill_next_token_bitmask(bitmask, i)
     if logits.shape[-1] > grammars.vocab_size:  # columns past the grammar's vocabulary
         logits[constrained, grammars.vocab_size:] = float("-inf")
-    if logits.device.type != "cpu":  # plain torch operations: no kernel compiled at run time
+    if logits.device.type != "cpu":  # xgrammar's Triton kernel where Triton is there
+        import importlib.util
+
+        triton = logits.device.type == "cuda" and importlib.util.find_spec("triton")
         xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
                                         vocab_size=grammars.vocab_size, indices=constrained,
-                                        backend="torch_native")
+                                        backend="triton" if triton else "torch_native")
         return logits
     # xgrammar's CPU kernel takes contiguous float32 logits
     target = logits if logits.dtype == torch.float32 and logits.is_contiguous() \
