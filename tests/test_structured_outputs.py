@@ -297,3 +297,26 @@ def test_the_mask_covers_padded_logits_and_leaves_plain_rows_alone():
             assert rows[1].matcher is not None and rows[2].matcher is None
     finally:
         grammars.close()
+
+
+def test_an_empty_language_is_refused_and_a_dead_end_can_only_stop():
+    """A constraint with no first token is a 400 before it runs; a row that reaches a dead
+    end anyway may sample only its stop tokens (never an all -inf row, which cannot be
+    sampled)."""
+    import torch
+
+    from engine.executor.grammar import _allow
+
+    tokenizer = loaded("qwen2_5_vl").tokenizer
+    grammars = Grammars(tokenizer, len(tokenizer), [tokenizer.eos_token_id], threads=1)
+    try:
+        with pytest.raises(InvalidRequestError) as info:
+            grammars.check(GrammarSpec("regex", "[^\\x00-\\U0010FFFF]", "guided_regex"))
+        assert "no output" in info.value.message and info.value.param == "guided_regex"
+    finally:
+        grammars.close()
+    bitmask = torch.zeros((2, 2), dtype=torch.int32)
+    _allow(bitmask, 1, [0, 31, 33])
+    bits = [(int(w) >> b) & 1 for w in bitmask[1] for b in range(32)]
+    assert [i for i, bit in enumerate(bits) if bit] == [0, 31, 33]
+    assert not bitmask[0].any()

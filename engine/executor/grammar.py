@@ -104,9 +104,23 @@ class Grammars:
                 f"{spec.param} does not compile: {_message(exc)}", param=spec.param,
                 code="invalid_structured_output", hint="fix the constraint"))
             return
+        if not self._first_tokens(compiled):
+            entry.future.set_exception(InvalidRequestError(
+                f"{spec.param} allows no output at all", param=spec.param,
+                code="invalid_structured_output", hint="fix the constraint"))
+            return
         entry.size = int(compiled.memory_size_bytes)
         entry.future.set_result(compiled)
         self._evict()
+
+    def _first_tokens(self, compiled: Any) -> bool:
+        """Whether a generation under ``compiled`` has a first token (an empty language,
+        such as a regex of an empty class, has none: its rows would have nothing to sample)."""
+        import xgrammar as xgr
+
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask)
+        return bool(bitmask.any())
 
     def _compile(self, spec: GrammarSpec) -> Any:
         import json
@@ -221,6 +235,8 @@ def mask_logits(rows: Sequence[Any], logits: Any, grammars: Grammars | None) -> 
             row.matcher = grammars.matcher(row.request.grammar)
         if not row.matcher.is_terminated():
             row.matcher.fill_next_token_bitmask(bitmask, i)
+            if not bitmask[i].any():  # a dead end the grammar engine let in: end the row
+                _allow(bitmask, i, row.matcher.stop_token_ids)
     if logits.shape[-1] > grammars.vocab_size:  # columns past the grammar's vocabulary
         logits[constrained, grammars.vocab_size:] = float("-inf")
     if logits.device.type != "cpu":  # xgrammar's Triton kernel where Triton is there
@@ -241,6 +257,14 @@ def mask_logits(rows: Sequence[Any], logits: Any, grammars: Grammars | None) -> 
     return logits
 
 
+def _allow(bitmask: Any, row: int, tokens: Iterable[int]) -> None:
+    """Let ``row`` sample ``tokens`` (its stop tokens: nothing else is left to it)."""
+    for token in tokens:
+        word, bit = divmod(int(token), 32)
+        value = int(bitmask[row, word]) & 0xFFFFFFFF | (1 << bit)
+        bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value
+
+
 def accept(row: Any, token: int) -> bool:
     """Advance ``row``'s matcher by ``token``; whether its grammar is now complete (the row
     then ends). A token the grammar refuses cannot have been sampled (the mask forbids it):
@@ -249,6 +273,8 @@ def accept(row: Any, token: int) -> bool:
     if matcher is None:
         return False
     if not matcher.accept_token(token):
+        if token in matcher.stop_token_ids:  # (a dead end's way out: see mask_logits)
+            return True
         from engine.errors import InternalError
 
         raise InternalError(f"the grammar refused token {token} it allowed")
