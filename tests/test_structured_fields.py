@@ -146,3 +146,34 @@ def test_length_bounded_strings_become_patterns_without_control_characters():
     assert props["b"] == {"type": "string", "pattern": "[^\\x00-\\x1f]{2,}"}
     assert props["c"] == {"type": "string", "maxLength": 3, "pattern": "[a-z]+"}
     assert props["d"]["items"] == {"type": "string", "pattern": "[^\\x00-\\x1f]{1,2}"}
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    (structured.GrammarSpec("json", '{"type":"object"}', "guided_json"),
+     {"json": '{"type":"object"}', "disable_any_whitespace": True}),
+    (structured.GrammarSpec("choice", '["a","b"]', "guided_choice", True),
+     {"choice": ["a", "b"], "disable_any_whitespace": False}),
+    (structured.GrammarSpec("json_object", "", "response_format"),
+     {"json_object": True, "disable_any_whitespace": True}),
+    (structured.GrammarSpec("regex", "a+", "guided_regex"),
+     {"regex": "a+", "disable_any_whitespace": True}),
+])
+def test_with_engine_vllm_the_constraint_goes_to_vllms_structured_outputs(
+        monkeypatch, spec, expected):
+    """--engine vllm: the bridge builds vLLM's own StructuredOutputsParams (vLLM stood in for
+    by a module that records what it is given: its environment is not here)."""
+    import sys
+    import types
+
+    from engine.vllm_bridge.serve import sampling_params
+
+    fake = types.ModuleType("vllm")
+    fake.SamplingParams = lambda **kw: kw
+    params = types.ModuleType("vllm.sampling_params")
+    params.RequestOutputKind = types.SimpleNamespace(DELTA="delta")
+    params.StructuredOutputsParams = lambda **kw: kw
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", params)
+    sampling = SamplingParams(structured_outputs=spec).__dict__
+    assert sampling_params(sampling)["structured_outputs"] == expected
+    assert "structured_outputs" not in sampling_params(SamplingParams().__dict__)

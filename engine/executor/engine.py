@@ -179,6 +179,7 @@ class Engine:
         self._queue.put(None)
         self._thread.join(timeout=30)
         self.runner.prefetcher.close()
+        self.runner.close_grammars()
         if self._prefiller is not None:
             self._prefiller.shutdown(wait=False)
 

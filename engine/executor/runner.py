@@ -225,6 +225,12 @@ class TransformersRunner:
                     self.eos_ids)
             return self._grammars
 
+    def close_grammars(self) -> None:
+        """Stop the compile threads (a compile under way is left to finish)."""
+        with self._grammars_lock:
+            if self._grammars is not None:
+                self._grammars.close()
+
     def _add_encoder_time(self, seconds: float) -> None:
         self.encoder_s += seconds
 
