@@ -42,6 +42,9 @@ def response_format(value: Any) -> GrammarSpec | None:
     if extra:
         raise _unsupported(f"response_format.{extra[0]}",
                            "response_format takes type and, for json_schema, json_schema")
+    if kind != "json_schema" and value.get("json_schema") is not None:
+        raise InvalidRequestError(f"response_format.json_schema goes with type json_schema, not "
+                                  f"{kind!r}", param="response_format.json_schema")
     if kind == "text":
         return None
     if kind == "json_object":
