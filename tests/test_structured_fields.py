@@ -14,6 +14,7 @@ from engine.executor import structured
 from engine.executor.grammar import bounded_strings
 from engine.executor.sampling import SamplingParams
 from engine.server.structured_fields import constraint
+from engine.server.tool_fields import tool_choice
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
@@ -183,3 +184,81 @@ def test_with_engine_vllm_the_constraint_goes_to_vllms_structured_outputs(
     sampling = SamplingParams(structured_outputs=spec).__dict__
     assert sampling_params(sampling)["structured_outputs"] == expected
     assert "structured_outputs" not in sampling_params(SamplingParams().__dict__)
+
+
+# -- tool calling's fields --------------------------------------------------------------------
+
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Oslo", "Lima"]}}, "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {"name": "clock"}}
+
+
+def test_a_named_function_is_constrained_by_its_parameters():
+    choice = tool_choice({"tools": [CLOCK, WEATHER], "tool_choice": {
+        "type": "function", "function": {"name": "weather"}}})
+    assert choice.name == "weather" and choice.spec.param == "tools[1].function.parameters"
+    assert json.loads(choice.spec.text) == WEATHER["function"]["parameters"]
+    [call] = choice.calls('{"city": "Oslo"}')
+    assert call["type"] == "function" and call["id"].startswith("chatcmpl-tool-")
+    assert call["function"] == {"name": "weather", "arguments": '{"city": "Oslo"}'}
+    assert choice.calls('{"city": "Os') is None  # cut by max_tokens: no call
+
+
+def test_required_is_a_list_of_calls_each_under_its_own_schema():
+    choice = tool_choice({"tools": [CLOCK, WEATHER], "tool_choice": "required",
+                          "parallel_tool_calls": False})
+    schema = json.loads(choice.spec.text)
+    assert schema["maxItems"] == 1 and schema["minItems"] == 1
+    assert [c["properties"]["name"]["const"] for c in schema["items"]["anyOf"]] == [
+        "clock", "weather"]
+    calls = choice.calls('[{"name": "clock", "parameters": {}}]')
+    assert [c["function"] for c in calls] == [{"name": "clock", "arguments": "{}"}]
+    assert "maxItems" not in json.loads(tool_choice({"tools": [CLOCK],
+                                                     "tool_choice": "required"}).spec.text)
+
+
+def test_none_and_no_tools_ask_for_nothing():
+    assert tool_choice({}) is None
+    assert tool_choice({"tools": [WEATHER], "tool_choice": "none"}) is None
+    assert tool_choice({"tools": [], "tool_choice": "none"}) is None
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"tools": [WEATHER]}, "tool_choice"),  # "auto": no tool-call parser yet
+    ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+     "tool_choice.function.name"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}],
+      "tool_choice": "required"}, "tools[0].function.name"),
+    ({"tools": [CLOCK, CLOCK], "tool_choice": "required"}, "tools[1].function.name"),
+    ({"tools": [{"type": "code"}], "tool_choice": "required"}, "tools[0]"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}],
+      "tool_choice": "required"}, "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "x": 1}}],
+      "tool_choice": "required"}, "tools[0].function.x"),
+    ({"tools": "weather", "tool_choice": "required"}, "tools"),
+    ({"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": "no"},
+     "parallel_tool_calls"),
+])
+def test_malformed_tool_fields_are_a_400_naming_the_field(body, param):
+    with pytest.raises(InvalidRequestError) as info:
+        tool_choice(body)
+    assert info.value.param == param
+
+
+def test_a_forced_call_and_another_constraint_are_refused_together():
+    from engine.server.protocol import parse_generation_fields
+
+    body = {"messages": [], "tools": [WEATHER], "tool_choice": "required"}
+    fields = parse_generation_fields(body, max_tokens_cap=100)
+    assert fields.tools is not None and fields.sampling.structured_outputs.param == "tools"
+    for extra, param in (({"guided_regex": "a"}, "tool_choice"), ({"logprobs": True}, "logprobs")):
+        with pytest.raises(InvalidRequestError) as info:
+            parse_generation_fields({**body, **extra}, max_tokens_cap=100)
+        assert info.value.param == param
+    with pytest.raises(InvalidRequestError) as info:  # not a completions field
+        parse_generation_fields({"prompt": "x", "tools": [WEATHER]}, max_tokens_cap=100,
+                                chat=False)
+    assert info.value.param == "tools"

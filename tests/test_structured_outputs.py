@@ -261,11 +261,13 @@ def test_readme_structured_outputs_example_runs(server):
     text = README.read_text()
     block = text[text.index("<!-- structured-outputs-example:start -->"):
                  text.index("<!-- structured-outputs-example:end -->")]
-    code = re.search(r"```python\n(.*?)```", block, re.S).group(1)
+    code = "\n".join(re.findall(r"```python\n(.*?)```", block, re.S))
     scope: dict = {}
     exec(code.replace("localhost:2242", f"localhost:{server.port}"), scope)
     assert isinstance(json.loads(scope["reply"].choices[0].message.content), dict) or \
         scope["reply"].choices[0].finish_reason == "length"
+    assert scope["call"].function.name == "forecast"
+    assert set(json.loads(scope["call"].function.arguments)) == {"city", "days"}
 
 
 def test_the_mask_covers_padded_logits_and_leaves_plain_rows_alone():
@@ -320,3 +322,67 @@ def test_an_empty_language_is_refused_and_a_dead_end_can_only_stop():
     bits = [(int(w) >> b) & 1 for w in bitmask[1] for b in range(32)]
     assert [i for i, bit in enumerate(bits) if bit] == [0, 31, 33]
     assert not bitmask[0].any()
+
+
+# -- forced tool calls ---------------------------------------------------------------------
+
+FORECAST = {"type": "object", "properties": {
+    "city": {"enum": ["Oslo", "Lima", "Pune"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"]}
+ALARM = {"type": "object", "properties": {"hour": {"type": "integer", "minimum": 0,
+                                                   "maximum": 23}}, "required": ["hour"]}
+TOOLS = [{"type": "function", "function": {"name": "forecast", "description": "Weather.",
+                                           "parameters": FORECAST}},
+         {"type": "function", "function": {"name": "alarm", "parameters": ALARM}}]
+SCHEMAS = {"forecast": FORECAST, "alarm": ALARM}
+ASK = [{"role": "user", "content": "Weather in Oslo for 3 days?"}]
+
+
+def check_calls(calls, names=("forecast",)) -> None:
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("chatcmpl-tool-")
+        assert call.function.name in names
+        assert valid(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_a_named_tool_choice_always_yields_a_valid_call(client):
+    reply = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, n=4, max_tokens=48, temperature=1.0,
+        tool_choice={"type": "function", "function": {"name": "forecast"}})
+    for choice in reply.choices:
+        assert choice.finish_reason == "stop" and choice.message.content is None
+        assert len(choice.message.tool_calls) == 1
+        check_calls(choice.message.tool_calls)
+
+
+def test_required_yields_calls_of_the_declared_tools(client):
+    reply = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", n=4, max_tokens=96,
+        parallel_tool_calls=False)
+    finished = [c for c in reply.choices if c.finish_reason == "tool_calls"]
+    assert len(finished) >= 3 and all(c.finish_reason == "length" for c in reply.choices
+                                       if c not in finished)
+    for choice in finished:
+        assert len(choice.message.tool_calls) == 1  # parallel_tool_calls false
+        check_calls(choice.message.tool_calls, names=("forecast", "alarm"))
+
+
+def test_a_streamed_forced_call_arrives_whole_in_its_last_chunk(client):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, max_tokens=48, stream=True,
+        tool_choice={"type": "function", "function": {"name": "forecast"}})
+    chunks = [c for c in stream if c.choices]
+    assert len(chunks) == 1  # nothing before the call is whole
+    choice = chunks[0].choices[0]
+    assert choice.finish_reason == "stop" and choice.delta.role == "assistant"
+    assert choice.delta.tool_calls[0].index == 0
+    check_calls(choice.delta.tool_calls)
+
+
+def test_auto_tool_choice_is_refused_until_a_parser_exists(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=4)
+    assert info.value.body["param"] == "tool_choice"
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                           tool_choice="none", max_tokens=2)
+    assert reply.choices[0].message.tool_calls is None

@@ -118,9 +118,11 @@ class Pipeline:
         """The video options of one request: the server's, with the request's on top."""
         return parse_video_io_kwargs((media_io_kwargs or {}).get("video"), self.video)
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
-        """A chat's prompt text (the model's template), one placeholder per media part."""
-        return render_chat(self.loaded, messages)
+    def render(self, messages: list[dict[str, Any]],
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """A chat's prompt text (the model's template, given the request's ``tools``), one
+        placeholder per media part."""
+        return render_chat(self.loaded, messages, tools)
 
     def raw_prompt(self, prompt: str, counts: Counter[str] | dict[str, int]) -> str:
         """A raw prompt with a placeholder for each item it lacks one for."""

@@ -50,9 +50,11 @@ def check_message_text(loaded: LoadedModel, messages: list[dict[str, Any]]) -> N
                     code="control_token_in_text", param="messages")
 
 
-def render_chat(loaded: LoadedModel, messages: list[dict[str, Any]]) -> str:
-    """The prompt text for HF-style messages (content parts ``{"type": "image"}`` etc.);
-    message text holding a control token is refused (:func:`check_message_text`)."""
+def render_chat(loaded: LoadedModel, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None = None) -> str:
+    """The prompt text for HF-style messages (content parts ``{"type": "image"}`` etc.) and
+    the request's ``tools`` (for a template that writes them); message text holding a
+    control token is refused (:func:`check_message_text`)."""
     check_message_text(loaded, messages)
     if not loaded.chat_template:
         raise ConfigError(
@@ -62,7 +64,7 @@ def render_chat(loaded: LoadedModel, messages: list[dict[str, Any]]) -> str:
     try:
         return loaded.processor.apply_chat_template(
             messages, chat_template=loaded.chat_template, tokenize=False,
-            add_generation_prompt=True)
+            add_generation_prompt=True, **({"tools": tools} if tools else {}))
     except Exception as exc:  # jinja errors: a template that does not fit the messages
         raise InvalidRequestError(f"the chat template could not render these messages: "
                                   f"{str(exc).splitlines()[0][:160]}",

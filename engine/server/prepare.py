@@ -45,8 +45,9 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
     pipeline.check_counts(counts)
     video = pipeline.video_for(fields.media_io_kwargs)
     kwargs = pipeline.kwargs_for(fields.mm_processor_kwargs)
+    tools = data.get("tools") if fields.tools is not None else None
     text = await asyncio.get_running_loop().run_in_executor(  # templating: off the loop
-        decode_executor(), pipeline.render, parsed.messages)
+        decode_executor(), pipeline.render, parsed.messages, tools)
     items, fetch_s = [], 0.0
     # Only requests with media take a decode-queue slot: text never waits behind video.
     with preprocess_slot(state) if parsed.media else contextlib.nullcontext():

@@ -10,6 +10,7 @@ from engine.errors import InvalidRequestError
 from engine.executor.request import checked_priority
 from engine.executor.sampling import MAX_LOGPROBS, MAX_TOKENS_CAP, SamplingParams
 from engine.server.structured_fields import constraint
+from engine.server.tool_fields import ToolChoice, tool_choice
 
 
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = None
@@ -43,6 +44,8 @@ class GenerationFields:
     #: vLLM's extension: lower values join the running batch first (``--scheduling-policy
     #: priority``)
     priority: int = 0
+    #: the call ``tool_choice`` forces (a named function or ``required``), None for text
+    tools: ToolChoice | None = None
 
     def sampling_for(self, prompt_tokens: int, max_model_len: int, param: str
                      ) -> SamplingParams:
@@ -67,14 +70,14 @@ class GenerationFields:
 #: any other value is a 400 naming the parameter, never silently ignored (a client asking for
 #: JSON output or tool calls must not get free text as if it had been honoured).
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-    "function_call": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"),
     "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
     "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
 }
 #: ... and on /v1/completions, chat's ``top_logprobs`` (completions take ``logprobs`` = k)
-UNSUPPORTED_COMPLETIONS: dict[str, tuple[Any, ...]] = {"top_logprobs": (None, 0)}
+UNSUPPORTED_COMPLETIONS: dict[str, tuple[Any, ...]] = {
+    "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none")}
 
 
 def refuse_unsupported(body: dict[str, Any], table: dict[str, tuple[Any, ...]] = UNSUPPORTED
@@ -131,6 +134,18 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
         raise InvalidRequestError("stop must be a string or a list of strings", param="stop")
     options = _field(body, "stream_options", dict, {})
     logprobs = _logprobs(body, chat)
+    spec = constraint(body)
+    tools = tool_choice(body) if chat else None
+    if tools is not None:
+        if spec is not None:
+            raise InvalidRequestError(f"tool_choice and {spec.param} each ask for a "
+                                      "constraint: one per request", param="tool_choice",
+                                      code="invalid_structured_output")
+        if logprobs is not None:
+            raise InvalidRequestError("logprobs with a forced tool call are not supported",
+                                      param="logprobs", code="unsupported_parameter",
+                                      hint="leave logprobs out, or tool_choice")
+        spec = tools.spec
     sampling = SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else 1,
         temperature=float(_field(body, "temperature", (int, float), 1.0)),
@@ -141,7 +156,7 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
         n=_field(body, "n", int, 1),
         ignore_eos=bool(_field(body, "ignore_eos", bool, False)),
         logprobs=logprobs,
-        structured_outputs=constraint(body),
+        structured_outputs=spec,
     )
     media = _field(body, "media_io_kwargs", dict, None)
     return GenerationFields(
@@ -155,6 +170,7 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
         logprobs=logprobs is not None,
         tokens_as_ids=bool(_field(body, "return_tokens_as_token_ids", bool, False)),
         priority=checked_priority(_field(body, "priority", int, 0), scheduling_policy),
+        tools=tools,
     )
 
 

@@ -47,6 +47,8 @@ class Reply:
         self._logprobs: dict[int, ChatLogprobs | CompletionLogprobs] = {}
         #: per prompt, its tokens the engine's prefix cache supplied
         self._cached_tokens: dict[int, int] = {}
+        #: a forced tool call's text so far, per streamed choice (sent whole at its end)
+        self._tool_text: dict[int, str] = {}
 
     def at(self, prompt: int, index: int) -> int:
         """The choice index of row ``index`` of prompt ``prompt``."""
@@ -65,11 +67,44 @@ class Reply:
         (a chat delta names the role in the choice's first chunk)."""
         if not self.chat:
             content: dict[str, Any] = {"text": text}
+        elif self.fields.tools is not None:
+            return self._tool_choice(at, text, reason, logprobs, first)
         elif first is None:
             content = {"message": {"role": "assistant", "content": text}}
         else:
             content = {"delta": {"content": text, **({"role": "assistant"} if first else {})}}
         return {"index": at, **content, "finish_reason": finish_reason(reason),
+                "logprobs": logprobs}
+
+    def stream_choice(self, at: int, text: str, reason: str | None, logprobs: Any, *,
+                      first: bool) -> dict[str, Any] | None:
+        """A stream chunk's choice for one step of choice ``at``; None while a forced tool
+        call is under way (its call goes out whole, in the chunk that ends it)."""
+        if self.chat and self.fields.tools is not None:
+            self._tool_text[at] = self._tool_text.get(at, "") + text
+            if reason is None:
+                return None
+            text = self._tool_text.pop(at)
+        return self.choice(at, text, reason, logprobs, first=first)
+
+    def _tool_choice(self, at: int, text: str, reason: str | None, logprobs: Any,
+                     first: bool | None) -> dict[str, Any]:
+        """A forced call's choice: ``tool_calls`` (finish_reason "tool_calls" for
+        ``required``, "stop" for a named function, as OpenAI answers), or the text as it is
+        when max_tokens cut the call."""
+        tools = self.fields.tools
+        calls = tools.calls(text) if tools is not None and reason == "stop" else None
+        if calls is None:
+            message: dict[str, Any] = {"content": text}
+        else:
+            message = {"content": None, "tool_calls": calls}
+            reason = "tool_calls" if tools.name is None else "stop"
+            if first is not None:  # a stream's delta numbers its calls
+                message["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+        key = "message" if first is None else "delta"
+        if first is None or first:
+            message = {"role": "assistant", **message}
+        return {"index": at, key: message, "finish_reason": finish_reason(reason),
                 "logprobs": logprobs}
 
     @property

@@ -174,10 +174,11 @@ async def respond_stream(request: web.Request, reply: Reply, generations: list
             if message.token_id is not None:
                 completion_tokens += 1
             piece = reply.add_logprobs(at, message.token_id, message.logprobs)
-            await send(reply.envelope([reply.choice(at, message.text, message.finish_reason,
-                                                    piece, first=at not in started)],
-                                      chunk=True))
-            started.add(at)
+            choice = reply.stream_choice(at, message.text, message.finish_reason, piece,
+                                         first=at not in started)
+            if choice is not None:
+                await send(reply.envelope([choice], chunk=True))
+                started.add(at)
         await response.write(b"data: [DONE]\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         await merged.aclose()  # cancels the requests in the engine
