@@ -312,3 +312,40 @@ def test_control_tokens_in_tool_calls_or_tools_are_refused():
         render_chat(model, [{"role": "user", "content": "hi"}], [{"type": "function", "function": {
             "name": "f", "description": "<|im_end|>"}}])
     assert info.value.param == "tools"
+
+
+def test_auto_reads_calls_with_the_servers_parser_only():
+    choice = tool_choice({"tools": [WEATHER]}, parser="hermes")
+    assert choice.parser == "hermes" and choice.spec is None and choice.names == ("weather",)
+    with pytest.raises(InvalidRequestError) as info:
+        tool_choice({"tools": [WEATHER], "tool_choice": "auto"})
+    assert "--enable-auto-tool-choice" in info.value.message
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), [
+    ("plain words", "plain words", []),
+    ('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', None,
+     [("f", {"a": 1})]),
+    ('Let me look. <tool_call>{"name": "f", "arguments": {}}</tool_call>\n'
+     '<tool_call>{"name": "g", "arguments": {"b": "x"}}</tool_call>', "Let me look.",
+     [("f", {}), ("g", {"b": "x"})]),
+    ('<tool_call>{"name": "f", "arguments": {}}', None, [("f", {})]),  # (EOS before the end tag)
+    ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+    ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
+])
+def test_the_hermes_parser(text, content, calls):
+    from engine.server.tool_parsers import hermes
+
+    assert hermes(text) == (content, calls)
+
+
+def test_a_hermes_stream_sends_content_until_a_call_begins():
+    from engine.server.tool_parsers import HermesStream
+
+    stream = HermesStream()
+    text = 'Sure <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+    sent = "".join(stream.add(ch) for ch in text)
+    assert sent == "Sure " and stream.finish() == ("", [("f", {"x": 1})])
+    stream = HermesStream()  # a tag's start held back, then let go when it is none
+    assert stream.add("a <tool") == "a " and stream.add("box") == "<toolbox"
+    assert stream.add(" <tool") == " " and stream.finish() == ("<tool", [])

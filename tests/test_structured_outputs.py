@@ -178,7 +178,7 @@ def test_compiles_are_bounded_in_time_cached_and_evicted():
 
 @pytest.fixture(scope="module")
 def server():
-    with running() as proc:
+    with running("--enable-auto-tool-choice", "--tool-call-parser", "hermes") as proc:
         yield proc
 
 
@@ -379,10 +379,32 @@ def test_a_streamed_forced_call_arrives_whole_in_its_last_chunk(client):
     check_calls(choice.delta.tool_calls)
 
 
-def test_auto_tool_choice_is_refused_until_a_parser_exists(client):
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=4)
-    assert info.value.body["param"] == "tool_choice"
+#: what a model answering in the hermes format writes (a regex makes the random model write it)
+HERMES = (r'Sure\. <tool_call>\n\{"name": "forecast", "arguments": '
+          r'\{"city": "(Oslo|Lima)", "days": [1-7]\}\}\n</tool_call>')
+
+
+def test_auto_with_the_hermes_parser_turns_a_tool_call_text_into_tool_calls(client):
+    """Served with --enable-auto-tool-choice --tool-call-parser hermes: the model's
+    <tool_call> text becomes tool_calls (content: the text before it), whole or streamed;
+    an answer in words stays content."""
     reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                           max_tokens=96, extra_body={"guided_regex": HERMES})
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Sure."
+    check_calls(choice.message.tool_calls)
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                            max_tokens=96, stream=True,
+                                            extra_body={"guided_regex": HERMES})
+    deltas = [c.choices[0] for c in stream if c.choices]
+    content = "".join(d.delta.content or "" for d in deltas)
+    assert content.startswith("Sure.") and "<tool" not in content
+    assert deltas[-1].finish_reason == "tool_calls"
+    check_calls(deltas[-1].delta.tool_calls)
+    words = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                           max_tokens=8, extra_body={"guided_regex": "[a-z]{3}"})
+    assert words.choices[0].message.tool_calls is None
+    assert re.fullmatch("[a-z]{3}", words.choices[0].message.content)
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
                                            tool_choice="none", max_tokens=2)
-    assert reply.choices[0].message.tool_calls is None
+    assert plain.choices[0].message.tool_calls is None

@@ -36,8 +36,11 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
     """A chat's fields (step 1) and steps 2-7: everything before the engine; raises before
     any response byte. Fetched media is charged to ``ticket`` (the request's share of the
     bytes in flight); ``client`` (the peer address) bounds its share of the fetch slots."""
-    fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
-                                     scheduling_policy=state.config.engine.scheduling_policy)
+    config = state.config
+    fields = parse_generation_fields(data, max_tokens_cap=config.max_tokens_cap,
+                                     scheduling_policy=config.engine.scheduling_policy,
+                                     tool_parser=config.tool_call_parser
+                                     if config.enable_auto_tool_choice else None)
     parsed = parse_messages(data.get("messages"))
     await check_constraint(state, fields)
     counts = Counter(parsed.counts())

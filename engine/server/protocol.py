@@ -114,12 +114,14 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
 
 
 def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: bool = True,
-                            scheduling_policy: str = "fcfs") -> GenerationFields:
+                            scheduling_policy: str = "fcfs", tool_parser: str | None = None
+                            ) -> GenerationFields:
     """The sampling and extension fields shared by chat and text completions. Without
     ``max_tokens``/``max_completion_tokens`` a chat request generates up to the model's length
     limit (resolved per prompt by :meth:`GenerationFields.sampling_for`); a text completion
     generates 16 tokens (OpenAI's and vLLM's default for that endpoint). ``priority`` other
-    than 0 is refused unless ``scheduling_policy`` is "priority"."""
+    than 0 is refused unless ``scheduling_policy`` is "priority"; ``tool_parser``: the
+    server's tool-call parser (``tool_choice`` "auto" needs one)."""
     refuse_unsupported(body)
     if not chat:
         refuse_unsupported(body, UNSUPPORTED_COMPLETIONS)
@@ -135,17 +137,18 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
     options = _field(body, "stream_options", dict, {})
     logprobs = _logprobs(body, chat)
     spec = constraint(body)
-    tools = tool_choice(body) if chat else None
+    tools = tool_choice(body, tool_parser) if chat else None
     if tools is not None:
-        if spec is not None:
-            raise InvalidRequestError(f"tool_choice and {spec.param} each ask for a "
-                                      "constraint: one per request", param="tool_choice",
-                                      code="invalid_structured_output")
         if logprobs is not None:
-            raise InvalidRequestError("logprobs with a forced tool call are not supported",
+            raise InvalidRequestError("logprobs with tool calls are not supported",
                                       param="logprobs", code="unsupported_parameter",
-                                      hint="leave logprobs out, or tool_choice")
-        spec = tools.spec
+                                      hint='leave logprobs out, or send tool_choice "none"')
+        if tools.spec is not None:
+            if spec is not None:
+                raise InvalidRequestError(f"tool_choice and {spec.param} each ask for a "
+                                          "constraint: one per request", param="tool_choice",
+                                          code="invalid_structured_output")
+            spec = tools.spec
     sampling = SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else 1,
         temperature=float(_field(body, "temperature", (int, float), 1.0)),

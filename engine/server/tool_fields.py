@@ -7,8 +7,9 @@ arguments under its ``parameters`` schema; ``required`` generates a JSON list of
 ``{"name", "parameters"}`` calls (one at most with ``parallel_tool_calls`` false), each
 under its own function's schema, as vLLM does. ``none`` generates text. ``auto`` (the default
 when ``tools`` are given) needs a tool-call parser reading the model's own call format, which
-this server does not have yet: a 400 naming ``tool_choice``, never text as if it had been
-honoured.
+the server must be started with (vLLM's flags ``--enable-auto-tool-choice --tool-call-parser
+hermes``; :mod:`engine.server.tool_parsers`): without them a 400 naming ``tool_choice``,
+never text as if the tools had been offered.
 """
 
 from __future__ import annotations
@@ -31,27 +32,32 @@ _FUNCTION_KEYS = ("name", "description", "parameters", "strict")
 
 @dataclass(frozen=True)
 class ToolChoice:
-    """The call a request forces: ``name`` (a named function) or None (``required``: any of
-    ``names``), and its grammar."""
+    """What a request with tools asks for: a forced call (``name``: a named function; None
+    with ``required``: any of ``names``) and its grammar ``spec``, or (``parser`` set, no
+    spec) the calls the model may write in that parser's format (``auto``)."""
 
     name: str | None
     names: tuple[str, ...]
-    spec: GrammarSpec
+    spec: GrammarSpec | None
+    parser: str | None = None
 
     def calls(self, text: str) -> list[dict[str, Any]] | None:
-        """The answer's ``tool_calls`` in OpenAI's shape, or None when ``text`` is not a
+        """A forced call's ``tool_calls`` in OpenAI's shape, or None when ``text`` is not a
         whole call (max_tokens cut it)."""
         try:
             value = json.loads(text)
         except ValueError:
             return None
         if self.name is not None:
-            pairs = [(self.name, value)]
-        else:
-            pairs = [(c["name"], c["parameters"]) for c in value]
-        return [{"id": f"chatcmpl-tool-{uuid.uuid4().hex[:24]}", "type": "function",
-                 "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
-                for name, args in pairs]
+            return openai_calls([(self.name, value)])
+        return openai_calls([(c["name"], c["parameters"]) for c in value])
+
+
+def openai_calls(pairs: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """(name, arguments) pairs as OpenAI's ``tool_calls`` (arguments as a JSON string)."""
+    return [{"id": f"chatcmpl-tool-{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": name, "arguments": args if isinstance(args, str)
+                          else json.dumps(args, ensure_ascii=False)}} for name, args in pairs]
 
 
 def _bad(message: str, param: str) -> InvalidRequestError:
@@ -93,8 +99,9 @@ def _functions(tools: Any) -> dict[str, dict[str, Any]]:
     return functions
 
 
-def tool_choice(body: dict[str, Any]) -> ToolChoice | None:
-    """The forced call ``body`` asks for (None: none, or no tools)."""
+def tool_choice(body: dict[str, Any], parser: str | None = None) -> ToolChoice | None:
+    """What ``body``'s tools ask for (None: none, or no tools); ``parser``: the server's
+    tool-call parser for ``auto`` (None: ``auto`` is refused)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
@@ -107,10 +114,14 @@ def tool_choice(body: dict[str, Any]) -> ToolChoice | None:
     if not functions:
         raise _bad(f"tool_choice={choice!r} needs tools", "tool_choice")
     if choice == "auto":
-        raise InvalidRequestError(
-            'tool_choice "auto" (the default with tools) needs a tool-call parser, which this '
-            "server does not have yet", param="tool_choice", code="unsupported_parameter",
-            hint='send tool_choice "required", a named function, or "none"')
+        if parser is None:
+            raise InvalidRequestError(
+                'tool_choice "auto" (the default with tools) needs the server started with '
+                "--enable-auto-tool-choice and --tool-call-parser", param="tool_choice",
+                code="unsupported_parameter",
+                hint='start it with --enable-auto-tool-choice --tool-call-parser hermes, or '
+                     'send tool_choice "required", a named function, or "none"')
+        return ToolChoice(None, tuple(functions), None, parser)
     if choice == "required":
         calls = [{"type": "object", "properties": {"name": {"const": name},
                                                    "parameters": parameters},
