@@ -18,6 +18,7 @@ from engine import LLM, SamplingParams
 from engine.errors import InvalidRequestError, OverloadedError
 from engine.executor.grammar import Grammars
 from engine.executor.structured import GrammarSpec
+from engine.models.templates_path import template_path
 from tests.engine_fixtures import llm as shared_llm
 from tests.engine_fixtures import loaded
 from tests.server_harness import openai_client, running
@@ -178,7 +179,8 @@ def test_compiles_are_bounded_in_time_cached_and_evicted():
 
 @pytest.fixture(scope="module")
 def server():
-    with running("--enable-auto-tool-choice", "--tool-call-parser", "hermes") as proc:
+    with running("--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                 "--chat-template", str(template_path("qwen2_5_vl_tools"))) as proc:
         yield proc
 
 
@@ -408,3 +410,30 @@ def test_auto_with_the_hermes_parser_turns_a_tool_call_text_into_tool_calls(clie
     plain = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
                                            tool_choice="none", max_tokens=2)
     assert plain.choices[0].message.tool_calls is None
+
+
+def test_the_tools_template_writes_tools_calls_and_results_as_qwen_does():
+    """engine/models/templates/qwen2_5_vl_tools.jinja: Qwen2.5's hermes tool section on
+    Qwen2.5-VL's media placeholders; without tools a chat renders as the model's own."""
+    from engine.models.loader import load_model
+    from engine.processing.chat_parts import parse_messages
+    from engine.processing.prompt import render_chat
+
+    model = load_model("tiny:qwen2_5_vl", chat_template=str(template_path("qwen2_5_vl_tools")))
+    history = parse_messages([
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a"}},
+                                     {"type": "text", "text": "Weather?"}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                               "function": {
+            "name": "forecast", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]).messages
+    text = render_chat(model, history, TOOLS[:1])
+    assert "<tools>\n" + json.dumps(TOOLS[0]) + "\n</tools>" in text
+    assert ('<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Weather?<|im_end|>\n'
+            '<|im_start|>assistant\n<tool_call>\n{"name": "forecast", "arguments": {"city": '
+            '"Oslo"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n'
+            '</tool_response><|im_end|>\n<|im_start|>assistant\n') in text
+    chat = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]},
+            {"role": "assistant", "content": "Yo"}, {"role": "user", "content": "x"}]
+    assert render_chat(model, chat) == render_chat(loaded("qwen2_5_vl"), chat)
