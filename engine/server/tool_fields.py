@@ -46,11 +46,11 @@ class ToolChoice:
         whole call (max_tokens cut it)."""
         try:
             value = json.loads(text)
-        except ValueError:
+            if self.name is not None:
+                return openai_calls([(self.name, value)])
+            return openai_calls([(c["name"], c["parameters"]) for c in value])
+        except (ValueError, TypeError, KeyError):  # (a stop string may cut it anywhere)
             return None
-        if self.name is not None:
-            return openai_calls([(self.name, value)])
-        return openai_calls([(c["name"], c["parameters"]) for c in value])
 
 
 def openai_calls(pairs: list[tuple[str, Any]]) -> list[dict[str, Any]]:
