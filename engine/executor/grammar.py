@@ -75,6 +75,8 @@ class Grammars:
         self.info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(set(stop_ids)))
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        #: fills a step's rows' masks in one call
+        self.batch = xgr.BatchGrammarMatcher(max_threads=1)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="aphrodite-grammar")
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[tuple, _Compile] = collections.OrderedDict()
@@ -233,10 +235,14 @@ def mask_logits(rows: Sequence[Any], logits: Any, grammars: Grammars | None) -> 
         row = rows[i]
         if row.matcher is None:
             row.matcher = grammars.matcher(row.request.grammar)
-        if not row.matcher.is_terminated():
-            row.matcher.fill_next_token_bitmask(bitmask, i)
-            if not bitmask[i].any():  # a dead end the grammar engine let in: end the row
-                _allow(bitmask, i, row.matcher.stop_token_ids)
+    live = [i for i in constrained if not rows[i].matcher.is_terminated()]
+    if live:  # one call fills them all
+        grammars.batch.batch_fill_next_token_bitmask([rows[i].matcher for i in live], bitmask,
+                                                     live)
+    alive = bitmask.numpy()[live].any(axis=1) if live else ()  # (one reduction for all)
+    for i in (i for i, ok in zip(live, alive, strict=True) if not ok):
+        # a dead end the grammar engine let in: the row may only end
+        _allow(bitmask, i, rows[i].matcher.stop_token_ids)
     if logits.shape[-1] > grammars.vocab_size:  # columns past the grammar's vocabulary
         logits[constrained, grammars.vocab_size:] = float("-inf")
     if logits.device.type != "cpu":  # xgrammar's Triton kernel where Triton is there
