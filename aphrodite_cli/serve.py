@@ -12,6 +12,7 @@ from aphrodite_cli.options import (
     AllowedMediaDomains,
     DecodeIsolation,
     MediaIoKwargs,
+    ToolCallParser,
     parse_json_flag,
     split_hosts,
 )
@@ -131,6 +132,17 @@ def serve(
              "(header x-aphrodite-timings, body field 'aphrodite'; bench serve reads them). "
              "Off by default: a cache hit tells a client that someone sent the same media.")
     ] = ServerConfig.expose_request_timings,
+    enable_auto_tool_choice: Annotated[bool, typer.Option(
+        "--enable-auto-tool-choice",
+        help="Let tool_choice \"auto\" (the default when a request sends tools) through: "
+             "the calls the model writes are read by --tool-call-parser (vLLM's flags). "
+             "Without it such a request is a 400; named and \"required\" tool choices need "
+             "neither (the grammar engine forces the call).")
+    ] = ServerConfig.enable_auto_tool_choice,
+    tool_call_parser: Annotated[ToolCallParser | None, typer.Option(
+        help="How the model writes its tool calls, for --enable-auto-tool-choice: hermes "
+             "(<tool_call>{\"name\", \"arguments\"}</tool_call>, Qwen2.5's and Qwen3-VL's "
+             "templates).")] = None,
     max_num_seqs: Annotated[int, typer.Option(
         help="Sequences in the running batch (a request's n counts n), e.g. 8: between "
              "decode steps finished ones leave and waiting ones join.")
@@ -269,6 +281,11 @@ def serve(
     from engine.server.launcher import run
 
     limits = parse_json_flag("--limit-mm-per-prompt", limit_mm_per_prompt)
+    if enable_auto_tool_choice and tool_call_parser is None:
+        from engine.errors import ConfigError
+
+        raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser",
+                          hint="add --tool-call-parser hermes", code="tool_call_parser_missing")
     config = ServerConfig(
         model=model, revision=revision, download_dir=download_dir, host=host, port=port,
         served_model_name=served_model_name,
@@ -295,6 +312,7 @@ def serve(
         max_prompt_bytes=max_prompt_bytes, max_messages=max_messages,
         metrics_without_auth=metrics_without_auth,
         expose_request_timings=expose_request_timings,
+        enable_auto_tool_choice=enable_auto_tool_choice, tool_call_parser=tool_call_parser,
         # the engine's settings, checked here once and handed whole to the engine process
         engine=EngineConfig(max_num_seqs=max_num_seqs, scheduling_policy=scheduling_policy,
                             max_num_batched_tokens=max_num_batched_tokens,

@@ -121,8 +121,12 @@ class LLM:
     def _run(self, prepared: list[tuple[str, Any]], params: list[SamplingParams],
              priority: Sequence[int] | None = None) -> list[RequestOutput]:
         priorities = self._priorities(priority, len(prepared))
-        requests = [self.engine.submit(EngineRequest(p, sp, priority=rank))
-                    for (_, p), sp, rank in zip(prepared, params, priorities, strict=True)]
+        # every constraint compiled (or refused) before any request runs
+        grammars = [self.engine.runner.grammars().check(sp.structured_outputs)
+                    if sp.structured_outputs is not None else None for sp in params]
+        requests = [self.engine.submit(EngineRequest(p, sp, priority=rank, grammar=g))
+                    for (_, p), sp, rank, g in zip(prepared, params, priorities, grammars,
+                                                   strict=True)]
         results = []
         for (text, processed), req in zip(prepared, requests, strict=True):
             req.done.wait()

@@ -3,9 +3,11 @@ the registry the suite uses to stop and account for every server it started."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 
 from tests.fixtures import server_process
 
@@ -28,6 +30,22 @@ class ServerProcess(server_process.ServerProcess):
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         super().__init__(*args, env=env)
         STARTED.append(self)
+
+
+@contextlib.contextmanager
+def running(*args: str) -> Iterator[ServerProcess]:
+    """A server with ``args``, ready; stopped cleanly on the way out (a module fixture's
+    body: ``with running() as proc: yield proc``)."""
+    proc = ServerProcess(*args).wait_ready()
+    yield proc
+    assert proc.stop() == 0
+
+
+def openai_client(server: ServerProcess, api_key: str = "unused"):
+    """The official client against ``server``, without retries (a test sees every answer)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.base}/v1", api_key=api_key, max_retries=0)
 
 
 def wait_exit(proc: subprocess.Popen, timeout: float) -> int | None:

@@ -143,7 +143,22 @@ class Engine:
         self._thread.start()
 
     def submit(self, request: EngineRequest) -> EngineRequest:
-        self._queue.put(request)
+        """Queue ``request``; one with a constraint (``params.structured_outputs``) whose
+        grammar is not compiled yet queues once it is (compiled off this thread and the
+        engine's; a constraint that does not compile fails the request)."""
+        spec = request.params.structured_outputs
+        if spec is None or request.grammar is not None:
+            self._queue.put(request)
+            return request
+
+        def compiled(future: Future) -> None:
+            try:
+                request.grammar = future.result()
+            except Exception as exc:
+                request.error = _as_error(exc, request)
+            self._queue.put(request)
+
+        self.runner.grammars().compile(spec).add_done_callback(compiled)
         return request
 
     def reset_prefix_cache(self, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -177,6 +192,7 @@ class Engine:
         self._queue.put(None)
         self._thread.join(timeout=30)
         self.runner.prefetcher.close()
+        self.runner.close_grammars()
         if self._prefiller is not None:
             self._prefiller.shutdown(wait=False)
 
@@ -293,6 +309,9 @@ class Engine:
             if self._settle(wait=True):  # (no prefill may be using the caches meanwhile)
                 self._step_done()
             req.run()
+            return
+        if req.error is not None:  # its constraint did not compile: it never ran
+            req.finish()
             return
         req.outputs = [CompletionOutput(i) for i in range(req.params.n)]
         self._rows_left[req.request_id] = req.params.n

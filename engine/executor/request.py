@@ -98,6 +98,8 @@ class EngineRequest:
     #: the prompt's inputs prepared off the engine thread (:mod:`engine.executor.prefetch`):
     #: a future while under way
     inputs: Any = None
+    #: the compiled grammar of ``params.structured_outputs`` (set before the request queues)
+    grammar: Any = None
 
     def finish(self) -> None:
         """Mark done (the engine thread calls this once) and run ``on_done``: a caller that

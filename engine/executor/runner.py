@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.executor import kv, media_embeds, sampler
+from engine.executor import grammar, kv, media_embeds, sampler
 from engine.executor.detokenize import OutputText, byte_tokens
 from engine.executor.prefetch import Prefetcher
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
@@ -50,6 +50,8 @@ class _Row:
     last_token: int = 0
     position: int = 0
     rope_delta: int = 0
+    #: the row's grammar matcher (structured outputs), made on its first step
+    matcher: Any = None
 
 
 @dataclass(eq=False)
@@ -210,6 +212,24 @@ class TransformersRunner:
         self.caches = WarmCaches(self.model, encoder, self.media_token_ids, config,
                                  inside_media=self.resumes_in_media)
         self.prefix_cache, self.encoder_cache = self.caches.prefix, self.caches.encoder
+        self._grammars: grammar.Grammars | None = None  # made on the first constraint
+        self._grammars_lock = threading.Lock()
+
+    def grammars(self) -> grammar.Grammars:
+        """The compiled grammars for this model's tokenizer (xgrammar is imported, and the
+        tokenizer read, on the first request with a constraint). Any thread."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = grammar.Grammars(
+                    self.tokenizer, grammar.logits_vocab(self.loaded.config, self.tokenizer),
+                    self.eos_ids)
+            return self._grammars
+
+    def close_grammars(self) -> None:
+        """Stop the compile threads (a compile under way is left to finish)."""
+        with self._grammars_lock:
+            if self._grammars is not None:
+                self._grammars.close()
 
     @property
     def decode_path(self) -> str:
@@ -562,6 +582,7 @@ class TransformersRunner:
         self._advance(rows, logits)
 
     def _advance(self, rows: list[_Row], logits: Any) -> None:
+        logits = grammar.mask_logits(rows, logits, self._grammars)
         tokens = self._sample(rows, logits)
         logprobs = sampler.logprobs(rows, logits, tokens)
         now = time.perf_counter()
@@ -584,6 +605,9 @@ class TransformersRunner:
             row.first_token_at = now
         if req.cancelled.is_set():
             self.finish_row(row, "abort")
+            return
+        if grammar.accept(row, token):  # its grammar is complete (with an end token)
+            self.finish_row(row, "stop")
             return
         if token in self.eos_ids and not params.ignore_eos:
             self.finish_row(row, "stop")

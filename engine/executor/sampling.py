@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
+from engine.executor.structured import GrammarSpec, from_fields
 
 MAX_TOKENS_CAP = 4096
 MAX_N = 16
@@ -43,6 +44,10 @@ class SamplingParams:
     n: int = 1
     ignore_eos: bool = False
     logprobs: int | None = None
+    #: vLLM's ``structured_outputs``: ``{"json": schema}``, ``{"regex": ...}``,
+    #: ``{"choice": [...]}``, ``{"grammar": ebnf}`` or ``{"json_object": True}`` (checked and
+    #: kept as a :class:`~engine.executor.structured.GrammarSpec`)
+    structured_outputs: GrammarSpec | dict | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or not (
@@ -70,3 +75,4 @@ class SamplingParams:
         if len(stop) > 8 or not all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop):
             raise _bad("stop", self.stop, "must be up to 8 non-empty strings")
         object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "structured_outputs", from_fields(self.structured_outputs))

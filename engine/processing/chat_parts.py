@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import InvalidRequestError
+from engine.processing.tool_messages import tool_fields
 
 _URL_PARTS = {"image_url": "image", "video_url": "video", "audio_url": "audio"}
 _AUDIO_FORMATS = {"wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac",
@@ -44,9 +45,10 @@ def parse_messages(messages: Any) -> ParsedChat:
         if not isinstance(role, str) or role not in _ROLES:
             raise _bad(f"messages[{n}] needs a role ({', '.join(sorted(_ROLES))})")
         role = "system" if message["role"] == "developer" else message["role"]
+        tools = tool_fields(message, n, role)
         content = message.get("content")
         if content is None or isinstance(content, str):
-            parsed.messages.append({"role": role, "content": content or ""})
+            parsed.messages.append({"role": role, "content": content or "", **tools})
             continue
         if not isinstance(content, list):
             raise _bad(f"messages[{n}].content must be a string or a list of parts")
@@ -80,5 +82,5 @@ def parse_messages(messages: Any) -> ParsedChat:
             else:
                 raise _bad(f"{where} has unsupported type {kind!r}; use text, image_url, "
                            "video_url, audio_url or input_audio")
-        parsed.messages.append({"role": role, "content": parts})
+        parsed.messages.append({"role": role, "content": parts, **tools})
     return parsed

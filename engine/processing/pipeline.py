@@ -130,9 +130,11 @@ class Pipeline:
             return spec
         return dataclasses.replace(spec, sampling=dataclasses.replace(spec.sampling, fps=fps))
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
-        """A chat's prompt text (the model's template), one placeholder per media part."""
-        return render_chat(self.loaded, messages)
+    def render(self, messages: list[dict[str, Any]],
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """A chat's prompt text (the model's template, given the request's ``tools``), one
+        placeholder per media part."""
+        return render_chat(self.loaded, messages, tools)
 
     def raw_prompt(self, prompt: str, counts: Counter[str] | dict[str, int]) -> str:
         """A raw prompt with a placeholder for each item it lacks one for."""

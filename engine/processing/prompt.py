@@ -3,6 +3,7 @@ placeholders, inserted for each media item the user did not write one for."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from typing import Any
@@ -39,6 +40,9 @@ def check_message_text(loaded: LoadedModel, messages: list[dict[str, Any]]) -> N
         content = message.get("content")
         texts = [content] if isinstance(content, str) else [
             p.get("text", "") for p in content or [] if p.get("type") == "text"]
+        texts += [json.dumps(message[k], ensure_ascii=False) for k in ("tool_calls",
+                                                                      "tool_call_id")
+                  if k in message]  # (the template writes them too)
         for text in texts:
             found = pattern.search(text)
             if found:
@@ -50,10 +54,18 @@ def check_message_text(loaded: LoadedModel, messages: list[dict[str, Any]]) -> N
                     code="control_token_in_text", param="messages")
 
 
-def render_chat(loaded: LoadedModel, messages: list[dict[str, Any]]) -> str:
-    """The prompt text for HF-style messages (content parts ``{"type": "image"}`` etc.);
-    message text holding a control token is refused (:func:`check_message_text`)."""
+def render_chat(loaded: LoadedModel, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None = None) -> str:
+    """The prompt text for HF-style messages (content parts ``{"type": "image"}`` etc.) and
+    the request's ``tools`` (for a template that writes them); message text holding a
+    control token is refused (:func:`check_message_text`)."""
     check_message_text(loaded, messages)
+    pattern = control_tokens(loaded)
+    found = pattern.search(json.dumps(tools, ensure_ascii=False)) if pattern and tools else None
+    if found:
+        raise InvalidRequestError(f"tools contain the control token {found.group(0)!r} of this "
+                                  "model's chat template", code="control_token_in_text",
+                                  param="tools", hint="remove it")
     if not loaded.chat_template:
         raise ConfigError(
             f"the model {loaded.name} has no chat template (its tokenizer ships none)",
@@ -62,7 +74,7 @@ def render_chat(loaded: LoadedModel, messages: list[dict[str, Any]]) -> str:
     try:
         return loaded.processor.apply_chat_template(
             messages, chat_template=loaded.chat_template, tokenize=False,
-            add_generation_prompt=True)
+            add_generation_prompt=True, **({"tools": tools} if tools else {}))
     except Exception as exc:  # jinja errors: a template that does not fit the messages
         raise InvalidRequestError(f"the chat template could not render these messages: "
                                   f"{str(exc).splitlines()[0][:160]}",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,7 @@ from engine.errors import (
     OverloadedError,
     RequestTooLargeError,
 )
+from engine.executor.grammar import Grammars, logits_vocab
 from engine.media.inflight import InflightBytes, Ticket
 from engine.media.pool import decode_executor
 from engine.media.video.budget import GpuDecodeBudget
@@ -87,6 +89,9 @@ class State:
         self.vocab_size = min(len(loaded.tokenizer), loaded.config.get("vocab_size") or (
             loaded.config.get("text_config") or {}).get("vocab_size") or 1 << 62)
         self.media_limits = self.pipeline.media_limits
+        #: compiled structured-output constraints (made on the first request with one)
+        self._grammars: Grammars | None = None
+        self._grammars_lock = threading.Lock()
         self.text_limits = TextLimits.derive(loaded.tokenizer, config.max_model_len,
                                              config.max_prompt_bytes, config.max_messages)
         self.connector = self.pipeline.connector()
@@ -119,6 +124,18 @@ class State:
         self.gpu_budget = (GpuDecodeBudget.from_gb(config.mm_ipc_gpu_memory_gb,
                                                    config.api_server_count)
                            if config.mm_ipc_gpu_memory_gb > 0 else None)
+
+    def grammars(self) -> Grammars:
+        """This process's compiled constraints for the model's tokenizer (xgrammar imported
+        on the first call: call it off the event loop)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                tokenizer = self.loaded.tokenizer
+                self._grammars = Grammars(tokenizer, logits_vocab(self.loaded.config,
+                                                                  tokenizer),
+                                          [tokenizer.eos_token_id]
+                                          if tokenizer.eos_token_id is not None else [])
+            return self._grammars
 
     def count(self, *, pending: int = 0, preprocessing: int = 0) -> None:
         """Requests in flight / preprocessing change here, and vLLM's running and waiting

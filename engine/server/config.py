@@ -44,6 +44,10 @@ class ServerConfig:
     max_messages: int | None = None
     metrics_without_auth: bool = False
     expose_request_timings: bool = False
+    #: vLLM's tool-calling flags: tool_choice "auto" reads the calls a model writes in
+    #: ``tool_call_parser``'s format (engine/server/tool_parsers.py)
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
     #: the engine's settings, checked where the flags are read and handed whole to the
     #: engine process (the launcher sets its reserved GPU bytes: mm_ipc_gpu_memory_gb)
     engine: EngineConfig = field(default_factory=EngineConfig)

@@ -36,16 +36,21 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
     """A chat's fields (step 1) and steps 2-7: everything before the engine; raises before
     any response byte. Fetched media is charged to ``ticket`` (the request's share of the
     bytes in flight); ``client`` (the peer address) bounds its share of the fetch slots."""
-    fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
-                                     scheduling_policy=state.config.engine.scheduling_policy)
+    config = state.config
+    fields = parse_generation_fields(data, max_tokens_cap=config.max_tokens_cap,
+                                     scheduling_policy=config.engine.scheduling_policy,
+                                     tool_parser=config.tool_call_parser
+                                     if config.enable_auto_tool_choice else None)
     parsed = parse_messages(data.get("messages"))
+    await check_constraint(state, fields)
     counts = Counter(parsed.counts())
     pipeline = state.pipeline
     pipeline.check_counts(counts)
     kwargs = pipeline.kwargs_for(fields.mm_processor_kwargs)
     video = pipeline.video_for(fields.media_io_kwargs, kwargs)  # (kwargs' fps samples frames)
+    tools = data.get("tools") if fields.tools is not None else None
     text = await asyncio.get_running_loop().run_in_executor(  # templating: off the loop
-        decode_executor(), pipeline.render, parsed.messages)
+        decode_executor(), pipeline.render, parsed.messages, tools)
     items, fetch_s = [], 0.0
     # Only requests with media take a decode-queue slot: text never waits behind video.
     with preprocess_slot(state) if parsed.media else contextlib.nullcontext():
@@ -76,6 +81,18 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
         state.metrics.video_decode.labels(video.backend).observe(
             processed.timings["media_decode_s"])
     return fields, processed
+
+
+async def check_constraint(state: State, fields: GenerationFields) -> None:
+    """A structured-output constraint compiled (or found compiled) before the request goes
+    any further, off the event loop and within the compile deadline: one that does not
+    compile, or not in time, is a 400 naming its field (see :mod:`engine.executor.grammar`).
+    The engine compiles it again for its own use (cached there too)."""
+    spec = fields.sampling.structured_outputs
+    if spec is None:
+        return
+    grammars = await asyncio.get_running_loop().run_in_executor(None, state.grammars)
+    await grammars.check_async(spec)
 
 
 def vllm_processor_kwargs(state: State, request: dict[str, Any] | None
@@ -185,6 +202,7 @@ async def prepare_prompts(state: State, data: dict[str, Any]
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
                                      chat=False,
                                      scheduling_policy=state.config.engine.scheduling_policy)
+    await check_constraint(state, fields)
     prompts = parse_prompts(data.get("prompt"), state.vocab_size,
                             set(state.preprocessor.expansion_ids.values())
                             | set(state.preprocessor.feature_ids.values()))

@@ -9,6 +9,8 @@ from typing import Any
 from engine.errors import InvalidRequestError
 from engine.executor.request import checked_priority
 from engine.executor.sampling import MAX_LOGPROBS, MAX_TOKENS_CAP, SamplingParams
+from engine.server.structured_fields import constraint
+from engine.server.tool_fields import ToolChoice, tool_choice
 
 
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = None
@@ -54,6 +56,8 @@ class GenerationFields:
     priority: int = 0
     #: ``stream_options.continuous_usage_stats`` (vLLM's): usage on every streamed chunk
     continuous_usage: bool = False
+    #: the call ``tool_choice`` forces (a named function or ``required``), None for text
+    tools: ToolChoice | None = None
 
     def sampling_for(self, prompt_tokens: int, max_model_len: int, param: str
                      ) -> SamplingParams:
@@ -78,14 +82,14 @@ class GenerationFields:
 #: any other value is a 400 naming the parameter, never silently ignored (a client asking for
 #: JSON output or tool calls must not get free text as if it had been honoured).
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-    "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+    "functions": (None, []), "function_call": (None, "none"),
     "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
     "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
 }
 #: ... and on /v1/completions, chat's ``top_logprobs`` (completions take ``logprobs`` = k)
-UNSUPPORTED_COMPLETIONS: dict[str, tuple[Any, ...]] = {"top_logprobs": (None, 0)}
+UNSUPPORTED_COMPLETIONS: dict[str, tuple[Any, ...]] = {
+    "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none")}
 
 
 def refuse_unsupported(body: dict[str, Any], table: dict[str, tuple[Any, ...]] = UNSUPPORTED
@@ -122,12 +126,14 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
 
 
 def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: bool = True,
-                            scheduling_policy: str = "fcfs") -> GenerationFields:
+                            scheduling_policy: str = "fcfs", tool_parser: str | None = None
+                            ) -> GenerationFields:
     """The sampling and extension fields shared by chat and text completions. Without
     ``max_tokens``/``max_completion_tokens`` a chat request generates up to the model's length
     limit (resolved per prompt by :meth:`GenerationFields.sampling_for`); a text completion
     generates 16 tokens (OpenAI's and vLLM's default for that endpoint). ``priority`` other
-    than 0 is refused unless ``scheduling_policy`` is "priority"."""
+    than 0 is refused unless ``scheduling_policy`` is "priority"; ``tool_parser``: the
+    server's tool-call parser (``tool_choice`` "auto" needs one)."""
     refuse_unsupported(body)
     if not chat:
         refuse_unsupported(body, UNSUPPORTED_COMPLETIONS)
@@ -142,6 +148,19 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
         raise InvalidRequestError("stop must be a string or a list of strings", param="stop")
     options = _field(body, "stream_options", dict, {})
     logprobs = _logprobs(body, chat)
+    spec = constraint(body)
+    tools = tool_choice(body, tool_parser) if chat else None
+    if tools is not None:
+        if logprobs is not None:
+            raise InvalidRequestError("logprobs with tool calls are not supported",
+                                      param="logprobs", code="unsupported_parameter",
+                                      hint='leave logprobs out, or send tool_choice "none"')
+        if tools.spec is not None:
+            if spec is not None:
+                raise InvalidRequestError(f"tool_choice and {spec.param} each ask for a "
+                                          "constraint: one per request", param="tool_choice",
+                                          code="invalid_structured_output")
+            spec = tools.spec
     sampling = SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else 1,
         temperature=float(_field(body, "temperature", (int, float), 1.0)),
@@ -152,6 +171,7 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
         n=_field(body, "n", int, 1),
         ignore_eos=bool(_field(body, "ignore_eos", bool, False)),
         logprobs=logprobs,
+        structured_outputs=spec,
     )
     media = _field(body, "media_io_kwargs", dict, None)
     return GenerationFields(
@@ -166,6 +186,7 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
         logprobs=logprobs is not None,
         tokens_as_ids=bool(_field(body, "return_tokens_as_token_ids", bool, False)),
         priority=checked_priority(_field(body, "priority", int, 0), scheduling_policy),
+        tools=tools,
     )
 
 

@@ -17,6 +17,8 @@ from engine.processing.preprocess import ProcessedPrompt
 from engine.server.logprobs import ChatLogprobs, CompletionLogprobs
 from engine.server.protocol import GenerationFields
 from engine.server.token_counts import mm_token_counts
+from engine.server.tool_fields import openai_calls
+from engine.server.tool_parsers import HermesStream, hermes
 from engine.server.wire import Done
 from engine.timings import SERVED_STAGES
 
@@ -49,6 +51,10 @@ class Reply:
         self._cached_tokens: dict[int, int] = {}
         #: per choice, when its last token arrived (vLLM's inter-token latency)
         self._token_times: dict[int, float] = {}
+        #: a forced tool call's text so far, per streamed choice (sent whole at its end)
+        self._tool_text: dict[int, str] = {}
+        #: tool_choice "auto": each streamed choice's text, content sent as it may go out
+        self._hermes: dict[int, HermesStream] = {}
 
     def at(self, prompt: int, index: int) -> int:
         """The choice index of row ``index`` of prompt ``prompt``."""
@@ -67,11 +73,75 @@ class Reply:
         (a chat delta names the role in the choice's first chunk)."""
         if not self.chat:
             content: dict[str, Any] = {"text": text}
+        elif self.fields.tools is not None:
+            return self._tool_choice(at, text, reason, logprobs, first)
         elif first is None:
             content = {"message": {"role": "assistant", "content": text}}
         else:
             content = {"delta": {"content": text, **({"role": "assistant"} if first else {})}}
         return {"index": at, **content, "finish_reason": finish_reason(reason),
+                "logprobs": logprobs}
+
+    def stream_choice(self, at: int, text: str, reason: str | None, logprobs: Any, *,
+                      first: bool) -> dict[str, Any] | None:
+        """A stream chunk's choice for one step of choice ``at``; None while a forced tool
+        call is under way (its call goes out whole, in the chunk that ends it)."""
+        tools = self.fields.tools if self.chat else None
+        if tools is not None and tools.parser is not None:
+            return self._auto_chunk(at, text, reason, logprobs, first)
+        if tools is not None:
+            self._tool_text[at] = self._tool_text.get(at, "") + text
+            if reason is None:
+                return None
+            text = self._tool_text.pop(at)
+        return self.choice(at, text, reason, logprobs, first=first)
+
+    def _auto_chunk(self, at: int, text: str, reason: str | None, logprobs: Any,
+                    first: bool) -> dict[str, Any] | None:
+        """tool_choice "auto", streamed: content as it may go out (none once a call
+        begins), the calls in the chunk that ends the choice."""
+        stream = self._hermes.setdefault(at, HermesStream())
+        content = stream.add(text)
+        calls: list[dict[str, Any]] = []
+        if reason is not None:
+            rest, pairs = stream.finish()
+            content += rest
+            calls = openai_calls(pairs)
+            del self._hermes[at]
+        if reason is None and not content:
+            return None
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        delta["content"] = content or None if calls else content
+        if calls:
+            delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+            reason = "tool_calls"
+        return {"index": at, "delta": delta, "finish_reason": finish_reason(reason),
+                "logprobs": logprobs}
+
+    def _tool_choice(self, at: int, text: str, reason: str | None, logprobs: Any,
+                     first: bool | None) -> dict[str, Any]:
+        """A choice of a request with tools: its ``tool_calls`` when it made any
+        (finish_reason "tool_calls", or "stop" for a named function, as OpenAI answers), else
+        its text as it is (a forced call cut by max_tokens, or "auto" answering in words).
+        Under "auto" the calls are read by the server's parser, the text before them is
+        the content."""
+        tools = self.fields.tools
+        content, calls = None, None
+        if tools is not None and tools.parser is not None:
+            content, pairs = hermes(text)
+            calls = openai_calls(pairs) if pairs else None
+            reason = "tool_calls" if calls else reason
+        elif tools is not None and reason == "stop":
+            calls = tools.calls(text)
+            reason = "tool_calls" if calls is not None and tools.name is None else reason
+        message: dict[str, Any] = {"content": text}
+        if calls is not None:
+            message = {"content": content, "tool_calls": calls if first is None else [
+                {"index": k, **c} for k, c in enumerate(calls)]}  # (a delta numbers them)
+        key = "message" if first is None else "delta"
+        if first is None or first:
+            message = {"role": "assistant", **message}
+        return {"index": at, key: message, "finish_reason": finish_reason(reason),
                 "logprobs": logprobs}
 
     @property

@@ -180,12 +180,14 @@ async def respond_stream(request: web.Request, reply: Reply, generations: list
                 completion_tokens += 1
                 reply.tick(at)
             piece = reply.add_logprobs(at, message.token_id, message.logprobs)
-            chunk = reply.envelope([reply.choice(at, message.text, message.finish_reason,
-                                                 piece, first=at not in started)], chunk=True)
-            if reply.fields.continuous_usage:  # vLLM's usage so far, on every chunk
-                chunk["usage"] = reply.usage(completion_tokens)
-            await send(chunk)
-            started.add(at)
+            choice = reply.stream_choice(at, message.text, message.finish_reason, piece,
+                                         first=at not in started)
+            if choice is not None:
+                chunk = reply.envelope([choice], chunk=True)
+                if reply.fields.continuous_usage:  # vLLM's usage so far, on every chunk
+                    chunk["usage"] = reply.usage(completion_tokens)
+                await send(chunk)
+                started.add(at)
         await response.write(b"data: [DONE]\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         await merged.aclose()  # cancels the requests in the engine

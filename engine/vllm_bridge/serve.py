@@ -80,7 +80,17 @@ def sampling_params(sampling: dict[str, Any]) -> Any:
     from vllm.sampling_params import RequestOutputKind
 
     top_k = int(sampling.get("top_k") or 0)
-    return SamplingParams(
+    extra = {}
+    spec = sampling.get("structured_outputs")  # a GrammarSpec: (kind, text, param, any_ws)
+    if spec is not None:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        kind, text, any_whitespace = spec[0], spec[1], spec[3]
+        value = json.loads(text) if kind == "choice" else True if kind == "json_object" \
+            else text
+        extra["structured_outputs"] = StructuredOutputsParams(
+            **{kind: value}, disable_any_whitespace=not any_whitespace)
+    return SamplingParams(**extra,
         n=int(sampling.get("n", 1)), max_tokens=sampling.get("max_tokens"),
         temperature=float(sampling.get("temperature", 1.0)),
         top_p=float(sampling.get("top_p", 1.0)), top_k=top_k if top_k > 0 else -1,

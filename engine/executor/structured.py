@@ -1,0 +1,193 @@
+"""Structured outputs: the constraint a request puts on its text, as one plain value.
+
+vLLM's ``structured_outputs`` object (``json``, ``regex``, ``choice``, ``grammar``,
+``json_object``) becomes a :class:`GrammarSpec`, checked here for size before anything
+compiles it: a schema over :data:`MAX_SPEC_BYTES`, nested deeper than
+:data:`MAX_SCHEMA_DEPTH` or with more than :data:`MAX_ENUM_VALUES` enum values (choices
+count too), or an object with more than :data:`MAX_OPTIONAL_PROPERTIES` optional properties
+(the grammar's size grows with their combinations: 1200 took 30 s to compile) is refused at
+once, naming the field it came in. OpenAI's own limits for strict schemas are of the same
+order (10 levels of nesting, 1000 enum values, every property required).
+
+The grammar engine's side (compiling, the per-row matchers) is
+:mod:`engine.executor.grammar`; the request fields that carry a constraint under OpenAI's and
+vLLM's other names (``response_format``, ``guided_json``...) are the server's
+(:mod:`engine.server.structured_fields`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+from engine.errors import InvalidRequestError
+
+#: the constraint kinds, by vLLM's ``structured_outputs`` key
+KINDS = ("json", "regex", "choice", "grammar", "json_object")
+#: a schema, pattern, grammar or the choices together, as UTF-8 bytes
+MAX_SPEC_BYTES = 64 << 10
+#: JSON containers inside one another in a schema (OpenAI's 10 levels of objects are ~21)
+MAX_SCHEMA_DEPTH = 64
+#: ``enum`` and ``const`` values in one schema, or choices
+MAX_ENUM_VALUES = 1000
+#: properties of one object the schema leaves optional (not in ``required``)
+MAX_OPTIONAL_PROPERTIES = 64
+#: the hint every size refusal carries
+LIMITS_HINT = (f"simplify the constraint: at most {MAX_SPEC_BYTES >> 10} KiB, "
+               f"{MAX_SCHEMA_DEPTH} levels of nesting, {MAX_ENUM_VALUES} enum values and "
+               f"{MAX_OPTIONAL_PROPERTIES} optional properties per object")
+#: keys of vLLM's ``structured_outputs`` this server takes as flags (see :func:`from_fields`)
+FLAGS = ("disable_any_whitespace", "disable_fallback", "disable_additional_properties")
+#: keys vLLM defines that this server does not implement: a value other than null is a 400
+NOT_IMPLEMENTED = ("whitespace_pattern", "structural_tag", "backend", "_backend")
+
+
+class GrammarSpec(NamedTuple):
+    """One constraint: ``kind`` (one of :data:`KINDS`), ``text`` (the schema as compact JSON,
+    the pattern, the choices as a JSON list, the EBNF grammar; empty for ``json_object``),
+    ``param`` (the request field it came in: errors name it) and ``any_whitespace`` (JSON
+    kinds: whitespace between tokens allowed; off by default, so JSON comes out compact).
+    A plain tuple: it crosses the engine-process socket inside the sampling fields."""
+
+    kind: str
+    text: str
+    param: str
+    any_whitespace: bool = False
+
+    @property
+    def key(self) -> tuple[str, str, bool]:
+        """What a compiled grammar is cached by (the field it came in does not matter)."""
+        return self.kind, self.text, self.any_whitespace
+
+
+def _bad(param: str, rule: str, *, hint: str | None = None) -> InvalidRequestError:
+    return InvalidRequestError(f"{param} {rule}", param=param, hint=hint,
+                               code="invalid_structured_output")
+
+
+def _sized(param: str, text: str) -> str:
+    size = len(text.encode("utf-8"))
+    if size > MAX_SPEC_BYTES:
+        raise _bad(param, f"is {size} bytes; at most {MAX_SPEC_BYTES} are compiled",
+                   hint=LIMITS_HINT)
+    return text
+
+
+def schema_spec(schema: Any, param: str, *, any_whitespace: bool = False) -> GrammarSpec:
+    """A JSON Schema (an object, or its JSON text) as a ``json`` spec, within the limits."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(_sized(param, schema))
+        except ValueError:
+            raise _bad(param, "is not valid JSON") from None
+    if not isinstance(schema, dict):
+        raise _bad(param, "must be a JSON Schema object")
+    check_schema(schema, param)
+    text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+    return GrammarSpec("json", _sized(param, text), param, any_whitespace)
+
+
+def check_schema(schema: dict[str, Any], param: str) -> None:
+    """The schema's nesting, enum values and optional properties within the limits (one walk,
+    no recursion: a deep schema cannot exhaust the stack)."""
+    enums = 0
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise _bad(param, f"nests more than {MAX_SCHEMA_DEPTH} levels deep",
+                       hint=LIMITS_HINT)
+        if isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        values = node.get("enum")
+        enums += (len(values) if isinstance(values, list) else 0) + ("const" in node)
+        if enums > MAX_ENUM_VALUES:
+            raise _bad(param, f"holds more than {MAX_ENUM_VALUES} enum values",
+                       hint=LIMITS_HINT)
+        properties = node.get("properties")
+        if isinstance(properties, dict):
+            required = node.get("required")
+            needed = set(required) if isinstance(required, list) and all(
+                isinstance(r, str) for r in required) else set()
+            optional = len(set(properties) - needed)
+            if optional > MAX_OPTIONAL_PROPERTIES:
+                raise _bad(param, f"has an object with {optional} optional properties; at "
+                                  f"most {MAX_OPTIONAL_PROPERTIES}", hint=LIMITS_HINT)
+        stack.extend((v, depth + 1) for v in node.values())
+
+
+def regex_spec(pattern: Any, param: str) -> GrammarSpec:
+    if not isinstance(pattern, str) or not pattern:
+        raise _bad(param, "must be a non-empty string (a regular expression)")
+    return GrammarSpec("regex", _sized(param, pattern), param)
+
+
+def choice_spec(choices: Any, param: str) -> GrammarSpec:
+    if not isinstance(choices, list) or not choices or not all(
+            isinstance(c, str) and c for c in choices):
+        raise _bad(param, "must be a non-empty list of non-empty strings")
+    if len(choices) > MAX_ENUM_VALUES:
+        raise _bad(param, f"holds {len(choices)} choices; at most {MAX_ENUM_VALUES}",
+                   hint=LIMITS_HINT)
+    return GrammarSpec("choice", _sized(param, json.dumps(choices, ensure_ascii=False)), param)
+
+
+def grammar_spec(grammar: Any, param: str) -> GrammarSpec:
+    if not isinstance(grammar, str) or not grammar.strip():
+        raise _bad(param, "must be a non-empty string (an EBNF grammar with a root rule)")
+    return GrammarSpec("grammar", _sized(param, grammar), param)
+
+
+def json_object_spec(param: str, *, any_whitespace: bool = False) -> GrammarSpec:
+    """Any JSON object (OpenAI's ``response_format`` ``json_object``)."""
+    return GrammarSpec("json_object", "", param, any_whitespace)
+
+
+def from_fields(value: Any, param: str = "structured_outputs") -> GrammarSpec | None:
+    """vLLM's ``structured_outputs`` object as a spec (None: it asks for nothing). Exactly
+    one of :data:`KINDS`; ``disable_any_whitespace`` (default true here: compact JSON, since a
+    model free to add whitespace may add it without end; false allows it),
+    ``disable_fallback`` and ``disable_additional_properties`` (true: what this server does
+    anyway) are flags; other keys are a 400 naming them."""
+    if isinstance(value, GrammarSpec):
+        return value
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad(param, "must be an object such as {\"json\": {...}}")
+    for key, given in value.items():
+        if key in KINDS or given is None:
+            continue
+        if key in FLAGS:
+            if not isinstance(given, bool):
+                raise _bad(f"{param}.{key}", "must be true or false")
+            if key != "disable_any_whitespace" and not given:
+                raise _bad(f"{param}.{key}", "false is not supported: this server has one "
+                                             "grammar backend and never adds properties a "
+                                             "schema does not allow",
+                           hint=f"leave {param}.{key} out")
+            continue
+        known = key in NOT_IMPLEMENTED
+        raise InvalidRequestError(
+            f"{param}.{key} is {'not supported by this server' if known else 'unknown'}",
+            param=f"{param}.{key}", code="unsupported_parameter",
+            hint=f"leave it out; {param} takes one of {', '.join(KINDS)}")
+    asked = [k for k in KINDS if value.get(k) not in (None, False)]
+    if not asked:
+        raise _bad(param, f"asks for nothing: give one of {', '.join(KINDS)}")
+    if len(asked) > 1:
+        raise _bad(param, f"asks for {' and '.join(asked)}: one constraint per request")
+    kind = asked[0]
+    loose = value.get("disable_any_whitespace") is False
+    where = f"{param}.{kind}"
+    if kind == "json":
+        return schema_spec(value["json"], where, any_whitespace=loose)
+    if kind == "json_object":
+        if value["json_object"] is not True:
+            raise _bad(where, "must be true or false")
+        return json_object_spec(where, any_whitespace=loose)
+    return {"regex": regex_spec, "choice": choice_spec, "grammar": grammar_spec}[kind](
+        value[kind], where)
