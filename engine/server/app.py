@@ -244,15 +244,21 @@ def admitted(handler):
     return wrapper
 
 
+def _client(request: web.Request) -> str:
+    """Whom a request's fetch and decode shares are counted against: its peer, or the
+    client behind a --trusted-proxies gateway."""
+    state: State = request.app[STATE]
+    return client_key(state.trusted_proxies.client(
+        request.remote, request.headers.getall("X-Forwarded-For", ())))
+
+
 @admitted
 async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
     state: State = request.app[STATE]
     data = await read_json(request, ticket,  # text limits before templating and tokenizing
                            lambda body: state.text_limits.check_chat(body.get("messages")))
     start = time.perf_counter()
-    client = state.trusted_proxies.client(request.remote,
-                                          request.headers.getall("X-Forwarded-For", ()))
-    fields, processed = await prepare_chat(state, data, ticket, client_key(client))
+    fields, processed = await prepare_chat(state, data, ticket, _client(request))
     return await respond(request, state, fields, [processed], start, chat=True)
 
 
@@ -287,7 +293,13 @@ async def tokenize(request: web.Request, ticket: Ticket) -> web.Response:
     ``messages`` prepared as ``/v1/chat/completions`` does (media fetched, decoded and
     expanded into its tokens), so ``count`` is the ``prompt_tokens`` that route reports."""
     state: State = request.app[STATE]
-    data = await read_json(request, ticket)
+    def limits(body: dict[str, Any]) -> None:  # each route's text limits, before any walk
+        if "messages" in body:
+            state.text_limits.check_chat(body.get("messages"))
+        else:
+            state.text_limits.check_prompt(body.get("prompt"), state.config.max_model_len)
+
+    data = await read_json(request, ticket, limits)
     strings = data.pop("return_token_strs", False)
     if not isinstance(strings, bool):
         raise InvalidRequestError("return_token_strs must be true or false",
@@ -295,8 +307,7 @@ async def tokenize(request: web.Request, ticket: Ticket) -> web.Response:
     if "messages" in data:
         _switch(data, "add_generation_prompt", True)
         _switch(data, "continue_final_message", False)
-        state.text_limits.check_chat(data.get("messages"))
-        _, one = await prepare_chat(state, data, ticket, client_key(request.remote))
+        _, one = await prepare_chat(state, data, ticket, _client(request))
         if one.text is not None and one.mm:
             raise InvalidRequestError(
                 "with --engine vllm, vLLM's processor expands media: this server cannot "
@@ -307,7 +318,6 @@ async def tokenize(request: web.Request, ticket: Ticket) -> web.Response:
         if not isinstance(data.get("prompt"), str):
             raise InvalidRequestError("prompt must be a string (or send messages)",
                                       param="prompt")
-        state.text_limits.check_prompt(data["prompt"], state.config.max_model_len)
         _, (one,) = await prepare_prompts(state, {"prompt": data["prompt"]})
     ids = list(one.input_ids)
     return web.json_response({
@@ -320,7 +330,7 @@ async def detokenize(request: web.Request, ticket: Ticket) -> web.Response:
     """vLLM's ``POST /detokenize``: ``tokens`` (ids of this model's vocabulary, at most
     --max-model-len of them) back to text."""
     state: State = request.app[STATE]
-    tokens = (await read_json(request, ticket)).get("tokens")
+    tokens = (await read_json(request, ticket, lambda body: None)).get("tokens")
     if not isinstance(tokens, list) or len(tokens) > state.config.max_model_len or not all(
             type(t) is int and 0 <= t < state.vocab_size for t in tokens):
         raise InvalidRequestError(
