@@ -221,6 +221,12 @@ async def test_an_endless_stream_stops_at_the_size_cap_and_a_stall_at_the_timeou
     assert result["failures_by_type"] == {"response_too_large": 3}
     # nothing of a failed answer is held on to (no text without --tokenizer, no gaps)
     assert all(r.text == [] and len(r.itl) == 0 for r in result["records"])
+    # with --tokenizer the text is kept while it streams: bounded too, not the size cap
+    # times the concurrency (1.8 GB at 64 clients before)
+    result = await _run(server.port, "endless", max_response_bytes=64 << 20, keep_text=True)
+    assert result["failures_by_type"] == {"response_too_large": 3}
+    assert "--tokenizer" in result["failure_examples"]["response_too_large"]
+    assert all(r.text == [] for r in result["records"])
     result = await _run(server.port, "stall", timeout_s=0.5)
     assert result["failures_by_type"] == {"request_timeout": 3}
     assert "--request-timeout" in result["failure_examples"]["request_timeout"]

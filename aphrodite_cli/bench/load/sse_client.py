@@ -38,6 +38,10 @@ from aphrodite_cli.bench.load.metrics import RequestRecord
 #: The longest SSE line (one chunk) accepted: a token's chunk is well under a kilobyte, one
 #: with top-20 logprobs a few kilobytes; a longer line is a broken or hostile target.
 MAX_SSE_LINE_BYTES = 1 << 20
+#: The most answer text kept per request for --tokenizer to count (about 250,000 tokens):
+#: the text is held until the answer ends, so without this bound an endless stream of long
+#: tokens held --max-response-mb of str per request, times the concurrency (1.8 GB at 64)
+MAX_KEPT_TEXT_CHARS = 1 << 20
 #: How much of a non-200 answer's body is read (its error message)
 MAX_ERROR_BODY_BYTES = 1 << 16
 #: How long an example kept for a failure type may be, in characters (escaped)
@@ -67,6 +71,7 @@ class _Stream:
         # object's 32 (a hostile stream of tiny chunks up to the size cap, times the
         # concurrency, is what the client holds)
         self.itl = array("d")
+        self.kept = 0  # characters of text kept (keep_text)
 
     def line(self, raw: bytes) -> None:
         line = raw.rstrip(b"\r")
@@ -117,6 +122,12 @@ class _Stream:
             # chunk it is (vLLM's bench serve's rule).
             if piece or self.any_chunk:
                 if self.keep_text and piece:  # only --tokenizer reads it
+                    self.kept += len(piece)
+                    if self.kept > MAX_KEPT_TEXT_CHARS:
+                        raise ResponseProblem(
+                            "response_too_large", f"more than {MAX_KEPT_TEXT_CHARS} "
+                            "characters of answer text, kept to count its tokens "
+                            f"(--tokenizer); it began: {''.join(record.text)[:120]}")
                     record.text.append(piece)
                 now = time.perf_counter()
                 if record.ttft is None:
