@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aphrodite_cli.bench.load.media_files import read_lines, read_media
 from engine.errors import ConfigError
 
 _WORDS = ("the", "cat", "sat", "on", "a", "red", "mat", "near", "an", "open", "window",
@@ -103,7 +104,7 @@ def render_media(spec: MediaSpec, *, image_format: str = "JPEG", quality: int = 
 def load_jsonl(path: Path, media_dir: Path | None) -> list[BenchRequest]:
     """Requests from a JSONL file; ``{"path": "x.jpg"}`` parts become data URLs."""
     requests = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(read_lines(path, "dataset"), 1):
         if not line.strip():
             continue
         try:
@@ -112,19 +113,24 @@ def load_jsonl(path: Path, media_dir: Path | None) -> list[BenchRequest]:
         except (json.JSONDecodeError, KeyError, TypeError):
             raise ConfigError(f"{path}:{n} is not a JSON object with messages",
                               code="invalid_dataset") from None
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise ConfigError(f"{path}:{n}: messages is a list of objects",
+                              code="invalid_dataset")
+        output_len = row.get("output_len", 16)
+        if type(output_len) is not int or not 1 <= output_len <= 1 << 20:
+            raise ConfigError(f"{path}:{n}: output_len is a whole number from 1 to "
+                              f"{1 << 20}, not {json.dumps(output_len)[:40]}",
+                              code="invalid_dataset")
         for message in messages:
             for part in message.get("content") if isinstance(message.get("content"),
                                                              list) else []:
                 for kind in ("image_url", "video_url", "audio_url"):
-                    ref = part.get(kind)
+                    ref = part.get(kind) if isinstance(part, dict) else None
                     if isinstance(ref, dict) and "path" in ref:
-                        if media_dir is None:
-                            raise ConfigError(f"{path}:{n} names a media path; pass "
-                                              "--media-dir", code="invalid_dataset")
-                        data = (media_dir / ref["path"]).read_bytes()
+                        data = read_media(media_dir, ref["path"], f"{path}:{n}")
                         mime = {"image_url": "image/jpeg", "video_url": "video/mp4",
                                 "audio_url": "audio/wav"}[kind]
                         part[kind] = {"url": f"data:{mime};base64,"
                                              f"{base64.b64encode(data).decode()}"}
-        requests.append(BenchRequest("", [], int(row.get("output_len", 16)), messages))
+        requests.append(BenchRequest("", [], output_len, messages))
     return requests

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from aphrodite_cli.bench.load.datasets import BenchRequest, MediaSpec
+from aphrodite_cli.bench.load.media_files import read_lines, read_media
 from engine.errors import ConfigError
 
 _MIME = {"image": "image/jpeg", "video": "video/mp4", "audio": "audio/wav"}
@@ -40,10 +41,7 @@ def _media(item: Any, where: str, media_dir: Path | None, seed: int
     if "url" in item or "path" in item:
         url = item.get("url")
         if url is None:
-            if media_dir is None:
-                raise ConfigError(f"{where} names a media path; pass --media-dir",
-                                  code="invalid_dataset")
-            data = (media_dir / str(item["path"])).read_bytes()
+            data = read_media(media_dir, item["path"], where)
             url = f"data:{_MIME[kind]};base64,{base64.b64encode(data).decode()}"
         return None, {"type": f"{kind}_url", f"{kind}_url": {"url": str(url)}}
     try:
@@ -61,11 +59,7 @@ def load_trace(path: Path, media_dir: Path | None, *, limit: int, nonce: int
                ) -> list[BenchRequest]:
     """The trace's requests in arrival order, each with its ``arrival_s`` (the first at 0)."""
     rows: list[tuple[float, BenchRequest]] = []
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read the trace {path}: {exc.strerror or exc}",
-                          code="invalid_dataset") from None
+    lines = read_lines(path, "trace")
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
