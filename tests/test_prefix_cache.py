@@ -560,3 +560,15 @@ def test_a_full_cache_keeps_the_blocks_a_mixed_prefill_just_looked_up():
         assert_generate_logits(engine, logits, reqs[0], other, 4)
     finally:
         engine.close()
+
+
+def test_a_cache_salt_seeds_every_block_hash():
+    """vLLM's cache_salt: the same tokens under two salts (or one and none) share no block;
+    under the same salt, all of them."""
+    from engine.executor.prefix_cache import block_hashes
+
+    tokens = list(range(64))
+    plain, a, b = (block_hashes(tokens, 16, salt=s) for s in (None, "a", "b"))
+    assert len(plain) == len(a) == 4
+    assert not set(plain) & set(a) and not set(a) & set(b)
+    assert block_hashes(tokens, 16, salt="a") == a

@@ -27,12 +27,14 @@ def metric(text: str, name: str) -> float:
     return float(found.group(1))
 
 
-def ask(client: openai.OpenAI, image: str, question: str, stream: bool = False):
+def ask(client: openai.OpenAI, image: str, question: str, stream: bool = False,
+        salt: str | None = None):
     messages = [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": image}},
         {"type": "text", "text": START + question}]}]
+    extra = {"ignore_eos": True} if salt is None else {"ignore_eos": True, "cache_salt": salt}
     common = {"model": MODEL, "max_tokens": 3, "temperature": 0, "messages": messages,
-              "extra_body": {"ignore_eos": True}}
+              "extra_body": extra}
     if not stream:
         reply = client.chat.completions.create(**common)
         return reply.choices[0].message.content, reply.usage
@@ -56,6 +58,7 @@ def test_cached_tokens_in_usage_and_prefix_cache_counters_on_metrics():
             text = scrape(server)
             if not flags:
                 cold = cold_after_resets(server, client, image, text)
+                salted_apart(server, client, image)
         finally:
             assert server.stop() == 0
         answers[flags] = [content for content, _ in replies]
@@ -103,3 +106,28 @@ def cold_after_resets(server, client, image: str, before: str) -> str:
     assert usage.prompt_tokens_details.cached_tokens == 0
     assert counts(scrape(server)) == (hits_before, misses_before + 1, processor_misses + 1)
     return content
+
+
+def salted_apart(server, client, image: str) -> None:
+    """vLLM's cache_salt: a tenant's second request finds its own first in every cache; the
+    same request under another salt (or none) finds nothing: no cached prompt token, and the
+    processor and encoder caches miss, so neither usage nor timing tells one tenant what
+    another sent. The answer does not change."""
+    def misses() -> tuple[float, float]:
+        text = scrape(server)
+        return (metric(text, 'aphrodite_processor_cache_total{result="miss"}'),
+                metric(text, "aphrodite_engine_encoder_cache_misses"))
+
+    question = "Which colours does it have?"
+    first = ask(client, image, question, salt="tenant-a")
+    again = ask(client, image, question, salt="tenant-a")
+    assert again[1].prompt_tokens_details.cached_tokens > 0 and again[0] == first[0]
+    before = misses()
+    other = ask(client, image, question, salt="tenant-b")
+    assert other[1].prompt_tokens_details.cached_tokens == 0 and other[0] == first[0]
+    assert misses() == (before[0] + 1, before[1] + 1)
+    # the unsalted request of earlier is still cached for the unsalted, not for tenant-a
+    assert ask(client, image, question)[1].prompt_tokens_details.cached_tokens > 0
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(client, image, question, salt="")
+    assert info.value.body["param"] == "cache_salt"

@@ -29,16 +29,18 @@ BLOCK_SIZE = 16
 
 def block_hashes(token_ids: Sequence[int], block_size: int = BLOCK_SIZE,
                  mm_hashes: Sequence[str] = (), mm_positions: Sequence[tuple[int, int]] = (),
-                 ) -> list[bytes]:
+                 salt: str | None = None) -> list[bytes]:
     """The chained hashes of the full blocks of ``token_ids``. Item ``k`` (content key
     ``mm_hashes[k]``) holds the tokens ``[offset, offset + length)`` of ``mm_positions[k]``;
-    its key goes into every block those tokens touch."""
+    its key goes into every block those tokens touch. ``salt`` (``cache_salt``) seeds the
+    chain, as vLLM mixes it into the first block: every block of a salted prompt differs
+    from the same tokens' under another salt or none."""
     if block_size < 1:
         raise ValueError("block_size must be at least 1")
     if len(mm_hashes) != len(mm_positions):
         raise ValueError("one position range per media item")
     out: list[bytes] = []
-    parent = b""
+    parent = b"" if salt is None else hashlib.sha256(b"salt:" + salt.encode()).digest()
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         end = start + block_size
         h = hashlib.sha256(parent)
@@ -75,8 +77,9 @@ class PrefixCache:
         self.stats = PrefixCacheStats()
 
     def hashes(self, token_ids: Sequence[int], mm_hashes: Sequence[str] = (),
-               mm_positions: Sequence[tuple[int, int]] = ()) -> list[bytes]:
-        return block_hashes(token_ids, self.block_size, mm_hashes, mm_positions)
+               mm_positions: Sequence[tuple[int, int]] = (), salt: str | None = None
+               ) -> list[bytes]:
+        return block_hashes(token_ids, self.block_size, mm_hashes, mm_positions, salt)
 
     def longest(self, hashes: Sequence[bytes]) -> int:
         """How many of ``hashes``, from the first, are cached (nothing is touched)."""

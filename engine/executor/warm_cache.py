@@ -78,7 +78,8 @@ def prompt_keys(store_in: PrefixCache, prompt: Any, media_ids: set[int]) -> Prom
     span = media_span(ids, media_ids)
     hashed = ids if span is None or prompt.mm_hashes else ids[:span[0]]
     return store_in.hashes(hashed, prompt.mm_hashes if span else (),
-                           prompt.mm_positions if span else ()), span
+                           prompt.mm_positions if span else (),
+                           getattr(prompt, "cache_salt", None)), span
 
 
 def lookup(store_in: PrefixCache, length: int, keys: PromptKeys, *, count: bool,

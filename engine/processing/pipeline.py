@@ -162,11 +162,12 @@ class Pipeline:
                                  ticket, sources, started)
 
     # -- preprocessing ---------------------------------------------------------------------
-    def process(self, text: str, items: list[MediaItem], kwargs: dict[str, Any] | None = None
-                ) -> ProcessedPrompt:
+    def process(self, text: str, items: list[MediaItem], kwargs: dict[str, Any] | None = None,
+                salt: str | None = None) -> ProcessedPrompt:
         """Cache lookup, decode and HF processor per item, then assembly; ``timings`` holds
-        each stage's seconds (hash_s, cache_lookup_s, media_decode_s, processor_s)."""
-        return self.preprocessor.process(text, items, kwargs or {})
+        each stage's seconds (hash_s, cache_lookup_s, media_decode_s, processor_s);
+        ``salt``: the request's ``cache_salt``."""
+        return self.preprocessor.process(text, items, kwargs or {}, salt)
 
     def prepare(self, prompt: str, items: list[MediaItem], kwargs: dict[str, Any] | None = None,
                 *, raw: bool = False) -> tuple[str, ProcessedPrompt]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import re
 import time
 from collections import Counter
@@ -104,6 +105,9 @@ class ProcessedPrompt:
     #: processed bytes of the items sent with data
     refill: Callable[[], tuple[dict[str, Any], list[tuple[str, int]]]] | None = None
     mm_sent: list[tuple[str, int]] = field(default_factory=list)
+    #: vLLM's ``cache_salt``: mixed into the item keys (processor and encoder caches) and
+    #: the prefix-cache block hashes, so prompts of different salts share no cached work
+    cache_salt: str | None = None
 
 
 @contextlib.contextmanager
@@ -242,8 +246,10 @@ class Preprocessor:
         return ids[at:end]
 
     def process(self, prompt: str, items: list[MediaItem], kwargs: dict[str, Any] | None = None,
-                ) -> ProcessedPrompt:
-        """Cache lookup (and, on a miss, decode + process) per item, then assembly."""
+                salt: str | None = None) -> ProcessedPrompt:
+        """Cache lookup (and, on a miss, decode + process) per item, then assembly; ``salt``
+        (``cache_salt``) goes into every item's key, so no cache entry is shared across
+        salts."""
         kwargs = kwargs or {}
         timings = zero_preprocess_timings()
         placeholders = count_placeholders(prompt, self.loaded.spec)
@@ -263,6 +269,8 @@ class Preprocessor:
             # always: the engine's prefix cache names the item by it too
             key = item_key(self.loaded.name, item.modality, content_hash(item.hash_source()),
                            kwargs, item.media_kwargs)
+            if salt is not None:
+                key += "|salt:" + hashlib.sha256(salt.encode()).hexdigest()[:32]
             keys.append(key)
             mid = time.perf_counter()
             timings["hash_s"] += mid - start
@@ -290,7 +298,8 @@ class Preprocessor:
         timings["processor_s"] += time.perf_counter() - start
         return ProcessedPrompt(input_ids, mm, hits, timings, dict(counts),
                                [keys[i] for i in order],
-                               self.item_positions(input_ids, [processed[i] for i in order]))
+                               self.item_positions(input_ids, [processed[i] for i in order]),
+                               cache_salt=salt)
 
     def item_positions(self, input_ids: list[int], placed: list[ProcessedItem]
                        ) -> list[tuple[int, int]]:

@@ -99,14 +99,15 @@ class EngineClient:
                 sampling: dict[str, Any],
                 mm_items: tuple[list[str], list[tuple[int, int]]] = ([], []),
                 prompt: str | None = None,
-                mm_processor_kwargs: dict[str, Any] | None = None, priority: int = 0) -> None:
+                mm_processor_kwargs: dict[str, Any] | None = None, priority: int = 0,
+                cache_salt: str | None = None) -> None:
         """Large inputs into shared memory, then the request to the engine: in a worker
         thread, so the megabytes of copying stay off the event loop. Segments of a message
         that was not sent are removed (no engine will map them)."""
         message, segments = shared_inputs.export(mm)
         try:
             self._send(Submit(rid, input_ids, message, sampling, *mm_items, prompt,
-                              mm_processor_kwargs, priority))
+                              mm_processor_kwargs, priority, cache_salt))
         except BaseException:
             shared_inputs.discard(segments)
             raise
@@ -114,7 +115,8 @@ class EngineClient:
     async def generate(self, input_ids: list[int], mm: dict[str, Any], sampling: dict[str, Any],
                        mm_items: tuple[list[str], list[tuple[int, int]]] = ([], []),
                        prompt: str | None = None,
-                       mm_processor_kwargs: dict[str, Any] | None = None, priority: int = 0):
+                       mm_processor_kwargs: dict[str, Any] | None = None, priority: int = 0,
+                       cache_salt: str | None = None):
         """Yields the request's :class:`~engine.server.wire.Delta` s as the engine makes
         them, then its :class:`~engine.server.wire.Done` (a failed request raises instead).
         ``mm_items``: the prompt's items' content keys and token ranges
@@ -134,7 +136,7 @@ class EngineClient:
             # pass a file descriptor per storage, which the processor cache then keeps open.
             plain = {k: v.numpy() if hasattr(v, "numpy") else v for k, v in mm.items()}
             await asyncio.to_thread(self._submit, rid, input_ids, plain, sampling, mm_items,
-                                    prompt, mm_processor_kwargs, priority)
+                                    prompt, mm_processor_kwargs, priority, cache_salt)
             while True:
                 message = await queue.get()
                 if isinstance(message, Delta):

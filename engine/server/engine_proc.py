@@ -165,7 +165,8 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                        for k, v in mm.items()}
             prompt = ProcessedPrompt(message.input_ids, tensors, [], {}, {},
                                      list(message.mm_hashes),
-                                     [tuple(p) for p in message.mm_positions])
+                                     [tuple(p) for p in message.mm_positions],
+                                     cache_salt=message.cache_salt)
 
             def on_event(event) -> None:
                 lp = event.logprobs

@@ -73,7 +73,8 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
                 vllm_processor_kwargs(state, fields.mm_processor_kwargs))
         else:
             processed = await loop.run_in_executor(decode_executor(), pipeline.process,
-                                                   text, items, kwargs)
+                                                   text, items, kwargs, fields.cache_salt)
+    processed.cache_salt = fields.cache_salt
     processed.timings["fetch_s"] = fetch_s
     if state.config.engine_kind != "vllm":  # (vLLM's: counted once it ran, vllm_media)
         state.metrics.count_items(processed.item_hits)
@@ -211,9 +212,10 @@ async def prepare_prompts(state: State, data: dict[str, Any]
     for prompt in prompts:
         if isinstance(prompt, str):
             one = await loop.run_in_executor(decode_executor(), state.pipeline.process,
-                                             prompt, [])
+                                             prompt, [], None, fields.cache_salt)
         else:
-            one = ProcessedPrompt(prompt, {}, [], zero_preprocess_timings(), {})
+            one = ProcessedPrompt(prompt, {}, [], zero_preprocess_timings(), {},
+                                  cache_salt=fields.cache_salt)
         if not one.input_ids:
             raise InvalidRequestError("the prompt is empty (no tokens)", param="prompt")
         one.timings["fetch_s"] = 0.0

@@ -26,6 +26,20 @@ def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], defau
     return value
 
 
+#: the longest ``cache_salt`` accepted, in characters
+MAX_CACHE_SALT_CHARS = 1024
+
+
+def _cache_salt(value: Any) -> str | None:
+    """vLLM's ``cache_salt``: a non-empty string (its rule), at most MAX_CACHE_SALT_CHARS."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_CACHE_SALT_CHARS:
+        raise InvalidRequestError(f"cache_salt must be a non-empty string of at most "
+                                  f"{MAX_CACHE_SALT_CHARS} characters", param="cache_salt")
+    return value
+
+
 def _stream_option(options: dict[str, Any], name: str) -> bool:
     """One of ``stream_options``' switches: a boolean (a string such as "false" would read as
     true), absent meaning false."""
@@ -56,6 +70,8 @@ class GenerationFields:
     priority: int = 0
     #: ``stream_options.continuous_usage_stats`` (vLLM's): usage on every streamed chunk
     continuous_usage: bool = False
+    #: vLLM's ``cache_salt``: requests of different salts share no cached work
+    cache_salt: str | None = None
     #: the call ``tool_choice`` forces (a named function or ``required``), None for text
     tools: ToolChoice | None = None
 
@@ -187,6 +203,7 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
         tokens_as_ids=bool(_field(body, "return_tokens_as_token_ids", bool, False)),
         priority=checked_priority(_field(body, "priority", int, 0), scheduling_policy),
         tools=tools,
+        cache_salt=_cache_salt(body.get("cache_salt")),
     )
 
 

@@ -86,7 +86,8 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
     else:
         generations = [state.engine.generate(p.input_ids, p.mm, _sampling(sp, fields, False),
                                              (p.mm_hashes, p.mm_positions),
-                                             priority=fields.priority)
+                                             priority=fields.priority,
+                                             cache_salt=p.cache_salt)
                        for p, sp in zip(prompts, params, strict=True)]
     reply = Reply(state, fields, prompts, start, chat=chat, request_id=request_id(request))
     if fields.stream:

@@ -133,7 +133,8 @@ async def generate(engine: Any, ledger: Ledger | None, prompt: ProcessedPrompt,
             async for message in engine.generate(prompt.input_ids, mm, sampling,
                                                  (prompt.mm_hashes, prompt.mm_positions),
                                                  prompt.text, prompt.processor_kwargs,
-                                                 priority=priority):
+                                                 priority=priority,
+                                                 cache_salt=prompt.cache_salt):
                 if isinstance(message, Done):
                     if ledger is not None:
                         ledger.remember(prompt.mm_sent)

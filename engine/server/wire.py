@@ -47,6 +47,8 @@ class Submit(NamedTuple):
     mm_processor_kwargs: dict[str, Any] | None = None
     #: vLLM's request priority (lower first under ``--scheduling-policy priority``)
     priority: int = 0
+    #: vLLM's ``cache_salt`` (see ``ProcessedPrompt.cache_salt``)
+    cache_salt: str | None = None
 
 
 class Cancel(NamedTuple):

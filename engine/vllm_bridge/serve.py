@@ -102,9 +102,10 @@ def sampling_params(sampling: dict[str, Any]) -> Any:
 def vllm_prompt(message: Submit, mm: dict[str, Any]) -> dict[str, Any]:
     """The request as vLLM's raw prompt: text with placeholders and decoded media, or the
     token ids of a text completion."""
+    salt = {"cache_salt": message.cache_salt} if message.cache_salt is not None else {}
     if message.prompt is None:
-        return {"prompt_token_ids": list(message.input_ids)}
-    prompt: dict[str, Any] = {"prompt": message.prompt}
+        return {"prompt_token_ids": list(message.input_ids), **salt}
+    prompt: dict[str, Any] = {"prompt": message.prompt, **salt}
     data = vllm_inputs.unpack(mm)
     if "image" in data:
         from PIL import Image
