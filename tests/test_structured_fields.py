@@ -88,6 +88,14 @@ def test_two_constraints_are_a_400_naming_both():
     ({"guided_regex": ""}, "guided_regex"),
     ({"guided_whitespace_pattern": " ", "guided_regex": "a"}, "guided_whitespace_pattern"),
     ({"guided_decoding_backend": "outlines", "guided_regex": "a"}, "guided_decoding_backend"),
+    # nesting past the JSON parser's stack, inside a string: a RecursionError was a 500
+    ({"guided_json": "[" * 5000}, "guided_json"),
+    ({"structured_outputs": {"json": "[" * 5000}}, "structured_outputs.json"),
+    # string lengths become a pattern's counts: anything but whole numbers was pasted in
+    ({"guided_json": {"type": "string", "minLength": "a}|(b"}}, "guided_json"),
+    ({"guided_json": {"type": "string", "minLength": "0,0}|.*|a{0"}}, "guided_json"),
+    ({"guided_json": {"type": "string", "maxLength": True}}, "guided_json"),
+    ({"guided_json": {"type": "string", "minLength": 5, "maxLength": 2}}, "guided_json"),
 ])
 def test_malformed_constraints_are_a_400_naming_the_field(body, param):
     assert refused(body).param == param
@@ -332,11 +340,17 @@ def test_auto_reads_calls_with_the_servers_parser_only():
     ('<tool_call>{"name": "f", "arguments": {}}', None, [("f", {})]),  # (EOS before the end tag)
     ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
     ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
+    ("<tool_call>" + "[" * 3000, "<tool_call>" + "[" * 3000, []),  # (RecursionError: a 500)
+    ('<tool_call>{"name": "f", "arguments": {}}</tool_call> and then words', "and then words",
+     [("f", {})]),  # text after the calls is content, not dropped
+    # a function that was never declared (a model talked into it) stays text
+    ('<tool_call>{"name": "delete_all", "arguments": {}}</tool_call>',
+     '<tool_call>{"name": "delete_all", "arguments": {}}</tool_call>', []),
 ])
 def test_the_hermes_parser(text, content, calls):
     from engine.server.tool_parsers import hermes
 
-    assert hermes(text) == (content, calls)
+    assert hermes(text, ("f", "g")) == (content, calls)
 
 
 def test_a_hermes_stream_sends_content_until_a_call_begins():
@@ -349,3 +363,14 @@ def test_a_hermes_stream_sends_content_until_a_call_begins():
     stream = HermesStream()  # a tag's start held back, then let go when it is none
     assert stream.add("a <tool") == "a " and stream.add("box") == "<toolbox"
     assert stream.add(" <tool") == " " and stream.finish() == ("<tool", [])
+
+
+def test_tool_call_arguments_nested_past_the_parsers_stack_are_a_400():
+    """An assistant message's arguments string nested deeper than json's stack (a
+    RecursionError, not a ValueError: it was a 500)."""
+    from engine.processing.tool_messages import tool_fields
+
+    message = {"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "[" * 5000}}]}
+    with pytest.raises(InvalidRequestError, match="not valid JSON"):
+        tool_fields(message, 0, "assistant")

@@ -78,7 +78,7 @@ def schema_spec(schema: Any, param: str, *, any_whitespace: bool = False) -> Gra
     if isinstance(schema, str):
         try:
             schema = json.loads(_sized(param, schema))
-        except ValueError:
+        except (ValueError, RecursionError):  # (nesting deeper than the parser's stack)
             raise _bad(param, "is not valid JSON") from None
     if not isinstance(schema, dict):
         raise _bad(param, "must be a JSON Schema object")
@@ -107,6 +107,8 @@ def check_schema(schema: dict[str, Any], param: str) -> None:
         if enums > MAX_ENUM_VALUES:
             raise _bad(param, f"holds more than {MAX_ENUM_VALUES} enum values",
                        hint=LIMITS_HINT)
+        if node.get("type") == "string":
+            _check_lengths(node, param)
         properties = node.get("properties")
         if isinstance(properties, dict):
             required = node.get("required")
@@ -117,6 +119,19 @@ def check_schema(schema: dict[str, Any], param: str) -> None:
                 raise _bad(param, f"has an object with {optional} optional properties; at "
                                   f"most {MAX_OPTIONAL_PROPERTIES}", hint=LIMITS_HINT)
         stack.extend((v, depth + 1) for v in node.values())
+
+
+def _check_lengths(node: dict[str, Any], param: str) -> None:
+    """A string's ``minLength``/``maxLength``: whole numbers, min at most max (they become a
+    pattern's repetition counts, see ``grammar.bounded_strings``: anything else would be
+    pasted into that pattern)."""
+    low, high = node.get("minLength", 0), node.get("maxLength", 0)
+    for name in ("minLength", "maxLength"):
+        value = node.get(name, 0)
+        if type(value) is not int or value < 0:
+            raise _bad(param, f"has a string {name} that is not a whole number, 0 or more")
+    if "maxLength" in node and low > high:
+        raise _bad(param, "has a string whose minLength is more than its maxLength")
 
 
 def regex_spec(pattern: Any, param: str) -> GrammarSpec:

@@ -48,7 +48,7 @@ def _call(call: Any, where: str) -> dict[str, Any]:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # (nesting deeper than the parser's stack)
             raise _bad(f"{where}.function.arguments is not valid JSON") from None
     if not isinstance(arguments, dict):
         raise _bad(f"{where}.function.arguments must be a JSON object")

@@ -100,7 +100,8 @@ class Reply:
                     first: bool) -> dict[str, Any] | None:
         """tool_choice "auto", streamed: content as it may go out (none once a call
         begins), the calls in the chunk that ends the choice."""
-        stream = self._hermes.setdefault(at, HermesStream())
+        stream = self._hermes.setdefault(at, HermesStream(
+            self.fields.tools.names if self.fields.tools is not None else None))
         content = stream.add(text)
         calls: list[dict[str, Any]] = []
         if reason is not None:
@@ -128,7 +129,7 @@ class Reply:
         tools = self.fields.tools
         content, calls = None, None
         if tools is not None and tools.parser is not None:
-            content, pairs = hermes(text)
+            content, pairs = hermes(text, tools.names)
             calls = openai_calls(pairs) if pairs else None
             reason = "tool_calls" if calls else reason
         elif tools is not None and reason == "stop":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from typing import Any
 
 PARSERS = ("hermes",)
@@ -18,8 +19,12 @@ START, END = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(START) + r"\s*(.*?)\s*(?:" + re.escape(END) + r"|$)", re.S)
 
 
-def hermes(text: str) -> tuple[str | None, list[tuple[str, Any]]]:
-    """``text``'s content (None when only calls) and its calls as (name, arguments)."""
+def hermes(text: str, names: Collection[str] | None = None
+           ) -> tuple[str | None, list[tuple[str, Any]]]:
+    """``text``'s content (None when only calls) and its calls as (name, arguments). Text
+    that is no call after all (a block that does not parse, nests past the parser's stack,
+    or names a function not among ``names``, the declared tools: a model talked into calling
+    something it was not given) stays text; text after the last call stays content."""
     at = text.find(START)
     if at < 0:
         return text, []
@@ -27,12 +32,14 @@ def hermes(text: str) -> tuple[str | None, list[tuple[str, Any]]]:
     for block in _BLOCK.findall(text[at:]):
         try:
             call = json.loads(block)
-        except ValueError:
+        except (ValueError, RecursionError):
             return text, []
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or (
+                names is not None and call["name"] not in names):
             return text, []
         calls.append((call["name"], call.get("arguments", call.get("parameters", {}))))
-    content = text[:at].strip()
+    end = text.rfind(END)
+    content = (text[:at] + (text[end + len(END):] if end >= 0 else "")).strip()
     return content or None, calls
 
 
@@ -41,7 +48,8 @@ class HermesStream:
     call's tag is sent at once; from the first ``<tool_call>`` on, the rest is held for the
     calls, parsed at the end (:meth:`finish`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: Collection[str] | None = None) -> None:
+        self.names = names  # the declared tools (see hermes)
         self.text = ""
         self._sent = 0
         self.calling = False
@@ -65,7 +73,7 @@ class HermesStream:
     def finish(self) -> tuple[str, list[tuple[str, Any]]]:
         """The content still held (a tag's start that never became one, or text that was
         no call after all) and the calls."""
-        _, calls = hermes(self.text)
+        _, calls = hermes(self.text, self.names)
         if not calls:
             return self.text[self._sent:], []
         return "", calls

@@ -68,6 +68,8 @@ def reserve_slots(count: int) -> None:
 
 
 _fallback_reasons: set[str] = set()
+#: FFmpeg threads of a stream decoded on the CPU instead of NVDEC
+FALLBACK_THREADS = 2
 
 
 def _is_nvdec_error(exc: BaseException) -> bool:
@@ -105,6 +107,7 @@ class PyNvVideoCodecBackend(VideoBackend):
 
         slot = _slots.get()  # type: ignore[union-attr]
         fd = os.memfd_create("aphrodite-nvdec", os.MFD_CLOEXEC)
+        refused: str | None = None
         try:
             os.write(fd, data)
             decoder = nvc.SimpleDecoder(f"/proc/self/fd/{fd}", gpu_id=options.gpu_id,
@@ -115,10 +118,12 @@ class PyNvVideoCodecBackend(VideoBackend):
         except Exception as exc:
             if not _is_nvdec_error(exc):
                 raise
-            return self._on_cpu(data, scan, indices, sanitize(exc))
+            refused = sanitize(exc)
         finally:
             os.close(fd)
             _slots.put(slot)  # type: ignore[union-attr]
+        if refused is not None:  # on the CPU, the decoder slot given back first
+            return self._on_cpu(data, scan, indices, refused)
         turn = first_frame_rotation(data)
         return stack([rotate_for_display(np.ascontiguousarray(f[..., :3]), turn)
                       for f in frames], scan)
@@ -138,7 +143,9 @@ class PyNvVideoCodecBackend(VideoBackend):
             _fallback_reasons.add(key)
             logger.warning("NVDEC cannot decode a %s stream (%s): decoding it with pyav",
                            scan.codec, reason.replace("\n", " ")[:200])
-        return pyav.BACKEND.decode(data, scan, indices, PyAVOptions())
+        # two threads, not FFmpeg's choice (every core): a client choosing such streams
+        # must not take the API server's CPUs from everyone else's requests
+        return pyav.BACKEND.decode(data, scan, indices, PyAVOptions(threads=FALLBACK_THREADS))
 
 
 BACKEND = PyNvVideoCodecBackend()
