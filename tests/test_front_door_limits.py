@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.errors import AphroditeError
+from engine.errors import AphroditeError, InvalidRequestError
 from engine.server import front_door, text_limits
 from engine.server.app import error_response
 from engine.server.text_limits import TextLimits
@@ -325,3 +325,21 @@ def test_one_client_cannot_hold_every_connection(server):
     finally:
         for sock in held:
             sock.close()
+
+
+def test_tools_and_tool_call_arguments_count_as_prompt_text():
+    """Tools (descriptions, schemas) and assistant tool calls' arguments go through the chat
+    template and the tokenizer like message text: they count against --max-prompt-bytes
+    (they were not counted at all)."""
+    limits = TextLimits(max_prompt_bytes=1000, max_messages=16)
+    big_tool = [{"type": "function", "function": {"name": "f", "description": "d" * 2000}}]
+    with pytest.raises(InvalidRequestError) as info:
+        limits.check_chat([{"role": "user", "content": "hi"}], big_tool)
+    assert info.value.param == "tools" and "--max-prompt-bytes" in info.value.hint
+    call = {"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "1" * 2000}}]}
+    with pytest.raises(InvalidRequestError) as info:
+        limits.check_chat([{"role": "user", "content": "hi"}, call])
+    assert info.value.param == "messages"
+    limits.check_chat([{"role": "user", "content": "hi"}, {**call, "tool_calls": []}],
+                      [{"type": "function", "function": {"name": "f"}}])  # small: fine

@@ -256,7 +256,8 @@ def _client(request: web.Request) -> str:
 async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
     state: State = request.app[STATE]
     data = await read_json(request, ticket,  # text limits before templating and tokenizing
-                           lambda body: state.text_limits.check_chat(body.get("messages")))
+                           lambda body: state.text_limits.check_chat(body.get("messages"),
+                                                                     body.get("tools")))
     start = time.perf_counter()
     fields, processed = await prepare_chat(state, data, ticket, _client(request))
     return await respond(request, state, fields, [processed], start, chat=True)
@@ -295,7 +296,7 @@ async def tokenize(request: web.Request, ticket: Ticket) -> web.Response:
     state: State = request.app[STATE]
     def limits(body: dict[str, Any]) -> None:  # each route's text limits, before any walk
         if "messages" in body:
-            state.text_limits.check_chat(body.get("messages"))
+            state.text_limits.check_chat(body.get("messages"), body.get("tools"))
         else:
             state.text_limits.check_prompt(body.get("prompt"), state.config.max_model_len)
 

@@ -47,9 +47,10 @@ class TextLimits:
             max_prompt_bytes = max_model_len * longest if longest else 0
         return cls(max_prompt_bytes, max_model_len if max_messages is None else max_messages)
 
-    def check_chat(self, messages: Any) -> None:
-        """``messages``' count and text bytes (text parts and string contents; media URLs are
-        media, bounded elsewhere)."""
+    def check_chat(self, messages: Any, tools: Any = None) -> None:
+        """``messages``' count and text bytes (text parts and string contents, and the
+        assistant tool calls' arguments; media URLs are media, bounded elsewhere), with
+        ``tools``' text: all of it goes through the chat template and the tokenizer."""
         if not isinstance(messages, list):
             return  # the schema check names the field
         if self.max_messages and len(messages) > self.max_messages:
@@ -60,7 +61,9 @@ class TextLimits:
                 hint="send fewer messages (the server's limit is --max-messages)")
         if not self.max_prompt_bytes:
             return
-        total = 0
+        total = _tools_bytes(tools)
+        if total > self.max_prompt_bytes:
+            raise self._too_long(total, "tools")
         for message in messages:
             content = message.get("content") if isinstance(message, dict) else None
             if isinstance(content, str):
@@ -69,6 +72,12 @@ class TextLimits:
                 for part in content:
                     if isinstance(part, dict) and isinstance(part.get("text"), str):
                         total += _nbytes(part["text"])
+            calls = message.get("tool_calls") if isinstance(message, dict) else None
+            for call in calls if isinstance(calls, list) else ():
+                function = call.get("function") if isinstance(call, dict) else None
+                arguments = function.get("arguments") if isinstance(function, dict) else None
+                if isinstance(arguments, str):
+                    total += _nbytes(arguments)
             if total > self.max_prompt_bytes:
                 raise self._too_long(total, "messages")
 
@@ -94,6 +103,22 @@ class TextLimits:
             "this server takes (more than its model's context could hold)", param=param,
             code="prompt_too_long",
             hint="send a shorter prompt (the server's limit is --max-prompt-bytes)")
+
+
+def _tools_bytes(tools: Any) -> int:
+    """The text bytes of ``tools`` (names, descriptions, parameter schemas): its strings,
+    walked without recursion and without serializing it."""
+    total, stack = 0, [tools]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            total += _nbytes(node)
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return total
 
 
 def _nbytes(text: str) -> int:
