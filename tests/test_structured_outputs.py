@@ -326,6 +326,38 @@ def test_an_empty_language_is_refused_and_a_dead_end_can_only_stop():
     assert not bitmask[0].any()
 
 
+def test_the_compile_queue_is_bounded_and_abandoned_compiles_never_run():
+    """Distinct slow constraints cannot queue without bound: past MAX_QUEUED_COMPILES waiting
+    for a thread, a new one is a 503 at once; a compile whose waiter gave up before a thread
+    took it leaves the cache and is never compiled (it held a thread after its 503)."""
+    import threading
+
+    from engine.executor import grammar
+
+    tokenizer = loaded("qwen2_5_vl").tokenizer
+    grammars = Grammars(tokenizer, len(tokenizer), [tokenizer.eos_token_id], threads=1)
+    gate = threading.Event()
+    try:
+        grammars._pool.submit(gate.wait)  # the one compile thread is busy
+        specs = [GrammarSpec("regex", f"a{{{k}}}", "guided_regex")
+                 for k in range(grammar.MAX_QUEUED_COMPILES + 1)]
+        futures = [grammars.compile(spec) for spec in specs[:-1]]
+        with pytest.raises(OverloadedError) as info:
+            grammars.compile(specs[-1])
+        assert info.value.status == 503 and info.value.code == "grammar_compiler_busy"
+        with pytest.raises(OverloadedError):
+            grammars.check(specs[0], timeout_s=0.01)  # gave up while queued
+        gate.set()
+        with pytest.raises(OverloadedError):
+            futures[0].result(timeout=30)  # never compiled
+        assert futures[1].result(timeout=30) is not None
+        assert grammars.stats["compiles"] == grammar.MAX_QUEUED_COMPILES
+        assert grammars.compile(specs[-1]).result(timeout=30) is not None  # room again
+    finally:
+        gate.set()
+        grammars.close()
+
+
 # -- forced tool calls ---------------------------------------------------------------------
 
 FORECAST = {"type": "object", "properties": {

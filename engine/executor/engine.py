@@ -158,7 +158,13 @@ class Engine:
                 request.error = _as_error(exc, request)
             self._queue.put(request)
 
-        self.runner.grammars().compile(spec).add_done_callback(compiled)
+        try:
+            future = self.runner.grammars().compile(spec)
+        except Exception as exc:  # (its queue of compiles is full: the request fails, 503)
+            request.error = _as_error(exc, request)
+            self._queue.put(request)
+            return request
+        future.add_done_callback(compiled)
         return request
 
     def reset_prefix_cache(self, timeout_s: float = 30.0) -> dict[str, Any]:

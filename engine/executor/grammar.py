@@ -36,6 +36,9 @@ CACHE_ENTRIES = 256
 CACHE_BYTES = 512 << 20
 #: compiles that run at once (the others wait their turn)
 COMPILE_THREADS = 2
+#: compiles waiting for a thread at most: past it a new constraint is a 503 at once (many
+#: distinct slow schemas must not queue without bound and starve everyone's constraints)
+MAX_QUEUED_COMPILES = 32
 
 #: xgrammar's messages start with a time and its source file: "[12:00:00] /x/y.cc:12: ..."
 _SOURCE = re.compile(r"^\s*\[[^\]]*\]\s*\S+:\d+:\s*(Check failed: \([^)]*\) is false:\s*)?")
@@ -60,6 +63,8 @@ class _Compile:
         self.future: Future = Future()
         self.started: float | None = None
         self.size = 0
+        #: its waiters gave up before a thread took it: it is never compiled
+        self.abandoned = False
 
 
 class Grammars:
@@ -82,6 +87,7 @@ class Grammars:
         self._cache: collections.OrderedDict[tuple, _Compile] = collections.OrderedDict()
         self.entries, self.max_bytes = entries, max_bytes
         self.stats = {"compiles": 0, "hits": 0}
+        self._queued = 0  # compiles submitted that no thread has taken yet
 
     def compile(self, spec: GrammarSpec) -> Future:
         """The compiled grammar of ``spec`` (a future: done at once from the cache); an
@@ -92,13 +98,21 @@ class Grammars:
                 self._cache.move_to_end(spec.key)
                 self.stats["hits"] += 1
                 return entry.future
+            if self._queued >= MAX_QUEUED_COMPILES:
+                raise _busy()
             entry = self._cache[spec.key] = _Compile()
             self.stats["compiles"] += 1
+            self._queued += 1
         self._pool.submit(self._run, spec, entry)
         return entry.future
 
     def _run(self, spec: GrammarSpec, entry: _Compile) -> None:
-        entry.started = time.perf_counter()
+        with self._lock:
+            self._queued -= 1
+            entry.started = time.perf_counter()
+            if entry.abandoned:  # (already out of the cache: see _late)
+                entry.future.set_exception(_busy())
+                return
         try:
             compiled = self._compile(spec)
         except Exception as exc:  # the library's word on a bad constraint
@@ -178,10 +192,11 @@ class Grammars:
     def _late(self, spec: GrammarSpec) -> Exception:
         with self._lock:
             entry = self._cache.get(spec.key)
-        if entry is not None and entry.started is None:
-            return OverloadedError("the grammar compiler is busy with other constraints",
-                                   code="grammar_compiler_busy",
-                                   hint="retry after the Retry-After seconds")
+            if entry is not None and entry.started is None:
+                # never begun: dropped, so the queue does not keep work nobody waits for
+                entry.abandoned = True
+                del self._cache[spec.key]
+                return _busy()
         return InvalidRequestError(
             f"{spec.param} took longer than {COMPILE_TIMEOUT_S:g} s to compile",
             param=spec.param, code="invalid_structured_output",
@@ -195,6 +210,12 @@ class Grammars:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _busy() -> OverloadedError:
+    return OverloadedError("the grammar compiler is busy with other constraints",
+                           code="grammar_compiler_busy",
+                           hint="retry after the Retry-After seconds")
 
 
 def bounded_strings(schema: Any) -> Any:
