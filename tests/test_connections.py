@@ -152,9 +152,10 @@ class Server:
         return None
 
 
-def guarded(per_client: int, total: int) -> Server:
+def guarded(per_client: int, total: int, grace: float = 0.0) -> Server:
     server = Server()
-    ConnectionGuard(per_client=per_client, total=total, header_timeout_s=0).install(server)
+    ConnectionGuard(per_client=per_client, total=total, header_timeout_s=0,
+                    active_grace_s=grace).install(server)
     return server
 
 
@@ -195,3 +196,22 @@ def test_past_the_total_anyones_oldest_idle_connection_makes_room():
     third._request_in_progress = newcomer._request_in_progress = True
     refused, transport = open_from(server, "10.0.0.5")
     assert refused.closed and b"ulimit -n" in transport.written
+
+
+def test_a_connection_active_a_moment_ago_is_not_shed():
+    """aiohttp hands a request it has read to a task that marks its connection busy a moment
+    later: a connection opened or sent a request within the grace is not closed in between
+    (its request would be lost); past the grace it is the one to go."""
+    import time
+
+    server = guarded(per_client=1, total=100, grace=0.2)
+    held, _ = open_from(server, "10.0.0.1")
+    refused, transport = open_from(server, "10.0.0.1")
+    assert refused.closed and not held.closed and transport.written.startswith(b"HTTP/1.1 503")
+    time.sleep(0.25)
+    server.request_factory(None, None, held)  # it sends a request's headers: active again
+    refused, _ = open_from(server, "10.0.0.1")
+    assert refused.closed and not held.closed
+    time.sleep(0.25)
+    newcomer, transport = open_from(server, "10.0.0.1")
+    assert held.closed and not newcomer.closed and transport.written == b""

@@ -17,6 +17,7 @@ from PIL import Image
 from engine.errors import AphroditeError, InvalidRequestError
 from engine.server import front_door, text_limits
 from engine.server.app import error_response
+from engine.server.connections import ACTIVE_GRACE_S
 from engine.server.text_limits import TextLimits
 from tests.server_harness import ServerProcess
 
@@ -293,6 +294,7 @@ def test_a_gateway_holding_idle_connections_is_still_served(server):
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             assert response(sock)[0] == 200
         kept += [connect(server, source) for _ in range(4)]  # idle before any request
+        time.sleep(ACTIVE_GRACE_S + 0.1)  # idle, not opened or used a moment ago
         status, doc = post(server, chat("hi"), source=source)
         assert status == 200, doc
         assert closed_by_server(kept[0])  # the oldest made room

@@ -75,6 +75,12 @@ def _refusal(message: str, hint: str) -> bytes:
             + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
+#: a connection is sheddable only this long after it was opened or last sent a request's
+#: headers: aiohttp hands a request it has read to a task that marks the connection busy a
+#: moment later, and a connection must not be closed in between (its request lost)
+ACTIVE_GRACE_S = 0.25
+
+
 def _idle(handler: Any) -> bool:
     """No request being handled or waiting on ``handler``'s connection (before its first
     request, or between two): the state aiohttp's keep-alive timer closes."""
@@ -87,8 +93,10 @@ class ConnectionGuard:
     oldest idle ones, and closes connections whose first request's headers do not arrive in
     time. Runs on the event loop."""
 
-    def __init__(self, *, per_client: int, total: int, header_timeout_s: float) -> None:
+    def __init__(self, *, per_client: int, total: int, header_timeout_s: float,
+                 active_grace_s: float = ACTIVE_GRACE_S) -> None:
         self.per_client = per_client
+        self.active_grace_s = active_grace_s
         self.total = total
         self.header_timeout_s = header_timeout_s
         self.by_client: Counter[str] = Counter()
@@ -100,6 +108,8 @@ class ConnectionGuard:
         self._tracked: OrderedDict[Any, tuple[str, asyncio.TimerHandle | None]] = OrderedDict()
         #: each client's connections, least recently active first
         self._of_client: dict[str, OrderedDict[Any, None]] = {}
+        #: when each connection was opened or last sent a request's headers (monotonic)
+        self._active_at: dict[Any, float] = {}
 
     def install(self, server: Any) -> None:
         """Hook ``server`` (an ``aiohttp.web.Server``) before it takes connections."""
@@ -144,11 +154,15 @@ class ConnectionGuard:
                  if self.header_timeout_s > 0 else None)
         self._tracked[handler] = (key, timer)
         self._of_client.setdefault(key, OrderedDict())[handler] = None
+        self._active_at[handler] = time.monotonic()
 
     def _shed_oldest_idle(self, among: OrderedDict[Any, Any]) -> bool:
         """Close the least recently active idle connection of ``among``; False when all
         are busy."""
-        oldest = next((h for h in among if _idle(h)), None)
+        quiet_since = time.monotonic() - self.active_grace_s
+        # least recently active first: past the first one active within the grace, all are
+        oldest = next((h for h in among if self._active_at.get(h, 0.0) <= quiet_since and
+                       _idle(h)), None)
         if oldest is None:
             return False
         self.shed += 1
@@ -170,6 +184,7 @@ class ConnectionGuard:
             self._tracked[handler] = (entry[0], None)
         self._tracked.move_to_end(handler)  # the most recently active now
         self._of_client[entry[0]].move_to_end(handler)
+        self._active_at[handler] = time.monotonic()
 
     def _expire(self, handler: Any) -> None:
         entry = self._tracked.get(handler)
@@ -179,6 +194,7 @@ class ConnectionGuard:
 
     def _release(self, handler: Any) -> None:
         entry = self._tracked.pop(handler, None)
+        self._active_at.pop(handler, None)
         if entry is None:
             return
         key, timer = entry

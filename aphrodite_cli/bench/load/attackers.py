@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from engine.server.connections import ACTIVE_GRACE_S
+
 #: kind -> the (status, code) answers each attack may get.
 EXPECTED: dict[str, set[tuple[int, str]]] = {
     # the body never arrives: 408 at --request-body-timeout-s
@@ -345,6 +347,8 @@ class Attackers:
         try:
             for _ in range(fd.per_client):
                 held.append(await self._connect(source))
+            # idle a moment: a connection opened within the server's grace is not shed
+            await asyncio.sleep(ACTIVE_GRACE_S + 0.1)
             start = time.monotonic()
             for _ in range(fd.hog_extras):
                 held.append(await self._connect(source))
