@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from engine.errors import AuthenticationError, RouteDisabledError
+from engine.errors import AuthenticationError, PermissionDeniedError, RouteDisabledError
 from engine.server.front_door import check_content_type, check_same_origin, key_matches
 
 #: the routes this module registers (the API's key middleware leaves them to :class:`Access`)
@@ -64,6 +64,15 @@ class Access:
                                            f"{which}")
         if request.body_exists:  # (a client's empty POST says any type: the body is unused)
             check_content_type(request)
+        if not key and "Origin" in request.headers:
+            # no key to hold: a page in a browser (which always says its Origin on a POST)
+            # could reach this server under a name of its own (DNS rebinding), where its
+            # Origin matches the Host it sends; scripts and the command line send none
+            raise PermissionDeniedError(
+                f"{request.path} takes no request from a web page on a server without a key",
+                code="cross_origin_request",
+                hint="call it from a script or the command line, or start the server with "
+                     "--admin-api-key")
         check_same_origin(request)
 
 #: where an app keeps the AppKey of its state (given by the app factory, so this module
