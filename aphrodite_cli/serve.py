@@ -308,7 +308,8 @@ def serve(
         request_body_timeout_s=request_body_timeout_s,
         header_read_timeout_s=header_read_timeout_s, keep_alive_timeout_s=keep_alive_timeout_s,
         max_connections_per_client=max_connections_per_client,
-        trusted_proxies=tuple(p for p in (trusted_proxies or "").split(",") if p.strip()),
+        trusted_proxies=tuple(p for p in (trusted_proxies or "").split(",") if p.strip())
+        or None,
         max_prompt_bytes=max_prompt_bytes, max_messages=max_messages,
         metrics_without_auth=metrics_without_auth,
         expose_request_timings=expose_request_timings,

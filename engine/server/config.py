@@ -38,7 +38,7 @@ class ServerConfig:
     keep_alive_timeout_s: float = 15.0
     max_connections_per_client: int = 256  # 0: no per-client cap
     #: networks whose X-Forwarded-For names the client (per-client fetch and decode shares)
-    trusted_proxies: tuple[str, ...] = ()
+    trusted_proxies: tuple[str, ...] | None = None  # (None: none trusted)
     #: text bytes / messages per request; None: what cannot fit max_model_len tokens
     max_prompt_bytes: int | None = None
     max_messages: int | None = None

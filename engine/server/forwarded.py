@@ -33,9 +33,9 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 class TrustedProxies:
     """The networks whose ``X-Forwarded-For`` is believed (none: nobody's)."""
 
-    def __init__(self, networks: Sequence[str] = ()) -> None:
+    def __init__(self, networks: Sequence[str] | None = ()) -> None:
         self.networks: list[Network] = []
-        for text in networks:
+        for text in networks or ():
             try:
                 self.networks.append(ipaddress.ip_network(text.strip(), strict=False))
             except ValueError:
