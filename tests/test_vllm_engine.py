@@ -299,7 +299,8 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
         def __init__(self, refusals: int, token_first: bool = False) -> None:
             self.refusals, self.token_first, self.seen = refusals, token_first, []
 
-        async def generate(self, ids, mm, sampling, items, text, kwargs, priority=0):
+        async def generate(self, ids, mm, sampling, items, text, kwargs, priority=0,
+                           cache_salt=None):
             self.seen.append(mm)
             if self.token_first:
                 yield Delta("r", 0, 5, "x", None, None)
