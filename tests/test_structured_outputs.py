@@ -442,6 +442,9 @@ def test_auto_with_the_hermes_parser_turns_a_tool_call_text_into_tool_calls(clie
     plain = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
                                            tool_choice="none", max_tokens=2)
     assert plain.choices[0].message.tool_calls is None
+    # "none" still shows the model its tools, as vLLM's template call does by default
+    bare = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2)
+    assert plain.usage.prompt_tokens == words.usage.prompt_tokens > bare.usage.prompt_tokens
 
 
 def test_the_tools_template_writes_tools_calls_and_results_as_qwen_does():

@@ -48,7 +48,9 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
     pipeline.check_counts(counts)
     kwargs = pipeline.kwargs_for(fields.mm_processor_kwargs)
     video = pipeline.video_for(fields.media_io_kwargs, kwargs)  # (kwargs' fps samples frames)
-    tools = data.get("tools") if fields.tools is not None else None
+    # in the template whatever tool_choice says, "none" too (vLLM's default): the prompt, and
+    # its token count, does not depend on whether a call is wanted
+    tools = data.get("tools") or None
     text = await asyncio.get_running_loop().run_in_executor(  # templating: off the loop
         decode_executor(), pipeline.render, parsed.messages, tools)
     items, fetch_s = [], 0.0
