@@ -275,12 +275,18 @@ async def completions(request: web.Request, ticket: Ticket) -> web.StreamRespons
     return await respond(request, state, fields, processed, start, chat=False)
 
 
-def _switch(data: dict[str, Any], name: str, default: bool) -> None:
-    """A /tokenize switch this server honours only at vLLM's default: a boolean, else a 400;
-    the other value a 400 naming it rather than a count that ignores it."""
+def _flag(data: dict[str, Any], name: str, default: bool) -> bool:
+    """A /tokenize switch, taken out of ``data``: a boolean, else a 400 naming it."""
     value = data.pop(name, default)
     if not isinstance(value, bool):
         raise InvalidRequestError(f"{name} must be true or false", param=name)
+    return value
+
+
+def _switch(data: dict[str, Any], name: str, default: bool) -> None:
+    """A /tokenize switch this server honours only at vLLM's default; the other value a 400
+    naming it rather than a count that ignores it."""
+    value = _flag(data, name, default)
     if value != default:
         raise InvalidRequestError(f"{name}={str(value).lower()} is not supported here",
                                   param=name, code="unsupported_parameter",
@@ -301,10 +307,7 @@ async def tokenize(request: web.Request, ticket: Ticket) -> web.Response:
             state.text_limits.check_prompt(body.get("prompt"), state.config.max_model_len)
 
     data = await read_json(request, ticket, limits)
-    strings = data.pop("return_token_strs", False)
-    if not isinstance(strings, bool):
-        raise InvalidRequestError("return_token_strs must be true or false",
-                                  param="return_token_strs")
+    strings = _flag(data, "return_token_strs", False)
     if "messages" in data:
         _switch(data, "add_generation_prompt", True)
         _switch(data, "continue_final_message", False)

@@ -30,24 +30,20 @@ def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], defau
 MAX_CACHE_SALT_CHARS = 1024
 
 
-def _cache_salt(value: Any) -> str | None:
+def _cache_salt(body: dict[str, Any]) -> str | None:
     """vLLM's ``cache_salt``: a non-empty string (its rule), at most MAX_CACHE_SALT_CHARS."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or len(value) > MAX_CACHE_SALT_CHARS:
+    salt = _field(body, "cache_salt", str)
+    if salt is not None and not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
         raise InvalidRequestError(f"cache_salt must be a non-empty string of at most "
                                   f"{MAX_CACHE_SALT_CHARS} characters", param="cache_salt")
-    return value
+    return salt
 
 
 def _stream_option(options: dict[str, Any], name: str) -> bool:
     """One of ``stream_options``' switches: a boolean (a string such as "false" would read as
-    true), absent meaning false."""
-    value = options.get(name, False)
-    if not isinstance(value, bool):
-        raise InvalidRequestError(f"stream_options.{name} must be true or false",
-                                  param=f"stream_options.{name}")
-    return value
+    true), absent meaning false; named in full in an error."""
+    qualified = f"stream_options.{name}"
+    return _field({qualified: options.get(name)}, qualified, bool, False)
 
 
 @dataclass
@@ -203,7 +199,7 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
         tokens_as_ids=bool(_field(body, "return_tokens_as_token_ids", bool, False)),
         priority=checked_priority(_field(body, "priority", int, 0), scheduling_policy),
         tools=tools,
-        cache_salt=_cache_salt(body.get("cache_salt")),
+        cache_salt=_cache_salt(body),
     )
 
 
