@@ -104,12 +104,12 @@ class ConnectionGuard:
         self.refused = 0
         self.shed = 0  # idle connections closed to make room for new ones
         self.header_timeouts = 0
-        #: every connection, least recently active first, with its client and header timer
-        self._tracked: OrderedDict[Any, tuple[str, asyncio.TimerHandle | None]] = OrderedDict()
+        #: every connection, least recently active first, with its client, header timer and
+        #: when it was opened or last sent a request's headers (time.monotonic)
+        self._tracked: OrderedDict[Any, tuple[str, asyncio.TimerHandle | None, float]] = \
+            OrderedDict()
         #: each client's connections, least recently active first
         self._of_client: dict[str, OrderedDict[Any, None]] = {}
-        #: when each connection was opened or last sent a request's headers (monotonic)
-        self._active_at: dict[Any, float] = {}
 
     def install(self, server: Any) -> None:
         """Hook ``server`` (an ``aiohttp.web.Server``) before it takes connections."""
@@ -152,17 +152,20 @@ class ConnectionGuard:
         timer = (asyncio.get_running_loop().call_later(self.header_timeout_s, self._expire,
                                                        handler)
                  if self.header_timeout_s > 0 else None)
-        self._tracked[handler] = (key, timer)
+        self._tracked[handler] = (key, timer, time.monotonic())
         self._of_client.setdefault(key, OrderedDict())[handler] = None
-        self._active_at[handler] = time.monotonic()
 
     def _shed_oldest_idle(self, among: OrderedDict[Any, Any]) -> bool:
         """Close the least recently active idle connection of ``among``; False when all
         are busy."""
         quiet_since = time.monotonic() - self.active_grace_s
-        # least recently active first: past the first one active within the grace, all are
-        oldest = next((h for h in among if self._active_at.get(h, 0.0) <= quiet_since and
-                       _idle(h)), None)
+        oldest = None
+        for handler in among:  # least recently active first
+            if self._tracked[handler][2] > quiet_since:
+                return False  # this one, and every one after it, active within the grace
+            if _idle(handler):
+                oldest = handler
+                break
         if oldest is None:
             return False
         self.shed += 1
@@ -181,10 +184,9 @@ class ConnectionGuard:
             return
         if entry[1] is not None:
             entry[1].cancel()
-            self._tracked[handler] = (entry[0], None)
+        self._tracked[handler] = (entry[0], None, time.monotonic())
         self._tracked.move_to_end(handler)  # the most recently active now
         self._of_client[entry[0]].move_to_end(handler)
-        self._active_at[handler] = time.monotonic()
 
     def _expire(self, handler: Any) -> None:
         entry = self._tracked.get(handler)
@@ -194,10 +196,9 @@ class ConnectionGuard:
 
     def _release(self, handler: Any) -> None:
         entry = self._tracked.pop(handler, None)
-        self._active_at.pop(handler, None)
         if entry is None:
             return
-        key, timer = entry
+        key, timer, _ = entry
         if timer is not None:
             timer.cancel()
         self.open -= 1
