@@ -73,10 +73,10 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
             processed = await loop.run_in_executor(
                 decode_executor(), decoded_prompt, state, text, items,
                 vllm_processor_kwargs(state, fields.mm_processor_kwargs))
+            processed.cache_salt = fields.cache_salt  # (ours: set by the pipeline)
         else:
             processed = await loop.run_in_executor(decode_executor(), pipeline.process,
                                                    text, items, kwargs, fields.cache_salt)
-    processed.cache_salt = fields.cache_salt
     processed.timings["fetch_s"] = fetch_s
     if state.config.engine_kind != "vllm":  # (vLLM's: counted once it ran, vllm_media)
         state.metrics.count_items(processed.item_hits)
