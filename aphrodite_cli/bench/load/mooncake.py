@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from aphrodite_cli.bench.load.datasets import BenchRequest
+from aphrodite_cli.bench.load.media_files import read_lines
 from engine.errors import ConfigError
 
 #: Mooncake's block size, in tokens
@@ -73,13 +74,8 @@ def load_mooncake(path: Path, prompts: Any, *, block: int = BLOCK_TOKENS,
                   ) -> list[BenchRequest]:
     """The trace's requests in time order (the first at 0 s), each with its ``arrival_s``,
     its prompt of ``input_length`` tokens built from its blocks, and its ``input_len``."""
-    try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read the trace {path}: {exc.strerror or exc}",
-                          code="invalid_dataset") from None
     rows = []
-    for n, text in enumerate(lines, 1):
+    for n, text in enumerate(read_lines(path, "trace"), 1):
         if not text.strip():
             continue
         try:
