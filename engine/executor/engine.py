@@ -160,10 +160,9 @@ class Engine:
 
         try:
             future = self.runner.grammars().compile(spec)
-        except Exception as exc:  # (its queue of compiles is full: the request fails, 503)
-            request.error = _as_error(exc, request)
-            self._queue.put(request)
-            return request
+        except Exception as exc:  # (its queue of compiles is full: failed as any compile)
+            future = Future()
+            future.set_exception(exc)
         future.add_done_callback(compiled)
         return request
 
