@@ -227,7 +227,7 @@ def validate_all() -> None:
 
 
 def markdown_table() -> str:
-    """The README's table of variables (``python -m engine.envs`` prints it)."""
+    """docs/environment.md's table of variables (``python -m engine.envs`` prints it)."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for var in DECLARED.values():
         default = var.default if var.default != "" else "(unset)"

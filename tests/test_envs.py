@@ -11,7 +11,7 @@ from engine import envs
 from engine.config import MediaLimits
 from engine.errors import ConfigError
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "environment.md"
 
 REQUIRED = ["APHRODITE_IMAGE_FETCH_TIMEOUT", "APHRODITE_VIDEO_FETCH_TIMEOUT",
             "APHRODITE_AUDIO_FETCH_TIMEOUT", "APHRODITE_MEDIA_LOADING_THREAD_COUNT",
@@ -63,7 +63,7 @@ def test_no_module_reads_aphrodite_variables_elsewhere():
 
 
 def test_readme_documents_every_variable():
-    """The README's table is exactly what `python -m engine.envs` prints (regenerate it)."""
+    """docs/environment.md's table is exactly what `python -m engine.envs` prints (regenerate it)."""
     text = README.read_text()
     start = text.index("<!-- envs-table:start -->") + len("<!-- envs-table:start -->")
     table = text[start:text.index("<!-- envs-table:end -->")].strip()

@@ -1,4 +1,4 @@
-"""The README's serving examples (curl and the openai client) run against a live server."""
+"""docs/serving.md's examples (curl and the openai client) run against a live server."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from tests.server_harness import ServerProcess
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "serving.md"
 pytestmark = pytest.mark.timeout(300)
 
 

@@ -26,7 +26,7 @@ from tests.test_structured_fields import deep as nested
 
 pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny-qwen2_5_vl"
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "serving.md"
 
 #: short keys: the tiny model's 449-token vocabulary spends about a token per character
 SCHEMA = {

@@ -36,7 +36,7 @@ EXAMPLES = """Examples:
 vLLM's flags work as given (--dataset-name, --result-dir, --result-filename, --save-result,
 --percentile-metrics, --metric-percentiles, --goodput ttft:500 tpot:50, --tokenizer,
 --ignore-eos, --temperature, --host/--port, --endpoint, --header, --extra-body); see the
-README's table."""
+table in docs/benchmarks.md."""
 
 
 def serve_cmd(

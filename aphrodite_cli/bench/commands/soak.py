@@ -14,7 +14,7 @@ from aphrodite_cli.options import DecodeIsolation
 from aphrodite_cli.output import err, out, print_table
 
 #: ``aphrodite bench soak --help``'s epilog.
-EXAMPLES = """Examples (the README's 10-minute runs: a quiet baseline, then under attack):
+EXAMPLES = """Examples (SECURITY.md's 10-minute runs: a quiet baseline, then under attack):
 
   aphrodite bench soak --duration 120 --quiet
   aphrodite bench soak --duration 600 --hostile-share 0.25 --concurrency 4 \\
