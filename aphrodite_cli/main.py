@@ -32,7 +32,8 @@ typer.core.TyperOption.display_type_rich = _no_value_for_flags  # type: ignore[m
 app = typer.Typer(
     name="aphrodite",
     help="Serve and benchmark multimodal (image, video, audio) language models.\n\n"
-    "Environment variables (APHRODITE_*) are listed in docs/environment.md; unknown ones are warned about.",
+    "Environment variables (APHRODITE_*) are listed in docs/environment.md; unknown ones are "
+    "warned about.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,

@@ -132,6 +132,11 @@ def serve(
              "(header x-aphrodite-timings, body field 'aphrodite'; bench serve reads them). "
              "Off by default: a cache hit tells a client that someone sent the same media.")
     ] = ServerConfig.expose_request_timings,
+    process_file: Annotated[str | None, typer.Option(
+        help="Write the server's process ids by role to this JSON file once it serves "
+             "({\"supervisor\": PID, \"engines\": [...], \"api_servers\": [...]}), "
+             "for tools that watch its processes; removed at exit.")
+    ] = ServerConfig.process_file,
     enable_auto_tool_choice: Annotated[bool, typer.Option(
         "--enable-auto-tool-choice",
         help="Let tool_choice \"auto\" (the default when a request sends tools) through: "
@@ -312,7 +317,7 @@ def serve(
         or None,
         max_prompt_bytes=max_prompt_bytes, max_messages=max_messages,
         metrics_without_auth=metrics_without_auth,
-        expose_request_timings=expose_request_timings,
+        expose_request_timings=expose_request_timings, process_file=process_file,
         enable_auto_tool_choice=enable_auto_tool_choice, tool_call_parser=tool_call_parser,
         # the engine's settings, checked here once and handed whole to the engine process
         engine=EngineConfig(max_num_seqs=max_num_seqs, scheduling_policy=scheduling_policy,

@@ -263,8 +263,7 @@ def test_cache_resets_reach_every_api_server_and_bench_checks_the_counted_hits(t
                            "--expose-request-timings", "--admin-api-key", ADMIN_KEY
                            ).wait_ready()
     try:
-        api_pids = set(re.findall(r"\d+", server.output.split(
-            "API server pids", 1)[1].split(")", 1)[0]))
+        api_pids = {str(p) for p in server.processes()["api_servers"]}
         assert len(api_pids) == 2
 
         def until_both_answered() -> dict[str, list[list[bool]]]:

@@ -152,8 +152,7 @@ def test_two_engines_share_the_requests_and_keep_each_image_on_one():
     try:
         lines = [line for line in server.lines if re.match(r"engine \d", line)]
         assert [line.split(" ")[1] for line in lines] == ["0", "1"], server.output
-        pids = [int(p) for p in re.search(r"engine pids (\d+), (\d+)",
-                                          server.output).groups()]
+        pids = server.processes()["engines"]
         assert len(set(pids)) == 2
         if len(os.sched_getaffinity(0)) >= 2:  # each pinned to its own CPUs, 1 thread each
             allowed = [re.search(r"^Cpus_allowed_list:\s*(\S+)", Path(
@@ -210,10 +209,9 @@ def test_two_engines_share_the_requests_and_keep_each_image_on_one():
         server.stop(signal.SIGKILL)
 
 
-def test_soak_reads_every_engine_pid_of_the_ready_line():
-    from aphrodite_cli.bench.load.soak import server_roles
+def test_soak_samples_every_engine_of_the_process_file():
+    from aphrodite_cli.bench.harness.server_process import roles_of
 
-    line = ("aphrodite serving m on http://127.0.0.1:1 (1 API server(s); supervisor pid 5, "
-            "engine pids 81, 82, API server pids 90)")
-    assert server_roles(line) == {"supervisor": 5, "engine0": 81, "engine1": 82, "api0": 90}
-    assert server_roles(line.replace("engine pids 81, 82", "engine pid 81"))["engine"] == 81
+    doc = {"supervisor": 5, "engines": [81, 82], "api_servers": [90]}
+    assert roles_of(doc) == {"supervisor": 5, "engine0": 81, "engine1": 82, "api0": 90}
+    assert roles_of({**doc, "engines": [81]})["engine"] == 81

@@ -63,7 +63,7 @@ def test_no_module_reads_aphrodite_variables_elsewhere():
 
 
 def test_readme_documents_every_variable():
-    """docs/environment.md's table is exactly what `python -m engine.envs` prints (regenerate it)."""
+    """docs/environment.md's table is what `python -m engine.envs` prints (regenerate it)."""
     text = README.read_text()
     start = text.index("<!-- envs-table:start -->") + len("<!-- envs-table:start -->")
     table = text[start:text.index("<!-- envs-table:end -->")].strip()

@@ -270,6 +270,7 @@ def test_qwen2_audio_parts_and_private_addresses_and_drain(media):
         assert got.get("n", 0) >= 250  # every token arrived, none was cut off
         assert wait_exit(server.proc, 60) == 0
         assert "draining" in server.output
+        assert not server.process_file.exists()  # --process-file: removed at exit
     finally:
         server.stop()
 
@@ -294,9 +295,13 @@ def test_two_api_servers_share_the_port_and_crashes_are_reported():
                 assert resp.status == 200
                 return resp.headers["x-aphrodite-api-server"]
 
-        api_pids = {str(p) for p in re.findall(r"\d+", server.output.split(
-            "API server pids", 1)[1].split(")", 1)[0])}
-        assert len(api_pids) == 2
+        # --process-file: every process by role, the same ones the process group holds
+        published = server.processes()
+        api_pids = {str(p) for p in published["api_servers"]}
+        assert len(api_pids) == 2 and len(published["engines"]) == 1
+        assert published["supervisor"] == server.proc.pid
+        assert {published["supervisor"], *published["engines"], *published["api_servers"]} \
+            <= set(server.group_members())
         seen: set[str] = set()
         sent = 0
         with ThreadPoolExecutor(8) as pool:

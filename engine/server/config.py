@@ -44,6 +44,9 @@ class ServerConfig:
     max_messages: int | None = None
     metrics_without_auth: bool = False
     expose_request_timings: bool = False
+    #: a JSON file of the server's process ids by role, written once it serves (for tools
+    #: that watch its processes: the benchmarks, the soak, the tests), removed at exit
+    process_file: str | None = None
     #: vLLM's tool-calling flags: tool_choice "auto" reads the calls a model writes in
     #: ``tool_call_parser``'s format (engine/server/tool_parsers.py)
     enable_auto_tool_choice: bool = False

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import multiprocessing
 import os
@@ -297,6 +298,15 @@ def _start_engines(config: ServerConfig, ctx: Any, model_path: str, name: str,
     return started
 
 
+def publish_processes(path: str, roles: dict[str, Any]) -> None:
+    """``--process-file``: the pids by role as JSON, replaced whole (a reader never sees
+    half a file)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(roles, f)
+    os.replace(tmp, path)
+
+
 def _join_all(procs: list[Any], timeout: float) -> None:
     """Wait for every one of ``procs`` to exit, ``timeout`` seconds for them all."""
     deadline = time.monotonic() + timeout
@@ -412,6 +422,10 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
                 pinned = f" (CPUs {','.join(map(str, cpus))})" if cpus else ""
                 announce(f"{engine.name.replace(' process', '')}{pinned}: {threads}")
         pids = ", ".join(str(pid) for pid, _ in settings)
+        if config.process_file:  # before the ready line: whoever waits for it reads this
+            publish_processes(config.process_file, {
+                "supervisor": os.getpid(), "engines": [pid for pid, _ in settings],
+                "api_servers": [p.pid for p in apis]})
         announce(f"aphrodite serving {name} on http://{config.host}:{config.port} "
                  f"({config.api_server_count} API server(s); supervisor pid {os.getpid()}, "
                  f"engine pid{'s' if len(settings) > 1 else ''} {pids}, API server pids "
@@ -450,6 +464,9 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
             if hasattr(ready, "fd"):  # the vLLM engine's ready pipe
                 with contextlib.suppress(OSError):
                     ready.close()
+        if config.process_file:
+            with contextlib.suppress(OSError):
+                os.unlink(config.process_file)
         shutil.rmtree(folder, ignore_errors=True)  # the engine removes it itself when it can
         if metrics_dir is not None:  # so do the API servers (the last one out)
             shutil.rmtree(metrics_dir, ignore_errors=True)

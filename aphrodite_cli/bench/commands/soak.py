@@ -107,7 +107,7 @@ def soak(
         SERVER_ENV,
         HostileHost,
     )
-    from aphrodite_cli.bench.load.soak import failures, run_soak, server_roles
+    from aphrodite_cli.bench.load.soak import failures, run_soak
     from aphrodite_cli.bench.load.target import Target
     from aphrodite_cli.bench.results.files import write_result
     from engine.errors import ConfigError, InternalError
@@ -164,7 +164,7 @@ def soak(
             base, server = f"{target.root}/v1", target.server
             if server is None:  # the soak's Target is embedded: it always starts one
                 raise InternalError("bench soak has no embedded server to watch")
-            doc = run_soak(base, target.model, server_roles("".join(server.lines)),
+            doc = run_soak(base, target.model, server.roles(),
                            duration_s=duration, hostile_share=hostile_share,
                            concurrency=concurrency, seed=seed, media_base=host.base,
                            warmup_s=min(warmup, duration / 2),

@@ -3,28 +3,40 @@
 
 The server runs on a free loopback port in a session (process group) of its own, so its
 supervisor, engine, API servers and decode workers can be stopped as one, also when the
-supervisor failed to stop them; it is ready when it prints its ready line, which names the
-pids of its processes.
+supervisor failed to stop them; it is ready when it prints its ready line. Its processes'
+pids by role come from the JSON file it writes (``--process-file``), read by ``roles``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from engine.errors import ConfigError
 
 BIN = Path(sys.executable).with_name("aphrodite")
 READY_LINE = "aphrodite serving"
+
+
+def roles_of(processes: dict[str, Any]) -> dict[str, int]:
+    """The role names the soak samples by, from a ``--process-file`` document."""
+    roles = {"supervisor": int(processes["supervisor"])}
+    engines = [int(p) for p in processes["engines"]]
+    for i, pid in enumerate(engines):
+        roles["engine" if len(engines) == 1 else f"engine{i}"] = pid
+    for i, pid in enumerate(processes["api_servers"]):
+        roles[f"api{i}"] = int(pid)
+    return roles
 
 
 def free_port() -> int:
@@ -39,7 +51,9 @@ class ServerProcess:
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([str(BIN), "serve", *args, "--port", str(self.port)],
+        self.process_file = Path(tempfile.gettempdir()) / f"aphrodite-serve-{self.port}.json"
+        self.proc = subprocess.Popen([str(BIN), "serve", *args, "--port", str(self.port),
+                                      "--process-file", str(self.process_file)],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **(env or {})}, start_new_session=True)
         self.pgid = self.proc.pid
@@ -76,12 +90,26 @@ class ServerProcess:
     def output(self) -> str:
         return "".join(self.lines)
 
+    def processes(self) -> dict[str, Any]:
+        """What the server published with ``--process-file``: ``supervisor`` (a pid),
+        ``engines`` and ``api_servers`` (lists of pids)."""
+        try:
+            return json.loads(self.process_file.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"the server published no process ids ({e}): "
+                              f"{self.output[-500:]}") from None
+
+    def roles(self) -> dict[str, int]:
+        """Role -> pid: ``supervisor``, ``engine`` (``engine0``, ``engine1``... with
+        several data-parallel engines), ``api0``, ``api1``..."""
+        return roles_of(self.processes())
+
     def pid_of(self, what: str) -> int:
-        """A pid from the ready line: ``engine``, ``API server``, ``supervisor``."""
-        match = re.search(rf"{what} pids? (\d+)", self.output)
-        if not match:
-            raise ConfigError(f"no {what} pid in: {self.output[-500:]}")
-        return int(match.group(1))
+        """The first pid of a role: ``engine``, ``API server`` or ``supervisor``."""
+        found = self.processes()
+        pids = {"engine": found["engines"], "API server": found["api_servers"],
+                "supervisor": [found["supervisor"]]}[what]
+        return int(pids[0])
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         """Signal the supervisor and wait for it (a drain); then kill whatever is left of its
@@ -97,6 +125,7 @@ class ServerProcess:
         # resource tracker unlinks its processes' named semaphores once they are gone, and
         # killing it first would leave them in /dev/shm.
         self.kill_group(grace=10)
+        self.process_file.unlink(missing_ok=True)  # a supervisor killed outright leaves it
         return code
 
     def group_members(self) -> list[int]:

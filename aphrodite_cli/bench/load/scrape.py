@@ -43,19 +43,22 @@ _PREFIX_CACHE = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_tota
 TOLERANCE = 0.01
 
 
-def parse(text: str) -> dict[str, float]:
+def parse(text: str, gauges: bool = False) -> dict[str, float]:
     """Prometheus text -> {``name{labels}``: value} of the samples a delta means something
     for: counters (and untyped samples named ``*_total``), and histograms' and summaries'
-    ``_count`` and ``_sum``."""
+    ``_count`` and ``_sum``; with ``gauges`` the gauges' samples as well (a value now, not a
+    delta: memory in use, requests running)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.type not in ("counter", "histogram", "summary", "gaugehistogram",
-                               "unknown", "untyped"):
+                               "unknown", "untyped", *(("gauge",) if gauges else ())):
             continue
         for sample in family.samples:
-            if family.type in ("unknown", "untyped"):
+            if family.type == "gauge":
+                pass
+            elif family.type in ("unknown", "untyped"):
                 # untyped, or a "# TYPE x counter" line whose samples are x_total: a
                 # counter by its name
                 if not sample.name.endswith("_total"):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 import tempfile
 import time
 import urllib.error
@@ -23,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aphrodite_cli.bench.load import scrape
 from aphrodite_cli.bench.load.server_cpu import fd_links
 from aphrodite_cli.bench.results.stats import summary
 from engine.memory import rss_bytes
@@ -58,8 +58,11 @@ def metrics(base: str, *names: str) -> dict[str, float | None]:
         text = urllib.request.urlopen(f"{root}/metrics", timeout=30).read().decode()
     except OSError:
         text = ""
-    found = {name: re.search(rf"^{name} (\S+)$", text, re.M) for name in names}
-    return {name: float(m.group(1)) if m else None for name, m in found.items()}
+    try:
+        found = scrape.parse(text, gauges=True)
+    except (ValueError, TypeError, IndexError):  # not Prometheus text
+        found = {}
+    return {name: found.get(name) for name in names}
 
 
 def decode_worker_restarts(base: str) -> int | None:
@@ -85,23 +88,6 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def server_roles(output: str) -> dict[str, int]:
-    """Role -> pid from the server's ready line (supervisor, engine, API servers; several
-    data-parallel engines: engine0, engine1, ...)."""
-    roles: dict[str, int] = {}
-    match = re.search(r"supervisor pid (\d+)", output)
-    if match:
-        roles["supervisor"] = int(match.group(1))
-    match = re.search(r"engine pids? ([\d, ]+)", output)
-    engines = match.group(1).replace(",", " ").split() if match else []
-    for i, pid in enumerate(engines):
-        roles["engine" if len(engines) == 1 else f"engine{i}"] = int(pid)
-    match = re.search(r"API server pids ([\d, ]+)", output)
-    for i, pid in enumerate(match.group(1).replace(",", " ").split() if match else []):
-        roles[f"api{i}"] = int(pid)
-    return roles
 
 
 def sample_processes(roles: dict[str, int]) -> dict[str, Any]:
