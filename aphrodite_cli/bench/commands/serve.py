@@ -34,6 +34,14 @@ EXAMPLES = """Examples:
   aphrodite bench serve --base-url http://localhost:2242/v1 --dataset jsonl
   --dataset-path requests.jsonl --media-dir ./media --csv
 
+  aphrodite bench serve --embedded --mode cold --conversation-num 20
+  --conversation-turn-mean 4 --conversation-turn-stddev 1 --conversation-turn-delay-mean 500
+  --max-concurrency 4     (multi-turn sessions: per-turn TTFT and prefix cache hits)
+
+  aphrodite bench serve --base-url http://gpu-box:8000 --conversation-num 60
+  --conversation-turn-mean 5 --num-users 15 --user-centric-rate 1   (AIPerf's user-centric
+  mode: each user a turn every 15 s)
+
 vLLM's flags work as given (--dataset-name, --result-dir, --result-filename, --save-result,
 --percentile-metrics, --metric-percentiles, --goodput ttft:500 tpot:50, --tokenizer,
 --ignore-eos, --temperature, --host/--port, --endpoint, --header, --extra-body); see the
