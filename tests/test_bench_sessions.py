@@ -191,7 +191,7 @@ async def test_each_turn_resends_the_history_with_its_image_and_the_answers_in_o
 
 async def test_users_send_a_turn_every_num_users_over_rate_seconds(aiohttp_server):
     """2 users at 20 requests/s: each sends a turn every 0.1 s, the second 0.05 s after the
-    first; with answers slower than that gap (0.15 s) the next turn goes out at once."""
+    first; with answers slower than the gap the next turn goes out as the answer ends."""
     seen: list[dict] = []
     server = await aiohttp_server(_capture(seen))
     cfg = LoadConfig(base_url=f"http://127.0.0.1:{server.port}", model="m")
@@ -201,16 +201,17 @@ async def test_users_send_a_turn_every_num_users_over_rate_seconds(aiohttp_serve
     start = min(sent.values())
     for s in (0, 1):
         gaps = [sent[(s, k + 1)] - sent[(s, k)] for k in (1, 2)]
-        assert all(0.095 <= g < 0.16 for g in gaps), gaps
-    assert 0.045 <= sent[(1, 1)] - start < 0.09
+        assert all(0.095 <= g < 0.2 for g in gaps), gaps
+    assert 0.045 <= sent[(1, 1)] - start < 0.1
 
     slow_seen: list[dict] = []
-    slow = await aiohttp_server(_capture(slow_seen, ttft_s=0.15))
+    slow = await aiohttp_server(_capture(slow_seen, ttft_s=0.2))
     cfg = LoadConfig(base_url=f"http://127.0.0.1:{slow.port}", model="m")
-    conf = SessionConfig(1, 3, num_users=1, user_centric_rate=20.0)
+    conf = SessionConfig(1, 3, num_users=1, user_centric_rate=10.0)  # a turn every 0.1 s
     await run_sessions(_sessions(1, conf), conf, cfg, None, {})
     for before, after in itertools.pairwise(slow_seen):
-        assert 0 <= after["arrived"] - before["ended"] < 0.04  # late: at once, no waiting
+        # late: at once, not a gap (0.1 s) after the answer
+        assert 0 <= after["arrived"] - before["ended"] < 0.06
 
 
 def test_per_turn_hit_rates_come_from_each_answers_usage():
@@ -264,5 +265,7 @@ def test_later_turns_hit_the_real_servers_prefix_cache(tmp_path):
     assert "per turn" in done.stdout
     from aphrodite_cli.bench.results.report import write_report
 
-    write_report([tmp_path / "s.json"], tmp_path / "report")
-    assert "| 3 | 2/2 |" in (tmp_path / "report" / "summary.md").read_text()
+    result = tmp_path / "s.json"
+    write_report([result], tmp_path / "report", baseline=[result], candidate=[result])
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "| 3 | 2/2 |" in summary and "**Verdict: PASS**" in summary  # A vs B reads it
