@@ -302,15 +302,12 @@ async def _session_phase(cfg: LoadConfig, args: ServeArgs, mode: str, run_nonce:
                          ) -> tuple[list, float, float, list, TurnView, PhaseWatch]:
     """One phase of multi-turn sessions (load/sessions.py): its records, duration, send
     rate, each record's session's first request, its :class:`TurnView` and its watch."""
-    from aphrodite_cli.bench.load.client import rendered
     from aphrodite_cli.bench.load.sessions import build_sessions, run_sessions
 
     conf = args.sessions
     firsts = make_dataset(replace(args, num_prompts=conf.conversation_num),
                           run_nonce=run_nonce)
     sessions = build_sessions(firsts, conf, seed=args.seed, nonce=run_nonce)
-    for spec in (spec for s in sessions for spec in s.first.media):
-        rendered(spec, cfg, cache)  # before the phase: rendering is not the target's time
     if mode == "warm":  # the same sessions, sent once before measuring: unmeasured
         await run_sessions(sessions, replace(conf, num_users=None, user_centric_rate=None),
                            unmeasured, host, cache)

@@ -44,6 +44,7 @@ from aphrodite_cli.bench.load.client import (
     TargetRefused,
     one_request,
     refused_alike,
+    rendered,
     request_body,
     schedule,
     server_root,
@@ -140,6 +141,7 @@ class SessionRun:
     placement: list[tuple[int, int]]
     duration_s: float
     send_rate: float
+    started_at: float = 0.0  # perf_counter when the schedule's clock started
 
     def firsts(self, sessions: list[Session]) -> list[BenchRequest]:
         """Each record's session's first request (its media ride along in every turn)."""
@@ -210,6 +212,8 @@ async def run_sessions(sessions: list[Session], conf: SessionConfig, cfg: LoadCo
     """Every session's turns against ``cfg``'s target on ``conf``'s schedule (see the
     module's docstring); raises :class:`TargetRefused` as ``run_phase`` does."""
     cfg = replace(cfg, keep_text=True)  # each answer's text goes into the next turn
+    for spec in (spec for s in sessions for spec in s.first.media):
+        rendered(spec, cfg, cache)  # before the clock starts: rendering is not the target's
     limit = cfg.max_concurrency
     async with aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=limit or 0, limit_per_host=0),
@@ -233,7 +237,7 @@ async def run_sessions(sessions: list[Session], conf: SessionConfig, cfg: LoadCo
     duration = time.perf_counter() - start
     span = max(sender.sent) - min(sender.sent) if len(sender.sent) > 1 else 0.0
     return SessionRun(sender.records, sender.placement, duration,
-                      (len(sender.sent) - 1) / span if span > 0 else math.inf)
+                      (len(sender.sent) - 1) / span if span > 0 else math.inf, start)
 
 
 async def _until(due: float) -> None:
