@@ -213,6 +213,31 @@ async def test_users_send_a_turn_every_num_users_over_rate_seconds(aiohttp_serve
         assert 0 <= after["arrived"] - before["ended"] < 0.06
 
 
+async def test_a_cancelled_turn_ends_its_session_and_a_refusing_target_stops_the_run(
+        aiohttp_server):
+    """--request-cancellation-rate 100: each session's first turn is cut, nothing follows
+    it, and the turns are counted as cancelled; a target that answers 400 to all stops the
+    run after --abort-after-failures answers, as single-turn runs do."""
+    from aphrodite_cli.bench.load.client import TargetRefused
+    from aphrodite_cli.bench.load.mock_server import create_app
+
+    seen: list[dict] = []
+    server = await aiohttp_server(_capture(seen, ttft_s=0.2))
+    cfg = LoadConfig(base_url=f"http://127.0.0.1:{server.port}", model="m",
+                     cancel_rate=100, cancel_delay_s=0.02)
+    run = await run_sessions(_sessions(3, SessionConfig(3, 3)), SessionConfig(3, 3), cfg,
+                             None, {})
+    assert [k for _, k in run.placement] == [1, 1, 1] and len(seen) == 3
+    assert all(r.cancelled and not r.ok for r in run.records)
+    refusing = await aiohttp_server(create_app(1, 1, None, model="acme", require_model=True))
+    cfg = LoadConfig(base_url=f"http://127.0.0.1:{refusing.port}", model="other",
+                     abort_after=3)
+    with pytest.raises(TargetRefused) as info:
+        await run_sessions(_sessions(6, SessionConfig(6, 2)), SessionConfig(6, 2), cfg, None,
+                           {})
+    assert [r.status for r in info.value.records] == [400, 400, 400]
+
+
 def test_per_turn_hit_rates_come_from_each_answers_usage():
     def rec(i: int, prompt: int, cached: int, ok: bool = True) -> RequestRecord:
         r = RequestRecord(i, ok=ok, ttft=0.01 * (i + 1), e2e=0.1, output_tokens=2,
