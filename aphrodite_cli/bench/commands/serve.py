@@ -14,6 +14,7 @@ import typer
 from aphrodite_cli.bench.commands import flags
 from aphrodite_cli.bench.commands.serve_checks import (
     check_ramp_up,
+    check_session_flags,
     check_token_flags,
     trace_seconds,
 )
@@ -32,6 +33,14 @@ EXAMPLES = """Examples:
 
   aphrodite bench serve --base-url http://localhost:2242/v1 --dataset jsonl
   --dataset-path requests.jsonl --media-dir ./media --csv
+
+  aphrodite bench serve --embedded --mode cold --conversation-num 20
+  --conversation-turn-mean 4 --conversation-turn-stddev 1 --conversation-turn-delay-mean 500
+  --max-concurrency 4     (multi-turn sessions: per-turn TTFT and prefix cache hits)
+
+  aphrodite bench serve --base-url http://gpu-box:8000 --conversation-num 60
+  --conversation-turn-mean 5 --num-users 15 --user-centric-rate 1   (AIPerf's user-centric
+  mode: each user a turn every 15 s)
 
 vLLM's flags work as given (--dataset-name, --result-dir, --result-filename, --save-result,
 --percentile-metrics, --metric-percentiles, --goodput ttft:500 tpot:50, --tokenizer,
@@ -142,6 +151,32 @@ def serve_cmd(
         help="The ramp's last rate (requests/s).")] = None,
     max_response_mb: flags.MaxResponseMb = 16.0,
     ttft_from: flags.TtftFrom = "content",
+    conversation_num: Annotated[int | None, typer.Option(
+        "--conversation-num", "--num-conversations", "--num-sessions",
+        help="AIPerf's multi-turn sessions: this many per phase (instead of --num-prompts). "
+             "Each later turn resends the history: the first message with its media, the "
+             "server's answers, a new user text.")] = None,
+    conversation_turn_mean: Annotated[float, typer.Option(
+        "--conversation-turn-mean", "--session-turns-mean",
+        help="Turns per session: mean of a normal draw, rounded, at least 1 (seeded by "
+             "--seed).")] = 1.0,
+    conversation_turn_stddev: Annotated[float, typer.Option(
+        "--conversation-turn-stddev", "--session-turns-stddev",
+        help="Turns per session: standard deviation (0: every session has the mean).")
+    ] = 0.0,
+    conversation_turn_delay_mean: Annotated[float, typer.Option(
+        "--conversation-turn-delay-mean", "--session-turn-delay-mean",
+        help="Milliseconds between a turn's answer and the session's next turn (mean).")
+    ] = 0.0,
+    conversation_turn_delay_stddev: Annotated[float, typer.Option(
+        "--conversation-turn-delay-stddev", "--session-turn-delay-stddev",
+        help="Milliseconds between turns: standard deviation (draws below 0 are 0).")] = 0.0,
+    num_users: Annotated[int | None, typer.Option(
+        help="AIPerf's user-centric mode (with --user-centric-rate): this many users, each "
+             "working through sessions.")] = None,
+    user_centric_rate: Annotated[float | None, typer.Option(
+        help="Requests/s over all --num-users users: each user sends a turn every "
+             "num-users / rate seconds, start to start (a late answer: at once).")] = None,
 ) -> None:
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -202,6 +237,12 @@ def serve_cmd(
                           code="invalid_flag") from None
     check_ramp_up(ramp_up_strategy, ramp_up_start_rps, ramp_up_end_rps, rate)
     check_token_flags(dataset, random_input_len, random_range_ratio, archetypes)
+    sessions = check_session_flags(
+        conversation_num=conversation_num, turn_mean=conversation_turn_mean,
+        turn_stddev=conversation_turn_stddev, delay_mean=conversation_turn_delay_mean,
+        delay_stddev=conversation_turn_delay_stddev, num_users=num_users,
+        user_centric_rate=user_centric_rate, request_rate=rate,
+        ramp_up_strategy=ramp_up_strategy, dataset=dataset, endpoint=endpoint)
     if dataset in ("jsonl", "trace", "mooncake", "timed_trace") and dataset_path is None:
         raise ConfigError(f"--dataset-name {dataset} needs --dataset-path FILE.jsonl",
                           code="invalid_flag")
@@ -249,7 +290,8 @@ def serve_cmd(
                      tokenizer=vllm_compat.load_tokenizer(tokenizer) if tokenizer else None,
                      reset_caches=reset_caches, probe_request_rate=probe_request_rate,
                      slice_seconds=slice_seconds, server_cpu=server_cpu,
-                     archetypes=parse_archetypes(archetypes), num_runs=num_runs)
+                     archetypes=parse_archetypes(archetypes), num_runs=num_runs,
+                     sessions=sessions)
     from aphrodite_cli.bench.load.client import TargetRefused
     from engine.errors import BenchmarkFailed
 
@@ -333,4 +375,7 @@ def _print_serve_table(doc: dict, fmt: str = "table") -> None:
                      f"{p['output_throughput']:.1f}", num(p.get("total_token_throughput"), ".1f"),
                      num((p.get("output_token_throughput_per_user") or {}).get("median"), ".1f"),
                      *cells, num(hit, ".0%"), num(prefix, ".0%")])
-    print_table(f"bench serve: {doc['num_prompts']} prompts per phase", columns, rows, fmt)
+    sessions = doc.get("sessions")
+    title = (f"{sessions['conversation_num']} multi-turn sessions per phase" if sessions
+             else f"{doc['num_prompts']} prompts per phase")
+    print_table(f"bench serve: {title}", columns, rows, fmt)

@@ -85,6 +85,11 @@ def print_phase_extras(doc: dict[str, Any], fmt: str, say: Any) -> None:
                           f"{_p(s['ttft_ms'], 'p50')}/{_p(s['ttft_ms'], 'p99')}",
                           f"{_p(s['tpot_ms'], 'p50')}/{_p(s['tpot_ms'], 'p99')}"]
                          for s in slices["intervals"]], fmt)
+        if phase.get("per_turn") and tables:
+            from aphrodite_cli.bench.load.turn_metrics import TURN_COLUMNS, turn_rows, turn_title
+
+            print_table(turn_title(mode, phase["per_turn"]), TURN_COLUMNS,
+                        turn_rows(phase["per_turn"]), fmt)
         ci = phase.get("ci95")
         if ci and tables:
             print_table(f"{mode}: over {len(phase.get('runs') or [])} runs (95% interval of "

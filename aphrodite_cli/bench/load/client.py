@@ -135,41 +135,54 @@ def media_url(spec: MediaSpec, data: bytes, host: MediaHost | None) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
-def build_payload(req: BenchRequest, cfg: LoadConfig, host: MediaHost | None,
-                  cache: dict[MediaSpec, bytes]) -> tuple[bytes, float]:
-    """The request body and the client-side cost of encoding it (base64 + JSON)."""
-    media_bytes = []
+def rendered(spec: MediaSpec, cfg: LoadConfig, cache: dict[MediaSpec, bytes]) -> bytes:
+    """The item's encoded bytes in ``cfg``'s formats, rendered once per spec (``cache``)."""
+    if spec not in cache:
+        cache[spec] = render_media(spec, image_format=cfg.image_format,
+                                   quality=cfg.image_quality, codec=cfg.video_codec,
+                                   fps=cfg.video_fps, gop=cfg.video_gop)
+    return cache[spec]
+
+
+def user_message(req: BenchRequest, cfg: LoadConfig, host: MediaHost | None,
+                 cache: dict[MediaSpec, bytes]) -> dict[str, Any]:
+    """``req`` as one chat user message: its media parts (rendered once per spec, held in
+    ``cache``; by URL from ``host`` or inline as data URLs) then its prompt text."""
+    parts: list[dict[str, Any]] = []
     for spec in req.media:
-        if spec not in cache:
-            cache[spec] = render_media(spec, image_format=cfg.image_format,
-                                       quality=cfg.image_quality, codec=cfg.video_codec,
-                                       fps=cfg.video_fps, gop=cfg.video_gop)
-        media_bytes.append(cache[spec])
-    start = time.perf_counter()
-    if not cfg.endpoint.endswith("chat/completions"):  # /v1/completions: a text prompt
-        body: dict[str, Any] = {"prompt": req.prompt, "max_tokens": req.output_len,
-                                "stream": True, "stream_options": {"include_usage": True},
-                                "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos}
-        if cfg.model:
-            body["model"] = cfg.model
-        body.update(cfg.extra_body)  # load/wire.py: none of its fields is one set here
-        return json.dumps(body).encode(), time.perf_counter() - start
-    if req.messages is not None:
-        messages = req.messages
-    else:
-        parts: list[dict[str, Any]] = []
-        for spec, data in zip(req.media, media_bytes, strict=True):
-            kind = "image_url" if spec.kind == "image" else "video_url"
-            parts.append({"type": kind, kind: {"url": media_url(spec, data, host)}})
-        parts.append({"type": "text", "text": req.prompt})
-        messages = [{"role": "user", "content": parts}]
-    body: dict[str, Any] = {"messages": messages, "max_tokens": req.output_len,
-                            "stream": True, "stream_options": {"include_usage": True},
-                            "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos}
+        kind = "image_url" if spec.kind == "image" else "video_url"
+        parts.append({"type": kind, kind: {"url": media_url(spec, rendered(spec, cfg, cache),
+                                                            host)}})
+    parts.append({"type": "text", "text": req.prompt})
+    return {"role": "user", "content": parts}
+
+
+def request_body(cfg: LoadConfig, output_len: int, *, messages: list[dict[str, Any]] | None
+                 = None, prompt: str = "") -> bytes:
+    """The streamed request for ``cfg``'s endpoint: chat ``messages``, or a completion's
+    ``prompt``; ``cfg``'s sampling fields, model and --extra-body beside them."""
+    body: dict[str, Any] = ({"messages": messages} if messages is not None
+                            else {"prompt": prompt})
+    body.update({"max_tokens": output_len, "stream": True,
+                 "stream_options": {"include_usage": True}, "temperature": cfg.temperature,
+                 "ignore_eos": cfg.ignore_eos})
     if cfg.model:
         body["model"] = cfg.model
     body.update(cfg.extra_body)  # load/wire.py: none of its fields is one set here
-    encoded = json.dumps(body).encode()
+    return json.dumps(body).encode()
+
+
+def build_payload(req: BenchRequest, cfg: LoadConfig, host: MediaHost | None,
+                  cache: dict[MediaSpec, bytes]) -> tuple[bytes, float]:
+    """The request body and the client-side cost of encoding it (base64 + JSON)."""
+    for spec in req.media:  # rendered before the clock starts: not the client's encoding
+        rendered(spec, cfg, cache)
+    start = time.perf_counter()
+    if not cfg.endpoint.endswith("chat/completions"):  # /v1/completions: a text prompt
+        return request_body(cfg, req.output_len, prompt=req.prompt), time.perf_counter() - start
+    messages = req.messages if req.messages is not None else [
+        user_message(req, cfg, host, cache)]
+    encoded = request_body(cfg, req.output_len, messages=messages)
     return encoded, time.perf_counter() - start
 
 
@@ -194,7 +207,7 @@ class TargetRefused(Exception):
         self.records, self.url = records, url
 
 
-def _refused_alike(records: list[RequestRecord]) -> bool:
+def refused_alike(records: list[RequestRecord]) -> bool:
     """The same client error for all: a wrong URL, model or key. Not 408 or 429 (a slow or
     rate-limiting target is a result to measure, not a mistake in the command)."""
     statuses = {r.status for r in records}
@@ -267,7 +280,7 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
             sent.append(time.perf_counter())
             await one_request(session, url, headers, payloads[i][0], records[i], cfg, i in cut)
         finished.append(records[i])
-        if cfg.abort_after and len(finished) == cfg.abort_after and _refused_alike(finished):
+        if cfg.abort_after and len(finished) == cfg.abort_after and refused_alike(finished):
             refused.set()
         if on_done:
             on_done()

@@ -72,6 +72,11 @@ def parse_buckets(text: str | None) -> dict[tuple[int, int, int], float]:
     return buckets  # type: ignore[return-value]
 
 
+def random_words(rng: random.Random, n: int) -> str:
+    """n words drawn with ``rng`` (the random dataset's prompt text)."""
+    return " ".join(rng.choice(_WORDS) for _ in range(n))
+
+
 def random_mm(num: int, *, items: int, buckets: dict[tuple[int, int, int], float],
               prompt_len: int, output_len: int, seed: int, nonce: int) -> list[BenchRequest]:
     """Deterministic for (seed, nonce): the same arguments give the same requests."""
@@ -84,8 +89,7 @@ def random_mm(num: int, *, items: int, buckets: dict[tuple[int, int, int], float
             h, w, f = rng.choices(keys, weights)[0]
             media.append(MediaSpec("video" if f > 1 else "image", w, h, f,
                                    seed=nonce * 1_000_000 + i * 100 + k))
-        words = " ".join(rng.choice(_WORDS) for _ in range(prompt_len))
-        requests.append(BenchRequest(words, media, output_len))
+        requests.append(BenchRequest(random_words(rng, prompt_len), media, output_len))
     return requests
 
 

@@ -34,8 +34,12 @@ from aphrodite_cli.bench.results.intervals import slices
 class PhaseWatch:
     def __init__(self, cfg: LoadConfig, mode: str, *, reset_caches: bool = True,
                  scrape_metrics: bool = True, probe_rate: float | None = None,
-                 slice_seconds: float | None = None, server_cpu: bool = True) -> None:
+                 slice_seconds: float | None = None, server_cpu: bool = True,
+                 claim: bool = True) -> None:
         self.cfg, self.mode = cfg, mode
+        # whether the phase claims its mode's cache state for every request (a session's
+        # later turns resend its media, so a cold phase of sessions has processor cache hits)
+        self.claim = claim
         self.reset_caches, self.scrape_metrics = reset_caches, scrape_metrics
         self.probe_rate, self.slice_seconds = probe_rate, slice_seconds
         self.reset: dict[str, Any] | None = None
@@ -85,7 +89,8 @@ class PhaseWatch:
                                     + (f" (HTTP {r['http']})" if r["http"] else "")
                                     + ": the target's cache was not emptied before this phase")
         if self.before is not None and self.after is not None:
-            metrics = scrape.phase_metrics(self.before, self.after, self.mode)
+            metrics = scrape.phase_metrics(self.before, self.after,
+                                           self.mode if self.claim else "sessions")
             result["server_metrics"] = metrics
             if metrics.get("check") not in (None, "ok"):
                 warnings.append(metrics["check"])

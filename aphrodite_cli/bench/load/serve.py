@@ -93,6 +93,8 @@ class ServeArgs:
     num_runs: int = 1  # the phases this many times, with run-to-run intervals (results/runs.py)
     tokens: TokenArgs = TokenArgs()
     trace_time_scale: float = 1.0  # --trace-time-scale: a trace's gaps times this
+    #: multi-turn sessions (--conversation-num ...; see load/sessions.py); None: one turn each
+    sessions: Any = None
 
     @property
     def in_tokens(self) -> bool:
@@ -208,9 +210,7 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
     try:
         modes = ("cold", "warm") if args.mode == "both" else (args.mode,)
         for mode in modes:
-            dataset = make_dataset(args, run_nonce=nonce() if mode == "cold" else args.seed
-                                   + 7919)
-            payloads = [build_payload(r, cfg, host, cache) for r in dataset]
+            run_nonce = nonce() if mode == "cold" else args.seed + 7919
             warmups = [build_payload(r, cfg, host, cache) for r in make_dataset(
                 replace(args, num_prompts=args.num_warmups), run_nonce=nonce())
             ] if args.num_warmups else []
@@ -219,23 +219,29 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                                  cancel_rate=0.0)
             if warmups:  # server warm-up (JIT, pools): never measured
                 await run_phase(warmups, unmeasured)
-            if mode == "warm":  # the same media, sent once before measuring: never measured
-                await run_phase(payloads, unmeasured)
-            task = progress.add_task(f"{mode} phase", total=len(payloads))
-            async with PhaseWatch(cfg, mode, reset_caches=args.reset_caches,
-                                  scrape_metrics=args.scrape_metrics,
-                                  probe_rate=args.probe_request_rate,
-                                  slice_seconds=args.slice_seconds,
-                                  server_cpu=args.server_cpu) as watch:
-                records, duration, send_rate = await run_phase(
-                    payloads, cfg, on_done=lambda t=task: progress.advance(t),
-                    times=[r.arrival_s or 0.0 for r in dataset] if args.dataset in TIMED
-                    else None)
+            if args.sessions is not None:
+                records, duration, send_rate, dataset, turns, watch = await _session_phase(
+                    cfg, args, mode, run_nonce, host, cache, progress, unmeasured)
+            else:
+                dataset = make_dataset(args, run_nonce=run_nonce)
+                payloads = [build_payload(r, cfg, host, cache) for r in dataset]
+                if mode == "warm":  # the same media, sent once before measuring: unmeasured
+                    await run_phase(payloads, unmeasured)
+                task = progress.add_task(f"{mode} phase", total=len(payloads))
+                async with _watch(cfg, args, mode) as watch:
+                    records, duration, send_rate = await run_phase(
+                        payloads, cfg, on_done=lambda t=task: progress.advance(t),
+                        times=[r.arrival_s or 0.0 for r in dataset] if args.dataset in TIMED
+                        else None)
+                turns = None
             if args.tokenizer is not None:
                 count_tokens(args.tokenizer, records)
             result = phase_result(records, duration, send_rate, cfg)
             watch.annotate(result, dataset, records, duration)
             hit_rate = result["server_cache"]["hit_rate"]
+            if turns is not None:  # sessions: only first turns claim the phase's state
+                result["per_turn"] = turns.result(result.get("server_metrics"))
+                hit_rate = turns.first_turn_hit_rate
             result["cache_check"] = None
             if hit_rate is not None:
                 want = 1.0 if mode == "warm" else 0.0
@@ -259,6 +265,8 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                                       list(args.metric_percentiles)))
             phases[mode] = result
             rows[mode] = request_rows(mode, records, dataset)
+            if turns is not None:
+                turns.label(rows[mode])
     finally:
         if host:
             host.stop()
@@ -275,8 +283,69 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                                             "endpoint": cfg.endpoint,
                                             "embedded_server": _embedded_server(args)},
                                  "pid": os.getpid(),
-                                 "input_tokens": _token_settings(args)})
+                                 "input_tokens": _token_settings(args),
+                                 "sessions": args.sessions.describe() if args.sessions
+                                 else None})
     return doc, rows
+
+
+def _watch(cfg: LoadConfig, args: ServeArgs, mode: str) -> PhaseWatch:
+    return PhaseWatch(cfg, mode, reset_caches=args.reset_caches,
+                      scrape_metrics=args.scrape_metrics, probe_rate=args.probe_request_rate,
+                      slice_seconds=args.slice_seconds, server_cpu=args.server_cpu,
+                      claim=args.sessions is None)
+
+
+async def _session_phase(cfg: LoadConfig, args: ServeArgs, mode: str, run_nonce: int,
+                         host: MediaHost | None, cache: dict, progress: Any,
+                         unmeasured: LoadConfig
+                         ) -> tuple[list, float, float, list, TurnView, PhaseWatch]:
+    """One phase of multi-turn sessions (load/sessions.py): its records, duration, send
+    rate, each record's session's first request, its :class:`TurnView` and its watch."""
+    from aphrodite_cli.bench.load.sessions import build_sessions, run_sessions
+
+    conf = args.sessions
+    firsts = make_dataset(replace(args, num_prompts=conf.conversation_num),
+                          run_nonce=run_nonce)
+    sessions = build_sessions(firsts, conf, seed=args.seed, nonce=run_nonce)
+    if mode == "warm":  # the same sessions, sent once before measuring: unmeasured
+        await run_sessions(sessions, replace(conf, num_users=None, user_centric_rate=None),
+                           unmeasured, host, cache)
+    task = progress.add_task(f"{mode} phase", total=sum(s.turns for s in sessions))
+    async with _watch(cfg, args, mode) as watch:
+        run = await run_sessions(sessions, conf, cfg, host, cache,
+                                 on_done=lambda: progress.advance(task))
+    return (run.records, run.duration_s, run.send_rate, run.firsts(sessions),
+            TurnView(run, sessions), watch)
+
+
+class TurnView:
+    """A session phase's records by session and turn: the per-turn results, the first
+    turns' processor cache hit rate (what a cold or warm phase claims), the rows' labels."""
+
+    def __init__(self, run: Any, sessions: list) -> None:
+        self.run, self.sessions = run, sessions
+
+    def result(self, server_metrics: dict[str, Any] | None) -> dict[str, Any]:
+        from aphrodite_cli.bench.load.turn_metrics import per_turn
+
+        return per_turn(self.run.records, self.run.placement, len(self.sessions),
+                        {s.index: s.turns for s in self.sessions}, server_metrics)
+
+    @property
+    def first_turn_hit_rate(self) -> float | None:
+        hits = [bool(h) for r, (_, turn) in zip(self.run.records, self.run.placement,
+                                                strict=True)
+                if turn == 1 and r.ok for h in (r.server or {}).get("cache_hits") or []]
+        return sum(hits) / len(hits) if hits else None
+
+    def label(self, rows: list[dict[str, Any]]) -> None:
+        """Each row's session and turn; a later turn's prompt is the history, not the
+        dataset's asked length."""
+        for row, (session, turn) in zip(rows, self.run.placement, strict=True):
+            row["session"], row["turn"] = session, turn
+            if turn > 1:
+                row["input_len"] = None
 
 
 def _token_settings(args: ServeArgs) -> dict[str, Any] | None:

@@ -121,13 +121,14 @@ class _Stream:
             # is not a token: it starts no TTFT and adds no ITL sample; with --ttft-from
             # chunk it is (vLLM's bench serve's rule).
             if piece or self.any_chunk:
-                if self.keep_text and piece:  # only --tokenizer reads it
+                if self.keep_text and piece:  # --tokenizer and a session's next turn read it
                     self.kept += len(piece)
                     if self.kept > MAX_KEPT_TEXT_CHARS:
                         raise ResponseProblem(
                             "response_too_large", f"more than {MAX_KEPT_TEXT_CHARS} "
                             "characters of answer text, kept to count its tokens "
-                            f"(--tokenizer); it began: {''.join(record.text)[:120]}")
+                            "(--tokenizer) or to resend in a session's next turn "
+                            f"(--conversation-num); it began: {''.join(record.text)[:120]}")
                     record.text.append(piece)
                 now = time.perf_counter()
                 if record.ttft is None:

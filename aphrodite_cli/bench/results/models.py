@@ -50,6 +50,26 @@ class ServePrefixCache(_Open):
     hit_rate: float | None = None
 
 
+class ServeTurn(_Open):
+    """One turn index of a phase of multi-turn sessions (load/turn_metrics.py)."""
+
+    turn: int
+    requests: int = 0
+    completed: int = 0
+    ttft_ms: dict[str, float | None] = {}
+    prompt_tokens: dict[str, float | None] = {}
+    output_tokens: dict[str, float | None] = {}
+    prefix_hit_rate: float | None = None
+
+
+class ServePerTurn(_Open):
+    """A phase of multi-turn sessions by turn index, and the server's run-wide prefix cache
+    hit rate (``/metrics``; None without its counters)."""
+
+    turns: list[ServeTurn]
+    prefix_cache_server: float | None = None
+
+
 class ServePhase(_Open):
     """One phase (cold, warm): the per-request samples the gate pools, and the summary the
     report prints (absent in a hand-made file: the report prints "-")."""
@@ -70,6 +90,7 @@ class ServePhase(_Open):
     output_token_throughput_per_user: Stats = Stats()  # tokens/s, 1 / TPOT per request
     server_cache: ServeCache = ServeCache()
     prefix_cache: ServePrefixCache = ServePrefixCache()
+    per_turn: ServePerTurn | None = None  # multi-turn sessions only (absent otherwise)
 
 
 class ServeResult(_Result):

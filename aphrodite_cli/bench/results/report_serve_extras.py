@@ -83,6 +83,13 @@ def serve_markdown(doc: dict[str, Any]) -> list[str]:
             lines += _groups(f"{phase}: per kind", r["by_kind"])
         if len(r.get("by_modality") or {}) > 1:
             lines += _groups(f"{phase}: per modality", r["by_modality"])
+        if r.get("per_turn"):
+            from aphrodite_cli.bench.load.turn_metrics import TURN_COLUMNS, turn_rows, turn_title
+
+            lines += [f"**{turn_title(phase, r['per_turn'])}**", "",
+                      "| " + " | ".join(TURN_COLUMNS) + " |", "|---" * len(TURN_COLUMNS) + "|",
+                      *("| " + " | ".join(row) + " |" for row in turn_rows(r["per_turn"])),
+                      ""]
         slices = r.get("slices")
         if slices and slices.get("intervals"):
             lines += [f"**{phase}: every {slices['seconds']:g} s** (requests by end time)", "",
@@ -135,6 +142,10 @@ def serve_plots(path: Path, doc: dict[str, Any], plt: Any, png: Any
             ax.legend(fontsize=8)
         fig.suptitle("Time slices")
         out.append((f"{path.stem}: time slices", png(fig)))
+    turned = {p: r["per_turn"]["turns"] for p, r in phases.items()
+              if (r.get("per_turn") or {}).get("turns")}
+    if turned:
+        out.append((f"{path.stem}: per turn", png(_turn_plot(turned, plt))))
     probed = {p: r for p, r in phases.items() if (r.get("probes") or {}).get("samples")}
     if probed:
         import numpy as np
@@ -154,3 +165,28 @@ def serve_plots(path: Path, doc: dict[str, Any], plt: Any, png: Any
         ax.grid(alpha=0.3)
         out.append((f"{path.stem}: probe TTFT", png(fig)))
     return out
+
+
+def _turn_plot(turned: dict[str, list[dict[str, Any]]], plt: Any) -> Any:
+    """TTFT p50/p90 and the prefix cache hit rate per turn index, per phase."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for phase, turns in turned.items():
+        for pct, style in (("p50", "-"), ("p90", "--")):
+            points = [(t["turn"], t["ttft_ms"][pct]) for t in turns
+                      if (t.get("ttft_ms") or {}).get(pct) is not None]
+            if points:
+                axes[0].plot(*zip(*points, strict=True), style, marker="o", markersize=3,
+                             label=f"{phase} {pct}")
+        points = [(t["turn"], t["prefix_hit_rate"]) for t in turns
+                  if t.get("prefix_hit_rate") is not None]
+        if points:
+            axes[1].plot(*zip(*points, strict=True), marker="o", markersize=3, label=phase)
+    axes[0].set_ylabel("TTFT (ms)")
+    axes[1].set_ylabel("prefix cache hit rate (usage)")
+    axes[1].set_ylim(0, 1)
+    for ax in axes:
+        ax.set_xlabel("turn")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Multi-turn sessions per turn")
+    return fig
