@@ -26,7 +26,7 @@ from engine.server.engine_pool import (
     pick,
     preferred,
 )
-from tests.fixtures import synthetic
+from tests.fixtures import server_process, synthetic
 from tests.server_harness import BIN, ServerProcess, free_port, wait_exit
 
 MODEL = "tiny:qwen2_5_vl"
@@ -210,8 +210,7 @@ def test_two_engines_share_the_requests_and_keep_each_image_on_one():
 
 
 def test_soak_samples_every_engine_of_the_process_file():
-    from aphrodite_cli.bench.harness.server_process import roles_of
-
     doc = {"supervisor": 5, "engines": [81, 82], "api_servers": [90]}
-    assert roles_of(doc) == {"supervisor": 5, "engine0": 81, "engine1": 82, "api0": 90}
-    assert roles_of({**doc, "engines": [81]})["engine"] == 81
+    assert server_process.roles_of(doc) == {"supervisor": 5, "engine0": 81, "engine1": 82,
+                                            "api0": 90}
+    assert server_process.roles_of({**doc, "engines": [81]})["engine"] == 81
