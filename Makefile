@@ -1,5 +1,5 @@
 # `make demo` and `make test` are the README's two commands; both set everything up first.
-.PHONY: setup setup-vllm demo test lint fuzz
+.PHONY: setup setup-vllm demo test test-fast lint fuzz
 
 # APHRODITE_VLLM=1 make setup also builds vLLM's environment (.venv-vllm, for --engine vllm)
 setup:
@@ -19,6 +19,10 @@ demo: setup
 test: setup
 	@bash scripts/vllm_env.sh || echo "make test: .venv-vllm could not be built (see .venv-vllm.error)"
 	@.venv/bin/python -m pytest -q -p no:cacheprovider
+
+# The unit tier alone (tests/unit: no model, no server, no media decode): under a minute
+test-fast: setup
+	@.venv/bin/python -m pytest -q -p no:cacheprovider tests/unit
 
 lint: setup
 	@.venv/bin/ruff check aphrodite_cli engine tests

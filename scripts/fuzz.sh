@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 budget="${FUZZ_SECONDS:-300}"
-tests=(tests/test_properties.py tests/test_policy.py tests/test_addresses.py)
+tests=(tests/engine/test_properties.py tests/unit/test_policy.py tests/unit/test_addresses.py)
 deadline=$(( $(date +%s) + budget ))
 runs=0
 while (( $(date +%s) < deadline )); do

@@ -168,8 +168,8 @@ serve_on_gpu() {
 export -f aph machine wait_ready over_budget nvdec_order serve_on_gpu
 step machine 60 machine
 step gpu-tests 120 env APHRODITE_FAIL_WITHOUT_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -rfE \
-  tests/test_video_gpu.py tests/test_gpu_budget.py \
-  tests/test_llm.py::test_cuda_execution_matches_cpu_greedy
+  tests/media/test_video_gpu.py tests/unit/test_gpu_budget.py \
+  tests/engine/test_llm.py::test_cuda_execution_matches_cpu_greedy
 step nvdec-order 40 nvdec_order
 step video-decode 90 aph bench video-decode --repeats 3 --out-dir "$OUT_DIR" \
   --backends pyav,opencv,pynvvideocodec:hw_decoders=1,pynvvideocodec:hw_decoders=2,deepstream:decoder=nvidia

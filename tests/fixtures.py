@@ -6,7 +6,7 @@ The benchmarks need the same three things (``bench serve``, ``sweep`` and ``soak
 server and host media; every dataset is synthetic media), so they live in the product and
 this module is the only file under ``tests/`` that imports them from there (with the
 hostile media the catalogue sends, ``hostile_media``)
-(``tests/test_layers.py`` checks it, and that the product never imports ``tests``). A test
+(``tests/unit/test_layers.py`` checks it, and that the product never imports ``tests``). A test
 that needs one of them imports it from here, and a move inside the product changes this
 file alone.
 """

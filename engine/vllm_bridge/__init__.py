@@ -6,6 +6,6 @@ transformers), started by the launcher as ``python -m engine.vllm_bridge`` with 
 repository on its path. So it imports only the standard library, numpy, vLLM, and the
 stdlib-only parts of this project: the wire's messages, the shared-memory inputs and the
 packing of decoded media (:mod:`engine.server.vllm_inputs`); nothing that needs this
-project's torch or transformers (``tests/test_vllm_engine.py`` checks it in that
+project's torch or transformers (``tests/vllm/test_vllm_engine.py`` checks it in that
 environment).
 """

@@ -1,6 +1,6 @@
 """The hostile-request catalogue: what attackers send a multimodal server, each entry with the
 status and error code (the rule) it must be refused with. ``bench soak`` mixes it into valid
-traffic; ``tests/test_hostile.py`` runs every entry once against a real server.
+traffic; ``tests/server/test_hostile.py`` runs every entry once against a real server.
 
 :class:`HostileHost` is the attacker's media host on loopback: redirects into forbidden
 places, a slow drip, a gzip bomb, a lying ``Content-Length``, a pixel-bomb PNG header, 1x1

@@ -11,7 +11,7 @@ from engine import envs
 from engine.config import MediaLimits
 from engine.errors import ConfigError
 
-README = Path(__file__).resolve().parents[1] / "docs" / "environment.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "environment.md"
 
 REQUIRED = ["APHRODITE_IMAGE_FETCH_TIMEOUT", "APHRODITE_VIDEO_FETCH_TIMEOUT",
             "APHRODITE_AUDIO_FETCH_TIMEOUT", "APHRODITE_MEDIA_LOADING_THREAD_COUNT",
@@ -55,7 +55,7 @@ def test_unknown_names_warn_with_a_suggestion():
 
 
 def test_no_module_reads_aphrodite_variables_elsewhere():
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     pattern = re.compile(r"(environ(\.get)?[\[(]|getenv\()\s*['\"]APHRODITE_")
     offenders = [str(p) for d in ("engine", "aphrodite_cli") for p in (root / d).rglob("*.py")
                  if p.name != "envs.py" and pattern.search(p.read_text())]

@@ -345,7 +345,7 @@ def test_video_sampling_options_never_share_an_entry(option):
 ], ids=["backend", "backend_options"])
 def test_video_backends_and_their_options_never_share_an_entry(first_kwargs, second_kwargs):
     """Every backend is meant to return the same frames for the same clip and request
-    (engine/media/video/__init__.py; tests/test_video_exact.py checks it), and pyav's thread
+    (engine/media/video/__init__.py; tests/media/test_video_exact.py checks it), and pyav's thread
     count does not change frames either, so the processed outputs cannot tell the two entries
     apart. What this checks instead: the second setting is a cache miss whose decode really
     ran (with its own backend), rather than being served what another backend or option

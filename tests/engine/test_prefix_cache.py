@@ -21,7 +21,7 @@ from engine.executor.engine import Engine
 from engine.executor.prefix_cache import PrefixCache, block_hashes, usable_prefix
 from engine.executor.request import EngineRequest
 from tests.engine_fixtures import FAMILIES, llm
-from tests.test_scheduler import (
+from tests.engine.test_scheduler import (
     after_tokens,
     assert_generate_logits,
     greedy,

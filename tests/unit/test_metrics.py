@@ -59,7 +59,7 @@ def test_processes_sharing_a_folder_report_the_sums(tmp_path):
     from pathlib import Path
 
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     subprocess.run([sys.executable, "-c", _ONE_API_SERVER, "3", "1", "100"], env=env,
                    check=True)
     text = subprocess.run([sys.executable, "-c", _ONE_API_SERVER, "5", "2", "200", "render"],

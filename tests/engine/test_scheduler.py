@@ -2,7 +2,7 @@
 leave it when they end, every family gives the greedy tokens it gives alone, --max-num-seqs
 counts rows and is never exceeded, a prefill token budget splits joins, and one request's
 failure fails it alone. The scheduling rules themselves (FCFS, budgets, chunks, static mode)
-are checked model-free in tests/test_scheduler_plan.py."""
+are checked model-free in tests/unit/test_scheduler_plan.py."""
 
 from __future__ import annotations
 
@@ -392,7 +392,7 @@ def test_bench_batching_mixed_reports_static_and_continuous_side_by_side(tmp_pat
     finishes before it only with continuous batching (behaviour, not speed)."""
     import json
 
-    from tests.test_cli import run
+    from tests.server.test_cli import run
 
     result = run("bench", "batching", "--workload", "mixed", "--concurrency", "2",
                  "--num-prompts", "8", "--max-tokens", "24", "--short-tokens", "4",

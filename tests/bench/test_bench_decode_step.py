@@ -14,7 +14,7 @@ from aphrodite_cli.bench.offline.decode_step import llc_bytes
 from aphrodite_cli.bench.results.files import load_result
 from aphrodite_cli.bench.results.report import summary_markdown
 from engine.models.loader import tiny_model_dir
-from tests.test_cli import run
+from tests.server.test_cli import run
 
 
 def _expected_bytes(text: dict, rows: int, context: int) -> tuple[int, int]:

@@ -124,7 +124,7 @@ def test_deepstream_nvidia_frames_match_cpu_reference():
 @pytest.mark.parametrize("name", list(CLIPS))
 def test_pynvvideocodec_on_the_exactness_clips(name):
     """The pynvvideocodec backend against pyav (pixel-identical to the ffmpeg CLI:
-    tests/test_video_exact.py) on every exactness clip: the same sampled frames, read through
+    tests/media/test_video_exact.py) on every exactness clip: the same sampled frames, read through
     the number drawn into each, pixels within GPU_TOLERANCE_MEAN. Seen on an H200: NVDEC
     returned wrong frames on open-GOP H.264 and Matroska (now routed to pyav by
     ``cpu_reason``) and refused AV1, H.264 4:4:4 and High 10, and HEVC and VP9 at 160x120

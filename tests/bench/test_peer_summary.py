@@ -12,7 +12,7 @@ import pytest
 
 from tests.server_harness import free_port, wait_exit, wait_listening
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXE = Path(sys.executable).with_name("aphrodite")
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.test_cli import run
+from tests.server.test_cli import run
 
 
 @pytest.mark.parametrize(("args", "message"), [

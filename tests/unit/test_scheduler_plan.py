@@ -1,5 +1,5 @@
 """The scheduler's rules, model-free: each test builds waiting rows as plain numbers and asserts
-the plan (:mod:`engine.executor.scheduler`). The model-backed tests (tests/test_scheduler.py)
+the plan (:mod:`engine.executor.scheduler`). The model-backed tests (tests/engine/test_scheduler.py)
 check that the engine executing these plans gives each row the logits it gets alone."""
 
 from __future__ import annotations

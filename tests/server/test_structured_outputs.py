@@ -22,11 +22,11 @@ from engine.models.templates_path import template_path
 from tests.engine_fixtures import llm as shared_llm
 from tests.engine_fixtures import loaded
 from tests.server_harness import openai_client, running
-from tests.test_structured_fields import deep as nested
+from tests.engine.test_structured_fields import deep as nested
 
 pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny-qwen2_5_vl"
-README = Path(__file__).resolve().parents[1] / "docs" / "serving.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 
 #: short keys: the tiny model's 449-token vocabulary spends about a token per character
 SCHEMA = {

@@ -14,7 +14,7 @@ from engine.executor.request import CompletionOutput, EngineRequest
 from engine.executor.runner import TransformersRunner, _Row
 from engine.models import lean_decode, parts
 from tests.engine_fixtures import FAMILIES, llm
-from tests.test_scheduler import greedy, prompts_of
+from tests.engine.test_scheduler import greedy, prompts_of
 
 #: the families whose text model is a plain pre-norm decoder (Gemma 3 and Qwen3-VL are not)
 LEAN = ("qwen2_5_vl", "qwen2_vl", "llava", "qwen2_audio", "llava_onevision", "internvl", "smolvlm")
@@ -89,7 +89,7 @@ def test_the_lean_step_is_off_where_it_does_not_apply(monkeypatch):
 
 def test_an_engine_decoding_lean_keeps_every_rows_generate_logits():
     from engine.executor.engine import Engine
-    from tests.test_scheduler import assert_generate_logits, record_logits
+    from tests.engine.test_scheduler import assert_generate_logits, record_logits
 
     model = llm("qwen2_5_vl")
     engine = Engine(model.loaded, EngineConfig(max_num_seqs=8))

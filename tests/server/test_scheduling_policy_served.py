@@ -2,9 +2,9 @@
 (vLLM's flag) the waiting requests join the running batch lowest ``priority`` first (the
 request field vLLM's clients send in ``extra_body``); a bad ``priority`` is a 400 naming it;
 under the default ``fcfs`` a ``priority`` other than 0 is refused naming the flag that
-honours it (tests/test_completions_prompts.py's server). The order rules themselves are
-checked model-free in tests/test_scheduler_plan.py and on the engine in
-tests/test_scheduler.py."""
+honours it (tests/server/test_completions_prompts.py's server). The order rules themselves are
+checked model-free in tests/unit/test_scheduler_plan.py and on the engine in
+tests/engine/test_scheduler.py."""
 
 from __future__ import annotations
 

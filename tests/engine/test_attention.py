@@ -10,7 +10,7 @@ import pytest
 
 from engine.models import attention
 from tests.engine_fixtures import FAMILIES, llm
-from tests.test_scheduler import assert_generate_logits, greedy, media_item, record_logits
+from tests.engine.test_scheduler import assert_generate_logits, greedy, media_item, record_logits
 
 torch = pytest.importorskip("torch")
 sdpa_module = pytest.importorskip("transformers.integrations.sdpa_attention")

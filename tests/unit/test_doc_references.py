@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [p for folder in ("engine", "aphrodite_cli") for p in (ROOT / folder).rglob("*.py")]
 STEPS = re.compile(r"\b[Ss]teps? (\d+)(?:\s*(?:-|to|and)\s*(\d+))?")
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.server_harness import ServerProcess
 
-README = Path(__file__).resolve().parents[1] / "docs" / "serving.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 pytestmark = pytest.mark.timeout(300)
 
 

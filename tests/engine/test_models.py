@@ -118,7 +118,7 @@ def test_make_tiny_head_dim_32_through_the_cli_loads_and_generates(tmp_path):
 
     from aphrodite_cli.main import app
     from engine import LLM, SamplingParams
-    from tests.test_llm import frames, img
+    from tests.engine.test_llm import frames, img
 
     folder = tmp_path / "tiny32"
     result = CliRunner().invoke(app, ["model", "make-tiny", "qwen2_5_vl", "--head-dim", "32",
@@ -151,7 +151,7 @@ def test_tiny_vlm_builders_take_another_head_dim_and_generate(tmp_path, arch):
     the projector out to it), and the engine loads and generates with each modality."""
     from engine import LLM, SamplingParams
     from engine.models.tiny import build_tiny
-    from tests.test_llm import frames, img
+    from tests.engine.test_llm import frames, img
 
     build_tiny(arch, tmp_path / "m", head_dim=32)
     text = json.loads((tmp_path / "m" / "config.json").read_text())["text_config"]

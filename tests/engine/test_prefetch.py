@@ -17,7 +17,7 @@ from engine.executor import prefetch
 from engine.executor.engine import Engine
 from engine.executor.request import EngineRequest
 from tests.engine_fixtures import llm
-from tests.test_scheduler import (
+from tests.engine.test_scheduler import (
     after_tokens,
     assert_generate_logits,
     greedy,

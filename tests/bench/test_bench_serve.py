@@ -241,7 +241,7 @@ def test_jsonl_dataset_with_a_media_folder(tmp_path):
 def test_gate_accepts_the_committed_baseline_against_itself():
     from aphrodite_cli.bench.results.gate import compare
 
-    baseline = Path(__file__).resolve().parents[1] / "results" / "baselines" / \
+    baseline = Path(__file__).resolve().parents[2] / "results" / "baselines" / \
         "serve-tiny-embedded.json"
     verdicts = compare([baseline], [baseline])
     assert verdicts and not any(v.regressed for v in verdicts)
