@@ -34,24 +34,23 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.cpus import usable_cpus, use_torch_threads
 from engine.errors import AphroditeError, InternalError
+from engine.executor.outputs import finish_row
 from engine.executor.prefetch import Prefetcher
 from engine.executor.request import CompletionOutput, EngineRequest
+from engine.executor.row import Row
 from engine.executor.runner import (
     ChunkedPrefill,
     PrefillIncomplete,
     RunningBatch,
     TransformersRunner,
-    _Row,
 )
 from engine.executor.sampler import seeded_generator
 from engine.executor.scheduler import (
     Chunk,
     Prefilling,
+    Scheduler,
     SeqState,
     StepPlan,
-    passed_over,
-    plan,
-    serving_order,
 )
 from engine.models.loader import LoadedModel
 
@@ -76,7 +75,7 @@ class _Call:
 class _InFlight:
     """A prefill running on the prefill thread: its rows, plan and start, and its result."""
 
-    rows: list[_Row]
+    rows: list[Row]
     step: StepPlan
     started: float
     future: Future
@@ -102,16 +101,17 @@ class Engine:
         self.runner.on_first_tokens = self._step_done
         self.batch_wait_s = batch_wait_s
         self._queue: queue.Queue[EngineRequest | _Call | None] = queue.Queue()
-        self.waiting: collections.deque[_Row] = collections.deque()
+        self.waiting: collections.deque[Row] = collections.deque()
         self.running: RunningBatch | None = None
         self.prefilling: ChunkedPrefill | None = None
         self._rows_left: dict[str, int] = {}
         #: what the scheduler knows of each request in the engine (its rows share it)
         self._seqs: dict[str, SeqState] = {}
+        #: the waiting rows' order under the policy, and the starvation counts behind it
+        self.scheduler = Scheduler()
         #: under a policy other than "fcfs": the waiting rows in the order the last plan took
-        #: them, and how often a younger row joined before each request's rows
-        self._order: list[_Row] | None = None
-        self._overtaken: dict[str, int] = {}
+        #: them
+        self._order: list[Row] | None = None
         #: prefill forward passes (the isolation test counts them), decode steps, and tokens
         self.batches = 0
         self.stats = {"steps_total": 0, "prefill_tokens_total": 0, "decode_tokens_total": 0,
@@ -238,30 +238,12 @@ class Engine:
         chunked = self.prefilling
         progress = None if chunked is None else Prefilling(
             self._seqs[chunked.row.request.request_id], chunked.done)
-        self._order = None
-        running = self._running_rows()
-        policy = self.config.scheduling_policy
-        if policy == "fcfs" or progress is not None or len(self.waiting) < 2 or \
-                running >= self.config.max_num_seqs:
-            return plan((self._waiting_seq(r) for r in self.waiting), running, self.config,
-                        progress)
-        rows = list(self.waiting)
-        # only "shortest" orders by what the prefix cache leaves: it reads the cache for every
-        # row once, here; "priority" reads it lazily, for the rows the plan looks at
-        shortest = policy == "shortest"
-        seqs = [self._waiting_seq(r) if shortest else self._seqs[r.request.request_id]
-                for r in rows]
-        order = serving_order(seqs, policy, [self._overtaken.get(r.request.request_id, 0)
-                                             for r in rows])
-        self._order = [rows[i] for i in order]
-        taken = plan((seqs[i] if shortest else self._waiting_seq(rows[i]) for i in order),
-                     running, self.config)
-        passed = {rows[i].request.request_id for i in passed_over(order, taken.admitted)}
-        for rid in passed:
-            self._overtaken[rid] = self._overtaken.get(rid, 0) + 1
-        return taken
+        step, self._order = self.scheduler.schedule(
+            self.waiting, self._running_rows(), self.config, self._seqs, self._waiting_seq,
+            progress)
+        return step
 
-    def _take(self, count: int) -> list[_Row]:
+    def _take(self, count: int) -> list[Row]:
         """The first ``count`` waiting rows in the order the plan took them, out of the
         queue (which keeps the rest in age order)."""
         if self._order is None:
@@ -272,7 +254,7 @@ class Engine:
         self._order = None
         return chosen
 
-    def _waiting_seq(self, row: _Row) -> SeqState:
+    def _waiting_seq(self, row: Row) -> SeqState:
         """A waiting row as the scheduler sees it now: with the prompt tokens the prefix
         cache holds at this step (the prefill that follows takes exactly those), so only the
         uncached ones are charged to the token budget. Read lazily: only the rows the plan
@@ -325,23 +307,23 @@ class Engine:
             gen = None
             if req.params.seed is not None:
                 gen = seeded_generator(req.params.seed + i)
-            self.waiting.append(_Row(req, i, gen))
+            self.waiting.append(Row(req, i, gen))
 
     def _drop_cancelled(self) -> None:
         """Rows whose client went away leave now: waiting, being prefilled or running."""
         chunked = self.prefilling
         if chunked is not None and chunked.row.request.cancelled.is_set():
             self.prefilling = None
-            self.runner.finish_row(chunked.row, "abort")
+            finish_row(chunked.row, "abort")
             self._row_ended(chunked.row)
         for row in [r for r in self.waiting if r.request.cancelled.is_set()]:
             self.waiting.remove(row)
-            self.runner.finish_row(row, "abort")
+            finish_row(row, "abort")
             self._row_ended(row)
         if self.running is not None:
             for row in self.running.rows:
                 if row.request.cancelled.is_set() and not row.done:
-                    self.runner.finish_row(row, "abort")
+                    finish_row(row, "abort")
             self._retire()
 
     def _seq_state(self, req: EngineRequest) -> SeqState:
@@ -393,7 +375,7 @@ class Engine:
                        flying.started)
         return True
 
-    def _admitted(self, step: StepPlan, chosen: list[_Row], joined: RunningBatch | None,
+    def _admitted(self, step: StepPlan, chosen: list[Row], joined: RunningBatch | None,
                   started: float) -> None:
         if joined is not None:
             # the uncached prompt tokens of the rows that joined (a failed request's none)
@@ -437,7 +419,7 @@ class Engine:
             self.running.join(joined)
         self._retire()
 
-    def _prefill(self, rows: list[_Row], done: Future | None = None) -> RunningBatch | None:
+    def _prefill(self, rows: list[Row], done: Future | None = None) -> RunningBatch | None:
         """Prefill ``rows`` together (``done``: that prefill, run on the prefill thread); if
         that raises, each request's rows not yet handed on alone, so the request that broke
         it fails and the others join (with the rows of the passes before the failure)."""
@@ -458,7 +440,7 @@ class Engine:
         logger.warning("a prefill of %d requests failed (%s); prefilling each alone",
                        len(groups), type(exc).__name__)
 
-        def alone(group: list[_Row]) -> RunningBatch:
+        def alone(group: list[Row]) -> RunningBatch:
             self.batches += 1
             return self.runner.prefill(group)
 
@@ -510,15 +492,15 @@ class Engine:
             return
         logger.warning("a decode step of %d requests failed (%s); stepping each alone",
                        len(groups), type(exc).__name__)
-        def alone(group: list[_Row]) -> RunningBatch:
+        def alone(group: list[Row]) -> RunningBatch:
             part = batch.split(group)
             self.runner.decode(part)
             return part
 
         self.running = self._each_alone(groups, alone)
 
-    def _each_alone(self, groups: list[list[_Row]],
-                    run: Callable[[list[_Row]], RunningBatch]) -> RunningBatch | None:
+    def _each_alone(self, groups: list[list[Row]],
+                    run: Callable[[list[Row]], RunningBatch]) -> RunningBatch | None:
         """Run each request's rows on their own: a request whose run raises fails, the
         others' parts are joined into one batch."""
         joined: RunningBatch | None = None
@@ -534,7 +516,7 @@ class Engine:
                 joined.join(part)
         return joined
 
-    def _fail(self, rows: list[_Row], exc: Exception) -> None:
+    def _fail(self, rows: list[Row], exc: Exception) -> None:
         """The request of ``rows`` failed: it gets the error (no finish event) and all its
         rows end: those still waiting or being prefilled at once, those running at the next
         retirement (no more steps for them). ``rows`` are no longer in the batch."""
@@ -574,7 +556,7 @@ class Engine:
         if not batch.rows:
             self.running = None
 
-    def _row_ended(self, row: _Row) -> None:
+    def _row_ended(self, row: Row) -> None:
         req = row.request
         if row.first_token_at is not None:
             first = req.timings.get("_first_token_at")
@@ -586,7 +568,7 @@ class Engine:
             return
         self._rows_left.pop(req.request_id, None)
         self._seqs.pop(req.request_id, None)
-        self._overtaken.pop(req.request_id, None)
+        self.scheduler.forget(req.request_id)
         Prefetcher.release(req)  # (a request aborted or failed before its prefill read them)
         first = req.timings.pop("_first_token_at", None)
         if req.error is None:
@@ -597,8 +579,8 @@ class Engine:
         req.finish()
 
 
-def _by_request(rows: list[_Row]) -> list[list[_Row]]:
-    groups: dict[str, list[_Row]] = {}
+def _by_request(rows: list[Row]) -> list[list[Row]]:
+    groups: dict[str, list[Row]] = {}
     for row in rows:
         groups.setdefault(row.request.request_id, []).append(row)
     return list(groups.values())
