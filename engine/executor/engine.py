@@ -4,7 +4,9 @@ Each step the scheduler (:mod:`engine.executor.scheduler`, no model in it) plans
 waiting rows join and how many prompt tokens each prefills; this class executes the plan:
 prefill (together, or a chunk of a long prompt), merge into the running batch, then one
 decode step for every running row; finished rows leave between steps. An exception fails
-only the request that caused it (see ``_isolate``).
+only the request that caused it (see ``_isolate``). The forward passes are a
+:class:`~engine.executor.runner_protocol.Runner`'s (the transformers runner unless one is
+given), so this lifecycle runs without a model too (tests/fake_runner.py).
 
 With ``EngineConfig.overlap_prefill`` (a CPU with a core to spare), the rows admitted while
 others run are prefilled on a second thread while this one keeps stepping the running batch:
@@ -38,12 +40,8 @@ from engine.executor.outputs import finish_row
 from engine.executor.prefetch import Prefetcher
 from engine.executor.request import CompletionOutput, EngineRequest
 from engine.executor.row import Row
-from engine.executor.runner import (
-    ChunkedPrefill,
-    PrefillIncomplete,
-    RunningBatch,
-    TransformersRunner,
-)
+from engine.executor.runner import TransformersRunner
+from engine.executor.runner_protocol import Batch, Chunked, PrefillIncomplete, Runner
 from engine.executor.sampler import seeded_generator
 from engine.executor.scheduler import (
     Chunk,
@@ -82,28 +80,35 @@ class _InFlight:
 
 
 class Engine:
-    """Owns a :class:`TransformersRunner` and a queue; ``submit`` is thread-safe. Its settings
-    are ``config`` (read at every step: a benchmark may swap in another scheduling)."""
+    """Owns a :class:`~engine.executor.runner_protocol.Runner` (a :class:`TransformersRunner`
+    unless one is given) and a queue; ``submit`` is thread-safe. Its settings are ``config``
+    (read at every step: a benchmark may swap in another scheduling)."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, *,
-                 batch_wait_s: float = 0.005) -> None:
-        from engine.memory import reserve_gpu_memory
-
+    def __init__(self, loaded: LoadedModel | None, config: EngineConfig | None = None, *,
+                 batch_wait_s: float = 0.005, runner: Runner | None = None) -> None:
+        """``runner``: the forward passes (default: a :class:`TransformersRunner` of
+        ``loaded``; a fake one runs the lifecycle without a model, ``loaded`` then None)."""
         self.config = config if config is not None else EngineConfig()
-        import torch
-
         # torch's own default counts the machine's cores, not the ones this process may use
         self._threads = self.config.num_threads or usable_cpus()
         self._decode_threads = self.config.decode_threads or self._threads
-        torch.set_num_threads(self._threads)
-        reserve_gpu_memory(self.config.device, self.config.reserved_gpu_bytes)
-        self.runner = TransformersRunner(loaded, self.config)
+        if runner is None:
+            from engine.memory import reserve_gpu_memory
+
+            if loaded is None:
+                raise ValueError("an Engine needs a loaded model or a runner")
+            use_torch_threads(self._threads)  # (before the model loads)
+            reserve_gpu_memory(self.config.device, self.config.reserved_gpu_bytes)
+            runner = TransformersRunner(loaded, self.config)
+        else:
+            runner.set_threads(self._threads)
+        self.runner: Runner = runner
         self.runner.on_first_tokens = self._step_done
         self.batch_wait_s = batch_wait_s
         self._queue: queue.Queue[EngineRequest | _Call | None] = queue.Queue()
         self.waiting: collections.deque[Row] = collections.deque()
-        self.running: RunningBatch | None = None
-        self.prefilling: ChunkedPrefill | None = None
+        self.running: Batch | None = None
+        self.prefilling: Chunked | None = None
         self._rows_left: dict[str, int] = {}
         #: what the scheduler knows of each request in the engine (its rows share it)
         self._seqs: dict[str, SeqState] = {}
@@ -120,7 +125,7 @@ class Engine:
         #: called on the engine thread after every step (prefill or decode), e.g. to send the
         #: step's token events to a client in one message
         self.on_step: list[Callable[[], None]] = []
-        parameters = sum(p.numel() for p in self.runner.model.parameters())
+        parameters = self.runner.num_parameters
         cpus = usable_cpus()
         overlap = self.config.overlaps_prefill(cpus, parameters)
         if overlap and self.config.oversubscribes(cpus):
@@ -136,7 +141,7 @@ class Engine:
             f"{parameters / 1e6:.1f} M parameters)")
         logger.info("%s", self.threads_summary)
         self._prefiller = ThreadPoolExecutor(
-            1, thread_name_prefix="aphrodite-prefill", initializer=use_torch_threads,
+            1, thread_name_prefix="aphrodite-prefill", initializer=self.runner.set_threads,
             initargs=(self._threads,)) if overlap else None
         self._in_flight: _InFlight | None = None
         self._thread = threading.Thread(target=self._loop, name="aphrodite-engine", daemon=True)
@@ -196,8 +201,7 @@ class Engine:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=30)
-        self.runner.prefetcher.close()
-        self.runner.close_grammars()
+        self.runner.close()
         if self._prefiller is not None:
             self._prefiller.shutdown(wait=False)
 
@@ -215,10 +219,10 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        use_torch_threads(self._threads)
+        self.runner.set_threads(self._threads)
         while self._pull():
             self._drop_cancelled()
-            self.runner.prefetcher.schedule(row.request for row in self.waiting)
+            self.runner.prefetch(row.request for row in self.waiting)
             decode = True
             # a prefill beside the decode steps joins once done; with nothing to decode
             # meanwhile, the engine waits for it
@@ -375,7 +379,7 @@ class Engine:
                        flying.started)
         return True
 
-    def _admitted(self, step: StepPlan, chosen: list[Row], joined: RunningBatch | None,
+    def _admitted(self, step: StepPlan, chosen: list[Row], joined: Batch | None,
                   started: float) -> None:
         if joined is not None:
             # the uncached prompt tokens of the rows that joined (a failed request's none)
@@ -384,7 +388,7 @@ class Engine:
                 if row in joined.rows)
             self._joined(joined, started)
 
-    def _prefill_chunk(self, chunked: ChunkedPrefill, chunk: Chunk) -> None:
+    def _prefill_chunk(self, chunked: Chunked, chunk: Chunk) -> None:
         try:
             if chunk.start != chunked.done:  # the plan and the prefix cache disagree
                 raise InternalError(f"chunk {chunk.start}:{chunk.end} planned after "
@@ -400,7 +404,7 @@ class Engine:
             self.prefilling = None
             self._joined(joined, chunked.started)
 
-    def _joined(self, joined: RunningBatch, started: float) -> None:
+    def _joined(self, joined: Batch, started: float) -> None:
         """Prefilled rows join the running batch (their stage timings recorded: each row's
         prefill ends with its first token, so TTFT = queue + encoder + prefill)."""
         size = self._running_rows() + len(joined.rows)
@@ -419,11 +423,11 @@ class Engine:
             self.running.join(joined)
         self._retire()
 
-    def _prefill(self, rows: list[Row], done: Future | None = None) -> RunningBatch | None:
+    def _prefill(self, rows: list[Row], done: Future | None = None) -> Batch | None:
         """Prefill ``rows`` together (``done``: that prefill, run on the prefill thread); if
         that raises, each request's rows not yet handed on alone, so the request that broke
         it fails and the others join (with the rows of the passes before the failure)."""
-        handed: RunningBatch | None = None
+        handed: Batch | None = None
         try:
             if done is not None:
                 return done.result()
@@ -440,7 +444,7 @@ class Engine:
         logger.warning("a prefill of %d requests failed (%s); prefilling each alone",
                        len(groups), type(exc).__name__)
 
-        def alone(group: list[Row]) -> RunningBatch:
+        def alone(group: list[Row]) -> Batch:
             self.batches += 1
             return self.runner.prefill(group)
 
@@ -454,7 +458,7 @@ class Engine:
             handed.join(joined)
         return handed
 
-    def _decode(self, batch: RunningBatch) -> None:
+    def _decode(self, batch: Batch) -> None:
         self.stats["steps_total"] += 1
         self.stats["batch_size_last"] = len(batch.rows)
         self.stats["batch_size_max"] = max(self.stats["batch_size_max"], len(batch.rows))
@@ -474,15 +478,13 @@ class Engine:
         if self._decode_threads == self._threads:
             yield
             return
-        import torch
-
-        torch.set_num_threads(self._decode_threads)
+        self.runner.set_threads(self._decode_threads)
         try:
             yield
         finally:
-            torch.set_num_threads(self._threads)
+            self.runner.set_threads(self._threads)
 
-    def _isolate(self, batch: RunningBatch, exc: Exception) -> None:
+    def _isolate(self, batch: Batch, exc: Exception) -> None:
         """A decode step failed (the cache is as before it): each request's rows take the step
         alone; those that fail again fail, the others go on in the batch."""
         groups = _by_request(batch.rows)
@@ -492,7 +494,7 @@ class Engine:
             return
         logger.warning("a decode step of %d requests failed (%s); stepping each alone",
                        len(groups), type(exc).__name__)
-        def alone(group: list[Row]) -> RunningBatch:
+        def alone(group: list[Row]) -> Batch:
             part = batch.split(group)
             self.runner.decode(part)
             return part
@@ -500,10 +502,10 @@ class Engine:
         self.running = self._each_alone(groups, alone)
 
     def _each_alone(self, groups: list[list[Row]],
-                    run: Callable[[list[Row]], RunningBatch]) -> RunningBatch | None:
+                    run: Callable[[list[Row]], Batch]) -> Batch | None:
         """Run each request's rows on their own: a request whose run raises fails, the
         others' parts are joined into one batch."""
-        joined: RunningBatch | None = None
+        joined: Batch | None = None
         for group in groups:
             try:
                 part = run(group)

@@ -4,8 +4,10 @@ A row is one sequence (a request with ``n`` > 1 has ``n`` rows). Rows that join 
 together (left-padded, their media tensors concatenated in order, positions by the model's own
 rule: 3-D M-RoPE for Qwen-VL), then stepped one token at a time with the rows already running,
 each at its own position; their caches are merged (see :mod:`engine.executor.kv`). Each row
-samples with its own temperature/top-k/top-p/seed, ends on its own (max_tokens, EOS, stop
-strings, cancellation) and hands every new token to its request as it is produced. Hooks on
+samples with its own temperature/top-k/top-p/seed and hands every new token to its request as
+it is produced (:func:`engine.executor.outputs.add_token`, where it ends on its own: max_tokens,
+EOS, stop strings, cancellation). The engine's lifecycle around these forward passes asks
+only for :class:`~engine.executor.runner_protocol.Runner`'s members. Hooks on
 the vision/audio encoder time it, so prefill, encoder, first token and decode are reported
 separately.
 """
@@ -16,17 +18,19 @@ import contextlib
 import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.cpus import use_torch_threads
 from engine.executor import grammar, kv, media_embeds, sampler
 from engine.executor.detokenize import byte_tokens
 from engine.executor.outputs import add_token
 from engine.executor.prefetch import Prefetcher
 from engine.executor.request import EngineRequest
 from engine.executor.row import Row
+from engine.executor.runner_protocol import PrefillIncomplete
 from engine.executor.scheduler import length_groups
 from engine.executor.warm_cache import WarmCaches, media_span
 from engine.models import lean_decode, parts
@@ -100,29 +104,21 @@ class ChunkedPrefill:
     embeds: Any = None
 
 
-class PrefillIncomplete(Exception):
-    """A prefill's pass failed after earlier passes' rows got their first tokens: those rows
-    (``batch``, to join), the rows not prefilled (``rows``: the failed pass's and those after
-    it) and the pass's exception (``cause``)."""
-
-    def __init__(self, batch: RunningBatch, rows: list[Row], cause: Exception) -> None:
-        super().__init__(f"{len(rows)} rows not prefilled: {cause!r}")
-        self.batch, self.rows, self.cause = batch, rows, cause
-
-
 #: the media tensors a prefill whose media are cached leaves out (what the encoders read; the
 #: position rules read only the grids and token types)
 _MEDIA_TENSORS = frozenset({"pixel_values", "pixel_values_videos", "input_features"})
 
 
 class TransformersRunner:
-    """Prefills and steps rows of :class:`EngineRequest` on a Hugging Face model."""
+    """Prefills and steps rows of :class:`EngineRequest` on a Hugging Face model (the
+    engine's :class:`~engine.executor.runner_protocol.Runner`)."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         """``config``: where the model runs (device, dtype) and its caches' settings."""
         self.loaded = loaded
         self.device = config.device
         self.model = loaded.model(config.device, config.dtype)
+        self.num_parameters = sum(p.numel() for p in self.model.parameters())
         kv.check_supported(self.model.config)
         self.tokenizer = loaded.tokenizer
         self.byte_ids = byte_tokens(self.tokenizer)
@@ -175,6 +171,19 @@ class TransformersRunner:
                     self.tokenizer, grammar.logits_vocab(self.loaded.config, self.tokenizer),
                     self.eos_ids)
             return self._grammars
+
+    def set_threads(self, count: int) -> None:
+        """Run the calling thread's torch operations on ``count`` threads."""
+        use_torch_threads(count)
+
+    def prefetch(self, requests: Iterable[EngineRequest]) -> None:
+        """Prepare the next prefills' positions (and normalized media) ahead."""
+        self.prefetcher.schedule(requests)
+
+    def close(self) -> None:
+        """Stop the prefetch and compile threads."""
+        self.prefetcher.close()
+        self.close_grammars()
 
     def close_grammars(self) -> None:
         """Stop the compile threads (a compile under way is left to finish)."""

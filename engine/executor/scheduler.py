@@ -1,8 +1,11 @@
 """The scheduler: what the engine does in one step, decided from plain numbers.
 
 No model, no threads, no torch (as vLLM's v1 scheduler: ``schedule()`` returns a plan and the
-model runner executes it); :class:`~engine.executor.engine.Engine` calls :func:`plan` once per
-step and executes the :class:`StepPlan`. The rules, in the order they apply:
+model runner executes it); :class:`~engine.executor.engine.Engine` asks its
+:class:`Scheduler` once per step (:func:`plan` over the waiting rows in the policy's order)
+and executes the :class:`StepPlan`; the runner groups a prefill's rows into forward passes by
+:func:`length_groups`. Whether a row ends at a token is :func:`engine.executor.stop.check_stop`.
+The rules, in the order they apply:
 
 1. A prompt being prefilled in chunks continues: its next chunk is the step's prefill, and
    nothing else joins until its last chunk is in.
