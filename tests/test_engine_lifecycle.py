@@ -55,6 +55,15 @@ def finished(*reqs: EngineRequest) -> None:
         assert req.done.wait(WAIT_S), f"{req.request_id} did not finish"
 
 
+def run_together(engine: Engine, *reqs: EngineRequest) -> None:
+    """Submit ``reqs`` so that they enter the waiting queue together, in this order, and wait
+    until every one finished."""
+    with held(engine):
+        for req in reqs:
+            engine.submit(req)
+    finished(*reqs)
+
+
 @pytest.fixture
 def start() -> Iterator:
     """``start(config=..., **runner_kwargs)``: an engine over a fake runner (closed after)."""
@@ -161,10 +170,7 @@ def test_a_cancelled_request_ends_with_abort_and_the_others_go_on(start) -> None
     gone.on_event = lambda event: (gone.extra["events"].append(event),
                                    len(gone.extra["events"]) == 3 and gone.cancel())
     other = request(first=5, max_tokens=20)
-    with held(engine):
-        engine.submit(gone)
-        engine.submit(other)
-    finished(gone, other)
+    run_together(engine, gone, other)
     assert gone.outputs[0].finish_reason == "abort" and gone.error is None
     assert 3 <= len(gone.outputs[0].token_ids) < 10
     assert other.outputs[0].finish_reason == "length" and len(other.outputs[0].token_ids) == 20
@@ -201,10 +207,7 @@ def test_a_failure_in_a_prefill_fails_only_its_request(start) -> None:
     bad = request(first=1, max_tokens=4)
     engine, runner = start(fails=_failing("prefill", bad))
     good = [request(first=0, max_tokens=4), request(first=2, n=2, max_tokens=4)]
-    with held(engine):
-        for req in (good[0], bad, good[1]):
-            engine.submit(req)
-    finished(bad, *good)
+    run_together(engine, good[0], bad, good[1])
     assert isinstance(bad.error, InternalError) and bad.error.status == 500
     assert "boom" not in str(bad.error)  # the client sees the type, not the message
     assert texts(good[0]) == ["abcd"] and texts(good[1]) == ["cdef", "defg"]
@@ -219,10 +222,7 @@ def test_a_failure_in_a_later_prefill_pass_keeps_the_earlier_passes_rows(start) 
     bad = request(first=1, length=60, max_tokens=4)
     engine, runner = start(fails=_failing("prefill", bad))
     good = request(first=0, length=4, max_tokens=4)
-    with held(engine):
-        engine.submit(bad)
-        engine.submit(good)
-    finished(bad, good)
+    run_together(engine, bad, good)
     assert isinstance(bad.error, InternalError)
     assert texts(good) == ["abcd"]  # not prefilled twice: its first token once
     assert runner.passes("prefill") == [[good.request_id], [bad.request_id],
@@ -233,10 +233,7 @@ def test_a_failure_in_a_decode_step_fails_only_its_request(start) -> None:
     bad = request(first=1, max_tokens=6)
     engine, _ = start(fails=_failing("decode", bad))
     good = request(first=0, max_tokens=6)
-    with held(engine):
-        engine.submit(bad)
-        engine.submit(good)
-    finished(bad, good)
+    run_together(engine, bad, good)
     assert isinstance(bad.error, InternalError) and texts(bad) == ["b"]
     assert texts(good) == ["abcdef"] and good.error is None
     assert engine.running is None and not engine.waiting
@@ -246,10 +243,7 @@ def test_a_failure_in_a_chunk_fails_its_request_and_the_running_rows_go_on(start
     long = request(first=1, length=20, max_tokens=3)
     engine, runner = start(EngineConfig(max_num_batched_tokens=8), fails=_failing("chunk", long))
     running = request(first=0, max_tokens=6)
-    with held(engine):
-        engine.submit(running)
-        engine.submit(long)
-    finished(long, running)
+    run_together(engine, running, long)
     assert isinstance(long.error, InternalError) and texts(running) == ["abcdef"]
     assert runner.passes("chunk") == [(long.request_id, 0, 8)]  # its first chunk failed
 
@@ -261,10 +255,7 @@ def test_a_prompt_over_the_budget_prefills_a_chunk_per_step_between_decode_steps
     engine, runner = start(EngineConfig(max_num_batched_tokens=8))
     running = request(first=0, max_tokens=8)
     long = request(first=3, length=30, media=(6, 17), max_tokens=2)
-    with held(engine):
-        engine.submit(running)
-        engine.submit(long)
-    finished(running, long)
+    run_together(engine, running, long)
     # 8 tokens a chunk, but the one holding the media span (6..17) goes past it (rule 5)
     assert [c[1:] for c in runner.passes("chunk")] == [(0, 18), (18, 26), (26, 30)]
     assert texts(long) == ["de"] and texts(running) == ["abcdefgh"]
@@ -279,10 +270,7 @@ def test_a_prompt_over_the_budget_prefills_a_chunk_per_step_between_decode_steps
 def test_max_num_seqs_bounds_the_running_rows(start) -> None:
     engine, runner = start(EngineConfig(max_num_seqs=2))
     reqs = [request(first=i, max_tokens=3) for i in range(5)]
-    with held(engine):
-        for req in reqs:
-            engine.submit(req)
-    finished(*reqs)
+    run_together(engine, *reqs)
     assert [texts(r)[0][0] for r in reqs] == list("abcde")
     sizes = [len(rows) for rows in runner.passes("decode")]
     assert max(sizes) == 2
@@ -300,10 +288,7 @@ def _admitted(runner: FakeRunner) -> list[str]:
 def test_the_policy_orders_the_waiting_rows(start, policy, priorities, order) -> None:
     engine, runner = start(EngineConfig(max_num_seqs=1, scheduling_policy=policy))
     reqs = [request(first=i, max_tokens=2, priority=p) for i, p in enumerate(priorities)]
-    with held(engine):
-        for req in reqs:
-            engine.submit(req)
-    finished(*reqs)
+    run_together(engine, *reqs)
     assert _admitted(runner) == [reqs[i].request_id for i in order]
 
 
@@ -311,10 +296,7 @@ def test_shortest_first_lets_a_long_prompt_be_overtaken_a_bounded_number_of_time
     engine, runner = start(EngineConfig(max_num_seqs=1, scheduling_policy="shortest"))
     long = request(first=0, length=40, max_tokens=1)
     short = [request(first=1, length=4 + i, max_tokens=1) for i in range(MAX_OVERTAKES + 2)]
-    with held(engine):
-        for req in (long, *short):
-            engine.submit(req)
-    finished(long, *short)
+    run_together(engine, long, *short)
     ids = [r.request_id for r in short]
     assert _admitted(runner) == [*ids[:MAX_OVERTAKES], long.request_id, *ids[MAX_OVERTAKES:]]
     assert engine.scheduler.overtaken == {}  # (nothing left behind for requests gone)
