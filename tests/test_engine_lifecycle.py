@@ -6,6 +6,7 @@ test_generation_endings.py, ...) keep the numerical checks."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -300,3 +301,31 @@ def test_shortest_first_lets_a_long_prompt_be_overtaken_a_bounded_number_of_time
     ids = [r.request_id for r in short]
     assert _admitted(runner) == [*ids[:MAX_OVERTAKES], long.request_id, *ids[MAX_OVERTAKES:]]
     assert engine.scheduler.overtaken == {}  # (nothing left behind for requests gone)
+
+
+def test_a_prefill_beside_the_decode_steps_joins_whole_or_fails_alone(start) -> None:
+    """--overlap-prefill: rows admitted while others run are prefilled on a second thread and
+    join at a step boundary; a failure there fails only its request."""
+    submitted = threading.Event()
+    bad = request(first=1, max_tokens=3)
+
+    def fails(kind: str, rows: list[Row]) -> None:
+        if kind == "decode":
+            submitted.wait(WAIT_S)  # the first decode step waits for the others to arrive
+        elif kind == "prefill" and any(r.request is bad for r in rows):
+            raise RuntimeError("boom")
+
+    engine, _ = start(EngineConfig(overlap_prefill=True), fails=fails)
+    running = request(first=0, max_tokens=12)
+    first_token = threading.Event()
+    running.on_event = lambda event: (running.extra["events"].append(event), first_token.set())
+    engine.submit(running)
+    assert first_token.wait(WAIT_S)  # it runs: the next rows are admitted beside it
+    joining = request(first=2, max_tokens=3)
+    engine.submit(joining)
+    engine.submit(bad)
+    submitted.set()
+    finished(running, joining, bad)
+    assert engine.stats["prefills_overlapped_total"] >= 1
+    assert texts(running) == ["abcdefghijkl"] and texts(joining) == ["cde"]
+    assert isinstance(bad.error, InternalError) and joining.error is None
