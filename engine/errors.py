@@ -6,7 +6,8 @@ changes the outcome. Catch at the level you need::
 
     AphroditeError                      any error raised on purpose by this project
     ├── ConfigError                     bad flag, env var or startup setting (CLI exit 2)
-    ├── StartupError                    the server cannot start here (a port in use; exit 1)
+    ├── StartupError                    the server cannot start here (a port in use, a process
+    │                                   that died while starting; exit 1)
     ├── BenchmarkFailed                 a benchmark's verdict: too many requests failed (exit 1)
     ├── ClientError (4xx)               the request is at fault
     │   ├── InvalidRequestError  400    malformed input
@@ -24,6 +25,7 @@ changes the outcome. Catch at the level you need::
     │   └── MediaDecodeError     422    the bytes are that kind of media but cannot be decoded
     ├── ServiceUnavailableError (503)   the engine process is not there, or the server is full
     │   └── OverloadedError      503    more requests in flight than --max-pending-requests
+    ├── EngineError                     an error the engine process reported, with its status
     └── InternalError (500)             a bug in this project
 
 Messages never carry tracebacks, memory addresses or paths outside an allowed folder: use
@@ -81,7 +83,8 @@ class ConfigError(AphroditeError):
 
 
 class StartupError(AphroditeError):
-    """The server cannot start for a reason outside its settings: the port is taken."""
+    """The server cannot start for a reason outside its settings: the port is taken, or a
+    process of it (the engine, an API server) died or did not become ready while starting."""
 
     default_code = "startup_failed"
 
@@ -213,8 +216,25 @@ class OverloadedError(ServiceUnavailableError):
     retry_after_s = 1
 
 
+class EngineError(AphroditeError):
+    """An error the engine process reported (over the socket, as an OpenAI error body and a
+    status), raised again in the API server with that status and shape."""
+
+    def __init__(self, body: dict[str, Any], status: int) -> None:
+        super().__init__(body.get("message", "engine error"), code=body.get("code"),
+                         param=body.get("param"))
+        self.status = status  # type: ignore[misc]
+        self.type = body.get("type", "internal_error")  # type: ignore[misc]
+
+
 class InternalError(AphroditeError):
     """A bug in this project (HTTP 500)."""
+
+
+def internal_error_body() -> dict[str, Any]:
+    """What a client is told of an exception that is not one of ours (a bug: the details
+    are logged, never sent): the OpenAI error body of a 500."""
+    return InternalError("internal server error").to_openai()
 
 
 _ERRNO = re.compile(r"\[Errno -?\d+\]\s*")

@@ -4,7 +4,9 @@ Each step the scheduler (:mod:`engine.executor.scheduler`, no model in it) plans
 waiting rows join and how many prompt tokens each prefills; this class executes the plan:
 prefill (together, or a chunk of a long prompt), merge into the running batch, then one
 decode step for every running row; finished rows leave between steps. An exception fails
-only the request that caused it (see ``_isolate``).
+only the request that caused it (see ``_isolate``). The forward passes are a
+:class:`~engine.executor.runner_protocol.Runner`'s (the transformers runner unless one is
+given), so this lifecycle runs without a model too (tests/fake_runner.py).
 
 With ``EngineConfig.overlap_prefill`` (a CPU with a core to spare), the rows admitted while
 others run are prefilled on a second thread while this one keeps stepping the running batch:
@@ -34,24 +36,19 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.cpus import usable_cpus, use_torch_threads
 from engine.errors import AphroditeError, InternalError
+from engine.executor.outputs import finish_row
 from engine.executor.prefetch import Prefetcher
 from engine.executor.request import CompletionOutput, EngineRequest
-from engine.executor.runner import (
-    ChunkedPrefill,
-    PrefillIncomplete,
-    RunningBatch,
-    TransformersRunner,
-    _Row,
-)
+from engine.executor.row import Row
+from engine.executor.runner import TransformersRunner
+from engine.executor.runner_protocol import Batch, Chunked, PrefillIncomplete, Runner
 from engine.executor.sampler import seeded_generator
 from engine.executor.scheduler import (
     Chunk,
     Prefilling,
+    Scheduler,
     SeqState,
     StepPlan,
-    passed_over,
-    plan,
-    serving_order,
 )
 from engine.models.loader import LoadedModel
 
@@ -76,42 +73,50 @@ class _Call:
 class _InFlight:
     """A prefill running on the prefill thread: its rows, plan and start, and its result."""
 
-    rows: list[_Row]
+    rows: list[Row]
     step: StepPlan
     started: float
     future: Future
 
 
 class Engine:
-    """Owns a :class:`TransformersRunner` and a queue; ``submit`` is thread-safe. Its settings
-    are ``config`` (read at every step: a benchmark may swap in another scheduling)."""
+    """Owns a :class:`~engine.executor.runner_protocol.Runner` (a :class:`TransformersRunner`
+    unless one is given) and a queue; ``submit`` is thread-safe. Its settings are ``config``
+    (read at every step: a benchmark may swap in another scheduling)."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, *,
-                 batch_wait_s: float = 0.005) -> None:
-        from engine.memory import reserve_gpu_memory
-
+    def __init__(self, loaded: LoadedModel | None, config: EngineConfig | None = None, *,
+                 batch_wait_s: float = 0.005, runner: Runner | None = None) -> None:
+        """``runner``: the forward passes (default: a :class:`TransformersRunner` of
+        ``loaded``; a fake one runs the lifecycle without a model, ``loaded`` then None)."""
         self.config = config if config is not None else EngineConfig()
-        import torch
-
         # torch's own default counts the machine's cores, not the ones this process may use
         self._threads = self.config.num_threads or usable_cpus()
         self._decode_threads = self.config.decode_threads or self._threads
-        torch.set_num_threads(self._threads)
-        reserve_gpu_memory(self.config.device, self.config.reserved_gpu_bytes)
-        self.runner = TransformersRunner(loaded, self.config)
+        if runner is None:
+            from engine.memory import reserve_gpu_memory
+
+            if loaded is None:
+                raise ValueError("an Engine needs a loaded model or a runner")
+            use_torch_threads(self._threads)  # (before the model loads)
+            reserve_gpu_memory(self.config.device, self.config.reserved_gpu_bytes)
+            runner = TransformersRunner(loaded, self.config)
+        else:
+            runner.set_threads(self._threads)
+        self.runner: Runner = runner
         self.runner.on_first_tokens = self._step_done
         self.batch_wait_s = batch_wait_s
         self._queue: queue.Queue[EngineRequest | _Call | None] = queue.Queue()
-        self.waiting: collections.deque[_Row] = collections.deque()
-        self.running: RunningBatch | None = None
-        self.prefilling: ChunkedPrefill | None = None
+        self.waiting: collections.deque[Row] = collections.deque()
+        self.running: Batch | None = None
+        self.prefilling: Chunked | None = None
         self._rows_left: dict[str, int] = {}
         #: what the scheduler knows of each request in the engine (its rows share it)
         self._seqs: dict[str, SeqState] = {}
+        #: the waiting rows' order under the policy, and the starvation counts behind it
+        self.scheduler = Scheduler()
         #: under a policy other than "fcfs": the waiting rows in the order the last plan took
-        #: them, and how often a younger row joined before each request's rows
-        self._order: list[_Row] | None = None
-        self._overtaken: dict[str, int] = {}
+        #: them
+        self._order: list[Row] | None = None
         #: prefill forward passes (the isolation test counts them), decode steps, and tokens
         self.batches = 0
         self.stats = {"steps_total": 0, "prefill_tokens_total": 0, "decode_tokens_total": 0,
@@ -120,7 +125,7 @@ class Engine:
         #: called on the engine thread after every step (prefill or decode), e.g. to send the
         #: step's token events to a client in one message
         self.on_step: list[Callable[[], None]] = []
-        parameters = sum(p.numel() for p in self.runner.model.parameters())
+        parameters = self.runner.num_parameters
         cpus = usable_cpus()
         overlap = self.config.overlaps_prefill(cpus, parameters)
         if overlap and self.config.oversubscribes(cpus):
@@ -136,7 +141,7 @@ class Engine:
             f"{parameters / 1e6:.1f} M parameters)")
         logger.info("%s", self.threads_summary)
         self._prefiller = ThreadPoolExecutor(
-            1, thread_name_prefix="aphrodite-prefill", initializer=use_torch_threads,
+            1, thread_name_prefix="aphrodite-prefill", initializer=self.runner.set_threads,
             initargs=(self._threads,)) if overlap else None
         self._in_flight: _InFlight | None = None
         self._thread = threading.Thread(target=self._loop, name="aphrodite-engine", daemon=True)
@@ -196,8 +201,7 @@ class Engine:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=30)
-        self.runner.prefetcher.close()
-        self.runner.close_grammars()
+        self.runner.close()
         if self._prefiller is not None:
             self._prefiller.shutdown(wait=False)
 
@@ -215,10 +219,10 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        use_torch_threads(self._threads)
+        self.runner.set_threads(self._threads)
         while self._pull():
             self._drop_cancelled()
-            self.runner.prefetcher.schedule(row.request for row in self.waiting)
+            self.runner.prefetch(row.request for row in self.waiting)
             decode = True
             # a prefill beside the decode steps joins once done; with nothing to decode
             # meanwhile, the engine waits for it
@@ -238,30 +242,12 @@ class Engine:
         chunked = self.prefilling
         progress = None if chunked is None else Prefilling(
             self._seqs[chunked.row.request.request_id], chunked.done)
-        self._order = None
-        running = self._running_rows()
-        policy = self.config.scheduling_policy
-        if policy == "fcfs" or progress is not None or len(self.waiting) < 2 or \
-                running >= self.config.max_num_seqs:
-            return plan((self._waiting_seq(r) for r in self.waiting), running, self.config,
-                        progress)
-        rows = list(self.waiting)
-        # only "shortest" orders by what the prefix cache leaves: it reads the cache for every
-        # row once, here; "priority" reads it lazily, for the rows the plan looks at
-        shortest = policy == "shortest"
-        seqs = [self._waiting_seq(r) if shortest else self._seqs[r.request.request_id]
-                for r in rows]
-        order = serving_order(seqs, policy, [self._overtaken.get(r.request.request_id, 0)
-                                             for r in rows])
-        self._order = [rows[i] for i in order]
-        taken = plan((seqs[i] if shortest else self._waiting_seq(rows[i]) for i in order),
-                     running, self.config)
-        passed = {rows[i].request.request_id for i in passed_over(order, taken.admitted)}
-        for rid in passed:
-            self._overtaken[rid] = self._overtaken.get(rid, 0) + 1
-        return taken
+        step, self._order = self.scheduler.schedule(
+            self.waiting, self._running_rows(), self.config, self._seqs, self._waiting_seq,
+            progress)
+        return step
 
-    def _take(self, count: int) -> list[_Row]:
+    def _take(self, count: int) -> list[Row]:
         """The first ``count`` waiting rows in the order the plan took them, out of the
         queue (which keeps the rest in age order)."""
         if self._order is None:
@@ -272,7 +258,7 @@ class Engine:
         self._order = None
         return chosen
 
-    def _waiting_seq(self, row: _Row) -> SeqState:
+    def _waiting_seq(self, row: Row) -> SeqState:
         """A waiting row as the scheduler sees it now: with the prompt tokens the prefix
         cache holds at this step (the prefill that follows takes exactly those), so only the
         uncached ones are charged to the token budget. Read lazily: only the rows the plan
@@ -325,23 +311,23 @@ class Engine:
             gen = None
             if req.params.seed is not None:
                 gen = seeded_generator(req.params.seed + i)
-            self.waiting.append(_Row(req, i, gen))
+            self.waiting.append(Row(req, i, gen))
 
     def _drop_cancelled(self) -> None:
         """Rows whose client went away leave now: waiting, being prefilled or running."""
         chunked = self.prefilling
         if chunked is not None and chunked.row.request.cancelled.is_set():
             self.prefilling = None
-            self.runner.finish_row(chunked.row, "abort")
+            finish_row(chunked.row, "abort")
             self._row_ended(chunked.row)
         for row in [r for r in self.waiting if r.request.cancelled.is_set()]:
             self.waiting.remove(row)
-            self.runner.finish_row(row, "abort")
+            finish_row(row, "abort")
             self._row_ended(row)
         if self.running is not None:
             for row in self.running.rows:
                 if row.request.cancelled.is_set() and not row.done:
-                    self.runner.finish_row(row, "abort")
+                    finish_row(row, "abort")
             self._retire()
 
     def _seq_state(self, req: EngineRequest) -> SeqState:
@@ -393,7 +379,7 @@ class Engine:
                        flying.started)
         return True
 
-    def _admitted(self, step: StepPlan, chosen: list[_Row], joined: RunningBatch | None,
+    def _admitted(self, step: StepPlan, chosen: list[Row], joined: Batch | None,
                   started: float) -> None:
         if joined is not None:
             # the uncached prompt tokens of the rows that joined (a failed request's none)
@@ -402,7 +388,7 @@ class Engine:
                 if row in joined.rows)
             self._joined(joined, started)
 
-    def _prefill_chunk(self, chunked: ChunkedPrefill, chunk: Chunk) -> None:
+    def _prefill_chunk(self, chunked: Chunked, chunk: Chunk) -> None:
         try:
             if chunk.start != chunked.done:  # the plan and the prefix cache disagree
                 raise InternalError(f"chunk {chunk.start}:{chunk.end} planned after "
@@ -418,7 +404,7 @@ class Engine:
             self.prefilling = None
             self._joined(joined, chunked.started)
 
-    def _joined(self, joined: RunningBatch, started: float) -> None:
+    def _joined(self, joined: Batch, started: float) -> None:
         """Prefilled rows join the running batch (their stage timings recorded: each row's
         prefill ends with its first token, so TTFT = queue + encoder + prefill)."""
         size = self._running_rows() + len(joined.rows)
@@ -437,11 +423,11 @@ class Engine:
             self.running.join(joined)
         self._retire()
 
-    def _prefill(self, rows: list[_Row], done: Future | None = None) -> RunningBatch | None:
+    def _prefill(self, rows: list[Row], done: Future | None = None) -> Batch | None:
         """Prefill ``rows`` together (``done``: that prefill, run on the prefill thread); if
         that raises, each request's rows not yet handed on alone, so the request that broke
         it fails and the others join (with the rows of the passes before the failure)."""
-        handed: RunningBatch | None = None
+        handed: Batch | None = None
         try:
             if done is not None:
                 return done.result()
@@ -458,7 +444,7 @@ class Engine:
         logger.warning("a prefill of %d requests failed (%s); prefilling each alone",
                        len(groups), type(exc).__name__)
 
-        def alone(group: list[_Row]) -> RunningBatch:
+        def alone(group: list[Row]) -> Batch:
             self.batches += 1
             return self.runner.prefill(group)
 
@@ -472,7 +458,7 @@ class Engine:
             handed.join(joined)
         return handed
 
-    def _decode(self, batch: RunningBatch) -> None:
+    def _decode(self, batch: Batch) -> None:
         self.stats["steps_total"] += 1
         self.stats["batch_size_last"] = len(batch.rows)
         self.stats["batch_size_max"] = max(self.stats["batch_size_max"], len(batch.rows))
@@ -492,15 +478,13 @@ class Engine:
         if self._decode_threads == self._threads:
             yield
             return
-        import torch
-
-        torch.set_num_threads(self._decode_threads)
+        self.runner.set_threads(self._decode_threads)
         try:
             yield
         finally:
-            torch.set_num_threads(self._threads)
+            self.runner.set_threads(self._threads)
 
-    def _isolate(self, batch: RunningBatch, exc: Exception) -> None:
+    def _isolate(self, batch: Batch, exc: Exception) -> None:
         """A decode step failed (the cache is as before it): each request's rows take the step
         alone; those that fail again fail, the others go on in the batch."""
         groups = _by_request(batch.rows)
@@ -510,18 +494,18 @@ class Engine:
             return
         logger.warning("a decode step of %d requests failed (%s); stepping each alone",
                        len(groups), type(exc).__name__)
-        def alone(group: list[_Row]) -> RunningBatch:
+        def alone(group: list[Row]) -> Batch:
             part = batch.split(group)
             self.runner.decode(part)
             return part
 
         self.running = self._each_alone(groups, alone)
 
-    def _each_alone(self, groups: list[list[_Row]],
-                    run: Callable[[list[_Row]], RunningBatch]) -> RunningBatch | None:
+    def _each_alone(self, groups: list[list[Row]],
+                    run: Callable[[list[Row]], Batch]) -> Batch | None:
         """Run each request's rows on their own: a request whose run raises fails, the
         others' parts are joined into one batch."""
-        joined: RunningBatch | None = None
+        joined: Batch | None = None
         for group in groups:
             try:
                 part = run(group)
@@ -534,7 +518,7 @@ class Engine:
                 joined.join(part)
         return joined
 
-    def _fail(self, rows: list[_Row], exc: Exception) -> None:
+    def _fail(self, rows: list[Row], exc: Exception) -> None:
         """The request of ``rows`` failed: it gets the error (no finish event) and all its
         rows end: those still waiting or being prefilled at once, those running at the next
         retirement (no more steps for them). ``rows`` are no longer in the batch."""
@@ -574,7 +558,7 @@ class Engine:
         if not batch.rows:
             self.running = None
 
-    def _row_ended(self, row: _Row) -> None:
+    def _row_ended(self, row: Row) -> None:
         req = row.request
         if row.first_token_at is not None:
             first = req.timings.get("_first_token_at")
@@ -586,7 +570,7 @@ class Engine:
             return
         self._rows_left.pop(req.request_id, None)
         self._seqs.pop(req.request_id, None)
-        self._overtaken.pop(req.request_id, None)
+        self.scheduler.forget(req.request_id)
         Prefetcher.release(req)  # (a request aborted or failed before its prefill read them)
         first = req.timings.pop("_first_token_at", None)
         if req.error is None:
@@ -597,8 +581,8 @@ class Engine:
         req.finish()
 
 
-def _by_request(rows: list[_Row]) -> list[list[_Row]]:
-    groups: dict[str, list[_Row]] = {}
+def _by_request(rows: list[Row]) -> list[list[Row]]:
+    groups: dict[str, list[Row]] = {}
     for row in rows:
         groups.setdefault(row.request.request_id, []).append(row)
     return list(groups.values())

@@ -4,8 +4,10 @@ A row is one sequence (a request with ``n`` > 1 has ``n`` rows). Rows that join 
 together (left-padded, their media tensors concatenated in order, positions by the model's own
 rule: 3-D M-RoPE for Qwen-VL), then stepped one token at a time with the rows already running,
 each at its own position; their caches are merged (see :mod:`engine.executor.kv`). Each row
-samples with its own temperature/top-k/top-p/seed, ends on its own (max_tokens, EOS, stop
-strings, cancellation) and hands every new token to its request as it is produced. Hooks on
+samples with its own temperature/top-k/top-p/seed and hands every new token to its request as
+it is produced (:func:`engine.executor.outputs.add_token`, where it ends on its own: max_tokens,
+EOS, stop strings, cancellation). The engine's lifecycle around these forward passes asks
+only for :class:`~engine.executor.runner_protocol.Runner`'s members. Hooks on
 the vision/audio encoder time it, so prefill, encoder, first token and decode are reported
 separately.
 """
@@ -16,15 +18,20 @@ import contextlib
 import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.cpus import use_torch_threads
 from engine.executor import grammar, kv, media_embeds, sampler
-from engine.executor.detokenize import OutputText, byte_tokens
+from engine.executor.detokenize import byte_tokens
+from engine.executor.outputs import add_token
 from engine.executor.prefetch import Prefetcher
-from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
+from engine.executor.request import EngineRequest
+from engine.executor.row import Row
+from engine.executor.runner_protocol import PrefillIncomplete
+from engine.executor.scheduler import length_groups
 from engine.executor.warm_cache import WarmCaches, media_span
 from engine.models import lean_decode, parts
 from engine.models.encoder import time_encoder
@@ -34,32 +41,11 @@ from engine.processing.preprocess import concat
 
 
 @dataclass(eq=False)
-class _Row:
-    request: EngineRequest
-    index: int
-    generator: Any
-    token_ids: list[int] = field(default_factory=list)
-    output: OutputText | None = None
-    done: bool = False
-    finish_reason: str | None = None
-    first_token_at: float | None = None
-    #: the prefill's encoder time up to this row's first token (its stage timings)
-    encoder_s: float = 0.0
-    #: the token to feed at the next step, and the text position it takes (M-RoPE rows add
-    #: ``rope_delta``: the prompt's vision tokens span fewer positions than tokens)
-    last_token: int = 0
-    position: int = 0
-    rope_delta: int = 0
-    #: the row's grammar matcher (structured outputs), made on its first step
-    matcher: Any = None
-
-
-@dataclass(eq=False)
 class RunningBatch:
     """Rows stepped together: their cache (rows left-padded to one length) and the attention
     mask over it."""
 
-    rows: list[_Row]
+    rows: list[Row]
     cache: Any
     mask: Any
     mrope: bool
@@ -76,7 +62,7 @@ class RunningBatch:
         self.rows += other.rows
         self.mrope = self.mrope or other.mrope
 
-    def keep(self, rows: list[_Row]) -> None:
+    def keep(self, rows: list[Row]) -> None:
         """Only these rows stay (their order kept); columns no one attends to are cut."""
         wanted = set(rows)
         index = [i for i, r in enumerate(self.rows) if r in wanted]
@@ -89,7 +75,7 @@ class RunningBatch:
             kv.drop_left(self.cache, unused)
             self.mask = self.mask[:, unused:]
 
-    def split(self, rows: list[_Row]) -> RunningBatch:
+    def split(self, rows: list[Row]) -> RunningBatch:
         """A copy holding only these rows (for running them apart)."""
         index = [self.rows.index(r) for r in rows]
         return RunningBatch(list(rows), kv.take(self.cache, index), self.mask[index],
@@ -101,7 +87,7 @@ class ChunkedPrefill:
     """A prompt longer than the step's token budget, prefilled a chunk per step (the chunks
     the scheduler plans) while the running batch keeps decoding."""
 
-    row: _Row
+    row: Row
     inputs: dict[str, Any]
     positions: Any
     cache: Any
@@ -118,60 +104,21 @@ class ChunkedPrefill:
     embeds: Any = None
 
 
-#: how much padding a prefill pass may compute, over its rows' own tokens (see length_groups)
-PADDING_SLACK = 0.15
-
-
-def length_groups(lengths: list[int], slack: float = PADDING_SLACK,
-                  max_tokens: int | None = None) -> list[list[int]]:
-    """The rows (indices into ``lengths``, the tokens each prefills) grouped into forward
-    passes, shortest first, so that no pass computes more than ``slack`` of its rows' tokens
-    as padding: left padding to the longest row is work thrown away (a 240-token image row
-    beside a 790-token video row costs three times its own tokens). ``max_tokens``: nor more
-    than that many tokens, padding included (a row over it alone is one pass): on a CPU a
-    pass of a few hundred tokens already runs the products at full speed, so one pass per
-    row costs what one pass over all would, and the first rows' first tokens go out sooner
-    (each pass hands its own out)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    groups: list[list[int]] = []
-    total = 0
-    for i in order:
-        if groups:
-            # sorted ascending: row i is the group's longest once it joins
-            padded = (len(groups[-1]) + 1) * lengths[i]
-            if padded <= (1 + slack) * (total + lengths[i]) and (
-                    max_tokens is None or padded <= max_tokens):
-                groups[-1].append(i)
-                total += lengths[i]
-                continue
-        groups.append([i])
-        total = lengths[i]
-    return groups
-
-
-class PrefillIncomplete(Exception):
-    """A prefill's pass failed after earlier passes' rows got their first tokens: those rows
-    (``batch``, to join), the rows not prefilled (``rows``: the failed pass's and those after
-    it) and the pass's exception (``cause``)."""
-
-    def __init__(self, batch: RunningBatch, rows: list[_Row], cause: Exception) -> None:
-        super().__init__(f"{len(rows)} rows not prefilled: {cause!r}")
-        self.batch, self.rows, self.cause = batch, rows, cause
-
-
 #: the media tensors a prefill whose media are cached leaves out (what the encoders read; the
 #: position rules read only the grids and token types)
 _MEDIA_TENSORS = frozenset({"pixel_values", "pixel_values_videos", "input_features"})
 
 
 class TransformersRunner:
-    """Prefills and steps rows of :class:`EngineRequest` on a Hugging Face model."""
+    """Prefills and steps rows of :class:`EngineRequest` on a Hugging Face model (the
+    engine's :class:`~engine.executor.runner_protocol.Runner`)."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         """``config``: where the model runs (device, dtype) and its caches' settings."""
         self.loaded = loaded
         self.device = config.device
         self.model = loaded.model(config.device, config.dtype)
+        self.num_parameters = sum(p.numel() for p in self.model.parameters())
         kv.check_supported(self.model.config)
         self.tokenizer = loaded.tokenizer
         self.byte_ids = byte_tokens(self.tokenizer)
@@ -225,6 +172,19 @@ class TransformersRunner:
                     self.eos_ids)
             return self._grammars
 
+    def set_threads(self, count: int) -> None:
+        """Run the calling thread's torch operations on ``count`` threads."""
+        use_torch_threads(count)
+
+    def prefetch(self, requests: Iterable[EngineRequest]) -> None:
+        """Prepare the next prefills' positions (and normalized media) ahead."""
+        self.prefetcher.schedule(requests)
+
+    def close(self) -> None:
+        """Stop the prefetch and compile threads."""
+        self.prefetcher.close()
+        self.close_grammars()
+
     def close_grammars(self) -> None:
         """Stop the compile threads (a compile under way is left to finish)."""
         with self._grammars_lock:
@@ -240,7 +200,7 @@ class TransformersRunner:
     def _add_encoder_time(self, seconds: float) -> None:
         self.encoder_s += seconds
 
-    def _inputs(self, rows: list[_Row], pixels: bool = True) -> dict[str, Any]:
+    def _inputs(self, rows: list[Row], pixels: bool = True) -> dict[str, Any]:
         """The rows' model inputs (``pixels`` False: without the media's pixel and audio
         tensors, for a prefill whose media the prefix cache covers: nothing is moved to the
         device or normalized for it)."""
@@ -310,7 +270,7 @@ class TransformersRunner:
         """The prefix and encoder caches' counters for /metrics."""
         return self.caches.stats()
 
-    def prefill(self, rows: list[_Row]) -> RunningBatch:
+    def prefill(self, rows: list[Row]) -> RunningBatch:
         """The prompts of ``rows`` prefilled, each from the end of its cached prefix (none:
         the whole prompt), in as few forward passes as keep the padding small (rows grouped
         by the tokens they prefill, :func:`length_groups`, shortest first); in each, the
@@ -363,15 +323,15 @@ class TransformersRunner:
     def prefill_requests(self, requests: list[EngineRequest]) -> RunningBatch:
         """One row of each of ``requests`` prefilled (unseeded): the running batch to step
         with :meth:`decode` (``bench decode-step`` times its steps)."""
-        return self.prefill([_Row(req, 0, None) for req in requests])
+        return self.prefill([Row(req, 0, None) for req in requests])
 
-    def _row_positions(self, row: _Row) -> tuple[Any, int | None]:
+    def _row_positions(self, row: Row) -> tuple[Any, int | None]:
         """A row's prompt positions and rope delta (see :meth:`_positions`), prepared ahead
         when the prefetcher got to them."""
         prepared = self.prefetcher.get(row.request)
         return prepared.positions, prepared.delta
 
-    def _forward_rows(self, rows: list[_Row], hashes: list[list[bytes]], cached: list[int],
+    def _forward_rows(self, rows: list[Row], hashes: list[list[bytes]], cached: list[int],
                       cache: Any) -> tuple[RunningBatch, Any]:
         """One forward pass over the uncached tokens of ``rows`` (the first ``cached[i]`` of
         row ``i`` are in ``cache``, from the prefix cache): their batch and last logits
@@ -447,7 +407,7 @@ class TransformersRunner:
             self.caches.store(cache, i, total - lengths[i], hashes[i])
         return RunningBatch(rows, cache, mask, mrope), out.logits[:, -1, :]
 
-    def _merged(self, row: _Row, positions: Any, inputs: dict[str, Any] | None = None) -> Any:
+    def _merged(self, row: Row, positions: Any, inputs: dict[str, Any] | None = None) -> Any:
         """``(1, tokens, hidden)``: the embeddings of ``row``'s whole prompt with its media
         features in place, as the model merges them (its encoder output from the encoder
         cache when it holds the prompt's items); ``inputs``: the row's model inputs with its
@@ -458,8 +418,8 @@ class TransformersRunner:
             return self._merged_embeds(inputs if inputs is not None else self._inputs([row]),
                                        positions.to(self.device))
 
-    def _rows_embeds(self, rows: list[_Row], positions: list[Any], cached: list[int],
-                     width: int, encoded: list[_Row], ids: Any) -> Any:
+    def _rows_embeds(self, rows: list[Row], positions: list[Any], cached: list[int],
+                     width: int, encoded: list[Row], ids: Any) -> Any:
         """``(rows, width, hidden)``: each row's input embeddings after its first
         ``cached[i]`` tokens, left-padded with zeros (the mask hides the padding): merged
         with its media for a row whose media are among them (``encoded``), else its tokens'
@@ -474,7 +434,7 @@ class TransformersRunner:
                     out[i, width - full.shape[0]:] = full
         return out
 
-    def start_chunked(self, row: _Row) -> ChunkedPrefill:
+    def start_chunked(self, row: Row) -> ChunkedPrefill:
         """Set up the chunked prefill of one row's prompt (positions computed once, for the
         whole prompt, by the model's own rule), from the end of its cached prefix: the
         scheduler's first chunk starts at ``done``."""
@@ -482,7 +442,7 @@ class TransformersRunner:
         hashes, length = self.caches.lookup(row.request, row.index == 0)
         return self._plan(row, hashes, length)
 
-    def _plan(self, row: _Row, hashes: list[bytes], cached: int) -> ChunkedPrefill:
+    def _plan(self, row: Row, hashes: list[bytes], cached: int) -> ChunkedPrefill:
         """A row's prefill after its first ``cached`` tokens, whose keys and values the cache
         starts with."""
         from transformers import DynamicCache
@@ -581,60 +541,15 @@ class TransformersRunner:
             row.position += 1
         self._advance(rows, logits)
 
-    def _advance(self, rows: list[_Row], logits: Any) -> None:
+    def _advance(self, rows: list[Row], logits: Any) -> None:
         logits = grammar.mask_logits(rows, logits, self._grammars)
         tokens = self._sample(rows, logits)
         logprobs = sampler.logprobs(rows, logits, tokens)
         now = time.perf_counter()
         for row, token, lp in zip(rows, tokens, logprobs, strict=True):
             row.last_token = token
-            self._step(row, token, now, lp)
+            add_token(row, token, now, lp, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
+                      byte_ids=self.byte_ids)
 
-    def _sample(self, rows: list[_Row], logits: Any) -> list[int]:
+    def _sample(self, rows: list[Row], logits: Any) -> list[int]:
         return sampler.sample(rows, logits)
-
-    def _step(self, row: _Row, token: int, now: float, lp: TokenLogprobs | None = None
-              ) -> None:
-        if row.done:
-            return
-        req, params = row.request, row.request.params
-        out = req.outputs[row.index]
-        if params.logprobs is not None and out.logprobs is None:
-            out.logprobs = []  # asked for: a list, empty when the first token ends it
-        if row.first_token_at is None:
-            row.first_token_at = now
-        if req.cancelled.is_set():
-            self.finish_row(row, "abort")
-            return
-        if grammar.accept(row, token):  # its grammar is complete (with an end token)
-            self.finish_row(row, "stop")
-            return
-        if token in self.eos_ids and not params.ignore_eos:
-            self.finish_row(row, "stop")
-            return
-        if row.output is None:  # the tokens go into one list, read when the request ends
-            row.output = OutputText(self.tokenizer, self.byte_ids, params.stop, row.token_ids)
-            out.token_ids = row.token_ids
-        last = len(row.token_ids) + 1 >= params.max_tokens
-        delta, stopped = row.output.add(token, last)  # appends the token to row.token_ids
-        reason = "stop" if stopped else "length" if last else None
-        out.text = row.output.text
-        if lp is not None:
-            out.add_logprobs(token, lp)
-        if req.on_event:
-            req.on_event(TokenEvent(req.request_id, row.index, token, delta, reason, lp))
-        if reason:
-            row.done = True
-            out.finish_reason = reason
-
-    def finish_row(self, row: _Row, reason: str) -> None:
-        """End ``row`` without a token of its own (EOS, abort); text a stop string could
-        still have taken back goes out with the end."""
-        row.done = True
-        out = row.request.outputs[row.index]
-        if out.finish_reason is None:
-            out.finish_reason = reason
-            held = row.output.flush() if row.output is not None else ""
-            if row.request.on_event:
-                row.request.on_event(TokenEvent(row.request.request_id, row.index, None, held,
-                                                reason))

@@ -1,8 +1,11 @@
 """The scheduler: what the engine does in one step, decided from plain numbers.
 
 No model, no threads, no torch (as vLLM's v1 scheduler: ``schedule()`` returns a plan and the
-model runner executes it); :class:`~engine.executor.engine.Engine` calls :func:`plan` once per
-step and executes the :class:`StepPlan`. The rules, in the order they apply:
+model runner executes it); :class:`~engine.executor.engine.Engine` asks its
+:class:`Scheduler` once per step (:func:`plan` over the waiting rows in the policy's order)
+and executes the :class:`StepPlan`; the runner groups a prefill's rows into forward passes by
+:func:`length_groups`. Whether a row ends at a token is :func:`engine.executor.stop.check_stop`.
+The rules, in the order they apply:
 
 1. A prompt being prefilled in chunks continues: its next chunk is the step's prefill, and
    nothing else joins until its last chunk is in.
@@ -28,10 +31,11 @@ step and executes the :class:`StepPlan`. The rules, in the order they apply:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.config import MAX_OVERTAKES, EngineConfig, SchedulingPolicy
+from engine.executor.row import Row
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,48 @@ def passed_over(order: Sequence[int], joined: int) -> list[int]:
     return [i for i in order[joined:] if i < youngest]
 
 
+class Scheduler:
+    """What the engine asks for each step: :func:`plan` over its waiting rows in the order of
+    ``scheduling_policy`` (:func:`serving_order`), and the starvation counts that order
+    reads: how often a younger row joined before each request's rows (:func:`passed_over`).
+    No model: a step's inputs are plain (rows, the scheduler's view of each request)."""
+
+    def __init__(self) -> None:
+        #: per request id: how often a younger row joined before its rows (under a policy
+        #: other than "fcfs"; dropped with :meth:`forget` when the request ends)
+        self.overtaken: dict[str, int] = {}
+
+    def schedule(self, waiting: Sequence[Row], running: int, config: EngineConfig,
+                 seqs: Mapping[str, SeqState], current: Callable[[Row], SeqState],
+                 progress: Prefilling | None = None) -> tuple[StepPlan, list[Row] | None]:
+        """The next step (see :func:`plan`) for the ``waiting`` rows (oldest first) beside
+        ``running`` rows and the prompt being chunked (``progress``), and the waiting rows in
+        the order the plan takes them (None: oldest first). ``seqs``: each request's
+        :class:`SeqState` as it was submitted; ``current``: a row's with the prompt tokens
+        the prefix cache holds now (read lazily: only for the rows the plan looks at)."""
+        policy = config.scheduling_policy
+        if policy == "fcfs" or progress is not None or len(waiting) < 2 or \
+                running >= config.max_num_seqs:
+            return plan((current(r) for r in waiting), running, config, progress), None
+        rows = list(waiting)
+        # only "shortest" orders by what the prefix cache leaves: it reads the cache for every
+        # row once, here; "priority" reads it lazily, for the rows the plan looks at
+        shortest = policy == "shortest"
+        views = [current(r) if shortest else seqs[r.request.request_id] for r in rows]
+        order = serving_order(views, policy, [self.overtaken.get(r.request.request_id, 0)
+                                              for r in rows])
+        taken = plan((views[i] if shortest else current(rows[i]) for i in order),
+                     running, config)
+        passed = {rows[i].request.request_id for i in passed_over(order, taken.admitted)}
+        for rid in passed:
+            self.overtaken[rid] = self.overtaken.get(rid, 0) + 1
+        return taken, [rows[i] for i in order]
+
+    def forget(self, request_id: str) -> None:
+        """``request_id`` ended: its starvation count goes."""
+        self.overtaken.pop(request_id, None)
+
+
 def next_chunk(seq: SeqState, start: int, budget: int) -> Chunk:
     """The chunk of ``seq``'s prompt from ``start``: ``budget`` tokens, or up to the end of
     the prompt, or past the whole media span when it would end inside it (rule 5)."""
@@ -185,3 +231,34 @@ def chunk_bounds(length: int, budget: int, media: tuple[int, int] | None
         bounds.append((chunk.start, chunk.end))
         start = chunk.end
     return bounds
+
+
+#: how much padding a prefill pass may compute, over its rows' own tokens (see length_groups)
+PADDING_SLACK = 0.15
+
+
+def length_groups(lengths: list[int], slack: float = PADDING_SLACK,
+                  max_tokens: int | None = None) -> list[list[int]]:
+    """The rows (indices into ``lengths``, the tokens each prefills) grouped into forward
+    passes, shortest first, so that no pass computes more than ``slack`` of its rows' tokens
+    as padding: left padding to the longest row is work thrown away (a 240-token image row
+    beside a 790-token video row costs three times its own tokens). ``max_tokens``: nor more
+    than that many tokens, padding included (a row over it alone is one pass): on a CPU a
+    pass of a few hundred tokens already runs the products at full speed, so one pass per
+    row costs what one pass over all would, and the first rows' first tokens go out sooner
+    (each pass hands its own out)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    total = 0
+    for i in order:
+        if groups:
+            # sorted ascending: row i is the group's longest once it joins
+            padded = (len(groups[-1]) + 1) * lengths[i]
+            if padded <= (1 + slack) * (total + lengths[i]) and (
+                    max_tokens is None or padded <= max_tokens):
+                groups[-1].append(i)
+                total += lengths[i]
+                continue
+        groups.append([i])
+        total = lengths[i]
+    return groups

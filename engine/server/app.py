@@ -33,6 +33,7 @@ from engine.errors import (
     ModelNotFoundError,
     OverloadedError,
     RequestTooLargeError,
+    internal_error_body,
 )
 from engine.executor.grammar import Grammars, logits_vocab
 from engine.media.inflight import InflightBytes, Ticket
@@ -191,9 +192,7 @@ async def errors_middleware(request: web.Request, handler):
             response.headers["Allow"] = exc.headers["Allow"]
     except Exception:
         logger.exception("unhandled error in %s", route)
-        response = web.json_response({"error": {"message": "internal server error", "type":
-                                                "internal_error", "param": None,
-                                                "code": "internal_error"}}, status=500)
+        response = web.json_response(internal_error_body(), status=500)
     state.metrics.requests.labels(route, str(response.status)).inc()
     if not response.prepared:
         response.headers["x-aphrodite-api-server"] = str(os.getpid())

@@ -10,7 +10,7 @@ import threading
 from multiprocessing.connection import Client
 from typing import Any
 
-from engine.errors import AphroditeError, ServiceUnavailableError
+from engine.errors import EngineError, ServiceUnavailableError
 from engine.server import shared_inputs
 from engine.server.wire import (
     Cancel,
@@ -29,16 +29,6 @@ from engine.server.wire import (
 
 #: What a request's queue gets when the engine process is gone (its connection closed).
 GONE = object()
-
-
-class EngineError(AphroditeError):
-    """An error the engine process reported, re-raised here with its status and shape."""
-
-    def __init__(self, body: dict[str, Any], status: int) -> None:
-        super().__init__(body.get("message", "engine error"), code=body.get("code"),
-                         param=body.get("param"))
-        self.status = status  # type: ignore[misc]
-        self.type = body.get("type", "internal_error")  # type: ignore[misc]
 
 
 class EngineClient:

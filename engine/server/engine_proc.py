@@ -13,7 +13,7 @@ from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.errors import AphroditeError
+from engine.errors import AphroditeError, internal_error_body
 from engine.server import shared_inputs
 from engine.server.outbox import Outbox
 from engine.server.wire import (
@@ -144,9 +144,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
             error = None
             if req.error is not None:
                 error = Failure(req.error.to_openai(), req.error.status) if isinstance(
-                    req.error, AphroditeError) else Failure({"error": {
-                        "message": "internal error", "type": "internal_error", "param": None,
-                        "code": "internal_error"}}, 500)
+                    req.error, AphroditeError) else Failure(internal_error_body(), 500)
             outputs = [Output(o.index, o.text, o.token_ids, o.finish_reason)
                        for o in req.outputs]
             send(Done(rid, outputs, req.timings, error, req.num_cached_tokens))

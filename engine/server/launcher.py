@@ -219,8 +219,8 @@ def _wait_ready(host: str, port: int, procs: list[Any], events: list[Any],
     while time.monotonic() < deadline:
         for proc in procs:
             if proc.exitcode is not None:
-                raise ConfigError(f"{proc.name} exited during startup (code {proc.exitcode})",
-                                  hint="see the messages above")
+                raise StartupError(f"{proc.name} exited during startup (code {proc.exitcode})",
+                                   hint="see the messages above")
         if not all(event.wait(0.1) for event in events):
             continue
         try:
@@ -230,8 +230,8 @@ def _wait_ready(host: str, port: int, procs: list[Any], events: list[Any],
         except OSError:
             time.sleep(0.2)
     waiting = [p.name for p, e in zip(procs[1:], events, strict=False) if not e.is_set()]
-    raise ConfigError(f"the server did not become ready within {timeout:.0f} s"
-                      + (f" ({', '.join(waiting)} not listening)" if waiting else ""))
+    raise StartupError(f"the server did not become ready within {timeout:.0f} s"
+                       + (f" ({', '.join(waiting)} not listening)" if waiting else ""))
 
 
 def _fit_vllm_length(config: ServerConfig, model_path: str, announce) -> ServerConfig:
@@ -393,16 +393,17 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
             while not ready.poll(0.2):
                 for proc in engines:
                     if proc.exitcode is not None:
-                        raise ConfigError(f"the {proc.name} exited during startup "
-                                          f"(code {proc.exitcode})")
+                        raise StartupError(f"the {proc.name} exited during startup "
+                                           f"(code {proc.exitcode})",
+                                           hint="see the messages above")
                 if stopping["flag"]:
                     return 0
             try:
                 settings.append(ready.recv())
             except EOFError:  # it closed its end by exiting: poll saw the end, not a message
                 engine.join(5)
-                raise ConfigError(f"the {engine.name} exited during startup (code "
-                                  f"{engine.exitcode})", hint="see the messages above") from None
+                raise StartupError(f"the {engine.name} exited during startup (code "
+                                   f"{engine.exitcode})", hint="see the messages above") from None
         listening = [ctx.Event() for _ in range(config.api_server_count)]
         # Several API servers share their counters through files here (see server.metrics),
         # so a scrape sees the server's totals, not one process's share.

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.errors import AphroditeError
+from engine.errors import AphroditeError, internal_error_body
 from engine.executor.sampling import MAX_TOKENS_CAP
 from engine.server import vllm_media
 from engine.server.prepare import preprocess_slot
@@ -200,9 +200,7 @@ async def respond_stream(request: web.Request, reply: Reply, generations: list
         err = exc if isinstance(exc, AphroditeError) else None
         if err is None:
             logger.exception("stream %s failed", reply.id)
-        body = err.to_openai() if err is not None else {"error": {
-            "message": "internal server error", "type": "internal_error", "param": None,
-            "code": "internal_error"}}
+        body = err.to_openai() if err is not None else internal_error_body()
         await send(body)
         await response.write(b"data: [DONE]\n\n")
         state.metrics.stream_errors.labels(str(err.status if err else 500)).inc()

@@ -29,9 +29,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from engine.errors import EngineError
 from engine.media.pool import decode_executor
 from engine.processing.cache import GIB, ProcessorCache, content_hash, item_key
-from engine.server.engine_client import EngineError
 from engine.server.vllm_inputs import DATA_NEEDED
 from engine.server.wire import Done
 

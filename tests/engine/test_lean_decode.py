@@ -10,8 +10,10 @@ import torch
 
 from engine.config import EngineConfig
 from engine.executor import kv
+from engine.executor.outputs import finish_row
 from engine.executor.request import CompletionOutput, EngineRequest
-from engine.executor.runner import TransformersRunner, _Row
+from engine.executor.row import Row
+from engine.executor.runner import TransformersRunner
 from engine.models import lean_decode, parts
 from tests.engine_fixtures import FAMILIES, llm
 from tests.engine.test_scheduler import greedy, prompts_of
@@ -25,7 +27,7 @@ def running_batch(runner: TransformersRunner, prompts: list) -> object:
     for prompt in prompts:
         req = EngineRequest(prompt, greedy(8))
         req.outputs = [CompletionOutput(0)]
-        part = runner.prefill([_Row(req, 0, None)])
+        part = runner.prefill([Row(req, 0, None)])
         if batch is None:
             batch = part
         else:
@@ -69,7 +71,7 @@ def test_a_lean_decode_step_gives_the_models_own_logits_bit_for_bit(arch):
     own = one_step_logits(runner, batch, lean=False)
     assert torch.equal(lean, own)
     for row in batch.rows:
-        runner.finish_row(row, "abort")
+        finish_row(row, "abort")
 
 
 def test_the_lean_step_is_off_where_it_does_not_apply(monkeypatch):
@@ -136,4 +138,4 @@ def test_fused_products_share_the_layers_weights_and_stay_within_rounding(monkey
     assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
     assert torch.equal(got.argmax(-1), want.argmax(-1))
     for row in batch.rows:
-        runner.finish_row(row, "abort")
+        finish_row(row, "abort")

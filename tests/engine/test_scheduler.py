@@ -285,7 +285,7 @@ def test_each_prefill_pass_hands_its_first_tokens_out_before_the_next_pass_runs(
     short rows' first tokens reach the client (``on_step``, where the server sends a step's
     events) before the long row's pass starts, not after the whole step; each row's
     logits are still its own generate's, and its prefill ends at its own first token."""
-    from engine.executor.runner import length_groups
+    from engine.executor.scheduler import length_groups
 
     model = llm("qwen2_5_vl")
     prompts = prompts_of("qwen2_5_vl")
@@ -589,7 +589,7 @@ def join_order(policy: str, prompts: list, priorities: list[int] | None = None,
         for req in reqs:
             assert req.done.wait(120) and req.error is None, req.error
         assert [r.outputs[0].token_ids for r in reqs] == solo
-        assert engine._overtaken == {}  # (nothing left behind for requests gone)
+        assert engine.scheduler.overtaken == {}  # (nothing left behind for requests gone)
         return ended
     finally:
         engine.close()

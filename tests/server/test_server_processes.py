@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -497,6 +498,23 @@ def test_a_port_in_use_is_one_line_and_exit_1():
         done = subprocess.run([str(BIN), "serve", "--port", str(port)], capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 1 and f"port {port}" in done.stderr
+
+
+def test_an_engine_that_dies_at_start_up_is_a_start_up_error_exit_1(tmp_path):
+    """Weights that do not load kill the engine process while it starts: the server stops
+    with a start-up error (exit 1, the engine's own message above it), not a configuration
+    error (exit 2: that is for a flag or setting the user can change)."""
+    from engine.models.loader import tiny_model_dir
+
+    model = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir("qwen2_vl"), model)
+    for weights in model.glob("*.safetensors"):
+        weights.write_bytes(b"not safetensors")
+    done = subprocess.run([str(BIN), "serve", str(model), "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the engine process exited during startup (code 1)" in done.stderr, done.stderr
+    assert "see the messages above" in done.stderr
 
 
 def test_a_stream_cut_by_an_engine_failure_ends_with_an_error_event():

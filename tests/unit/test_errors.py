@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine.errors import (
@@ -9,6 +11,7 @@ from engine.errors import (
     AuthenticationError,
     ClientError,
     ConfigError,
+    EngineError,
     InternalError,
     InvalidRequestError,
     MediaDecodeError,
@@ -19,6 +22,7 @@ from engine.errors import (
     RequestTooLargeError,
     ServiceUnavailableError,
     UnsupportedMediaError,
+    internal_error_body,
     sanitize,
 )
 
@@ -58,3 +62,24 @@ def test_sanitize_strips_addresses_paths_and_tracebacks():
     assert "0x7f" not in clean and "/usr/lib" not in clean and "Traceback" not in clean
     assert "cannot identify image file" in clean
     assert len(sanitize("x" * 1000)) <= 200
+
+
+def test_an_error_the_engine_process_reported_keeps_its_status_and_shape():
+    body = {"message": "too many items", "type": "invalid_request_error", "param": "messages",
+            "code": "too_many_items"}
+    err = EngineError(body, 400)
+    assert isinstance(err, AphroditeError) and err.status == 400
+    assert err.to_openai() == {"error": body}
+
+
+def test_the_body_of_an_exception_that_is_not_ours_is_written_once():
+    """A bug's 500 tells the client nothing of it, in the same words wherever it is caught
+    (the API server's middleware, a stream cut after its headers, the engine process)."""
+    assert internal_error_body() == {"error": {
+        "message": "internal server error", "type": "internal_error", "param": None,
+        "code": "internal_error"}}
+    engine = Path(__file__).resolve().parents[2] / "engine"
+    spelled = {p.name for p in engine.rglob("*.py")
+               if '"internal server error"' in p.read_text() or '"internal error"' in
+               p.read_text()}
+    assert spelled == {"errors.py"}

@@ -116,3 +116,16 @@ def test_the_tests_take_the_harness_from_the_fixtures_module_alone():
              if any(m == h or m.startswith(h + ".") for m in imported_names(path)
                     for h in HARNESS)}
     assert users == {"fixtures.py"}
+
+
+def test_the_engine_and_its_lifecycle_import_without_torch():
+    """The request lifecycle (engine, scheduler, stop, rows, the Runner protocol) runs without
+    a model: torch and transformers are imported only where a model runs, so the fake-runner
+    tests (tests/unit/test_engine_lifecycle.py) take milliseconds. (The import-linter contract
+    "lifecycle-without-a-model" checks the modules' own imports; this, all they pull in.)"""
+    code = ("import sys, engine.executor.engine, tests.fake_runner; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "[]"

@@ -290,8 +290,8 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
     client."""
     import asyncio
 
+    from engine.errors import EngineError
     from engine.processing.preprocess import ProcessedPrompt
-    from engine.server.engine_client import EngineError
     from engine.server.vllm_media import DATA_NEEDED, Ledger, generate
     from engine.server.wire import Delta, Done
 

@@ -113,6 +113,8 @@ def _requests(llm: Any, rows: int, prompt_tokens: int, steps: int) -> list[Any]:
 
 
 def _one(llm: Any, rows: int, context: int, warmups: int, repeats: int) -> dict[str, Any]:
+    from engine.executor.outputs import finish_row
+
     runner = llm.engine.runner
     prompt_tokens = context - warmups - repeats // 2
     batch = runner.prefill_requests(_requests(llm, rows, prompt_tokens, warmups + repeats))
@@ -125,7 +127,7 @@ def _one(llm: Any, rows: int, context: int, warmups: int, repeats: int) -> dict[
     weights = weight_bytes(runner.model, rows)
     kv = kv_bytes(batch.cache, context + 1)
     for row in batch.rows:
-        runner.finish_row(row, "abort")
+        finish_row(row, "abort")
     return {"batch_size": rows, "context_len": context, "step_ms": summary(times),
             "weight_bytes": weights, "kv_bytes": kv, "bytes": weights + kv}
 

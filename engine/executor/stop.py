@@ -1,0 +1,46 @@
+"""Whether a row ends at its new token: :func:`check_stop`, pure (no model, no torch).
+
+As vLLM's scheduler owns ``check_stop`` (vllm/v1/core/sched/utils.py), this decides from the
+row's state and its request's :class:`~engine.executor.sampling.SamplingParams` alone, so a
+new sampling parameter that ends a row is one more rule here (read from
+``row.request.params``) and a test that builds a row, with no model. Stop strings need the
+row's text: they are found where the text is decoded, by
+:class:`~engine.executor.detokenize.StopStrings` (vLLM's detokenizer does the same), and
+end the row with "stop" as the rules here do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from typing import NamedTuple
+
+from engine.executor.row import Row
+
+
+class Stop(NamedTuple):
+    """A row's end: its ``finish_reason`` (vLLM's: "stop", "length", "abort") and whether
+    the token that ended it is part of its output (``keeps_token``: the token that reaches
+    ``max_tokens`` is; an EOS token, a cancelled row's or a complete grammar's is not)."""
+
+    reason: str
+    keeps_token: bool = False
+
+
+def check_stop(row: Row, token: int, *, eos_ids: Container[int],
+               grammar_complete: bool = False) -> Stop | None:
+    """Why ``row`` ends at ``token``, its newly sampled token not yet in ``row.token_ids``,
+    or None when it goes on. In order: its request was cancelled ("abort"); its grammar
+    (structured outputs) is complete with this token (``grammar_complete``, found by the
+    row's matcher: "stop"); ``token`` is one of ``eos_ids`` and ``ignore_eos`` is off
+    ("stop"); the token is the ``max_tokens``-th ("length", kept)."""
+    request = row.request
+    params = request.params
+    if request.cancelled.is_set():
+        return Stop("abort")
+    if grammar_complete:
+        return Stop("stop")
+    if token in eos_ids and not params.ignore_eos:
+        return Stop("stop")
+    if len(row.token_ids) + 1 >= params.max_tokens:
+        return Stop("length", keeps_token=True)
+    return None
