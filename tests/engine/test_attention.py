@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from engine.models import attention
-from tests.engine_fixtures import FAMILIES, llm
 from tests.engine.test_scheduler import assert_generate_logits, greedy, media_item, record_logits
+from tests.engine_fixtures import FAMILIES, llm
 
 torch = pytest.importorskip("torch")
 sdpa_module = pytest.importorskip("transformers.integrations.sdpa_attention")

@@ -8,8 +8,8 @@ import pytest
 
 from engine import envs
 from engine.models import cpu_linear
-from tests.engine_fixtures import FAMILIES, llm
 from tests.engine.test_scheduler import media_item
+from tests.engine_fixtures import FAMILIES, llm
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="torch without oneDNN")

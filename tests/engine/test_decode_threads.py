@@ -15,9 +15,9 @@ from engine.cpus import use_torch_threads
 from engine.errors import ConfigError
 from engine.executor.engine import Engine
 from engine.executor.request import EngineRequest
-from tests.engine_fixtures import llm
 from tests.engine.test_overlap_prefill import HeldPrefill, join_beside
 from tests.engine.test_scheduler import assert_generate_logits, greedy, prompts_of, record_logits
+from tests.engine_fixtures import llm
 
 
 def watch_threads(engine: Engine) -> dict[str, set]:

@@ -8,8 +8,8 @@ import pytest
 
 from engine.executor.request import EngineRequest
 from engine.executor.sampling import SamplingParams
-from tests.engine_fixtures import llm
 from tests.engine.test_scheduler import hf_logits, media_item, record_logits
+from tests.engine_fixtures import llm
 
 ARCH = "qwen2_5_vl"
 

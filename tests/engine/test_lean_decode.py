@@ -15,8 +15,8 @@ from engine.executor.request import CompletionOutput, EngineRequest
 from engine.executor.row import Row
 from engine.executor.runner import TransformersRunner
 from engine.models import lean_decode, parts
-from tests.engine_fixtures import FAMILIES, llm
 from tests.engine.test_scheduler import greedy, prompts_of
+from tests.engine_fixtures import FAMILIES, llm
 
 #: the families whose text model is a plain pre-norm decoder (Gemma 3 and Qwen3-VL are not)
 LEAN = ("qwen2_5_vl", "qwen2_vl", "llava", "qwen2_audio", "llava_onevision", "internvl", "smolvlm")

@@ -16,7 +16,6 @@ from engine.errors import AphroditeError, ConfigError
 from engine.executor.engine import Engine
 from engine.executor.request import EngineRequest
 from engine.executor.sampling import SamplingParams
-from tests.engine_fixtures import llm
 from tests.engine.test_scheduler import (
     after_tokens,
     assert_generate_logits,
@@ -25,6 +24,7 @@ from tests.engine.test_scheduler import (
     record_logits,
     run_alone,
 )
+from tests.engine_fixtures import llm
 
 OVERLAP = EngineConfig(max_num_seqs=8, overlap_prefill=True)
 

@@ -16,7 +16,6 @@ from engine.config import EngineConfig
 from engine.executor import prefetch
 from engine.executor.engine import Engine
 from engine.executor.request import EngineRequest
-from tests.engine_fixtures import llm
 from tests.engine.test_scheduler import (
     after_tokens,
     assert_generate_logits,
@@ -24,6 +23,7 @@ from tests.engine.test_scheduler import (
     prompts_of,
     record_logits,
 )
+from tests.engine_fixtures import llm
 
 ONE_ROW = EngineConfig(max_num_seqs=1)  # every other request waits while one runs
 

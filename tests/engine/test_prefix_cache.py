@@ -20,7 +20,6 @@ from engine.executor.encoder_cache import EncoderCache, nbytes
 from engine.executor.engine import Engine
 from engine.executor.prefix_cache import PrefixCache, block_hashes, usable_prefix
 from engine.executor.request import EngineRequest
-from tests.engine_fixtures import FAMILIES, llm
 from tests.engine.test_scheduler import (
     after_tokens,
     assert_generate_logits,
@@ -28,6 +27,7 @@ from tests.engine.test_scheduler import (
     media_item,
     record_logits,
 )
+from tests.engine_fixtures import FAMILIES, llm
 
 # -- pure ---------------------------------------------------------------------------------
 

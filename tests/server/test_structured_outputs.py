@@ -19,10 +19,10 @@ from engine.errors import InvalidRequestError, OverloadedError
 from engine.executor.grammar import Grammars
 from engine.executor.structured import GrammarSpec
 from engine.models.templates_path import template_path
+from tests.engine.test_structured_fields import deep as nested
 from tests.engine_fixtures import llm as shared_llm
 from tests.engine_fixtures import loaded
 from tests.server_harness import openai_client, running
-from tests.engine.test_structured_fields import deep as nested
 
 pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny-qwen2_5_vl"
