@@ -39,9 +39,11 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 _REPO = r"(?P<repo>[^/]+(?:/[^/]+)?)"
-_TREE = re.compile(rf"/api/models/{_REPO}/tree/(?P<rev>[^/]+)(?:/(?P<sub>.+))?")
-_INFO = re.compile(rf"/api/models/{_REPO}(?:/revision/(?P<rev>[^/]+))?")
-_RESOLVE = re.compile(rf"/{_REPO}/resolve/(?P<rev>[^/]+)/(?P<file>.+)")
+_KIND = r"(?P<kind>models|datasets)"
+_TREE = re.compile(rf"/api/{_KIND}/{_REPO}/tree/(?P<rev>[^/]+)(?:/(?P<sub>.+))?")
+_INFO = re.compile(rf"/api/{_KIND}/{_REPO}(?:/revision/(?P<rev>[^/]+))?")
+# a dataset's files are under /datasets/; a model's at the root
+_RESOLVE = re.compile(rf"(?:/(?P<kind>datasets))?/{_REPO}/resolve/(?P<rev>[^/]+)/(?P<file>.+)")
 # Where huggingface_hub finds a token of the user's (besides HF_HOME/token and Colab).
 _USER_AUTH_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_OIDC_RESOURCE")
 
@@ -98,7 +100,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(404, "NotFound", f"no route for {url.path}")
         groups = {k: unquote(v) for k, v in match.groupdict().items() if v is not None}
         repo_id, rev = groups["repo"], groups.get("rev", "main")
-        repo = self.hub.repos.get(repo_id)
+        repo_type = "dataset" if groups.get("kind") == "datasets" else "model"
+        repo = self.hub.repos.get((repo_type, repo_id))
         auth = self.headers.get("Authorization")
         granted = repo is not None and repo.token is not None and auth == f"Bearer {repo.token}"
         if repo is None or (repo.token and not repo.gated and not granted):
@@ -151,7 +154,7 @@ class FakeHub:
     the path unquoted and without its query. Stop it with ``close()`` or use it as a context."""
 
     def __init__(self) -> None:
-        self.repos: dict[str, _Repo] = {}
+        self.repos: dict[tuple[str, str], _Repo] = {}  # (repo type, id) -> repo
         self.requests: list[tuple[str, str]] = []
         handler = type("FakeHubHandler", (_Handler,), {"hub": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -161,13 +164,15 @@ class FakeHub:
         self._thread.start()
 
     def add_repo(self, repo_id: str, folder: Path, *, gated: bool = False,
-                 token: str | None = None) -> str:
-        """Serve every file under ``folder`` as ``repo_id`` at ``main``; returns the commit sha."""
+                 token: str | None = None, repo_type: str = "model") -> str:
+        """Serve every file under ``folder`` as ``repo_id`` (a ``model`` or ``dataset`` repo)
+        at ``main``; returns the commit sha."""
         files = {p.relative_to(folder).as_posix(): p.read_bytes()
                  for p in sorted(Path(folder).rglob("*")) if p.is_file()}
         listing = "\n".join(f"{path} {blob_id(data)}" for path, data in files.items())
-        sha = hashlib.sha1(f"{repo_id}\n{listing}".encode()).hexdigest()
-        self.repos[repo_id] = _Repo(files, sha, gated, token)
+        name = repo_id if repo_type == "model" else f"{repo_type}s/{repo_id}"
+        sha = hashlib.sha1(f"{name}\n{listing}".encode()).hexdigest()
+        self.repos[(repo_type, repo_id)] = _Repo(files, sha, gated, token)
         return sha
 
     def downloads(self, method: str = "GET") -> list[str]:

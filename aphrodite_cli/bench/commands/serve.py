@@ -63,10 +63,17 @@ def serve_cmd(
              "trace (a timed JSONL replayed at its arrival times: arrival_s, prompt, media, "
              "output_len), vLLM's prefix_repetition (shared prefixes, in tokens), or a "
              "Mooncake trace: mooncake, or vLLM's timed_trace (timestamp, input_length, "
-             "output_length, hash_ids: equal ids are equal token blocks).")
+             "output_length, hash_ids: equal ids are equal token blocks), or a public "
+             "dataset by name: hf (VisionArena-Chat, MMVU, MMMU, LLaVA-style "
+             "conversations) or sharegpt, with --dataset-path.")
     ] = "random-mm",
     dataset_path: Annotated[Path | None, typer.Option(
-        help="JSONL file for --dataset jsonl or trace.")] = None,
+        help="JSONL file for --dataset jsonl or trace; a Hub id (ORG/NAME) or local folder "
+             "for hf; a Hub id or JSON file for sharegpt.")] = None,
+    hf_split: flags.HfSplit = "train",
+    hf_subset: flags.HfSubset = None,
+    hf_output_len: flags.HfOutputLen = None,
+    no_stream: flags.NoStream = False,
     media_dir: Annotated[Path | None, typer.Option(help="Folder for media paths in JSONL.")
                          ] = None,
     num_prompts: Annotated[int, typer.Option(min=1)] = 50,
@@ -151,6 +158,7 @@ def serve_cmd(
     from aphrodite_cli.bench.load.client import LoadConfig
     from aphrodite_cli.bench.load.datasets import parse_buckets
     from aphrodite_cli.bench.load.escape import printable
+    from aphrodite_cli.bench.load.hub_datasets import HubArgs
     from aphrodite_cli.bench.load.serve import ServeArgs, TokenArgs, run
     from aphrodite_cli.bench.load.target import Target
     from aphrodite_cli.bench.results.files import write_result
@@ -191,7 +199,7 @@ def serve_cmd(
                               code="invalid_flag")
         endpoint = backends[backend]
     if not endpoint.rstrip("/").endswith("chat/completions") and (
-            items_per_request > 0 or dataset in ("jsonl", "trace")):
+            items_per_request > 0 or dataset in ("jsonl", "trace", "hf", "sharegpt")):
         raise ConfigError(f"--endpoint {endpoint} takes text prompts only, so it cannot carry "
                           "media", hint="use /v1/chat/completions, or --items-per-request 0 "
                           "(--dataset-name random)", code="invalid_flag")
@@ -205,6 +213,9 @@ def serve_cmd(
     if dataset in ("jsonl", "trace", "mooncake", "timed_trace") and dataset_path is None:
         raise ConfigError(f"--dataset-name {dataset} needs --dataset-path FILE.jsonl",
                           code="invalid_flag")
+    if dataset in ("hf", "sharegpt") and dataset_path is None:
+        raise ConfigError(f"--dataset-name {dataset} needs --dataset-path ORG/NAME (a Hub "
+                          "dataset id)", code="invalid_flag")
     if not math.isfinite(trace_time_scale):
         raise ConfigError(f"--trace-time-scale {trace_time_scale} is not finite",
                           code="invalid_flag")
@@ -243,6 +254,8 @@ def serve_cmd(
                                           dataset, trace_time_scale,
                                           timed_trace_sec_multiplier)),
                      trace_time_scale=trace_time_scale,
+                     hub=HubArgs(split=hf_split, subset=hf_subset, output_len=hf_output_len,
+                                 stream=not no_stream),
                      embedded=embedded, embedded_engine=server_engine,
                      percentile_metrics=tuple(pct_metrics),
                      metric_percentiles=tuple(pcts),
