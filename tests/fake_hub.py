@@ -14,6 +14,12 @@ headers are ever sent, so the client always takes the plain HTTP path):
 - ``GET /api/agent-harnesses`` (fetched once per process by the client's user-agent code unless
   ``HF_HUB_DISABLE_TELEMETRY=1``): an empty registry.
 
+Dataset repos (``add_repo(..., repo_type="dataset")``) answer the same under
+``/api/datasets/{repo}`` and ``/datasets/{repo}/resolve/...``: what ``datasets.load_dataset``
+(5.2.0) asks for a parquet dataset, streamed or not (info, revision, tree listings, HEAD of
+README.md / the loading script / ``.huggingface.yaml`` / ``dataset_infos.json``, each a 404,
+then the parquet files).
+
 Errors carry ``X-Error-Code`` as the Hub sends it, which ``hf_raise_for_status`` maps to
 exceptions: unknown repo 404 ``RepoNotFound`` (RepositoryNotFoundError); unknown revision 404
 ``RevisionNotFound``; unknown file 404 ``EntryNotFound`` (RemoteEntryNotFoundError, with
