@@ -163,3 +163,9 @@ HfOutputLen = Annotated[int | None, typer.Option(
 NoStream = Annotated[bool, typer.Option(
     "--no-stream", help="hf/sharegpt: download the split into the datasets cache "
                         "(HF_HOME) instead of streaming the rows used (vLLM's flag).")]
+MetricsInterval = Annotated[float | None, typer.Option(
+    "--metrics-interval", min=0.1, max=3600,
+    help="Scrape the target's /metrics every this many seconds during each phase (requests "
+         "running and waiting, KV and prefix cache, tokens), with GPU utilisation, memory "
+         "and NVDEC use through NVML when this machine has a GPU: the result's telemetry, "
+         "drawn by bench report.")]

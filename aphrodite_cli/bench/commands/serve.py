@@ -136,6 +136,7 @@ def serve_cmd(
     server_cpu: flags.ServerCpu = True,
     probe_request_rate: flags.ProbeRequestRate = None,
     slice_seconds: flags.SliceSeconds = None,
+    metrics_interval: flags.MetricsInterval = None,
     archetypes: flags.Archetypes = None,
     num_runs: flags.NumRuns = 1,
     request_timeout: flags.RequestTimeout = 300.0,
@@ -262,6 +263,7 @@ def serve_cmd(
                      tokenizer=vllm_compat.load_tokenizer(tokenizer) if tokenizer else None,
                      reset_caches=reset_caches, probe_request_rate=probe_request_rate,
                      slice_seconds=slice_seconds, server_cpu=server_cpu,
+                     metrics_interval=metrics_interval,
                      archetypes=parse_archetypes(archetypes), num_runs=num_runs)
     from aphrodite_cli.bench.load.client import TargetRefused
     from engine.errors import BenchmarkFailed

@@ -43,16 +43,17 @@ _PREFIX_CACHE = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_tota
 TOLERANCE = 0.01
 
 
-def parse(text: str) -> dict[str, float]:
+def parse(text: str, gauges: bool = False) -> dict[str, float]:
     """Prometheus text -> {``name{labels}``: value} of the samples a delta means something
     for: counters (and untyped samples named ``*_total``), and histograms' and summaries'
-    ``_count`` and ``_sum``."""
+    ``_count`` and ``_sum``; with ``gauges``, gauges' samples too (a time series reads
+    them)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.type not in ("counter", "histogram", "summary", "gaugehistogram",
-                               "unknown", "untyped"):
+                               "unknown", "untyped", *(("gauge",) if gauges else ())):
             continue
         for sample in family.samples:
             if family.type in ("unknown", "untyped"):
@@ -60,7 +61,8 @@ def parse(text: str) -> dict[str, float]:
                 # counter by its name
                 if not sample.name.endswith("_total"):
                     continue
-            elif family.type != "counter" and not sample.name.endswith(("_count", "_sum")):
+            elif family.type not in ("counter", "gauge") and not sample.name.endswith(
+                    ("_count", "_sum")):
                 continue
             if sample.name.endswith("_created"):
                 continue
@@ -71,7 +73,7 @@ def parse(text: str) -> dict[str, float]:
 
 
 async def scrape(root: str, api_key: str | None = None, timeout_s: float = 10.0,
-                 extra_headers: dict[str, str] | None = None
+                 extra_headers: dict[str, str] | None = None, gauges: bool = False
                  ) -> dict[str, float] | str:
     """``GET {root}/metrics`` parsed (see :func:`parse`), or why not (a sentence)."""
     headers = request_headers(api_key, extra_headers, json_body=False)
@@ -85,7 +87,7 @@ async def scrape(root: str, api_key: str | None = None, timeout_s: float = 10.0,
     except (TimeoutError, aiohttp.ClientError) as exc:
         return f"GET /metrics failed ({type(exc).__name__})"
     try:
-        samples = parse(text)
+        samples = parse(text, gauges)
     except (ValueError, TypeError, IndexError) as exc:
         return f"GET /metrics is not Prometheus text ({type(exc).__name__})"
     if not samples:

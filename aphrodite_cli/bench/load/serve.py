@@ -91,6 +91,7 @@ class ServeArgs:
     scrape_metrics: bool = True
     probe_request_rate: float | None = None
     slice_seconds: float | None = None
+    metrics_interval: float | None = None  # --metrics-interval (load/telemetry.py)
     server_cpu: bool = True
     archetypes: dict | None = None
     num_runs: int = 1  # the phases this many times, with run-to-run intervals (results/runs.py)
@@ -237,7 +238,8 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                                   scrape_metrics=args.scrape_metrics,
                                   probe_rate=args.probe_request_rate,
                                   slice_seconds=args.slice_seconds,
-                                  server_cpu=args.server_cpu) as watch:
+                                  server_cpu=args.server_cpu,
+                                  metrics_interval=args.metrics_interval) as watch:
                 records, duration, send_rate = await run_phase(
                     payloads, cfg, on_done=lambda t=task: progress.advance(t),
                     times=[r.arrival_s or 0.0 for r in dataset] if args.dataset in TIMED

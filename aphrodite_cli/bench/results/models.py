@@ -50,6 +50,30 @@ class ServePrefixCache(_Open):
     hit_rate: float | None = None
 
 
+class TelemetryMetrics(_Open):
+    """The target's /metrics over a phase: one ``{"t_s": ..., series: value}`` per scrape."""
+
+    available: bool
+    reason: str | None = None
+    samples: list[dict[str, float]] = []
+
+
+class TelemetryGpu(_Open):
+    """This machine's GPUs over a phase (NVML): ``{"t_s", "gpus": [per GPU]}`` per tick."""
+
+    available: bool
+    reason: str | None = None
+    samples: list[dict[str, Any]] = []
+
+
+class ServeTelemetry(_Open):
+    """``--metrics-interval``: the phase's time series (absent without the flag)."""
+
+    interval_s: float
+    metrics: TelemetryMetrics
+    gpu: TelemetryGpu
+
+
 class ServePhase(_Open):
     """One phase (cold, warm): the per-request samples the gate pools, and the summary the
     report prints (absent in a hand-made file: the report prints "-")."""
@@ -70,6 +94,7 @@ class ServePhase(_Open):
     output_token_throughput_per_user: Stats = Stats()  # tokens/s, 1 / TPOT per request
     server_cache: ServeCache = ServeCache()
     prefix_cache: ServePrefixCache = ServePrefixCache()
+    telemetry: ServeTelemetry | None = None
 
 
 class ServeResult(_Result):
