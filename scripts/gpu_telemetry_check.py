@@ -41,9 +41,12 @@ async def main(args: argparse.Namespace) -> int:
     runner = None
     root = args.base_url
     if root is None:  # a stub target: the GPU is what is checked
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(text="# TYPE vllm:num_requests_running gauge\n"
+                                     "vllm:num_requests_running 0\n")
+
         app = web.Application()
-        app.router.add_get("/metrics", lambda _: web.Response(
-            text="# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"))
+        app.router.add_get("/metrics", metrics)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

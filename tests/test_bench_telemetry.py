@@ -13,10 +13,12 @@ import types
 import pytest
 from aiohttp import web
 
+from aphrodite_cli.bench.load import scrape
 from aphrodite_cli.bench.load.gpu_telemetry import GpuSampler
 from aphrodite_cli.bench.load.telemetry import Telemetry, select
 from aphrodite_cli.bench.results.files import load_result
 from aphrodite_cli.bench.results.report import write_report
+from engine.errors import ConfigError
 from tests.test_report import serve_result
 
 
@@ -91,6 +93,7 @@ def test_the_series_sum_label_sets_average_percentages_and_take_vllms_names_firs
         3.0, 'vllm:kv_cache_usage_perc{engine="0"}': 0.2,
         'vllm:kv_cache_usage_perc{engine="1"}': 0.4, "vllm:gpu_cache_usage_perc": 0.9,
         "vllm:prompt_tokens_total": 100.0, "aphrodite_engine_num_rows_running": 4.0,
+        "aphrodite_engine_num_rows_waiting": float("nan"),  # the engine did not answer
         "something_else": 1.0})
     assert values == {"num_requests_running": 5.0, "kv_cache_usage_perc": pytest.approx(0.3),
                       "prompt_tokens": 100.0, "engine_rows_running": 4.0}
@@ -137,16 +140,23 @@ async def test_a_phase_is_sampled_at_its_interval_with_the_gpus(aiohttp_server, 
     assert gpu["samples"][0]["gpus"][0]["decoder_util_pct"] == 5.0
 
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    empty = web.Application()
-    bare = await aiohttp_server(empty)
-    telemetry = Telemetry(f"http://127.0.0.1:{bare.port}", 0.1)
-    await telemetry.start()
-    await telemetry.stop()
-    result = telemetry.result()
-    assert result["metrics"] == {"available": False, "failed_scrapes": 2,
-                                 "reason": "GET /metrics answered HTTP 404"}
-    assert result["gpu"] == {"available": False,
-                             "reason": "nvidia-ml-py (pynvml) is not installed"}
+    async def endless(request: web.Request) -> web.Response:
+        return web.Response(text="x_total 1\n" * 200)
+
+    odd = web.Application()
+    odd.router.add_get("/metrics", endless)
+    for app, reason in ((web.Application(), "GET /metrics answered HTTP 404"),
+                        (odd, "GET /metrics is over 1000 bytes")):  # an endless one, cut
+        monkeypatch.setattr(scrape, "MAX_METRICS_BYTES", 1000)
+        target = await aiohttp_server(app)
+        telemetry = Telemetry(f"http://127.0.0.1:{target.port}", 0.1)
+        await telemetry.start()
+        await telemetry.stop()
+        result = telemetry.result()
+        assert result["metrics"] == {"available": False, "failed_scrapes": 2,
+                                     "reason": reason}
+        assert result["gpu"] == {"available": False,
+                                 "reason": "nvidia-ml-py (pynvml) is not installed"}
 
 
 def test_the_report_shows_the_series_and_old_results_still_report(tmp_path):
@@ -177,6 +187,11 @@ def test_the_report_shows_the_series_and_old_results_still_report(tmp_path):
     assert "server /metrics: unavailable (GET /metrics answered HTTP 404)" in md
     assert "GPU: not sampled (NVML found no GPU)" in md
     assert len(list((tmp_path / "rep").glob("plot-*.png"))) == 4  # 3 as before + telemetry
+    for broken, says in (({"t_s": 1.0, "gpus": "x"}, "gpus"), ({"gpus": []}, "t_s")):
+        doc["phases"]["cold"]["telemetry"]["gpu"]["samples"][0] = broken
+        path.write_text(json.dumps(doc))
+        with pytest.raises(ConfigError, match=says):  # refused by field, not misreported
+            load_result(path)
     old = serve_result(tmp_path / "serve-old.json")
     _, md_path = write_report([old], tmp_path / "rep-old")
     assert "telemetry" not in md_path.read_text()

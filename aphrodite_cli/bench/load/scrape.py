@@ -39,6 +39,8 @@ _PROCESSOR_CACHE = (
 )
 _PREFIX_CACHE = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
 
+#: The largest /metrics body read (vLLM's is about 100 kB)
+MAX_METRICS_BYTES = 32 << 20
 #: A server counted hit rate this far from the claim (0 or 1) is a mismatch.
 TOLERANCE = 0.01
 
@@ -83,7 +85,14 @@ async def scrape(root: str, api_key: str | None = None, timeout_s: float = 10.0,
                 session.get(f"{root}/metrics", headers=headers) as resp:
             if resp.status != 200:
                 return f"GET /metrics answered HTTP {resp.status}"
-            text = await resp.text(errors="replace")
+            # a hostile target's endless /metrics: read up to the cap (--metrics-interval
+            # scrapes it many times a phase)
+            body = bytearray()
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                body += chunk
+                if len(body) > MAX_METRICS_BYTES:
+                    return f"GET /metrics is over {MAX_METRICS_BYTES} bytes"
+            text = body.decode("utf-8", errors="replace")  # the format's encoding
     except (TimeoutError, aiohttp.ClientError) as exc:
         return f"GET /metrics failed ({type(exc).__name__})"
     try:

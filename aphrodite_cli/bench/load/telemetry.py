@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from typing import Any
 
@@ -55,6 +56,8 @@ def select(samples: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]
     """The series' values in one scrape, and the Prometheus name each came from."""
     by_name: dict[str, list[float]] = {}
     for key, value in samples.items():
+        if not math.isfinite(value):  # NaN: the server does not know it now
+            continue
         by_name.setdefault(key.split("{", 1)[0], []).append(value)
     values, names = {}, {}
     for series, candidates in SERIES.items():

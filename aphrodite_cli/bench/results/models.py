@@ -57,13 +57,24 @@ class TelemetryMetrics(_Open):
     reason: str | None = None
     samples: list[dict[str, float]] = []
 
+    @model_validator(mode="after")
+    def _timed(self) -> TelemetryMetrics:
+        if any("t_s" not in s for s in self.samples):
+            raise ValueError("every telemetry sample has its time, t_s")
+        return self
+
+
+class TelemetryGpuTick(_Open):
+    t_s: float
+    gpus: list[dict[str, float | int | None]]
+
 
 class TelemetryGpu(_Open):
     """This machine's GPUs over a phase (NVML): ``{"t_s", "gpus": [per GPU]}`` per tick."""
 
     available: bool
     reason: str | None = None
-    samples: list[dict[str, Any]] = []
+    samples: list[TelemetryGpuTick] = []
 
 
 class ServeTelemetry(_Open):
