@@ -88,6 +88,14 @@ def test_a_row_that_does_not_fit_its_schema_is_a_one_line_error_naming_it(row, s
     assert says in message and "ds row 3" in message and "\n" not in message
 
 
+def test_without_the_datasets_library_hf_is_a_one_line_error(monkeypatch):
+    from aphrodite_cli.bench.load.hub_datasets import HubArgs, load_named
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # the import fails
+    with pytest.raises(ConfigError, match="datasets library, which is not installed"):
+        load_named("hf", "acme/none", HubArgs(), num_prompts=1, output_len=1)
+
+
 def test_an_unknown_schema_names_the_columns_it_has():
     assert find_schema(["prompt", "completion"]) is None
     error = unknown_schema("acme/text", ["prompt", "completion"])

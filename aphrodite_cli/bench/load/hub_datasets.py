@@ -47,8 +47,12 @@ def _one_line(exc: BaseException) -> str:
 
 def _hub_rows(path: str, hub: HubArgs, limit: int) -> tuple[list[dict], list[str]]:
     """The first ``limit`` rows of the split, media undecoded, and the split's columns."""
-    import datasets
-
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError("--dataset-name hf reads Hub datasets with Hugging Face's datasets "
+                          "library, which is not installed", hint="pip install "
+                          "datasets==5.2.0", code="invalid_flag") from None
     # A streamed split hands its state to torch's workers when torch is installed, importing
     # it (~4 s here) for nothing: the rows are read in this process alone.
     datasets.config.TORCH_AVAILABLE = False

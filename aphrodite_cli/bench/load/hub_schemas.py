@@ -179,6 +179,8 @@ def to_request(row: dict, schema: Schema, where: str, *, output_len: int,
         text = schema.prompt(row)
         parts: list[dict[str, Any]] = []
         for kind, value in schema.media(row):
+            if value is None:  # this row has none (an MMVU question without its video)
+                continue
             part = f"{kind}_url"
             parts.append({"type": part, part: {"url": media_url(kind, value, media_dir, where)}})
     except _RowError as exc:
