@@ -33,6 +33,10 @@ EXAMPLES = """Examples:
   aphrodite bench serve --base-url http://localhost:2242/v1 --dataset jsonl
   --dataset-path requests.jsonl --media-dir ./media --csv
 
+  aphrodite bench serve --base-url http://gpu-box:8000 --dataset-name hf
+  --dataset-path lmarena-ai/VisionArena-Chat --hf-split train --num-prompts 200
+  --metrics-interval 1
+
 vLLM's flags work as given (--dataset-name, --result-dir, --result-filename, --save-result,
 --percentile-metrics, --metric-percentiles, --goodput ttft:500 tpot:50, --tokenizer,
 --ignore-eos, --temperature, --host/--port, --endpoint, --header, --extra-body); see the
