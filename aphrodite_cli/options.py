@@ -75,7 +75,7 @@ Mode = Literal["cold", "warm", "both"]
 MediaDelivery = Literal["data-url", "http"]
 TtftFrom = Literal["content", "chunk"]
 DatasetName = Literal["random-mm", "jsonl", "random", "trace", "prefix_repetition", "mooncake",
-                      "timed_trace"]
+                      "timed_trace", "hf", "sharegpt"]
 DecodeIsolation = Literal["process", "thread"]
 SweepProfile = Literal["sweep"]
 RampUpStrategy = Literal["linear", "exponential"]

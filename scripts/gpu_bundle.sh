@@ -14,7 +14,7 @@ PY=${GPU_PY:-3.12}
 PACKAGES=(PyNvVideoCodec==2.2.4 av==18.1.0 transformers==5.24.0 filetype==1.2.0
           num2words==0.5.14 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0
           typing-inspection==0.4.5 typing-extensions==4.16.0 pytest-asyncio==1.5.0
-          pytest-aiohttp==1.1.1 typer==0.29.2 click==8.5.1)
+          pytest-aiohttp==1.1.1 typer==0.29.2 click==8.5.1 nvidia-ml-py==13.615.71)
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \

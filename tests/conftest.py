@@ -233,3 +233,29 @@ def tiny_tokenizer(tiny_tokenizer_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+@pytest.fixture
+def recording_mock():
+    """The mock in a thread of this process (its own loop), recording what arrives, so a
+    `bench serve` process can be pointed at it."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    from aphrodite_cli.bench.load.mock_server import create_app
+
+    seen: list[dict] = []
+    port = server_harness.free_port()
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(create_app(5, 20, None, seen=seen))
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield port, seen
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.run_until_complete(runner.cleanup())
+    loop.close()

@@ -14,6 +14,12 @@ headers are ever sent, so the client always takes the plain HTTP path):
 - ``GET /api/agent-harnesses`` (fetched once per process by the client's user-agent code unless
   ``HF_HUB_DISABLE_TELEMETRY=1``): an empty registry.
 
+Dataset repos (``add_repo(..., repo_type="dataset")``) answer the same under
+``/api/datasets/{repo}`` and ``/datasets/{repo}/resolve/...``: what ``datasets.load_dataset``
+(5.2.0) asks for a parquet dataset, streamed or not (info, revision, tree listings, HEAD of
+README.md / the loading script / ``.huggingface.yaml`` / ``dataset_infos.json``, each a 404,
+then the parquet files).
+
 Errors carry ``X-Error-Code`` as the Hub sends it, which ``hf_raise_for_status`` maps to
 exceptions: unknown repo 404 ``RepoNotFound`` (RepositoryNotFoundError); unknown revision 404
 ``RevisionNotFound``; unknown file 404 ``EntryNotFound`` (RemoteEntryNotFoundError, with
@@ -39,9 +45,11 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 _REPO = r"(?P<repo>[^/]+(?:/[^/]+)?)"
-_TREE = re.compile(rf"/api/models/{_REPO}/tree/(?P<rev>[^/]+)(?:/(?P<sub>.+))?")
-_INFO = re.compile(rf"/api/models/{_REPO}(?:/revision/(?P<rev>[^/]+))?")
-_RESOLVE = re.compile(rf"/{_REPO}/resolve/(?P<rev>[^/]+)/(?P<file>.+)")
+_KIND = r"(?P<kind>models|datasets)"
+_TREE = re.compile(rf"/api/{_KIND}/{_REPO}/tree/(?P<rev>[^/]+)(?:/(?P<sub>.+))?")
+_INFO = re.compile(rf"/api/{_KIND}/{_REPO}(?:/revision/(?P<rev>[^/]+))?")
+# a dataset's files are under /datasets/; a model's at the root
+_RESOLVE = re.compile(rf"(?:/(?P<kind>datasets))?/{_REPO}/resolve/(?P<rev>[^/]+)/(?P<file>.+)")
 # Where huggingface_hub finds a token of the user's (besides HF_HOME/token and Colab).
 _USER_AUTH_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_OIDC_RESOURCE")
 
@@ -98,7 +106,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(404, "NotFound", f"no route for {url.path}")
         groups = {k: unquote(v) for k, v in match.groupdict().items() if v is not None}
         repo_id, rev = groups["repo"], groups.get("rev", "main")
-        repo = self.hub.repos.get(repo_id)
+        repo_type = "dataset" if groups.get("kind") == "datasets" else "model"
+        repo = self.hub.repos.get((repo_type, repo_id))
         auth = self.headers.get("Authorization")
         granted = repo is not None and repo.token is not None and auth == f"Bearer {repo.token}"
         if repo is None or (repo.token and not repo.gated and not granted):
@@ -151,7 +160,7 @@ class FakeHub:
     the path unquoted and without its query. Stop it with ``close()`` or use it as a context."""
 
     def __init__(self) -> None:
-        self.repos: dict[str, _Repo] = {}
+        self.repos: dict[tuple[str, str], _Repo] = {}  # (repo type, id) -> repo
         self.requests: list[tuple[str, str]] = []
         handler = type("FakeHubHandler", (_Handler,), {"hub": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -161,13 +170,15 @@ class FakeHub:
         self._thread.start()
 
     def add_repo(self, repo_id: str, folder: Path, *, gated: bool = False,
-                 token: str | None = None) -> str:
-        """Serve every file under ``folder`` as ``repo_id`` at ``main``; returns the commit sha."""
+                 token: str | None = None, repo_type: str = "model") -> str:
+        """Serve every file under ``folder`` as ``repo_id`` (a ``model`` or ``dataset`` repo)
+        at ``main``; returns the commit sha."""
         files = {p.relative_to(folder).as_posix(): p.read_bytes()
                  for p in sorted(Path(folder).rglob("*")) if p.is_file()}
         listing = "\n".join(f"{path} {blob_id(data)}" for path, data in files.items())
-        sha = hashlib.sha1(f"{repo_id}\n{listing}".encode()).hexdigest()
-        self.repos[repo_id] = _Repo(files, sha, gated, token)
+        name = repo_id if repo_type == "model" else f"{repo_type}s/{repo_id}"
+        sha = hashlib.sha1(f"{name}\n{listing}".encode()).hexdigest()
+        self.repos[(repo_type, repo_id)] = _Repo(files, sha, gated, token)
         return sha
 
     def downloads(self, method: str = "GET") -> list[str]:

@@ -186,12 +186,16 @@ async def test_http_media_delivery_serves_the_bytes():
 
 @pytest.mark.timeout(400)
 def test_cold_and_warm_phases_against_the_real_server(tmp_path):
-    """Cold: every item a cache miss on the server; warm: every item a hit."""
+    """Cold: every item a cache miss on the server; warm: every item a hit. With
+    --metrics-interval each phase keeps the server's /metrics as a series in time order
+    whose counters never fall and move by what the before/after scrapes counted; with no
+    GPU here, the result says so."""
     exe = Path(sys.executable).with_name("aphrodite")
     done = subprocess.run([str(exe), "bench", "serve", "--embedded", "--num-prompts", "6",
                            "--num-warmups", "1", "--mode", "both", "--media-delivery", "http",
                            "--bucket-config", '{"120,160,1": 0.5, "96,128,8": 0.5}',
-                           "--output-len", "4", "--csv", "--out-dir", str(tmp_path)],
+                           "--output-len", "4", "--csv", "--out-dir", str(tmp_path),
+                           "--metrics-interval", "0.2"],
                           capture_output=True, text=True, timeout=380)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads(next(tmp_path.glob("serve-*.json")).read_text())
@@ -212,6 +216,19 @@ def test_cold_and_warm_phases_against_the_real_server(tmp_path):
     header = csv[0].split(",")
     assert {"server_processor_ms", "server_queue_ms", "server_total_ms"} <= set(header)
     assert not any(h.startswith("server_server_") for h in header)
+    for phase in (cold, warm):
+        telemetry = phase["telemetry"]
+        samples = telemetry["metrics"]["samples"]
+        assert telemetry["interval_s"] == 0.2 and len(samples) >= 2, telemetry
+        times = [s["t_s"] for s in samples]
+        assert times == sorted(set(times))  # strictly increasing
+        # a labelled counter shows once counted: absent at the start is 0
+        tokens = [s.get("generation_tokens", 0.0) for s in samples]
+        assert tokens == sorted(tokens) and tokens[-1] - tokens[0] == \
+            phase["server_metrics"]["deltas"]["vllm:generation_tokens_total"] >= 6 * 4
+        assert {"num_requests_running", "num_requests_waiting", "prefix_cache_queries",
+                "engine_rows_running"} <= set(telemetry["metrics"]["series"])
+        assert telemetry["gpu"]["available"] is False and telemetry["gpu"]["reason"]
 
 
 def test_jsonl_dataset_with_a_media_folder(tmp_path):

@@ -8,11 +8,9 @@ import asyncio
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from aphrodite_cli.bench.load import wire
 from aphrodite_cli.bench.load.client import LoadConfig, build_payload, run_phase
@@ -20,7 +18,6 @@ from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
 from aphrodite_cli.bench.load.metrics import compute
 from aphrodite_cli.bench.load.mock_server import create_app
 from engine.errors import ConfigError
-from tests.server_harness import free_port
 
 
 @pytest.mark.parametrize(("items", "api_key", "says"), [
@@ -120,25 +117,6 @@ async def test_a_request_cancelled_before_its_answer_starts_is_cancelled_not_fai
                                                 for r in reqs], cfg)
         result = compute(records, duration)
         assert (result["completed"], result["failed"], result["cancelled"]) == want
-
-
-@pytest.fixture
-def recording_mock():
-    """The mock in a thread of this process (its own loop), recording what arrives, so a
-    `bench serve` process can be pointed at it."""
-    seen: list[dict] = []
-    port = free_port()
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(create_app(5, 20, None, seen=seen))
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield port, seen
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-    loop.run_until_complete(runner.cleanup())
-    loop.close()
 
 
 def test_the_command_sends_headers_and_extra_body_and_counts_cancellations(recording_mock,

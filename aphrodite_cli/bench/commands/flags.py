@@ -152,3 +152,20 @@ TimedTraceChunk = Annotated[int, typer.Option(
     "--timed-trace-chunk-hash-size", min=1, max=1 << 16,
     help="Tokens per hash id of a mooncake/timed_trace trace (vLLM's flag; 512 here, "
          "Mooncake's block size, where vLLM's default 16 makes Mooncake prompts 32x short).")]
+# Public datasets by name (--dataset-name hf / sharegpt; load/hub_datasets.py): vLLM's flags
+HfSplit = Annotated[str, typer.Option(
+    "--hf-split", help="hf/sharegpt: the split of a Hub dataset (vLLM's flag).")]
+HfSubset = Annotated[str | None, typer.Option(
+    "--hf-subset", help="hf: the dataset's configuration (subset), e.g. an MMMU subject.")]
+HfOutputLen = Annotated[int | None, typer.Option(
+    "--hf-output-len", "--sharegpt-output-len", min=1,
+    help="hf/sharegpt: tokens per answer (default: --output-len).")]
+NoStream = Annotated[bool, typer.Option(
+    "--no-stream", help="hf/sharegpt: download the split into the datasets cache "
+                        "(HF_HOME) instead of streaming the rows used (vLLM's flag).")]
+MetricsInterval = Annotated[float | None, typer.Option(
+    "--metrics-interval", min=0.1, max=3600,
+    help="Scrape the target's /metrics every this many seconds during each phase (requests "
+         "running and waiting, KV and prefix cache, tokens), with GPU utilisation, memory "
+         "and NVDEC use through NVML when this machine has a GPU: the result's telemetry, "
+         "drawn by bench report.")]

@@ -42,6 +42,10 @@ EXAMPLES = """Examples:
   --conversation-turn-mean 5 --num-users 15 --user-centric-rate 1   (AIPerf's user-centric
   mode: each user a turn every 15 s)
 
+  aphrodite bench serve --base-url http://gpu-box:8000 --dataset-name hf
+  --dataset-path lmarena-ai/VisionArena-Chat --hf-split train --num-prompts 200
+  --metrics-interval 1
+
 vLLM's flags work as given (--dataset-name, --result-dir, --result-filename, --save-result,
 --percentile-metrics, --metric-percentiles, --goodput ttft:500 tpot:50, --tokenizer,
 --ignore-eos, --temperature, --host/--port, --endpoint, --header, --extra-body); see the
@@ -72,10 +76,17 @@ def serve_cmd(
              "trace (a timed JSONL replayed at its arrival times: arrival_s, prompt, media, "
              "output_len), vLLM's prefix_repetition (shared prefixes, in tokens), or a "
              "Mooncake trace: mooncake, or vLLM's timed_trace (timestamp, input_length, "
-             "output_length, hash_ids: equal ids are equal token blocks).")
+             "output_length, hash_ids: equal ids are equal token blocks), or a public "
+             "dataset by name: hf (VisionArena-Chat, MMVU, MMMU, LLaVA-style "
+             "conversations) or sharegpt, with --dataset-path.")
     ] = "random-mm",
     dataset_path: Annotated[Path | None, typer.Option(
-        help="JSONL file for --dataset jsonl or trace.")] = None,
+        help="JSONL file for --dataset jsonl or trace; a Hub id (ORG/NAME) or local folder "
+             "for hf; a Hub id or JSON file for sharegpt.")] = None,
+    hf_split: flags.HfSplit = "train",
+    hf_subset: flags.HfSubset = None,
+    hf_output_len: flags.HfOutputLen = None,
+    no_stream: flags.NoStream = False,
     media_dir: Annotated[Path | None, typer.Option(help="Folder for media paths in JSONL.")
                          ] = None,
     num_prompts: Annotated[int, typer.Option(min=1)] = 50,
@@ -138,6 +149,7 @@ def serve_cmd(
     server_cpu: flags.ServerCpu = True,
     probe_request_rate: flags.ProbeRequestRate = None,
     slice_seconds: flags.SliceSeconds = None,
+    metrics_interval: flags.MetricsInterval = None,
     archetypes: flags.Archetypes = None,
     num_runs: flags.NumRuns = 1,
     request_timeout: flags.RequestTimeout = 300.0,
@@ -186,6 +198,7 @@ def serve_cmd(
     from aphrodite_cli.bench.load.client import LoadConfig
     from aphrodite_cli.bench.load.datasets import parse_buckets
     from aphrodite_cli.bench.load.escape import printable
+    from aphrodite_cli.bench.load.hub_datasets import HubArgs
     from aphrodite_cli.bench.load.serve import ServeArgs, TokenArgs, run
     from aphrodite_cli.bench.load.target import Target
     from aphrodite_cli.bench.results.files import write_result
@@ -226,7 +239,7 @@ def serve_cmd(
                               code="invalid_flag")
         endpoint = backends[backend]
     if not endpoint.rstrip("/").endswith("chat/completions") and (
-            items_per_request > 0 or dataset in ("jsonl", "trace")):
+            items_per_request > 0 or dataset in ("jsonl", "trace", "hf", "sharegpt")):
         raise ConfigError(f"--endpoint {endpoint} takes text prompts only, so it cannot carry "
                           "media", hint="use /v1/chat/completions, or --items-per-request 0 "
                           "(--dataset-name random)", code="invalid_flag")
@@ -246,6 +259,9 @@ def serve_cmd(
     if dataset in ("jsonl", "trace", "mooncake", "timed_trace") and dataset_path is None:
         raise ConfigError(f"--dataset-name {dataset} needs --dataset-path FILE.jsonl",
                           code="invalid_flag")
+    if dataset in ("hf", "sharegpt") and dataset_path is None:
+        raise ConfigError(f"--dataset-name {dataset} needs --dataset-path ORG/NAME (a Hub "
+                          "dataset id)", code="invalid_flag")
     if not math.isfinite(trace_time_scale):
         raise ConfigError(f"--trace-time-scale {trace_time_scale} is not finite",
                           code="invalid_flag")
@@ -284,12 +300,15 @@ def serve_cmd(
                                           dataset, trace_time_scale,
                                           timed_trace_sec_multiplier)),
                      trace_time_scale=trace_time_scale,
+                     hub=HubArgs(split=hf_split, subset=hf_subset, output_len=hf_output_len,
+                                 stream=not no_stream),
                      embedded=embedded, embedded_engine=server_engine,
                      percentile_metrics=tuple(pct_metrics),
                      metric_percentiles=tuple(pcts),
                      tokenizer=vllm_compat.load_tokenizer(tokenizer) if tokenizer else None,
                      reset_caches=reset_caches, probe_request_rate=probe_request_rate,
                      slice_seconds=slice_seconds, server_cpu=server_cpu,
+                     metrics_interval=metrics_interval,
                      archetypes=parse_archetypes(archetypes), num_runs=num_runs,
                      sessions=sessions)
     from aphrodite_cli.bench.load.client import TargetRefused

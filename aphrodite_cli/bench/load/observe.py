@@ -14,6 +14,8 @@
 ``cache_reset``, ``server_metrics`` (see :mod:`~aphrodite_cli.bench.load.scrape`),
 ``server_cpu``, ``probes``,
 ``slices`` (``--slice-seconds``, see :mod:`~aphrodite_cli.bench.results.intervals`),
+``telemetry`` (``--metrics-interval``: /metrics and the GPUs over the phase, see
+:mod:`~aphrodite_cli.bench.load.telemetry`),
 ``by_kind`` / ``by_modality`` and ``mm_tokens`` (see
 :mod:`~aphrodite_cli.bench.load.archetypes`), and ``warnings`` (sentences: what the run could
 not confirm, e.g. a cache hit rate the server counted that contradicts the phase's claim).
@@ -28,6 +30,7 @@ from aphrodite_cli.bench.load import archetypes, cache_reset, scrape
 from aphrodite_cli.bench.load.client import LoadConfig, server_root
 from aphrodite_cli.bench.load.probes import Probes
 from aphrodite_cli.bench.load.server_cpu import CpuWatch
+from aphrodite_cli.bench.load.telemetry import Telemetry
 from aphrodite_cli.bench.results.intervals import slices
 
 
@@ -35,7 +38,7 @@ class PhaseWatch:
     def __init__(self, cfg: LoadConfig, mode: str, *, reset_caches: bool = True,
                  scrape_metrics: bool = True, probe_rate: float | None = None,
                  slice_seconds: float | None = None, server_cpu: bool = True,
-                 claim: bool = True) -> None:
+                 claim: bool = True, metrics_interval: float | None = None) -> None:
         self.cfg, self.mode = cfg, mode
         # whether the phase claims its mode's cache state for every request (a session's
         # later turns resend its media, so a cold phase of sessions has processor cache hits)
@@ -48,6 +51,8 @@ class PhaseWatch:
         self.probes: Probes | None = None
         self.cpu = CpuWatch(cfg.base_url) if server_cpu else None
         self.cpu_result: dict[str, Any] | None = None
+        self.telemetry = Telemetry(self.root, metrics_interval, api_key=cfg.api_key,
+                                   headers=cfg.headers) if metrics_interval else None
         self._stack = contextlib.AsyncExitStack()
 
     @property
@@ -67,9 +72,13 @@ class PhaseWatch:
                 Probes(self.cfg, self.probe_rate, self.cfg.seed))
         if self.cpu is not None:
             self.cpu.start()
+        if self.telemetry is not None:
+            await self.telemetry.start()
         return self
 
     async def __aexit__(self, exc_type: object, *exc: object) -> None:
+        if self.telemetry is not None:
+            await self.telemetry.stop()
         if self.cpu is not None:
             self.cpu.stop()
         await self._stack.aclose()
@@ -98,6 +107,8 @@ class PhaseWatch:
             result["server_cpu"] = self.cpu.result(result.get("completed") or 0, duration)
         if self.probes is not None:
             result["probes"] = self.probes.result()
+        if self.telemetry is not None:
+            result["telemetry"] = self.telemetry.result()
         if self.slice_seconds:
             result["slices"] = slices(records, self.slice_seconds)
         result.update(archetypes.breakdown(dataset, records, duration,

@@ -39,6 +39,8 @@ _PROCESSOR_CACHE = (
 )
 _PREFIX_CACHE = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
 
+#: The largest /metrics body read (vLLM's is about 100 kB)
+MAX_METRICS_BYTES = 32 << 20
 #: A server counted hit rate this far from the claim (0 or 1) is a mismatch.
 TOLERANCE = 0.01
 
@@ -56,14 +58,13 @@ def parse(text: str, gauges: bool = False) -> dict[str, float]:
                                "unknown", "untyped", *(("gauge",) if gauges else ())):
             continue
         for sample in family.samples:
-            if family.type == "gauge":
-                pass
-            elif family.type in ("unknown", "untyped"):
+            if family.type in ("unknown", "untyped"):
                 # untyped, or a "# TYPE x counter" line whose samples are x_total: a
                 # counter by its name
                 if not sample.name.endswith("_total"):
                     continue
-            elif family.type != "counter" and not sample.name.endswith(("_count", "_sum")):
+            elif family.type not in ("counter", "gauge") and not sample.name.endswith(
+                    ("_count", "_sum")):
                 continue
             if sample.name.endswith("_created"):
                 continue
@@ -74,7 +75,7 @@ def parse(text: str, gauges: bool = False) -> dict[str, float]:
 
 
 async def scrape(root: str, api_key: str | None = None, timeout_s: float = 10.0,
-                 extra_headers: dict[str, str] | None = None
+                 extra_headers: dict[str, str] | None = None, gauges: bool = False
                  ) -> dict[str, float] | str:
     """``GET {root}/metrics`` parsed (see :func:`parse`), or why not (a sentence)."""
     headers = request_headers(api_key, extra_headers, json_body=False)
@@ -84,11 +85,18 @@ async def scrape(root: str, api_key: str | None = None, timeout_s: float = 10.0,
                 session.get(f"{root}/metrics", headers=headers) as resp:
             if resp.status != 200:
                 return f"GET /metrics answered HTTP {resp.status}"
-            text = await resp.text(errors="replace")
+            # a hostile target's endless /metrics: read up to the cap (--metrics-interval
+            # scrapes it many times a phase)
+            body = bytearray()
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                body += chunk
+                if len(body) > MAX_METRICS_BYTES:
+                    return f"GET /metrics is over {MAX_METRICS_BYTES} bytes"
+            text = body.decode("utf-8", errors="replace")  # the format's encoding
     except (TimeoutError, aiohttp.ClientError) as exc:
         return f"GET /metrics failed ({type(exc).__name__})"
     try:
-        samples = parse(text)
+        samples = parse(text, gauges)
     except (ValueError, TypeError, IndexError) as exc:
         return f"GET /metrics is not Prometheus text ({type(exc).__name__})"
     if not samples:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from aphrodite_cli.bench.load.datasets import (
     load_jsonl,
     random_mm,
 )
+from aphrodite_cli.bench.load.hub_datasets import HubArgs
 from aphrodite_cli.bench.load.metrics import stage_ms
 from aphrodite_cli.bench.load.observe import PhaseWatch
 from aphrodite_cli.bench.load.target import Target
@@ -57,6 +58,8 @@ class TokenArgs:
 #: Datasets whose requests carry their own arrival times; Mooncake's in tokens
 TIMED = ("trace", "mooncake", "timed_trace")
 MOONCAKE = ("mooncake", "timed_trace")
+#: Public datasets by name, read with Hugging Face's ``datasets`` (load/hub_datasets.py)
+NAMED = ("hf", "sharegpt")
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class ServeArgs:
     scrape_metrics: bool = True
     probe_request_rate: float | None = None
     slice_seconds: float | None = None
+    metrics_interval: float | None = None  # --metrics-interval (load/telemetry.py)
     server_cpu: bool = True
     archetypes: dict | None = None
     num_runs: int = 1  # the phases this many times, with run-to-run intervals (results/runs.py)
@@ -95,6 +99,8 @@ class ServeArgs:
     trace_time_scale: float = 1.0  # --trace-time-scale: a trace's gaps times this
     #: multi-turn sessions (--conversation-num ...; see load/sessions.py); None: one turn each
     sessions: Any = None
+    #: --dataset-name hf / sharegpt: --hf-split, --hf-subset, --hf-output-len, --no-stream
+    hub: HubArgs = field(default_factory=HubArgs)
 
     @property
     def in_tokens(self) -> bool:
@@ -109,6 +115,12 @@ def make_dataset(args: ServeArgs, *, run_nonce: int) -> list[BenchRequest]:
             raise ConfigError("--dataset jsonl needs --dataset-path FILE")
         rows = load_jsonl(Path(args.dataset_path), args.media_dir)
         return (rows * (args.num_prompts // max(len(rows), 1) + 1))[: args.num_prompts]
+    if args.dataset in NAMED:
+        from aphrodite_cli.bench.load.hub_datasets import load_named
+
+        return load_named(args.dataset, str(args.dataset_path), args.hub,
+                          num_prompts=args.num_prompts, output_len=args.output_len,
+                          media_dir=args.media_dir)
     if args.dataset == "trace":
         from aphrodite_cli.bench.load.trace import load_trace
 
@@ -279,6 +291,7 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                                  "num_warmups": args.num_warmups, "mode": args.mode,
                                  "media": media, "embedded": args.embedded,
                                  "model_source": model_source,
+                                 **_named_settings(args),
                                  "target": {"base_url": cfg.base_url,
                                             "endpoint": cfg.endpoint,
                                             "embedded_server": _embedded_server(args)},
@@ -293,7 +306,7 @@ def _watch(cfg: LoadConfig, args: ServeArgs, mode: str) -> PhaseWatch:
     return PhaseWatch(cfg, mode, reset_caches=args.reset_caches,
                       scrape_metrics=args.scrape_metrics, probe_rate=args.probe_request_rate,
                       slice_seconds=args.slice_seconds, server_cpu=args.server_cpu,
-                      claim=args.sessions is None)
+                      claim=args.sessions is None, metrics_interval=args.metrics_interval)
 
 
 async def _session_phase(cfg: LoadConfig, args: ServeArgs, mode: str, run_nonce: int,
@@ -346,6 +359,15 @@ class TurnView:
             row["session"], row["turn"] = session, turn
             if turn > 1:
                 row["input_len"] = None
+
+
+def _named_settings(args: ServeArgs) -> dict[str, Any]:
+    """What the result says of a public dataset by name (nothing for the others)."""
+    if args.dataset not in NAMED:
+        return {}
+    return {"hub_dataset": {"dataset_path": str(args.dataset_path), "hf_split": args.hub.split,
+                            "hf_subset": args.hub.subset, "hf_output_len": args.hub.output_len,
+                            "stream": args.hub.stream}}
 
 
 def _token_settings(args: ServeArgs) -> dict[str, Any] | None:

@@ -70,6 +70,41 @@ class ServePerTurn(_Open):
     prefix_cache_server: float | None = None
 
 
+class TelemetryMetrics(_Open):
+    """The target's /metrics over a phase: one ``{"t_s": ..., series: value}`` per scrape."""
+
+    available: bool
+    reason: str | None = None
+    samples: list[dict[str, float]] = []
+
+    @model_validator(mode="after")
+    def _timed(self) -> TelemetryMetrics:
+        if any("t_s" not in s for s in self.samples):
+            raise ValueError("every telemetry sample has its time, t_s")
+        return self
+
+
+class TelemetryGpuTick(_Open):
+    t_s: float
+    gpus: list[dict[str, float | int | None]]
+
+
+class TelemetryGpu(_Open):
+    """This machine's GPUs over a phase (NVML): ``{"t_s", "gpus": [per GPU]}`` per tick."""
+
+    available: bool
+    reason: str | None = None
+    samples: list[TelemetryGpuTick] = []
+
+
+class ServeTelemetry(_Open):
+    """``--metrics-interval``: the phase's time series (absent without the flag)."""
+
+    interval_s: float
+    metrics: TelemetryMetrics
+    gpu: TelemetryGpu
+
+
 class ServePhase(_Open):
     """One phase (cold, warm): the per-request samples the gate pools, and the summary the
     report prints (absent in a hand-made file: the report prints "-")."""
@@ -91,6 +126,7 @@ class ServePhase(_Open):
     server_cache: ServeCache = ServeCache()
     prefix_cache: ServePrefixCache = ServePrefixCache()
     per_turn: ServePerTurn | None = None  # multi-turn sessions only (absent otherwise)
+    telemetry: ServeTelemetry | None = None
 
 
 class ServeResult(_Result):

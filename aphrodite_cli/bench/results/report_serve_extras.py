@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from aphrodite_cli.bench.results.report_telemetry import telemetry_markdown, telemetry_plot
+
 
 def _n(value: Any, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
@@ -99,6 +101,7 @@ def serve_markdown(doc: dict[str, Any]) -> list[str]:
                       f"{s['rps']:.2f} | {_pp(s.get('ttft_ms'))} | "
                       f"{_pp(s.get('tpot_ms'), '.2f')} |" for s in slices["intervals"]]
             lines.append("")
+        lines += telemetry_markdown(phase, r.get("telemetry"))
         ci = r.get("ci95")
         if ci:
             lines += [f"**{phase}: over {len(r.get('runs') or [])} runs** "
@@ -164,7 +167,8 @@ def serve_plots(path: Path, doc: dict[str, Any], plt: Any, png: Any
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         out.append((f"{path.stem}: probe TTFT", png(fig)))
-    return out
+    return out + telemetry_plot(path, doc, plt, png)
+
 
 
 def _turn_plot(turned: dict[str, list[dict[str, Any]]], plt: Any) -> Any:
