@@ -46,6 +46,8 @@ aph() { "$PY" -m aphrodite_cli.main "$@"; }
 
 step() {  # step NAME SECONDS COMMAND...: run, time and record one check
   local name=$1 limit=$2; shift 2
+  # GPU_STEPS="machine telemetry": only the steps named (all of them without it)
+  if [ -n "${GPU_STEPS:-}" ] && [[ " $GPU_STEPS " != *" $name "* ]]; then return 0; fi
   echo; echo "== $name (limit ${limit}s) $(date -u +%T)"
   local start=$SECONDS
   timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@"
@@ -152,7 +154,23 @@ serve_on_gpu() {
     aph bench serve --base-url http://127.0.0.1:2242 --model small --num-prompts 48 \
       --num-warmups 2 --max-concurrency 8 --output-len 64 --mode both \
       --bucket-config '{"480,640,1": 0.5, "720,1280,1": 0.25, "240,320,16": 0.25}' \
+      --metrics-interval 0.5 \
       --out-dir "$OUT_DIR" --result-filename serve-cuda.json || rc=1
+    "$PY" - "$OUT_DIR/serve-cuda.json" <<'PYEOF' || rc=1
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for phase, result in doc["phases"].items():
+    tel = result["telemetry"]
+    gpu = tel["gpu"]
+    ticks = gpu.get("samples") or []
+    util = [g.get("gpu_util_pct") for t in ticks for g in t["gpus"] if g.get("index") == 0]
+    dec = [g.get("decoder_util_pct") for t in ticks for g in t["gpus"] if g.get("index") == 0]
+    print(phase, "telemetry: /metrics samples", len(tel["metrics"]["samples"]), "gpu available",
+          gpu["available"], gpu.get("reason") or "", "GPU 0 util % mean/max",
+          util and round(sum(u or 0 for u in util) / len(util), 1), util and max(u or 0 for u in util),
+          "NVDEC % max", dec and max(d or 0 for d in dec))
+    assert tel["metrics"]["samples"] and gpu["available"] and ticks, "no telemetry"
+PYEOF
     over_budget || rc=1
     echo "MPS clients: $(echo get_server_list | nvidia-cuda-mps-control 2>&1 | tr '\n' ' ')"
   else
@@ -171,6 +189,7 @@ step gpu-tests 120 env APHRODITE_FAIL_WITHOUT_GPU=1 "$PY" -m pytest -q -p no:cac
   tests/media/test_video_gpu.py tests/unit/test_gpu_budget.py \
   tests/engine/test_llm.py::test_cuda_execution_matches_cpu_greedy
 step nvdec-order 40 nvdec_order
+step telemetry 60 "$PY" scripts/gpu_telemetry_check.py --load
 step video-decode 90 aph bench video-decode --repeats 3 --out-dir "$OUT_DIR" \
   --backends pyav,opencv,pynvvideocodec:hw_decoders=1,pynvvideocodec:hw_decoders=2,deepstream:decoder=nvidia
 step serve-cuda 180 serve_on_gpu
