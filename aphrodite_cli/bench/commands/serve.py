@@ -177,11 +177,11 @@ def serve_cmd(
         help="Turns per session: standard deviation (0: every session has the mean).")
     ] = 0.0,
     conversation_turn_delay_mean: Annotated[float, typer.Option(
-        "--conversation-turn-delay-mean", "--session-turn-delay-mean",
+        "--conversation-turn-delay-mean",
         help="Milliseconds between a turn's answer and the session's next turn (mean).")
     ] = 0.0,
     conversation_turn_delay_stddev: Annotated[float, typer.Option(
-        "--conversation-turn-delay-stddev", "--session-turn-delay-stddev",
+        "--conversation-turn-delay-stddev",
         help="Milliseconds between turns: standard deviation (draws below 0 are 0).")] = 0.0,
     num_users: Annotated[int | None, typer.Option(
         help="AIPerf's user-centric mode (with --user-centric-rate): this many users, each "
