@@ -36,12 +36,12 @@ async def test_two_workers_send_the_same_schedule_and_measure_the_same(aiohttp_s
         # every request left at its arrival time (offsets from the first send; the loaded
         # test machine may be late by a few ms, never early)
         late = (sent - sent[0]) - (times - times[0])
-        assert np.abs(late).max() < 0.03, (workers, late)
+        assert np.abs(late).max() < 0.05, (workers, late)
         assert result["total_output_tokens"] == 24 * TOKENS
     one, two = runs[1][1], runs[2][1]
     for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
-        assert abs(one[metric]["median"] - two[metric]["median"]) < 10, metric
-    assert abs(two["ttft_ms"]["median"] - TTFT_MS) < 15
+        assert abs(one[metric]["median"] - two[metric]["median"]) < 15, (metric, one, two)
+    assert abs(two["ttft_ms"]["median"] - TTFT_MS) < 20
     assert abs(two["tpot_ms"]["median"] - ITL_MS) < 4
 
 
@@ -69,3 +69,40 @@ async def test_max_concurrency_is_held_across_workers_in_arrival_order(aiohttp_s
     span = max(r.sent_at + r.e2e for r in records) - min(r.sent_at for r in records)
     one_answer = (TTFT_MS + ITL_MS * (TOKENS - 1)) / 1000
     assert 4 * one_answer <= span < 4 * one_answer + 0.4, span
+
+
+def test_the_command_runs_its_workers_and_records_them(tmp_path):
+    """``bench serve --num-workers 2`` against the mock server (its own process): every
+    request answered, the setting in the result's config; with sessions, a one-line error."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.server_harness import free_port, wait_exit
+
+    exe = Path(sys.executable).with_name("aphrodite")
+    port = free_port()
+    mock = subprocess.Popen([str(exe), "bench", "mock-server", "--port", str(port),
+                             "--ttft-ms", "5"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    args = [str(exe), "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
+            "--dataset-name", "random", "--num-prompts", "20", "--num-warmups", "1",
+            "--mode", "cold", "--output-len", "3", "--max-concurrency", "4",
+            "--num-workers", "2", "--no-server-cpu", "--no-reset-caches",
+            "--out-dir", str(tmp_path), "--result-filename", "w.json"]
+    env = {**os.environ, "COLUMNS": "200"}
+    try:
+        mock.stdout.readline()
+        done = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+        refused = subprocess.run([*args, "--conversation-num", "2"], capture_output=True,
+                                 text=True, timeout=60, env=env)
+    finally:
+        mock.terminate()
+        wait_exit(mock, 30)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads((tmp_path / "w.json").read_text())
+    assert doc["config"]["num_workers"] == 2 and doc["phases"]["cold"]["completed"] == 20
+    assert refused.returncode == 2 and "--num-workers splits one schedule" in refused.stderr
+    assert "Traceback" not in refused.stderr

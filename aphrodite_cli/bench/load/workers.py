@@ -42,6 +42,27 @@ READY_TIMEOUT_S = 120.0
 START_LEAD_S = 0.05
 
 
+class _Outbox:
+    """Messages of one kind to a connection, sent together once per event-loop turn: at a
+    high request rate one pipe write carries many requests' messages."""
+
+    def __init__(self, conn: Connection, kind: str) -> None:
+        self.conn, self.kind, self.items, self.armed = conn, kind, [], False
+
+    def put(self, item: Any) -> None:
+        self.items.append(item)
+        if not self.armed:
+            self.armed = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.armed = False
+        if self.items:
+            items, self.items = self.items, []
+            with contextlib.suppress(OSError, ValueError):  # the other end is gone
+                self.conn.send((self.kind, items))
+
+
 class _Inbox:
     """A connection's messages as an asyncio queue (read when the pipe is readable)."""
 
@@ -72,7 +93,7 @@ async def _worker(conn: Connection, cfg: Any, url: str, headers: dict[str, str],
                   items: dict[int, tuple[bytes, float, float, bool]], self_timed: bool) -> None:
     from aphrodite_cli.bench.load.client import one_request
 
-    inbox = _Inbox(conn)
+    inbox, done = _Inbox(conn), _Outbox(conn, "done")
     records = {i: RequestRecord(i, encode_s=enc) for i, (_, enc, _, _) in items.items()}
     tasks: list[asyncio.Task] = []
     async with aiohttp.ClientSession(
@@ -82,7 +103,7 @@ async def _worker(conn: Connection, cfg: Any, url: str, headers: dict[str, str],
         async def send(i: int) -> None:
             body, _, _, cut = items[i]
             await one_request(session, url, headers, body, records[i], cfg, cut)
-            conn.send(("done", i, records[i].status))
+            done.put((i, records[i].status))
 
         async def own_schedule(start: float) -> None:
             for i in sorted(items, key=lambda k: items[k][2]):
@@ -98,7 +119,7 @@ async def _worker(conn: Connection, cfg: Any, url: str, headers: dict[str, str],
             if msg[0] == "start" and self_timed:
                 schedule = asyncio.create_task(own_schedule(msg[1]))
             elif msg[0] == "go":
-                tasks.append(asyncio.create_task(send(msg[1])))
+                tasks.extend(asyncio.create_task(send(i)) for i in msg[1])
             elif msg[0] in ("end", "stop", "gone"):
                 break
         if msg[0] != "end":  # the parent stops the phase: nothing more is sent
@@ -107,6 +128,7 @@ async def _worker(conn: Connection, cfg: Any, url: str, headers: dict[str, str],
                     task.cancel()
         await asyncio.gather(*[t for t in [schedule, *tasks] if t is not None],
                              return_exceptions=True)
+    done.flush()
     inbox.close()
     if msg[0] != "gone":
         conn.send(("records", [records[i] for i in sorted(records)]))
@@ -182,15 +204,17 @@ async def _drive(payloads: list, cfg: Any, url: str, times: list[float], inboxes
         while True:
             msg = await inboxes[w].queue.get()
             if msg[0] == "done":
-                finished.append(msg[1])
-                statuses[msg[1]] = msg[2]
-                if slots:
-                    slots.release()
-                if on_done:
-                    on_done()
-                if cfg.abort_after and len(finished) == cfg.abort_after and refused_alike(
-                        [RequestRecord(i, status=statuses[i]) for i in finished]):
-                    refused.set()
+                for i, status in msg[1]:
+                    finished.append(i)
+                    statuses[i] = status
+                    if slots:
+                        slots.release()
+                    if on_done:
+                        on_done()
+                    if cfg.abort_after and len(finished) == cfg.abort_after and \
+                            refused_alike([RequestRecord(k, status=statuses[k])
+                                           for k in finished]):
+                        refused.set()
                 if len(finished) == total:
                     all_done.set()
             elif msg[0] == "records":
@@ -205,14 +229,19 @@ async def _drive(payloads: list, cfg: Any, url: str, times: list[float], inboxes
     for conn in conns:
         conn.send(("start", start))
     if dispatch:
+        gos = [_Outbox(conn, "go") for conn in conns]
         for i, at in enumerate(times):
             delay = start + at - time.perf_counter()
             if delay > 0:
+                for out in gos:  # nothing waits in a batch while the parent sleeps
+                    out.flush()
                 await asyncio.sleep(delay)
             await slots.acquire()
             if refused.is_set() or lost:
                 break
-            conns[i % n].send(("go", i))
+            gos[i % n].put(i)
+        for out in gos:
+            out.flush()
     waiter = asyncio.ensure_future(all_done.wait())
     stopper = asyncio.ensure_future(refused.wait())
     await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
