@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import typer
 
-from aphrodite_cli.bench.commands import mock_server, offline, results, serve, soak, sweep
+from aphrodite_cli.bench.commands import (
+    mock_server,
+    offline,
+    results,
+    serve,
+    soak,
+    sweep,
+    sweep_serve,
+)
 
 app = typer.Typer(help="Benchmarks that write result files.", no_args_is_help=True)
 
@@ -17,7 +25,12 @@ app.command("decode-step", epilog=offline.DECODE_STEP_EXAMPLES)(offline.decode_s
 # extra arguments: vLLM's `--goodput ttft:500 tpot:50` (several values after one flag)
 app.command("serve", epilog=serve.EXAMPLES,
             context_settings={"allow_extra_args": True})(serve.serve_cmd)
-app.command("sweep", epilog=sweep.EXAMPLES)(sweep.sweep_cmd)
+# `bench sweep` measures load points itself; `bench sweep serve` (a subcommand) sweeps server
+# flags: a group that runs its own callback when no subcommand follows
+sweep_app = typer.Typer(invoke_without_command=True, no_args_is_help=False)
+sweep_app.callback(epilog=sweep.EXAMPLES)(sweep.sweep_cmd)
+sweep_app.command("serve", epilog=sweep_serve.EXAMPLES)(sweep_serve.sweep_serve_cmd)
+app.add_typer(sweep_app, name="sweep")
 app.command("soak", epilog=soak.EXAMPLES)(soak.soak)
 app.command("gate", epilog=results.GATE_EXAMPLES)(results.gate)
 app.command("report", epilog=results.REPORT_EXAMPLES)(results.report)

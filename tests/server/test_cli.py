@@ -267,6 +267,8 @@ def _commands(group, prefix=()):
     """Every command path of a click group, depth first."""
     for name, command in sorted(group.commands.items()):
         if getattr(command, "commands", None):  # a group (typer vendors its own click)
+            if getattr(command, "invoke_without_command", False):  # a command itself too
+                yield (*prefix, name)
             yield from _commands(command, (*prefix, name))
         else:
             yield (*prefix, name)
@@ -280,7 +282,8 @@ def test_every_commands_help_survives_a_pipe():
     from aphrodite_cli.main import app
 
     paths = list(_commands(typer.main.get_command(app)))
-    assert ("bench", "sweep") in paths and ("model", "download") in paths and len(paths) >= 15
+    assert ("bench", "sweep") in paths and ("bench", "sweep", "serve") in paths
+    assert ("model", "download") in paths and len(paths) >= 15
     exe = Path(sys.executable).with_name("aphrodite")
     for path in paths:
         done = subprocess.run([str(exe), *path, "--help"], capture_output=True, text=True,

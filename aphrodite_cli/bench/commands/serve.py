@@ -94,6 +94,11 @@ def serve_cmd(
     request_rate: Annotated[str, typer.Option(help="Requests/s, or inf.")] = "inf",
     burstiness: flags.Burstiness = 1.0,
     max_concurrency: Annotated[int | None, typer.Option(min=1)] = None,
+    num_workers: Annotated[int, typer.Option(
+        min=1, max=256,
+        help="Client processes sending each phase (one shared schedule, --max-concurrency "
+             "held across all of them, the records merged): for targets one event loop "
+             "cannot keep busy. Not with multi-turn sessions.")] = 1,
     seed: flags.Seed = 0,
     mode: flags.Mode = "both",
     media_delivery: flags.MediaDelivery = "data-url",
@@ -256,6 +261,10 @@ def serve_cmd(
         delay_stddev=conversation_turn_delay_stddev, num_users=num_users,
         user_centric_rate=user_centric_rate, request_rate=rate,
         ramp_up_strategy=ramp_up_strategy, dataset=dataset, endpoint=endpoint)
+    if num_workers > 1 and sessions is not None:
+        raise ConfigError("--num-workers splits one schedule of single requests; multi-turn "
+                          "sessions (--conversation-num) run in one process",
+                          hint="leave --num-workers out", code="invalid_flag")
     if dataset in ("jsonl", "trace", "mooncake", "timed_trace") and dataset_path is None:
         raise ConfigError(f"--dataset-name {dataset} needs --dataset-path FILE.jsonl",
                           code="invalid_flag")
@@ -284,7 +293,7 @@ def serve_cmd(
                      max_response_bytes=int(max_response_mb * (1 << 20)),
                      ttft_from=ttft_from, headers=headers, extra_body=body_extra,
                      cancel_rate=request_cancellation_rate,
-                     cancel_delay_s=request_cancellation_delay)
+                     cancel_delay_s=request_cancellation_delay, num_workers=num_workers)
     args = ServeArgs(dataset=dataset, dataset_path=dataset_path, media_dir=media_dir,
                      num_prompts=num_prompts, num_warmups=num_warmups, mode=mode,
                      items_per_request=items_per_request, buckets=parse_buckets(bucket_config),

@@ -21,10 +21,15 @@ EXAMPLES = """Examples:
   aphrodite bench sweep --base-url http://gpu-box:8000 --profile sweep --num-points 6
 
 Each point is a bench serve measurement; the result holds every point, the curve and, with
---slo, the capacity per phase (the highest rate meeting every SLO)."""
+--slo, the capacity per phase (the highest rate meeting every SLO).
+
+  aphrodite bench sweep serve --serve-params '[{"max_num_seqs": 4}, {"max_num_seqs": 16}]'
+
+sweeps server flags instead: see aphrodite bench sweep serve --help."""
 
 
 def sweep_cmd(
+    ctx: typer.Context,
     base_url: flags.BaseUrl = None,
     host: flags.Host = None,
     port: flags.Port = None,
@@ -68,7 +73,10 @@ def sweep_cmd(
     max_response_mb: flags.MaxResponseMb = 16.0,
     ttft_from: flags.TtftFrom = "content",
 ) -> None:
-    """Latency against load, and the capacity at an SLO, cold media and warm cache."""
+    """Latency against load, and the capacity at an SLO, cold media and warm cache.
+    `bench sweep serve` sweeps server flags instead (see its --help)."""
+    if ctx.invoked_subcommand is not None:  # `bench sweep serve ...`: its own flags
+        return
     from aphrodite_cli.bench.load import sweep as sw
     from aphrodite_cli.bench.load.client import CHAT_ENDPOINT, LoadConfig, TargetRefused
     from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm

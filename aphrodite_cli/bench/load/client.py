@@ -125,6 +125,8 @@ class LoadConfig:
     #: --request-cancellation-delay (seconds after sending): the connection is closed then
     cancel_rate: float = 0.0
     cancel_delay_s: float = 0.0
+    #: --num-workers: client processes sharing the phase's schedule (load/workers.py)
+    num_workers: int = 1
 
 
 def media_url(spec: MediaSpec, data: bytes, host: MediaHost | None) -> str:
@@ -254,6 +256,10 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
     url = server_root(cfg.base_url) + cfg.endpoint
     headers = request_headers(cfg.api_key, cfg.headers)
     cut = cancelled_indices(len(payloads), cfg.cancel_rate, cfg.seed)
+    if times is None:  # else a replayed trace's own (load/trace.py)
+        times = schedule(len(payloads), cfg)
+    if cfg.num_workers > 1 and session is None:  # load/workers.py's run_phase sends these
+        raise ValueError("client.run_phase runs one process: call workers.run_phase")
     own = session is None
     if session is None:
         session = aiohttp.ClientSession(
@@ -261,8 +267,6 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
             timeout=aiohttp.ClientTimeout(total=cfg.timeout_s))
     slots = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
     records = [RequestRecord(i, encode_s=enc) for i, (_, enc) in enumerate(payloads)]
-    if times is None:  # else a replayed trace's own (load/trace.py)
-        times = schedule(len(payloads), cfg)
     sent: list[float] = []
 
     finished: list[RequestRecord] = []

@@ -16,7 +16,6 @@ from aphrodite_cli.bench.load.client import (
     document,
     nonce,
     phase_result,
-    run_phase,
 )
 from aphrodite_cli.bench.load.datasets import (
     BenchRequest,
@@ -28,6 +27,7 @@ from aphrodite_cli.bench.load.metrics import stage_ms
 from aphrodite_cli.bench.load.observe import PhaseWatch
 from aphrodite_cli.bench.load.target import Target
 from aphrodite_cli.bench.load.vllm_compat import count_tokens, flat_fields
+from aphrodite_cli.bench.load.workers import run_phase
 from aphrodite_cli.options import DatasetName, Mode
 from engine.errors import ConfigError
 from engine.timings import SERVED_STAGES

@@ -206,6 +206,33 @@ class SweepResult(_Result):
     slos: list[str] = []
 
 
+class SweepServePhase(_Open):
+    total_token_throughput: float | None = None
+    output_token_throughput_per_user: float | None = None
+    pareto: bool = False
+
+
+class SweepServeRun(_Open):
+    """One combination of ``bench sweep serve``: its parameter sets and its result's file."""
+
+    serve_index: int
+    bench_index: int
+    serve_params: dict[str, Any]
+    bench_params: dict[str, Any]
+    result: str
+    phases: dict[str, SweepServePhase]
+
+
+class SweepServeResult(_Result):
+    """``bench sweep serve``: one row per server x bench parameter combination, and per phase
+    the Pareto front (output tokens/s per user against total tokens/s)."""
+
+    KIND = "sweep-serve"
+    VERSION = 1
+    runs: list[SweepServeRun]
+    pareto: dict[str, list[int]] = {}
+
+
 # --- bench batching ---------------------------------------------------------------------------
 class Seconds(_Open):
     median: float
@@ -316,5 +343,5 @@ class SoakResult(_Result):
 
 
 MODELS: dict[str, type[_Result]] = {m.KIND: m for m in (
-    ServeResult, SweepResult, ProcessorResult, ProcessorCompareResult, BatchingResult,
-    DecodeStepResult, VideoDecodeResult, SoakResult)}
+    ServeResult, SweepResult, SweepServeResult, ProcessorResult, ProcessorCompareResult,
+    BatchingResult, DecodeStepResult, VideoDecodeResult, SoakResult)}

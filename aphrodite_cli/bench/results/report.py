@@ -15,6 +15,10 @@ from typing import Any
 
 from aphrodite_cli.bench.load.metrics import stage_ms
 from aphrodite_cli.bench.results.report_serve_extras import serve_markdown, serve_plots
+from aphrodite_cli.bench.results.report_sweep_serve import (
+    sweep_serve_markdown,
+    sweep_serve_plots,
+)
 from engine.timings import SERVED_STAGES as STAGES
 
 
@@ -108,6 +112,8 @@ def plots(docs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[str, bytes]]:
             ax.set_title(f"{doc['num_frames']} frames from {clip['width']}x{clip['height']} "
                          f"{clip['codec']} ({clip['frames']} frames)")
             out.append((f"{name}: decode time per backend", _png(fig)))
+        elif kind == "sweep-serve":
+            out += sweep_serve_plots(path, doc, plt, _png)
         elif kind == "mm-processor":
             fig, ax = plt.subplots(figsize=(7, 3.2))
             data = [r.get("samples", {}).get("total_ms", []) for r in phases.values()]
@@ -340,6 +346,8 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
                 lines.append(f"| {phase} | {'-' if rate is None else f'{rate:.3g}'} | "
                              f"{cap.get('limited_by', '-')} | {len(r['points'])} | "
                              f"{r['seconds']:.0f} |")
+        elif kind == "sweep-serve":
+            lines += sweep_serve_markdown(doc)
         elif kind == "mm-processor":
             lines += ["| phase | median ms | p99 ms | hit rate |", "|---|---|---|---|"]
             for phase, r in doc["phases"].items():
