@@ -273,6 +273,14 @@ def serve(
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = EngineConfig.device,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")
     ] = EngineConfig.dtype,
+    quantization: Annotated[str | None, typer.Option(
+        "--quantization", "-q",
+        help="int8: the language model's linear weights as int8 rows with a scale each "
+             "(weight-only, packed at load, dequantized in the product through PyTorch's "
+             "int8 kernel with bfloat16 activations; a CPU device): a quarter of float32's "
+             "weight bytes per decode step. Its speed and quality cost (greedy agreement, KL "
+             "against float32): aphrodite bench decode-step --quantization int8. Default: "
+             "off.")] = EngineConfig.quantization,
 ) -> None:
     """Serve a multimodal model with an OpenAI-compatible API (alias: aphrodite run)."""
     from engine import envs
@@ -319,7 +327,7 @@ def serve(
                             max_num_batched_tokens=max_num_batched_tokens,
                             prefill_pass_tokens=prefill_pass_tokens,
                             num_threads=num_threads, decode_threads=decode_threads,
-                            device=device, dtype=dtype,
+                            device=device, dtype=dtype, quantization=quantization,
                             overlap_prefill=overlap_prefill,
                             enable_prefix_caching=enable_prefix_caching,
                             prefix_cache_gb=prefix_cache_gb, encoder_cache_gb=encoder_cache_gb,

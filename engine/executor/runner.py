@@ -171,7 +171,7 @@ class TransformersRunner:
         """``config``: where the model runs (device, dtype) and its caches' settings."""
         self.loaded = loaded
         self.device = config.device
-        self.model = loaded.model(config.device, config.dtype)
+        self.model = loaded.model(config.device, config.dtype, config.quantization)
         kv.check_supported(self.model.config)
         self.tokenizer = loaded.tokenizer
         self.byte_ids = byte_tokens(self.tokenizer)

@@ -115,6 +115,9 @@ _OURS_ONLY = (
      "vLLM sizes its encoder cache itself"),
     ("--scheduling-policy shortest", lambda e: e.scheduling_policy == "shortest", False,
      "vLLM schedules fcfs or priority: --scheduling-policy priority with request priorities"),
+    ("--quantization", lambda e: e.quantization, None,
+     "vLLM's --quantization methods read a quantized checkpoint; serve one with --engine vllm "
+     "and vLLM finds its method in the checkpoint's config"),
 )
 
 
