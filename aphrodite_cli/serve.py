@@ -44,6 +44,17 @@ EPILOG = """Examples:
   # vLLM's engine behind this front door (make setup-vllm builds its environment)"""
 
 
+def parse_data_parallel(value: str | int) -> str | int:
+    """``--data-parallel-size``: "auto" or a whole number of at least 1."""
+    text = str(value).strip()
+    if text == "auto":
+        return "auto"
+    if not text.isdigit() or int(text) < 1:
+        raise typer.BadParameter(f"{value!r} is not a whole number of at least 1 or auto, "
+                                 "e.g. 2", param_hint="--data-parallel-size")
+    return int(text)
+
+
 def serve(
     model: Annotated[str | None, typer.Argument(
         help="Model folder, Hugging Face Hub id (downloaded into the Hugging Face cache when "
@@ -168,7 +179,8 @@ def serve(
     num_threads: Annotated[int | None, typer.Option(
         help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "
              "which pins one core; default: the CPUs the process may use (its affinity and cgroup "
-             "quota; torch's own default counts every core), over --data-parallel-size. "
+             "quota; torch's own default counts every core) over --data-parallel-size, 1 "
+             "with --data-parallel-size auto on a model below 10 M parameters. "
              "API servers use "
              "APHRODITE_API_SERVER_TORCH_THREADS.")] = EngineConfig.num_threads,
     decode_threads: Annotated[int | None, typer.Option(
@@ -251,8 +263,13 @@ def serve(
     pipeline_parallel_size: Annotated[int, typer.Option(
         help="--engine vllm: pipeline stages (across nodes with Ray), e.g. 2.")
     ] = VllmConfig.pipeline_parallel_size,
-    data_parallel_size: Annotated[int, typer.Option(
-        help="Model replicas, e.g. 2. This project's engine: that many engine processes on "
+    data_parallel_size: Annotated[str, typer.Option(
+        metavar="N|auto", parser=parse_data_parallel,
+        help="Model replicas, e.g. 2, or auto (the default): this project's engine decides "
+             "from the model's parameters and the CPUs: below 10 M one engine on one thread, "
+             "10-100 M an engine per core (at most 2) on one thread each, larger one engine "
+             "on every CPU (measured in the README, 'Engines and threads by default'); "
+             "--num-threads, if given, stays. A count: that many engine processes on "
              "this machine's CPUs, each with its own copy of the model and its own caches "
              "(N times the memory), each pinned to its own share of them with an even share of "
              "--num-threads by default; each request goes to one: where its first image (or its "

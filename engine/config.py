@@ -394,16 +394,25 @@ class VllmConfig:
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
-    data_parallel_size: int = 1
+    #: a count, or "auto": this project's engine decides from the model's size and the CPUs
+    #: (:func:`engine.cpus.auto_parallel`); vLLM's engine runs one rank
+    data_parallel_size: int | Literal["auto"] = "auto"
     distributed_executor_backend: str | None = None
     gpu_memory_utilization: float = 0.9
     python: str | None = None
 
+    @property
+    def data_parallel_count(self) -> int | None:
+        """``data_parallel_size`` as a count; None for "auto" (decided at start)."""
+        return None if self.data_parallel_size == "auto" else int(self.data_parallel_size)
+
     def __post_init__(self) -> None:
         for flag, value in (("--tensor-parallel-size", self.tensor_parallel_size),
-                            ("--pipeline-parallel-size", self.pipeline_parallel_size),
-                            ("--data-parallel-size", self.data_parallel_size)):
+                            ("--pipeline-parallel-size", self.pipeline_parallel_size)):
             _check_count(flag, value, optional=False, example="2")
+        if self.data_parallel_size != "auto":
+            _check_count("--data-parallel-size", self.data_parallel_size, optional=False,
+                         example="2 (or auto)")
         if self.distributed_executor_backend is not None and \
                 self.distributed_executor_backend not in DISTRIBUTED_BACKENDS:
             raise ConfigError(f"--distributed-executor-backend "
