@@ -65,8 +65,53 @@ def test_the_summary_has_cold_and_warm_rows_per_size_with_ratios(two_targets, tm
     assert warm["ours_warm_over_cold_ttft"] == pytest.approx(
         warm["ttft_p50_ours"] / rows[0]["ttft_p50_ours"])
     md = (tmp_path / "summary.md").read_text()
-    assert "| tiny | 3 tok, c1 | cold |" in md and "| tiny | 3 tok, c1 | warm |" in md
+    assert "| tiny | 3 tok, c1 | auto | cold |" in md
+    assert "| tiny | 3 tok, c1 | auto | warm |" in md
     assert "Warm TTFT p50 over cold" in md
+    # TPOT p50 of both and their ratio stand beside requests/s
+    head = next(line for line in md.splitlines() if line.startswith("| size |"))
+    columns = [c.strip() for c in head.strip("|").split("|")]
+    at = columns.index("req/s ours/vLLM")
+    assert columns[at + 1:at + 4] == ["vLLM TPOT p50 ms", "ours TPOT p50 ms", "TPOT ours/vLLM"]
+    for row in rows:
+        assert row["tpot_p50_ratio"] == pytest.approx(row["tpot_p50_ours"] /
+                                                      row["tpot_p50_vllm"])
+
+
+def test_each_vllm_binding_is_compared_with_the_ours_runs_beside_it(two_targets, tmp_path):
+    """VLLM_BINDS="auto 0-1": runs named -vllm@0-1 / -ours@0-1 (and @0+1 for "0|1") are
+    their own rows, paired among themselves, never with the auto binding's runs."""
+    import shutil
+
+    for side, port in two_targets.items():
+        done = subprocess.run(
+            [str(EXE), "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
+             "--model", "peer", "--num-prompts", "4", "--num-warmups", "0", "--mode", "cold",
+             "--items-per-request", "0", "--output-len", "3", "--result-dir", str(tmp_path),
+             "--result-filename", f"small-out3-c1-r1-{side}.json"],
+            capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    # the other bindings' runs: the roles swapped, so their ratios are the inverse
+    for bind in ("0-1", "0+1"):
+        shutil.copy(tmp_path / "small-out3-c1-r1-ours.json",
+                    tmp_path / f"small-out3-c1-r1-vllm@{bind}.json")
+        shutil.copy(tmp_path / "small-out3-c1-r1-vllm.json",
+                    tmp_path / f"small-out3-c1-r1-ours@{bind}.json")
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "peer_summary.py"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "summary.json").read_text())
+    assert [(r["vllm_binding"], r["runs_vllm"], r["runs_ours"]) for r in rows] == [
+        ("auto", 1, 1), ("0-1", 1, 1), ("0|1", 1, 1)]
+    auto, *others = rows
+    assert auto["ttft_p50_ours"] >= 60 > auto["ttft_p50_vllm"]
+    for other in others:
+        assert other["ttft_p50_vllm"] >= 60 > other["ttft_p50_ours"]
+        assert other["rps_ratio"] == pytest.approx(1 / auto["rps_ratio"])
+        assert other["tpot_p50_ratio"] == pytest.approx(1 / auto["tpot_p50_ratio"])
+    md = (tmp_path / "summary.md").read_text()
+    assert "| small | 3 tok, c1 | 0-1 | cold |" in md
+    assert "| small | 3 tok, c1 | 0\\|1 | cold |" in md  # (a pipe escaped in its cell)
 
 
 def test_a_folder_without_peer_runs_is_an_error(tmp_path):
@@ -97,4 +142,4 @@ def test_an_open_loop_load_has_its_own_rows_apart_from_the_closed_loop(two_targe
     for row in rows:
         assert row["ttft_p50_ours"] >= 60 > row["ttft_p50_vllm"]
     md = (tmp_path / "summary.md").read_text()
-    assert "| tiny | 3 tok, c2, 20 req/s | cold |" in md
+    assert "| tiny | 3 tok, c2, 20 req/s | auto | cold |" in md
