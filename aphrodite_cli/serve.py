@@ -179,7 +179,7 @@ def serve(
     num_threads: Annotated[int | None, typer.Option(
         help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "
              "which pins one core; default: the CPUs the process may use (its affinity and cgroup "
-             "quota; torch's own default counts every core) over --data-parallel-size, 1 "
+             "quota; torch's own default counts every core) over --data-parallel-size; 1 "
              "with --data-parallel-size auto on a model below 10 M parameters. "
              "API servers use "
              "APHRODITE_API_SERVER_TORCH_THREADS.")] = EngineConfig.num_threads,
@@ -265,7 +265,7 @@ def serve(
     ] = VllmConfig.pipeline_parallel_size,
     data_parallel_size: Annotated[str, typer.Option(
         metavar="N|auto", parser=parse_data_parallel,
-        help="Model replicas, e.g. 2, or auto (the default): this project's engine decides "
+        help="Model replicas, e.g. 2 (default 1), or auto: this project's engine decides "
              "from the model's parameters and the CPUs: below 10 M one engine on one thread, "
              "10-100 M an engine per core (at most 2) on one thread each, larger one engine "
              "on every CPU (measured in the README, 'Engines and threads by default'); "

@@ -395,8 +395,9 @@ class VllmConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     #: a count, or "auto": this project's engine decides from the model's size and the CPUs
-    #: (:func:`engine.cpus.auto_parallel`); vLLM's engine runs one rank
-    data_parallel_size: int | Literal["auto"] = "auto"
+    #: (:func:`engine.cpus.auto_parallel`); vLLM's engine runs one rank. The default stays 1
+    #: until a quiet machine confirms the rule (the README's "Engines and threads by default")
+    data_parallel_size: int | Literal["auto"] = 1
     distributed_executor_backend: str | None = None
     gpu_memory_utilization: float = 0.9
     python: str | None = None

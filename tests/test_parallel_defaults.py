@@ -70,8 +70,8 @@ def test_auto_starts_what_the_rule_says_and_given_settings_stay(tmp_path):
     small = tmp_path / "small"
     small.mkdir()
     _safetensors(small / "model.safetensors", {"w": [40_000_000]})
-    auto, plain = VllmConfig(), EngineConfig()
-    assert auto.data_parallel_size == "auto" and auto.data_parallel_count is None
+    auto, plain = VllmConfig(data_parallel_size="auto"), EngineConfig()
+    assert auto.data_parallel_count is None and VllmConfig().data_parallel_count == 1
     count, engine = engines_and_threads(auto, plain, small, cpus=2)
     assert (count, engine.num_threads) == (2, 1)
     count, engine = engines_and_threads(auto, EngineConfig(num_threads=2), small, cpus=2)
@@ -108,5 +108,6 @@ def test_vllm_runs_one_rank_for_auto():
     from engine.server.config import ServerConfig
     from engine.server.vllm_spec import engine_args
 
-    args = engine_args(ServerConfig(engine_kind="vllm"), "/models/m", "m")
+    args = engine_args(ServerConfig(engine_kind="vllm", vllm=VllmConfig(
+        data_parallel_size="auto")), "/models/m", "m")
     assert args["data_parallel_size"] == 1
