@@ -44,6 +44,17 @@ EPILOG = """Examples:
   # vLLM's engine behind this front door (make setup-vllm builds its environment)"""
 
 
+def parse_data_parallel(value: str | int) -> str | int:
+    """``--data-parallel-size``: "auto" or a whole number of at least 1."""
+    text = str(value).strip()
+    if text == "auto":
+        return "auto"
+    if not text.isdigit() or int(text) < 1:
+        raise typer.BadParameter(f"{value!r} is not a whole number of at least 1 or auto, "
+                                 "e.g. 2", param_hint="--data-parallel-size")
+    return int(text)
+
+
 def serve(
     model: Annotated[str | None, typer.Argument(
         help="Model folder, Hugging Face Hub id (downloaded into the Hugging Face cache when "
@@ -173,7 +184,8 @@ def serve(
     num_threads: Annotated[int | None, typer.Option(
         help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "
              "which pins one core; default: the CPUs the process may use (its affinity and cgroup "
-             "quota; torch's own default counts every core), over --data-parallel-size. "
+             "quota; torch's own default counts every core) over --data-parallel-size; 1 "
+             "with --data-parallel-size auto on a model below 10 M parameters. "
              "API servers use "
              "APHRODITE_API_SERVER_TORCH_THREADS.")] = EngineConfig.num_threads,
     decode_threads: Annotated[int | None, typer.Option(
@@ -256,8 +268,13 @@ def serve(
     pipeline_parallel_size: Annotated[int, typer.Option(
         help="--engine vllm: pipeline stages (across nodes with Ray), e.g. 2.")
     ] = VllmConfig.pipeline_parallel_size,
-    data_parallel_size: Annotated[int, typer.Option(
-        help="Model replicas, e.g. 2. This project's engine: that many engine processes on "
+    data_parallel_size: Annotated[str, typer.Option(
+        metavar="N|auto", parser=parse_data_parallel,
+        help="Model replicas, e.g. 2 (default 1), or auto: this project's engine decides "
+             "from the model's parameters and the CPUs: below 10 M one engine on one thread, "
+             "10-100 M an engine per core (at most 2) on one thread each, larger one engine "
+             "on every CPU (measured in the README, 'Engines and threads by default'); "
+             "--num-threads, if given, stays. A count: that many engine processes on "
              "this machine's CPUs, each with its own copy of the model and its own caches "
              "(N times the memory), each pinned to its own share of them with an even share of "
              "--num-threads by default; each request goes to one: where its first image (or its "
@@ -278,6 +295,14 @@ def serve(
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = EngineConfig.device,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")
     ] = EngineConfig.dtype,
+    quantization: Annotated[str | None, typer.Option(
+        "--quantization", "-q",
+        help="int8: the language model's linear weights as int8 rows with a scale each "
+             "(weight-only, packed at load, dequantized in the product through PyTorch's "
+             "int8 kernel with bfloat16 activations; a CPU device): a quarter of float32's "
+             "weight bytes per decode step. Its speed and quality cost (greedy agreement, KL "
+             "against float32): aphrodite bench decode-step --quantization int8. Default: "
+             "off.")] = EngineConfig.quantization,
 ) -> None:
     """Serve a multimodal model with an OpenAI-compatible API (alias: aphrodite run)."""
     from engine import envs
@@ -324,7 +349,7 @@ def serve(
                             max_num_batched_tokens=max_num_batched_tokens,
                             prefill_pass_tokens=prefill_pass_tokens,
                             num_threads=num_threads, decode_threads=decode_threads,
-                            device=device, dtype=dtype,
+                            device=device, dtype=dtype, quantization=quantization,
                             overlap_prefill=overlap_prefill,
                             enable_prefix_caching=enable_prefix_caching,
                             prefix_cache_gb=prefix_cache_gb, encoder_cache_gb=encoder_cache_gb,

@@ -168,6 +168,10 @@ MAX_OVERTAKES = 4
 #: request cannot send a megabyte-long number)
 PRIORITY_RANGE = (-(1 << 31), (1 << 31) - 1)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: ``--quantization`` methods (vLLM's flag): "int8" packs the language model's linear weights
+#: at load as int8 rows with a scale each, dequantized in the product (weight-only; a CPU
+#: device); unset: the weights as loaded
+QUANTIZATIONS = ("int8",)
 
 
 def _check_count(flag: str, value: object, *, optional: bool, example: str) -> None:
@@ -247,6 +251,7 @@ class EngineConfig:
     cached prefix is a whole number of blocks.
     ``overlap_prefill``: prefill rows that join on a second thread while the running rows
     keep decoding (see :meth:`overlaps_prefill`); ``None``: where it pays.
+    ``quantization``: see :data:`QUANTIZATIONS`; ``None``: off.
     """
 
     max_num_seqs: int = 8
@@ -264,6 +269,7 @@ class EngineConfig:
     encoder_cache_gb: float = 0.25
     block_size: int = 16
     overlap_prefill: bool | None = None
+    quantization: str | None = None
 
     def overlaps_prefill(self, cpus: int, parameters: int) -> bool:
         """Whether the engine prefills beside its decode steps (on a process that may use
@@ -323,6 +329,14 @@ class EngineConfig:
         if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
             raise ConfigError(f"--device {self.device!r} is not supported",
                               hint="use cpu, cuda or cuda:N", code="invalid_device")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"--quantization {self.quantization!r} is not supported",
+                              hint=f"use one of {', '.join(QUANTIZATIONS)}, or leave it unset "
+                                   "for the weights as loaded", code="invalid_flag")
+        if self.quantization is not None and kind != "cpu":
+            raise ConfigError(f"--quantization {self.quantization} runs on a CPU device, not "
+                              f"{self.device}", hint="pass --device cpu, or leave "
+                              "--quantization unset", code="invalid_flag")
         if isinstance(self.reserved_gpu_bytes, bool) or not isinstance(
                 self.reserved_gpu_bytes, int) or self.reserved_gpu_bytes < 0:
             raise ConfigError(f"reserved GPU memory must be a byte count of 0 or more, not "
@@ -380,16 +394,26 @@ class VllmConfig:
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
-    data_parallel_size: int = 1
+    #: a count, or "auto": this project's engine decides from the model's size and the CPUs
+    #: (:func:`engine.cpus.auto_parallel`); vLLM's engine runs one rank. The default stays 1
+    #: until a quiet machine confirms the rule (the README's "Engines and threads by default")
+    data_parallel_size: int | Literal["auto"] = 1
     distributed_executor_backend: str | None = None
     gpu_memory_utilization: float = 0.9
     python: str | None = None
 
+    @property
+    def data_parallel_count(self) -> int | None:
+        """``data_parallel_size`` as a count; None for "auto" (decided at start)."""
+        return None if self.data_parallel_size == "auto" else int(self.data_parallel_size)
+
     def __post_init__(self) -> None:
         for flag, value in (("--tensor-parallel-size", self.tensor_parallel_size),
-                            ("--pipeline-parallel-size", self.pipeline_parallel_size),
-                            ("--data-parallel-size", self.data_parallel_size)):
+                            ("--pipeline-parallel-size", self.pipeline_parallel_size)):
             _check_count(flag, value, optional=False, example="2")
+        if self.data_parallel_size != "auto":
+            _check_count("--data-parallel-size", self.data_parallel_size, optional=False,
+                         example="2 (or auto)")
         if self.distributed_executor_backend is not None and \
                 self.distributed_executor_backend not in DISTRIBUTED_BACKENDS:
             raise ConfigError(f"--distributed-executor-backend "

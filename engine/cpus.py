@@ -110,3 +110,40 @@ def engine_threads(engines: int, cpus: int | None = None) -> int:
     """Torch threads per engine by default when ``engines`` share this process's usable CPUs
     (``cpus``; None: :func:`usable_cpus`): an even share, at least one."""
     return max(1, (usable_cpus() if cpus is None else cpus) // max(1, engines))
+
+
+#: below this many parameters an engine runs one torch thread by default (see
+#: :func:`auto_parallel`)
+ONE_THREAD_PARAMETERS = 10_000_000
+#: from this many parameters up to :data:`MAX_REPLICA_PARAMETERS` ``--data-parallel-size
+#: auto`` runs an engine per core (at most :data:`MAX_AUTO_ENGINES`)
+MIN_REPLICA_PARAMETERS = 10_000_000
+MAX_REPLICA_PARAMETERS = 100_000_000
+#: the most engines ``auto`` starts (measured on 2 cores only: more replicas multiply the
+#: model's memory and split its caches, unmeasured)
+MAX_AUTO_ENGINES = 2
+
+
+def auto_parallel(parameters: int | None, cpus: int) -> tuple[int, int | None]:
+    """``serve``'s default engines and torch threads per engine on a CPU device, from the
+    model's ``parameters`` (None: unknown) and the ``cpus`` the server may use: ``(engines,
+    threads)``, threads None for every CPU an engine has (``--num-threads``' own default).
+
+    - below :data:`ONE_THREAD_PARAMETERS`: one engine on one thread (a decode step of such
+      a model is mostly Python between small products: a second thread costs more than it
+      saves);
+    - from :data:`MIN_REPLICA_PARAMETERS` to :data:`MAX_REPLICA_PARAMETERS`: an engine per
+      core, up to :data:`MAX_AUTO_ENGINES`, one thread each (a step's products are too small
+      to split well over threads, and two engines step apart);
+    - larger (or unknown): one engine on every CPU (its products are large enough for the
+      threads, and a second copy of the weights would halve each engine's share of the
+      memory bandwidth a decode step is bound by).
+
+    The README's "Engines and threads by default" section has the measurements."""
+    if parameters is not None and parameters < ONE_THREAD_PARAMETERS:
+        return 1, 1
+    if parameters is not None and MIN_REPLICA_PARAMETERS <= parameters <= \
+            MAX_REPLICA_PARAMETERS and cpus >= 2:
+        engines = min(cpus, MAX_AUTO_ENGINES)
+        return engines, engine_threads(engines, cpus)
+    return 1, None

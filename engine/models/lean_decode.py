@@ -19,6 +19,9 @@ the same sum as before; a packed kernel may block the sums differently for a wid
 which the tests bound (they found none on the tiny and the 43 M-parameter models). On the
 43 M-parameter model it took 2% off a step on one thread at batch 1 and 8, 4-5% on the
 tiny one (interleaved in one process).
+With ``--quantization int8`` the layers hold int8 rows and a scale per row
+(:mod:`engine.models.int8_linear`); they are fused the same way (rows and scales
+concatenated) and multiplied by that module's product.
 
 Only the text models registered in :data:`DECODERS` (by their config's ``model_type``), on the
 engine's attention (:mod:`engine.models.attention`), without sliding-window layers, on a CPU
@@ -100,12 +103,10 @@ class _Fused:
         attn, mlp = layer.self_attn, layer.mlp
         qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
         biases = [m.bias for m in qkv]
-        self.splits = [m.weight.shape[0] for m in qkv]
-        self._qkv = cpu_linear.prepared(_concatenated([m.weight for m in qkv]),
-                                        None if biases[0] is None else _concatenated(biases))
-        self.width = mlp.gate_proj.weight.shape[0]
-        self._gate_up = cpu_linear.prepared(
-            _concatenated([mlp.gate_proj.weight, mlp.up_proj.weight]), None)
+        self.splits = [m.out_features for m in qkv]
+        self._qkv = _product(qkv, None if biases[0] is None else _concatenated(biases))
+        self.width = mlp.gate_proj.out_features
+        self._gate_up = _product((mlp.gate_proj, mlp.up_proj), None)
 
     def qkv(self, x: Any) -> Any:
         return self._qkv(x).split(self.splits, dim=-1)
@@ -113,6 +114,20 @@ class _Fused:
     def gate_up(self, x: Any) -> Any:
         out = self._gate_up(x)
         return out[..., :self.width], out[..., self.width:]
+
+
+def _product(linears: tuple[Any, ...], bias: Any) -> Callable[[Any], Any]:
+    """One product over ``linears``' weights concatenated (see :class:`_Fused`): float ones
+    through :func:`engine.models.cpu_linear.prepared`, int8 ones (``--quantization int8``,
+    rows and scales concatenated alike: a scale belongs to its row) through
+    :func:`engine.models.int8_linear.product`."""
+    if getattr(linears[0], "qweight", None) is None:
+        return cpu_linear.prepared(_concatenated([m.weight for m in linears]), bias)
+    from engine.models import int8_linear
+
+    rows = _concatenated([m.qweight for m in linears])
+    scales = _concatenated([m.scale for m in linears])
+    return lambda x: int8_linear.product(x, rows, scales, bias)
 
 
 def _concatenated(tensors: list[Any]) -> Any:
@@ -135,9 +150,12 @@ def _fusable(layer: Any) -> bool:
     attn, mlp = layer.self_attn, layer.mlp
     qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
     linears = (*qkv, mlp.gate_proj, mlp.up_proj)
-    if not all(isinstance(getattr(m, "weight", None), torch.Tensor) for m in linears):
+    # all float weights, or all int8 rows (--quantization int8), never a mix
+    name = "qweight" if getattr(linears[0], "qweight", None) is not None else "weight"
+    if not all(isinstance(getattr(m, name, None), torch.Tensor) and
+               isinstance(getattr(m, "out_features", None), int) for m in linears):
         return False
-    weights = [m.weight for m in linears]
+    weights = [getattr(m, name) for m in linears]
     same = all(w.dtype == weights[0].dtype and w.device == weights[0].device and
                w.shape[1] == weights[0].shape[1] for w in weights)
     biases = [getattr(m, "bias", None) for m in qkv]

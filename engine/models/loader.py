@@ -113,8 +113,9 @@ class LoadedModel:
                 "revision": self.revision, "commit": commit, "path": str(self.path),
                 "processor": type(self.processor).__name__, **parts}
 
-    def model(self, device: str = "cpu", dtype: str = "auto") -> Any:
-        """The weights, loaded once."""
+    def model(self, device: str = "cpu", dtype: str = "auto",
+              quantization: str | None = None) -> Any:
+        """The weights, loaded once (``quantization``: ``EngineConfig.quantization``)."""
         with self._lock:
             if self._model is None:
                 import torch
@@ -123,6 +124,10 @@ class LoadedModel:
                 cls = getattr(transformers, self.spec.model_class)
                 torch_dtype = ("auto" if dtype == "auto" else getattr(torch, dtype))
                 model = cls.from_pretrained(self.path, dtype=torch_dtype).to(device).eval()
+                if quantization == "int8":
+                    from engine.models.int8_linear import quantize_model
+
+                    quantize_model(model)
                 convolutions_as_products(model)
                 pack_linears(model)
                 attention.use(model)

@@ -273,14 +273,13 @@ def _start_engines(config: ServerConfig, ctx: Any, model_path: str, name: str,
         return [(*_start_vllm(config, ctx, model_path, name, address, authkey), address, None)]
     from dataclasses import replace
 
-    from engine.cpus import engine_share, engine_threads
+    from engine.cpus import engine_share
     from engine.server.engine_proc import serve_engine
+    from engine.server.parallel_defaults import engines_and_threads
 
-    count = config.vllm.data_parallel_size
     engine_config = replace(config.engine,
                             reserved_gpu_bytes=int(config.mm_ipc_gpu_memory_gb * (1 << 30)))
-    if count > 1 and engine_config.num_threads is None:
-        engine_config = replace(engine_config, num_threads=engine_threads(count))
+    count, engine_config = engines_and_threads(config.vllm, engine_config, Path(model_path))
     started = []
     for index in range(count):
         cpus = engine_share(index, count)
@@ -348,7 +347,7 @@ def _check_ours_parallel(config: ServerConfig) -> None:
             raise ConfigError(f"{flag} {value}: this project's engine runs the whole model in "
                               "one process", hint="add --engine vllm to split the model "
                               "across GPUs", code="invalid_flag")
-    if vllm.data_parallel_size > 1 and str(config.engine.device) != "cpu":
+    if (vllm.data_parallel_count or 1) > 1 and str(config.engine.device) != "cpu":
         raise ConfigError(f"--data-parallel-size {vllm.data_parallel_size} on "
                           f"--device {config.engine.device}: this project's engine runs its "
                           "copies on the CPU", hint="add --engine vllm for model replicas on "

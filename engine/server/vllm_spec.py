@@ -80,7 +80,7 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
         "enable_prefix_caching": engine.enable_prefix_caching,
         "tensor_parallel_size": vllm.tensor_parallel_size,
         "pipeline_parallel_size": vllm.pipeline_parallel_size,
-        "data_parallel_size": vllm.data_parallel_size,
+        "data_parallel_size": vllm.data_parallel_count or 1,  # (auto: vLLM's default)
         "gpu_memory_utilization": vllm.gpu_memory_utilization,
         "disable_log_stats": False,  # per-request timestamps: the stage timings
         # vLLM's flag and default (4): the API servers' ledgers of what it holds are sized
@@ -115,6 +115,9 @@ _OURS_ONLY = (
      "vLLM sizes its encoder cache itself"),
     ("--scheduling-policy shortest", lambda e: e.scheduling_policy == "shortest", False,
      "vLLM schedules fcfs or priority: --scheduling-policy priority with request priorities"),
+    ("--quantization", lambda e: e.quantization, None,
+     "vLLM's --quantization methods read a quantized checkpoint; serve one with --engine vllm "
+     "and vLLM finds its method in the checkpoint's config"),
 )
 
 

@@ -68,11 +68,53 @@ def test_the_decode_step_is_timed_beside_its_bytes_and_the_bandwidth_floor(tmp_p
     assert f"| {last['ratio_to_floor']:.2f} |" in report
 
 
+def _int8_weight_bytes(text: dict) -> int:
+    """What a decode step reads of the tiny model quantized: each layer's seven products as
+    int8 rows (a byte per weight) with a float32 scale per row; biases, norms and the tied
+    embedding table float32 as loaded."""
+    hidden, mlp, layers = text["hidden_size"], text["intermediate_size"], \
+        text["num_hidden_layers"]
+    heads, kv_heads = text["num_attention_heads"], text["num_key_value_heads"]
+    dim = text.get("head_dim") or hidden // heads
+    outs = [(heads * dim, hidden), (kv_heads * dim, hidden), (kv_heads * dim, hidden),
+            (hidden, heads * dim), (mlp, hidden), (mlp, hidden), (hidden, mlp)]
+    per_layer = sum(o * i + 4 * o for o, i in outs)  # rows + scales
+    per_layer += 4 * (heads * dim + 2 * kv_heads * dim) + 4 * 2 * hidden  # biases, norms
+    return layers * per_layer + 4 * (hidden + text["vocab_size"] * hidden)
+
+
+def test_int8_is_timed_beside_the_weights_as_loaded_with_its_quality_cost(tmp_path):
+    result = run("bench", "decode-step", "--batch-sizes", "2", "--context-lens", "24",
+                 "--warmups", "1", "--repeats", "2", "--num-threads", "1", "--read-mib", "16",
+                 "--quantization", "int8", "--out-dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "top-1 agreement" in result.stdout and "vs f32" in result.stdout
+    [path] = tmp_path.glob("decode-step-*.json")
+    doc = load_result(path, ("decode-step",))
+    text = json.loads((tiny_model_dir() / "config.json").read_text())["text_config"]
+    plain, int8 = doc["rows"]
+    assert (plain["quantization"], int8["quantization"]) == ("none", "int8")
+    assert plain["weight_bytes"] == _expected_bytes(text, 2, 24)[0]
+    assert int8["weight_bytes"] == _int8_weight_bytes(text)
+    assert int8["kv_bytes"] == plain["kv_bytes"]  # the cache stays float32
+    assert int8["vs_unquantized"] == pytest.approx(
+        int8["step_ms"]["median"] / plain["step_ms"]["median"])
+    quality = doc["quality"]["int8"]
+    assert (quality["prompts"], quality["tokens_per_prompt"]) == (8, 32)
+    assert quality["positions"] == 8 * 32
+    for share in ("top1_agreement", "greedy_match"):
+        assert 0 <= quality[share] <= 1
+    assert 0 <= quality["identical_prompts"] <= 8
+    assert 0 <= quality["mean_kl"] < 0.01  # (int8 rows of a random model: close)
+    assert "int8: top-1 agreement" in summary_markdown([(path, doc)])
+
+
 @pytest.mark.parametrize(("args", "named"), [
     (["--model", "tiny:qwen2_5_vl", "--size", "small"], "not both"),
     (["--batch-sizes", "1,x"], "comma-separated list of positive integers"),
     (["--batch-sizes", "0"], "comma-separated list of positive integers"),
     (["--context-lens", "12", "--warmups", "3", "--repeats", "20"], "must exceed"),
+    (["--quantization", "int4"], "use one of int8"),
 ])
 def test_bad_flags_are_refused_before_a_model_loads(tmp_path, args, named):
     result = run("bench", "decode-step", *args, "--out-dir", str(tmp_path))
@@ -119,3 +161,26 @@ def test_an_untied_embedding_table_counts_only_the_rows_a_step_reads():
     layer = 4 * (16 * 32 + 32)
     assert weight_bytes(Model(tied=False), rows=3) == layer + 4 * 1000 * 16 + 4 * 3 * 16
     assert weight_bytes(Model(tied=True), rows=3) == layer + 4 * 1000 * 16
+
+
+def test_the_quality_comparison_is_perfect_against_itself_and_kl_is_float_first():
+    """A model compared with itself agrees everywhere with KL 0; against a uniform reference
+    distribution the KL is KL(uniform || model) = -log V - mean(log q), per position."""
+    import math
+
+    import torch
+
+    from aphrodite_cli.bench.offline import quant_quality
+    from tests.engine_fixtures import llm
+
+    model = llm("qwen2_5_vl")
+    ref = quant_quality.reference(model, 4)
+    same = quant_quality.compare(model, ref)
+    assert (same["top1_agreement"], same["greedy_match"], same["identical_prompts"]) == \
+        (1.0, 1.0, len(quant_quality.PROMPTS))
+    assert same["mean_kl"] == pytest.approx(0, abs=1e-9)
+    own = quant_quality._log_probs(model, ref["continuations"])
+    vocab = own[0].shape[-1]
+    uniform = {**ref, "log_probs": [torch.full_like(p, -math.log(vocab)) for p in own]}
+    want = float(torch.cat([-math.log(vocab) - p.mean(-1) for p in own]).mean())
+    assert quant_quality.compare(model, uniform)["mean_kl"] == pytest.approx(want, rel=1e-4)

@@ -279,7 +279,15 @@ ms per step is the median of --repeats steps of the engine's decode step (runner
 lean step where the model has one, sampling included); the bytes are the language model's
 weights plus the rows' keys and values; the floor is those bytes over the read bandwidth
 measured in the same run on the same threads (a float32 sum over a tensor 4x the last-level
-cache); x floor is the step over it."""
+cache); x floor is the step over it.
+
+  aphrodite bench decode-step --size small --quantization int8 --num-threads 1
+
+--quantization int8 loads the model twice, as it is and with int8 weights (serve's
+--quantization), times each configuration on both in turn (vs f32: the int8 step over the
+float one) and compares them on a fixed set of 8 text prompts: greedy token agreement
+(teacher-forced, and of int8's own greedy continuation) and the mean KL divergence of the
+next-token distributions, float32 against int8."""
 
 
 def _counts(text: str, flag: str) -> list[int]:
@@ -314,6 +322,9 @@ def decode_step(
     read_mib: Annotated[int | None, typer.Option(
         min=1, help="MiB the bandwidth probe reads (default: 4x the last-level cache, at "
                     "least 256).")] = None,
+    quantization: Annotated[str | None, typer.Option(
+        help="Also time the model quantized by this method (serve's --quantization: int8) "
+             "beside the float one, and report its quality cost against it.")] = None,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
     output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
 ) -> None:
@@ -321,8 +332,10 @@ def decode_step(
     bytes it must read (weights + KV) over this machine's read bandwidth."""
     from aphrodite_cli.bench.offline.decode_step import run_decode_step
     from aphrodite_cli.bench.results.files import write_result
+    from engine.config import EngineConfig
     from engine.cpus import usable_cpus
 
+    EngineConfig(quantization=quantization)  # (an unknown method: refused before loading)
     if size is not None and model is not None:
         raise typer.BadParameter("give --model or --size, not both", param_hint="--size")
     batches = _counts(batch_sizes, "--batch-sizes")
@@ -338,17 +351,28 @@ def decode_step(
         model = str(tiny_model_dir(size=size))
     doc = run_decode_step(model, batch_sizes=batches, context_lens=contexts,
                           num_threads=num_threads or usable_cpus(), warmups=warmups,
-                          repeats=repeats, read_bytes=read_mib << 20 if read_mib else None)
+                          repeats=repeats, read_bytes=read_mib << 20 if read_mib else None,
+                          quantization=quantization)
     if size is not None:
         doc["size"] = size
     path = write_result(doc, "decode-step", out_dir)
     bw = doc["bandwidth"]
     print_table(f"{size or doc['model']}: decode step ({doc['decode_path']}), {doc['num_threads']} "
                 f"threads, read bandwidth {bw['gb_s']['median']:.1f} GB/s",
-                ["batch", "context", "ms p50", "ms p90", "MB read", "GB/s", "floor ms",
-                 "x floor"],
-                [[r["batch_size"], r["context_len"], f"{r['step_ms']['median']:.2f}",
+                ["weights", "batch", "context", "ms p50", "ms p90", "MB read", "GB/s",
+                 "floor ms", "x floor", "vs f32"],
+                [[r["quantization"] if r["quantization"] != "none" else "as loaded",
+                  r["batch_size"], r["context_len"], f"{r['step_ms']['median']:.2f}",
                   f"{r['step_ms']['p90']:.2f}", f"{r['bytes'] / 1e6:.1f}",
                   f"{r['achieved_gb_s']:.1f}", f"{r['floor_ms']:.2f}",
-                  f"{r['ratio_to_floor']:.2f}"] for r in doc["rows"]], output_format)
+                  f"{r['ratio_to_floor']:.2f}",
+                  f"{r['vs_unquantized']:.2f}" if "vs_unquantized" in r else "-"]
+                 for r in doc["rows"]], output_format)
+    for method, q in (doc.get("quality") or {}).items() if output_format != "json" else ():
+        print_table(f"{method} against the weights as loaded: {q['prompts']} prompts x "
+                    f"{q['tokens_per_prompt']} greedy tokens",
+                    ["top-1 agreement", "greedy match", "identical prompts", "mean KL (nats)"],
+                    [[f"{q['top1_agreement']:.3f}", f"{q['greedy_match']:.3f}",
+                      f"{q['identical_prompts']}/{q['prompts']}", f"{q['mean_kl']:.2e}"]],
+                    output_format)
     (err if output_format == "json" else out).print(f"result: {path}", markup=False)

@@ -32,6 +32,8 @@ MIN_READ_BYTES = 256 << 20
 LLC_MULTIPLE = 4
 #: probe samples taken before the first configuration and after each one
 PROBE_SAMPLES = 3
+#: tokens of each prompt's greedy continuation the quality comparison reads
+QUALITY_TOKENS = 32
 _TEXT = "The quick brown fox jumps over the lazy dog while the model keeps on reading. "
 
 
@@ -71,14 +73,17 @@ def read_bandwidth(buffer: Any, samples: int) -> list[float]:
 
 def weight_bytes(model: Any, rows: int) -> int:
     """Bytes of weights a decode step of ``rows`` rows reads: the language model's
-    parameters and the output head's, each tensor once; the input embedding table only as
+    parameters (int8 rows and their scales for a quantized layer) and the output
+    head's, each tensor once; the input embedding table only as
     ``rows`` of its rows when it is not the head's weight."""
     from engine.models import parts
 
     text = parts.language_model(model) or model
     head = model.get_output_embeddings()
     embed = text.get_input_embeddings().weight
-    tensors = {p.data_ptr(): p for p in [*text.parameters(), *head.parameters()]}
+    packed = [t for m in text.modules() if getattr(m, "qweight", None) is not None
+              for t in (m.qweight, m.scale)]  # (--quantization int8: rows and scales)
+    tensors = {p.data_ptr(): p for p in [*text.parameters(), *packed, *head.parameters()]}
     total = sum(p.numel() * p.element_size() for p in tensors.values())
     if embed.data_ptr() != head.weight.data_ptr():
         total -= embed.numel() * embed.element_size()
@@ -134,15 +139,24 @@ def _one(llm: Any, rows: int, context: int, warmups: int, repeats: int) -> dict[
 
 def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: list[int],
                     num_threads: int, warmups: int, repeats: int,
-                    read_bytes: int | None = None) -> dict[str, Any]:
+                    read_bytes: int | None = None, quantization: str | None = None,
+                    quality_tokens: int = QUALITY_TOKENS) -> dict[str, Any]:
+    """The result (see the module's text); with ``quantization``, the model loaded twice, as
+    it is and quantized, each configuration timed on both in turn (rows carry
+    ``quantization``: ``"none"`` or the method; the quantized ones ``vs_unquantized``, their
+    step over the other's), and the quantized one's quality against the other's
+    (:mod:`aphrodite_cli.bench.offline.quant_quality`)."""
     import torch
 
     from engine import LLM
     from engine.cpus import use_torch_threads
 
-    llm = LLM(model, num_threads=num_threads, max_num_seqs=max(batch_sizes),
-              enable_prefix_caching=False, encoder_cache_gb=0, mm_processor_cache_gb=0)
+    settings = dict(num_threads=num_threads, max_num_seqs=max(batch_sizes),
+                    enable_prefix_caching=False, encoder_cache_gb=0, mm_processor_cache_gb=0)
+    llms = {"none": LLM(model, **settings)}
     try:
+        if quantization is not None:
+            llms[quantization] = LLM(model, quantization=quantization, **settings)
         use_torch_threads(num_threads)  # (the engine's own thread keeps its count)
         nbytes = read_bytes or read_bytes_default()
         buffer = torch.ones(nbytes // 4, dtype=torch.float32)
@@ -151,21 +165,34 @@ def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: 
         rows = []
         for context in context_lens:
             for size in batch_sizes:
-                rows.append(_one(llm, size, context, warmups, repeats))
+                for name, llm in llms.items():
+                    rows.append({"quantization": name, **_one(llm, size, context, warmups,
+                                                              repeats)})
                 rates += read_bandwidth(buffer, PROBE_SAMPLES)
         del buffer
-        runner = llm.engine.runner
         bandwidth = summary(rates)
+        plain = {(r["batch_size"], r["context_len"]): r["step_ms"]["median"] for r in rows
+                 if r["quantization"] == "none"}
         for row in rows:
             floor_ms = row["bytes"] / (bandwidth["median"] * 1e9) * 1e3
             step = row["step_ms"]["median"]
             row.update(floor_ms=floor_ms, ratio_to_floor=step / floor_ms,
                        achieved_gb_s=row["bytes"] / (step / 1e3) / 1e9)
-        return {"model": llm.loaded.name, "num_threads": num_threads,
-                "decode_path": runner.decode_path, "warmups": warmups, "repeats": repeats,
-                "parameters": sum(p.numel() for p in runner.model.parameters()),
-                "bandwidth": {"gb_s": bandwidth, "read_bytes": nbytes,
-                              "llc_bytes": llc_bytes(), "method": "float32 sum"},
-                "rows": rows}
+            if row["quantization"] != "none":
+                row["vs_unquantized"] = step / plain[(row["batch_size"], row["context_len"])]
+        runner = llms["none"].engine.runner
+        doc = {"model": llms["none"].loaded.name, "num_threads": num_threads,
+               "decode_path": runner.decode_path, "warmups": warmups, "repeats": repeats,
+               "parameters": sum(p.numel() for p in runner.model.parameters()),
+               "bandwidth": {"gb_s": bandwidth, "read_bytes": nbytes,
+                             "llc_bytes": llc_bytes(), "method": "float32 sum"},
+               "rows": rows}
+        if quantization is not None:
+            from aphrodite_cli.bench.offline import quant_quality
+
+            ref = quant_quality.reference(llms["none"], quality_tokens)
+            doc["quality"] = {quantization: quant_quality.compare(llms[quantization], ref)}
+        return doc
     finally:
-        llm.close()
+        for llm in llms.values():
+            llm.close()

@@ -289,17 +289,35 @@ class DecodeStepRow(_Open):
     bytes: int
     floor_ms: float
     ratio_to_floor: float
+    #: "none" (the weights as loaded) or the --quantization method
+    quantization: str = "none"
+    #: a quantized row's step over the same configuration's unquantized one
+    vs_unquantized: float | None = None
+
+
+class QuantQuality(_Open):
+    """A quantized model against the same model's weights as loaded, on a fixed prompt set."""
+
+    prompts: int
+    tokens_per_prompt: int
+    positions: int
+    top1_agreement: float
+    mean_kl: float
+    greedy_match: float
+    identical_prompts: int
 
 
 class DecodeStepResult(_Result):
     """``bench decode-step``: the engine's decode step per configuration beside the
-    machine's read bandwidth measured in the same run."""
+    machine's read bandwidth measured in the same run (``--quantization``: ``quality`` per
+    method)."""
 
     KIND = "decode-step"
     VERSION = 1
     num_threads: int
     bandwidth: ReadBandwidth
     rows: list[DecodeStepRow]
+    quality: dict[str, QuantQuality] = {}
 
 
 # --- bench video-decode -----------------------------------------------------------------------

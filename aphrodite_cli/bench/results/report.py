@@ -330,12 +330,19 @@ def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
             bw = doc["bandwidth"]["gb_s"]["median"]
             lines += [f"{doc.get('model', '?')}, {doc['num_threads']} threads, read bandwidth "
                       f"{bw:.1f} GB/s", "",
-                      "| batch | context | ms p50 | MB read | floor ms | x floor |",
-                      "|---|---|---|---|---|---|"]
+                      "| weights | batch | context | ms p50 | MB read | floor ms | x floor | "
+                      "vs as loaded |", "|---|---|---|---|---|---|---|---|"]
             for r in doc["rows"]:
-                lines.append(f"| {r['batch_size']} | {r['context_len']} | "
-                             f"{r['step_ms']['median']:.2f} | {r['bytes'] / 1e6:.1f} | "
-                             f"{r['floor_ms']:.2f} | {r['ratio_to_floor']:.2f} |")
+                ratio = r.get("vs_unquantized")
+                lines.append(f"| {r.get('quantization', 'none')} | {r['batch_size']} | "
+                             f"{r['context_len']} | {r['step_ms']['median']:.2f} | "
+                             f"{r['bytes'] / 1e6:.1f} | {r['floor_ms']:.2f} | "
+                             f"{r['ratio_to_floor']:.2f} | {_num(ratio, '.2f')} |")
+            for method, q in (doc.get("quality") or {}).items():
+                lines += ["", f"{method}: top-1 agreement {q['top1_agreement']:.3f}, greedy "
+                              f"match {q['greedy_match']:.3f}, mean KL {q['mean_kl']:.2e} "
+                              f"nats ({q['prompts']} prompts x {q['tokens_per_prompt']} "
+                              "tokens)"]
         elif kind == "sweep":
             lines += [f"SLOs: {', '.join(doc.get('slos') or []) or 'none'}", "",
                       "| phase | capacity req/s | limited by | points | seconds |",

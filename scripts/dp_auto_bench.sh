@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The measurement behind `serve --data-parallel-size auto` and the thread defaults
+# (engine/cpus.py auto_parallel): per model size, `aphrodite serve` started with each engine
+# setting in turn, the same load from `aphrodite bench serve` against each, repeats
+# interleaved (size by size: A, B, C, A, B, C).
+#
+#   scripts/dp_auto_bench.sh                               # tiny small medium, 2 repeats
+#   SIZES=small REPEATS=1 NUM_PROMPTS=16 scripts/dp_auto_bench.sh
+#
+# Settings (environment):
+#   SIZES="tiny small medium"   random-weight Qwen2.5-VL (make-tiny --size; tiny: the tests')
+#   SETTINGS="t1 t2 dp2"        t1: one engine, --num-threads 1; t2: one engine, 2 threads
+#                               (--num-threads 2); dp2: --data-parallel-size 2 (one thread
+#                               each, pinned); auto: no flag (the defaults under test)
+#   REPEATS=2 NUM_PROMPTS=24 CONCURRENCY=8 OUTPUT_LEN=64 WARMUPS=2 PORT=18110
+#   BUCKETS='{"480,640,1": 1.0}'   (one 480x640 image per request)
+#   OUT=results/dp-auto-<date>
+# Writes OUT/<size>-<setting>-r<N>.json (bench serve results) and OUT/summary.md: medians of
+# the cold phase's requests/s, TPOT p50 and TTFT p50 per size and setting.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+APHRODITE="${APHRODITE:-$ROOT/.venv/bin/aphrodite}"
+PY="${PY:-$ROOT/.venv/bin/python}"
+SIZES="${SIZES:-tiny small medium}"
+SETTINGS="${SETTINGS:-t1 t2 dp2}"
+REPEATS="${REPEATS:-2}"
+NUM_PROMPTS="${NUM_PROMPTS:-24}"
+CONCURRENCY="${CONCURRENCY:-8}"
+OUTPUT_LEN="${OUTPUT_LEN:-64}"
+WARMUPS="${WARMUPS:-2}"
+PORT="${PORT:-18110}"
+BUCKETS="${BUCKETS:-{\"480,640,1\": 1.0\}}"
+OUT="${OUT:-$ROOT/results/dp-auto-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT/logs"
+
+say() { echo "dp_auto_bench: $*" >&2; }
+SERVER=""
+stop() {
+  [ -z "$SERVER" ] && return
+  kill -TERM -- "-$SERVER" 2>/dev/null || true
+  for _ in $(seq 30); do kill -0 -- "-$SERVER" 2>/dev/null || break; sleep 1; done
+  kill -KILL -- "-$SERVER" 2>/dev/null || true
+  SERVER=""
+}
+trap stop EXIT
+
+flags_for() {  # setting -> serve flags
+  case "$1" in
+    t1) echo "--num-threads 1" ;;
+    t2) echo "--num-threads 2" ;;
+    dp2) echo "--data-parallel-size 2" ;;
+    auto) echo "" ;;
+    *) say "unknown setting $1 (t1, t2, dp2, auto)"; exit 1 ;;
+  esac
+}
+
+for size in $SIZES; do
+  if [ "$size" = tiny ]; then model="tiny:qwen2_5_vl"; else
+    model="$("$PY" -c "from engine.models.loader import tiny_model_dir as d; print(d(size='$size'))")"
+  fi
+  for r in $(seq "$REPEATS"); do
+    for setting in $SETTINGS; do
+      # shellcheck disable=SC2046  # the flags split into words
+      setsid "$APHRODITE" serve "$model" --served-model-name m --host 127.0.0.1 --port "$PORT" \
+        --max-num-seqs "$CONCURRENCY" --dtype float32 $(flags_for "$setting") \
+        >"$OUT/logs/$size-$setting-r$r-server.log" 2>&1 &
+      SERVER=$!
+      start=$SECONDS
+      until curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null 2>&1; do
+        kill -0 "$SERVER" 2>/dev/null || { tail -n 20 "$OUT/logs/$size-$setting-r$r-server.log" >&2; exit 1; }
+        [ $((SECONDS - start)) -lt 600 ] || { say "server not ready"; exit 1; }
+        sleep 1
+      done
+      say "$size $setting repeat $r"
+      "$APHRODITE" bench serve --base-url "http://127.0.0.1:$PORT" --model m \
+        --dataset-name random-mm --bucket-config "$BUCKETS" --num-prompts "$NUM_PROMPTS" \
+        --num-warmups "$WARMUPS" --max-concurrency "$CONCURRENCY" \
+        --random-output-len "$OUTPUT_LEN" --mode cold --seed "$r" --ttft-from chunk \
+        --result-dir "$OUT" --result-filename "$size-$setting-r$r.json" \
+        >"$OUT/logs/$size-$setting-r$r.log" 2>&1 || say "  bench failed ($OUT/logs)"
+      stop
+    done
+  done
+done
+
+"$PY" - "$OUT" <<'EOF'
+import json, re, statistics, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+runs = {}
+for path in sorted(out.glob("*-r*.json")):
+    m = re.fullmatch(r"(.+)-(t1|t2|dp2|auto)-r\d+\.json", path.name)
+    if not m:
+        continue
+    p = json.loads(path.read_text())["phases"]["cold"]
+    runs.setdefault((m[1], m[2]), []).append(
+        (p["request_throughput"], p["p50_tpot_ms"], p["p50_ttft_ms"]))
+lines = ["| size | setting | runs | req/s | TPOT p50 ms | TTFT p50 ms |", "|---|---|---|---|---|---|"]
+for (size, setting), rs in runs.items():
+    med = [statistics.median(v[i] for v in rs) for i in range(3)]
+    lines.append(f"| {size} | {setting} | {len(rs)} | {med[0]:.2f} | {med[1]:.1f} | {med[2]:.0f} |")
+(out / "summary.md").write_text("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF
