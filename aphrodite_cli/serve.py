@@ -84,6 +84,11 @@ def serve(
         min=0, help="Processor cache size per API server in GB (0 disables), e.g. 4; with "
                     "--engine vllm, vLLM's processor cache (its flag).")
     ] = PipelineConfig.mm_processor_cache_gb,
+    mm_uuid_cache_gb: Annotated[float, typer.Option(
+        min=0, help="Media kept per client media uuid, per API server, in GB (0: none), e.g. "
+                    "1: a content part may then send its uuid alone (\"image_url\": null) to "
+                    "reuse media it sent before with that uuid.")
+    ] = PipelineConfig.mm_uuid_cache_gb,
     mm_device_do_normalize: Annotated[bool, typer.Option(
         help="Rescale and normalize pixels on the model's device, not in the API server "
              "(vLLM's flag; Qwen2/2.5/3-VL): a quarter of the bytes through the cache and "
@@ -301,7 +306,8 @@ def serve(
             limit_mm_per_prompt=limits,
             mm_processor_kwargs=parse_json_flag("--mm-processor-kwargs", mm_processor_kwargs),
             media_io_kwargs=parse_json_flag("--media-io-kwargs", media_io_kwargs),
-            mm_processor_cache_gb=mm_processor_cache_gb, request_kwargs="bounded",
+            mm_processor_cache_gb=mm_processor_cache_gb, mm_uuid_cache_gb=mm_uuid_cache_gb,
+            request_kwargs="bounded",
             mm_device_do_normalize=mm_device_do_normalize),
         mm_ipc_gpu_memory_gb=mm_ipc_gpu_memory_gb,
         api_server_count=api_server_count, max_request_body_mb=max_request_body_mb,

@@ -143,6 +143,8 @@ class PipelineConfig:
     limit_mm_per_prompt: dict[str, int] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
     mm_processor_cache_gb: float = 4.0
+    #: encoded media kept per client media ``uuid`` (engine.processing.media_uuids), in GB
+    mm_uuid_cache_gb: float = 1.0
     request_kwargs: RequestKwargs = "any"
     #: rescale + normalize pixels on the model's device where the family allows (vLLM's
     #: --mm-device-do-normalize, on by default as there)

@@ -402,7 +402,8 @@ async def admin_client(aiohttp_client, access: Access):
                                                                ADMIN_PATHS)])
     app[key] = types.SimpleNamespace(
         engine=types.SimpleNamespace(reset=reset, on_reset_mm_cache=[]),
-        pipeline=types.SimpleNamespace(cache=types.SimpleNamespace(clear=lambda: 0)),
+        pipeline=types.SimpleNamespace(cache=types.SimpleNamespace(clear=lambda: 0),
+                                       uuids=types.SimpleNamespace(clear=lambda: 0)),
         vllm_ledger=types.SimpleNamespace(clear=lambda: 0))
     add_admin_routes(app, key, access)
     return await aiohttp_client(app)
@@ -504,3 +505,4 @@ def test_timings_and_cache_hits_stay_private_by_default(server):
     raw = conn.getresponse().read()
     conn.close()
     assert b'"aphrodite"' not in raw and raw.rstrip().endswith(b"data: [DONE]")
+

@@ -536,3 +536,42 @@ def test_tokenize_counts_what_the_generation_routes_report(server, client, media
 def test_tokenize_refusals_name_the_field(server, path, body, param):
     status, answer = post(server, path, body)
     assert status == 400 and answer["error"]["param"] == param, answer
+
+
+def tokens_of(reply) -> list[str]:
+    return [t.token for t in reply.choices[0].logprobs.content]
+
+
+def test_a_uuid_alone_answers_as_the_part_with_its_media_did(server, client):
+    """vLLM's media uuid: a part with its media and a uuid names that content; a later part
+    with ``"image_url": null`` and the uuid alone is answered token for token as the media
+    was. Sent again with another image, the uuid names that one (its own answer, never the
+    first image's features); another tenant (cache_salt) cannot name it, nor can a uuid
+    never sent: a 400 naming the part's uuid."""
+    images = ["data:image/png;base64," + base64.b64encode(
+        synthetic.make_image(96, 80, fmt="PNG", seed=seed)).decode() for seed in (41, 42)]
+    ids = {"logprobs": True, "max_tokens": 6,
+           "extra_body": {"return_tokens_as_token_ids": True}}
+
+    def ask(image: str | None, uuid: str = "sku-41", salt: str | None = None):
+        ref = {"url": image} if image else None
+        extra = {**ids, "extra_body": {**ids["extra_body"], **(
+            {"cache_salt": salt} if salt else {})}}
+        return chat(client, [{"type": "image_url", "image_url": ref, "uuid": uuid}], **extra)
+
+    first = ask(images[0])
+    alone = ask(None)
+    assert tokens_of(alone) == tokens_of(first) and len(tokens_of(first)) == 6
+    assert alone.usage.prompt_tokens == first.usage.prompt_tokens
+    assert alone.model_extra["aphrodite"]["cache_hits"] == [True]  # the same content key
+    second = ask(images[1])  # the same uuid, other content: it now names this image
+    assert second.model_extra["aphrodite"]["cache_hits"] == [False]
+    assert tokens_of(ask(None)) == tokens_of(second)
+    for uuid, salt in (("sku-41", "another-tenant"), ("never-sent", None)):
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(None, uuid, salt)
+        error = info.value.body
+        assert error["param"] == "messages[0].content[0].uuid"
+        assert error["code"] == "unknown_media_uuid"
+        assert repr(uuid) in error["message"] and "evicted" in error["message"]
+

@@ -1,8 +1,7 @@
 """Cache resets, under vLLM's route names, for benchmarks that need a cold start without a
-restart: ``POST /reset_mm_cache`` (the API servers' processor caches and every engine's
-encoder output cache) and ``POST /reset_prefix_cache`` (the engine's prefix cache); after
-both, a request is cold. Behind the same API key as every other
-route.
+restart: ``POST /reset_mm_cache`` (the API servers' processor caches and media uuids, and
+every engine's encoder output cache) and ``POST /reset_prefix_cache`` (the engine's prefix
+cache); after both, a request is cold. Behind the same API key as every other route.
 
 How a reset reaches every API server (``--api-server-count N``: each has its own processor
 cache): the API server that took the request asks the engine process, which holds one
@@ -97,6 +96,7 @@ async def reset_mm_cache(request: web.Request) -> web.Response:
     answer = await state.engine.reset("mm")
     if answer is None:  # the engine is gone: at least this server starts cold
         dropped = state.pipeline.cache.clear()
+        state.pipeline.uuids.clear()
         answer = {"reset": True, "api_servers": 1, "entries": dropped,
                   "note": "the engine did not answer: only this API server's cache was "
                           "cleared"}
@@ -127,6 +127,7 @@ def add_admin_routes(app: web.Application, state_key: web.AppKey, access: Access
     async def listen(app: web.Application) -> None:
         state = app[state_key]
         state.engine.on_reset_mm_cache.append(state.pipeline.cache.clear)
+        state.engine.on_reset_mm_cache.append(state.pipeline.uuids.clear)
         state.engine.on_reset_mm_cache.append(state.vllm_ledger.clear)
 
     app.on_startup.append(listen)

@@ -55,17 +55,21 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
         decode_executor(), pipeline.render, parsed.messages, tools)
     items, fetch_s = [], 0.0
     # Only requests with media take a decode-queue slot: text never waits behind video.
-    with preprocess_slot(state) if parsed.media else contextlib.nullcontext():
-        if parsed.media:
-            sources = await pipeline.check_sources(state.connector, parsed.media)
-            started = asyncio.get_running_loop().time()  # fetch deadlines include queueing
-            async with fetch_slot(state, sources, started, client):
-                items, fetch_s = await pipeline.fetch(
-                    state.connector, parsed.media, video, sources=sources,
-                    decoders=state.decoders.for_client(client), ticket=ticket,
-                    started=started)
-            for item in items:
-                state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
+    with preprocess_slot(state) if parsed.refs else contextlib.nullcontext():
+        if parsed.refs:  # (a uuid naming nothing is a 400 before any byte is fetched)
+            held = pipeline.uuids.held(parsed.refs, fields.cache_salt)
+            decoders = state.decoders.for_client(client)
+            if parsed.media:
+                sources = await pipeline.check_sources(state.connector, parsed.media)
+                started = asyncio.get_running_loop().time()  # fetch deadlines: queueing too
+                async with fetch_slot(state, sources, started, client):
+                    items, fetch_s = await pipeline.fetch(
+                        state.connector, parsed.media, video, sources=sources,
+                        decoders=decoders, ticket=ticket, started=started)
+                for item in items:
+                    state.metrics.media_bytes.labels(item.modality).inc(
+                        len(item.encoded or b""))
+            items = pipeline.place(parsed.refs, items, held, video, decoders)
             if state.gpu_budget is not None and BACKENDS[video.backend].gpu:
                 await decode_gpu_videos(state, items, video)
         loop = asyncio.get_running_loop()
@@ -77,6 +81,7 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
         else:
             processed = await loop.run_in_executor(decode_executor(), pipeline.process,
                                                    text, items, kwargs, fields.cache_salt)
+    pipeline.uuids.remember(parsed.refs, items, fields.cache_salt)  # (once it processed)
     processed.timings["fetch_s"] = fetch_s
     if state.config.engine_kind != "vllm":  # (vLLM's: counted once it ran, vllm_media)
         state.metrics.count_items(processed.item_hits)
