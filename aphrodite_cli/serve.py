@@ -61,9 +61,15 @@ def serve(
         help="Name clients use in 'model', e.g. my-vlm.")] = ServerConfig.served_model_name,
     chat_template: Annotated[Path | None, typer.Option(
         help="Jinja chat template file, e.g. engine/models/templates/llava.jinja.")] = None,
-    api_key: Annotated[str | None, typer.Option(
-        help="Require 'Authorization: Bearer KEY' (or set APHRODITE_API_KEY).")
-    ] = ServerConfig.api_key,
+    api_key: Annotated[list[str] | None, typer.Option(
+        help="Require 'Authorization: Bearer KEY' (or set APHRODITE_API_KEY); repeat it to "
+             "accept several keys, e.g. --api-key team-a --api-key team-b.")
+    ] = None,
+    cache_salt_per_api_key: Annotated[bool, typer.Option(
+        help="Salt each request's cached work by its API key (combined with any cache_salt "
+             "it sends): the holders of different keys share no cached prompt tokens, "
+             "processed media or media uuids. Needs --api-key.")
+    ] = ServerConfig.cache_salt_per_api_key,
     admin_api_key: Annotated[str | None, typer.Option(
         help="Key of the admin routes (POST /reset_mm_cache, /reset_prefix_cache: they empty "
              "every client's caches), apart from --api-key (or set APHRODITE_ADMIN_API_KEY). "
@@ -295,7 +301,9 @@ def serve(
         model=model, revision=revision, download_dir=download_dir, host=host, port=port,
         served_model_name=served_model_name,
         chat_template=str(chat_template) if chat_template else None,
-        api_key=api_key or envs.APHRODITE_API_KEY or None,
+        api_key=tuple(api_key or ()) or ((envs.APHRODITE_API_KEY,)
+                                         if envs.APHRODITE_API_KEY else None),
+        cache_salt_per_api_key=cache_salt_per_api_key,
         admin_api_key=admin_api_key or envs.APHRODITE_ADMIN_API_KEY or None,
         server_dev_mode=server_dev_mode or envs.APHRODITE_SERVER_DEV_MODE,
         # the request pipeline's settings, parsed and checked here once

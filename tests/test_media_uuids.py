@@ -1,14 +1,18 @@
 """Media uuids and tenants without a model (milliseconds): a content part's ``uuid`` as the
-chat parser reads it and the per-tenant store a uuid-only part is rebuilt from."""
+chat parser reads it, the per-tenant store a uuid-only part is rebuilt from, the effective
+salt of a request, and the API key check with several keys."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.errors import InvalidRequestError
+from engine.errors import ConfigError, InvalidRequestError
 from engine.processing.chat_parts import MAX_UUID_CHARS, parse_messages
 from engine.processing.media_uuids import MediaUuids
 from engine.processing.preprocess import MediaItem
+from engine.server.config import ServerConfig
+from engine.server.front_door import matching_key
+from engine.server.tenants import effective_salt, key_salt
 
 
 def user(*parts: dict) -> list[dict]:
@@ -65,7 +69,7 @@ def test_a_uuid_names_the_last_content_sent_under_it_per_tenant():
     assert store.held(refs(ALONE), "tenant-a") == [("image", b"second")]
     assert store.held(refs(WITH), "tenant-a") == [None]  # (a part with media needs none)
     # another tenant, or none, cannot name tenant-a's uuid
-    for tenant in ("tenant-b", None):
+    for tenant in ("tenant-b", None, effective_salt("tenant-a", key_salt("k"))):
         with pytest.raises(InvalidRequestError) as info:
             store.held(refs(ALONE), tenant)
         assert info.value.code == "unknown_media_uuid"
@@ -86,3 +90,20 @@ def test_a_uuid_names_one_modality_and_the_store_is_bounded():
     with pytest.raises(InvalidRequestError, match=r"--mm-uuid-cache-gb 0"):
         MediaUuids(0).held(refs(ALONE), None)
 
+
+def test_the_effective_salt_keeps_keys_and_salts_apart():
+    a, b = key_salt("key-a"), key_salt("key-b")
+    assert a != b and "key-a" not in a and "|" not in a
+    assert effective_salt(None, None) is None and effective_salt("s", None) == "s"
+    salts = {effective_salt(s, k) for s in (None, "s", "t") for k in (None, a, b)}
+    assert len(salts) == 9  # every (cache_salt, key) pair its own tenant
+    # under a key, no cache_salt reaches another key's tenant
+    assert effective_salt(b.removeprefix("key:"), a) != effective_salt(None, b)
+
+
+def test_several_api_keys_and_the_salt_per_key_on_the_request():
+    assert matching_key("Bearer two", ("one", "two")) == "two"
+    assert matching_key("Bearer three", ("one", "two")) is None
+    assert matching_key(None, ("one",)) is None
+    with pytest.raises(ConfigError, match="needs --api-key"):
+        ServerConfig(cache_salt_per_api_key=True)

@@ -32,7 +32,12 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from engine.errors import AuthenticationError, PermissionDeniedError, RouteDisabledError
-from engine.server.front_door import check_content_type, check_same_origin, key_matches
+from engine.server.front_door import (
+    api_keys,
+    check_content_type,
+    check_same_origin,
+    matching_key,
+)
 
 #: the routes this module registers (the API's key middleware leaves them to :class:`Access`)
 ADMIN_PATHS = frozenset({"/reset_mm_cache", "/reset_prefix_cache"})
@@ -43,7 +48,7 @@ class Access:
     """Who may call the admin routes: see the module docstring."""
 
     admin_api_key: str | None = None
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None
     server_dev_mode: bool = False
 
     def check(self, request: web.Request) -> None:
@@ -54,8 +59,8 @@ class Access:
                 hint="start the server with --admin-api-key KEY and send that key, or with "
                      "--server-dev-mode (APHRODITE_SERVER_DEV_MODE=1) for API key holders",
                 code="admin_route_disabled")
-        key = self.admin_api_key or self.api_key
-        if key and not key_matches(request.headers.get("Authorization"), key):
+        keys = api_keys(self.admin_api_key) or api_keys(self.api_key)
+        if keys and matching_key(request.headers.get("Authorization"), keys) is None:
             which = "admin API key (--admin-api-key / APHRODITE_ADMIN_API_KEY)" \
                 if self.admin_api_key else "API key (--api-key / APHRODITE_API_KEY)"
             raise AuthenticationError(f"missing or wrong key for {request.path}",
@@ -63,7 +68,7 @@ class Access:
                                            f"{which}")
         if request.body_exists:  # (a client's empty POST says any type: the body is unused)
             check_content_type(request)
-        if not key and "Origin" in request.headers:
+        if not keys and "Origin" in request.headers:
             # no key to hold: a page in a browser (which always says its Origin on a POST)
             # could reach this server under a name of its own (DNS rebinding), where its
             # Origin matches the Host it sends; scripts and the command line send none

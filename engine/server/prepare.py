@@ -25,22 +25,25 @@ from engine.processing.media_items import use_frames
 from engine.processing.preprocess import ProcessedPrompt
 from engine.server import vllm_inputs, vllm_media
 from engine.server.protocol import GenerationFields, parse_generation_fields, parse_prompts
+from engine.server.tenants import effective_salt
 from engine.timings import zero_preprocess_timings
 
 if TYPE_CHECKING:
     from engine.server.app import State
 
 
-async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, client: str = ""
-                       ) -> tuple[GenerationFields, ProcessedPrompt]:
+async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, client: str = "",
+                       key_salt: str | None = None) -> tuple[GenerationFields, ProcessedPrompt]:
     """A chat's fields (step 1) and steps 2-7: everything before the engine; raises before
     any response byte. Fetched media is charged to ``ticket`` (the request's share of the
-    bytes in flight); ``client`` (the peer address) bounds its share of the fetch slots."""
+    bytes in flight); ``client`` (the peer address) bounds its share of the fetch slots;
+    ``key_salt``: its API key's salt (``--cache-salt-per-api-key``), under its cache_salt."""
     config = state.config
     fields = parse_generation_fields(data, max_tokens_cap=config.max_tokens_cap,
                                      scheduling_policy=config.engine.scheduling_policy,
                                      tool_parser=config.tool_call_parser
                                      if config.enable_auto_tool_choice else None)
+    fields.cache_salt = effective_salt(fields.cache_salt, key_salt)
     parsed = parse_messages(data.get("messages"))
     await check_constraint(state, fields)
     counts = Counter(parsed.counts())
@@ -203,13 +206,15 @@ async def decode_gpu_videos(state: State, items: list, video) -> None:
             state.metrics.gpu_budget.set(state.gpu_budget.in_use)
 
 
-async def prepare_prompts(state: State, data: dict[str, Any]
+async def prepare_prompts(state: State, data: dict[str, Any], key_salt: str | None = None
                           ) -> tuple[GenerationFields, list[ProcessedPrompt]]:
     """A text completion's ``prompt`` (a string, a list of strings, a list of token ids or a
-    list of lists of token ids), each tokenized (off the event loop) or taken as it is."""
+    list of lists of token ids), each tokenized (off the event loop) or taken as it is;
+    ``key_salt`` as for :func:`prepare_chat`."""
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
                                      chat=False,
                                      scheduling_policy=state.config.engine.scheduling_policy)
+    fields.cache_salt = effective_salt(fields.cache_salt, key_salt)
     await check_constraint(state, fields)
     prompts = parse_prompts(data.get("prompt"), state.vocab_size,
                             set(state.preprocessor.expansion_ids.values())
