@@ -278,6 +278,12 @@ def serve(
         help="--engine vllm: fraction of each GPU vLLM plans for, e.g. 0.9; "
              "--mm-ipc-gpu-memory-gb comes out of it (out of the KV cache).")
     ] = VllmConfig.gpu_memory_utilization,
+    kv_cache_memory_bytes: Annotated[str | None, typer.Option(
+        metavar="SIZE",
+        help="--engine vllm: vLLM's KV cache size (its flag; per GPU, or of the memory on a "
+             "CPU), e.g. 4G (GiB) or 4g (GB). Default: from --gpu-memory-utilization on a "
+             "GPU; 4G on a CPU, where vLLM would otherwise want 90% of the memory free to "
+             "start (VLLM_CPU_KVCACHE_SPACE, when set, wins over both).")] = None,
     vllm_python: Annotated[str | None, typer.Option(
         help="--engine vllm: the Python of vLLM's environment; default .venv-vllm/bin/python.")
     ] = VllmConfig.python,
@@ -290,6 +296,7 @@ def serve(
     from engine.processing.pipeline import pipeline_config
     from engine.server.forwarded import TrustedProxies
     from engine.server.launcher import run
+    from engine.server.vllm_spec import byte_count
 
     limits = parse_json_flag("--limit-mm-per-prompt", limit_mm_per_prompt)
     if enable_auto_tool_choice and tool_call_parser is None:
@@ -343,7 +350,11 @@ def serve(
                         pipeline_parallel_size=pipeline_parallel_size,
                         data_parallel_size=data_parallel_size,
                         distributed_executor_backend=distributed_executor_backend,
-                        gpu_memory_utilization=gpu_memory_utilization, python=vllm_python),
+                        gpu_memory_utilization=gpu_memory_utilization,
+                        kv_cache_memory_bytes=byte_count("--kv-cache-memory-bytes",
+                                                         kv_cache_memory_bytes)
+                        if kv_cache_memory_bytes is not None else None,
+                        python=vllm_python),
         max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,
