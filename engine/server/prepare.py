@@ -79,8 +79,7 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
         if state.config.engine_kind == "vllm":  # vLLM runs its own processor
             processed = await loop.run_in_executor(
                 decode_executor(), decoded_prompt, state, text, items,
-                vllm_processor_kwargs(state, fields.mm_processor_kwargs))
-            processed.cache_salt = fields.cache_salt  # (ours: set by the pipeline)
+                vllm_processor_kwargs(state, fields.mm_processor_kwargs), fields.cache_salt)
         else:
             processed = await loop.run_in_executor(decode_executor(), pipeline.process,
                                                    text, items, kwargs, fields.cache_salt)
@@ -115,17 +114,18 @@ def vllm_processor_kwargs(state: State, request: dict[str, Any] | None
     return merged or None
 
 
-def decoded_prompt(state: State, text: str, items: list, kwargs: dict[str, Any] | None
-                   ) -> ProcessedPrompt:
+def decoded_prompt(state: State, text: str, items: list, kwargs: dict[str, Any] | None,
+                   salt: str | None = None) -> ProcessedPrompt:
     """``--engine vllm``: the prompt text and its items decoded (under the same decode
     workers, budgets and caps as ours), for vLLM's own processor; ``input_ids`` holds the
     text's tokens (placeholders not expanded) for the length checks before the engine,
     which reports the real prompt back. Each item is named by its content key, and one that
     vLLM holds by the ledger's account is left out, undecoded (``item_hits``; see
-    :mod:`engine.server.vllm_media`)."""
+    :mod:`engine.server.vllm_media`). ``salt``: the request's cache salt, for vLLM's prefix
+    cache and in every item's name."""
     timings = zero_preprocess_timings()
     start = time.perf_counter()
-    names = [vllm_media.item_uuid(state.name, item, kwargs) for item in items]
+    names = [vllm_media.item_uuid(state.name, item, kwargs, salt) for item in items]
     timings["hash_s"] = time.perf_counter() - start
     ledger = state.vllm_ledger
     hits = [ledger.enabled and name is not None and item.decoded is None and ledger.holds(name)
@@ -136,7 +136,7 @@ def decoded_prompt(state: State, text: str, items: list, kwargs: dict[str, Any] 
     prompt = ProcessedPrompt(list(ids), mm, hits, timings,
                              dict(Counter(i.modality for i in items)), text=text,
                              processor_kwargs=kwargs, mm_hashes=[n or "" for n in names],
-                             mm_sent=sent)
+                             mm_sent=sent, cache_salt=salt)
     if any(hits):
         prompt.refill = lambda: _decode_for_vllm(items, names, [False] * len(items))
     return prompt
