@@ -250,6 +250,23 @@ def test_a_left_out_item_reaches_vllm_as_none_under_its_uuid():
         vllm_inputs.pack([("image", None, None, None)])
 
 
+def test_vllms_item_names_are_salted_per_tenant():
+    """vLLM keys its processor and encoder caches by the item names it is given: a salted
+    request's names are its salt's own, so tenants share neither (nor this server's ledger of
+    what vLLM holds); unsalted names stay the content key."""
+    from engine.processing.cache import content_hash, item_key
+    from engine.processing.preprocess import MediaItem
+    from engine.server.vllm_media import item_uuid
+
+    item = MediaItem("image", encoded=b"pixels", media_kwargs={"background": "white"})
+    plain = item_uuid("m", item, {"fps": 2})
+    assert plain == item_key("m", "image", content_hash(b"pixels"), {"fps": 2},
+                             {"background": "white"})
+    salted = {item_uuid("m", item, {"fps": 2}, salt) for salt in ("a", "b", "key:1|a")}
+    assert len(salted) == 3 and plain not in salted
+    assert item_uuid("m", item, {"fps": 2}, "a") == item_uuid("m", item, {"fps": 2}, "a")
+
+
 def test_the_ledger_forgets_by_its_byte_bound_and_on_reset():
     from engine.server.vllm_media import Ledger, estimate
 
@@ -697,6 +714,53 @@ class TestQwen25VL:
         assert metrics["aphrodite_engine_stats_up"] == 1  # the bridge answers the stats query
         assert metrics["aphrodite_engine_rss_bytes"] > 0
         assert any(k.startswith("vllm:prompt_tokens_total") and v > 0 for k, v in metrics.items())
+
+    def test_uuids_salts_and_tools_pass_through_to_vllm(self, servers):
+        """On vLLM's engine as on ours: a uuid-only part is answered as the part with its media
+        was (same greedy tokens; another tenant cannot name it); cache_salt reaches vLLM's
+        prefix cache (another salt finds no cached token, the same salt's repeat does); a
+        named tool_choice, under vLLM's own structured output, yields a call that parses."""
+        base = servers["qwen"].base
+        c = client(base)
+        image = data_url(synthetic.make_image(120, 96, fmt="PNG", seed=23), "image/png")
+
+        def ask(ref: dict | None, salt: str | None = None):
+            part = {"type": "image_url", "image_url": ref, "uuid": "pic-23"}
+            return c.chat.completions.create(
+                model=model_id(base), max_tokens=5, temperature=0, messages=chat(part),
+                extra_body={"cache_salt": salt} if salt else None)
+
+        first, alone = ask({"url": image}), ask(None)
+        assert alone.choices[0].message.content == first.choices[0].message.content
+        assert alone.usage.prompt_tokens == first.usage.prompt_tokens
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(None, salt="another-tenant")
+        assert info.value.body["code"] == "unknown_media_uuid"
+        text = "Answer as one who has read every page of the manual twice over. " * 3
+
+        def cached(salt: str) -> int:
+            reply = c.chat.completions.create(
+                model=model_id(base), max_tokens=2, temperature=0,
+                messages=[{"role": "system", "content": text}, {"role": "user", "content": "?"}],
+                extra_body={"cache_salt": salt})
+            return reply.usage.prompt_tokens_details.cached_tokens
+
+        assert cached("tenant-a") == 0 and cached("tenant-a") > 0 and cached("tenant-b") == 0
+        forecast = {"type": "object", "properties": {
+            "city": {"enum": ["Oslo", "Lima"]}, "days": {"type": "integer", "minimum": 1,
+                                                         "maximum": 7}},
+            "required": ["city", "days"]}
+        reply = c.chat.completions.create(
+            model=model_id(base), max_tokens=48, temperature=0,
+            messages=chat(text="Weather in Oslo for 3 days?"),
+            tools=[{"type": "function", "function": {"name": "forecast",
+                                                     "parameters": forecast}}],
+            tool_choice={"type": "function", "function": {"name": "forecast"}})
+        (call,) = reply.choices[0].message.tool_calls
+        arguments = json.loads(call.function.arguments)
+        assert call.function.name == "forecast" and arguments["city"] in ("Oslo", "Lima")
+        assert 1 <= arguments["days"] <= 7
+
 
 def scrape(base: str) -> dict[str, float]:
     with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:

@@ -87,6 +87,11 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
         # vLLM's flag and default (4): the API servers' ledgers of what it holds are sized
         # by it too (engine.server.vllm_media)
         "mm_processor_cache_gb": config.pipeline.mm_processor_cache_gb,
+        # the grammar engine this server checks constraints with before they queue; compact
+        # JSON as ours writes it (vLLM 0.32's xgrammar backend takes the whitespace rule
+        # from here alone, not per request: left open, a random or weak model pads a forced
+        # tool call's JSON with whitespace until max_tokens)
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
     }
     if vllm.kv_cache_memory_bytes is not None:
         args["kv_cache_memory_bytes"] = vllm.kv_cache_memory_bytes

@@ -393,6 +393,11 @@ async def serve(spec: dict[str, Any]) -> None:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     args = dict(spec["engine_args"])
+    if isinstance(args.get("structured_outputs_config"), dict):
+        from vllm.config import StructuredOutputsConfig
+
+        args["structured_outputs_config"] = StructuredOutputsConfig(
+            **args["structured_outputs_config"])
     reserved = int(spec.get("reserved_gpu_bytes") or 0)
     if reserved:
         import torch
