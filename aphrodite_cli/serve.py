@@ -72,9 +72,15 @@ def serve(
         help="Name clients use in 'model', e.g. my-vlm.")] = ServerConfig.served_model_name,
     chat_template: Annotated[Path | None, typer.Option(
         help="Jinja chat template file, e.g. engine/models/templates/llava.jinja.")] = None,
-    api_key: Annotated[str | None, typer.Option(
-        help="Require 'Authorization: Bearer KEY' (or set APHRODITE_API_KEY).")
-    ] = ServerConfig.api_key,
+    api_key: Annotated[list[str] | None, typer.Option(
+        help="Require 'Authorization: Bearer KEY' (or set APHRODITE_API_KEY); repeat it to "
+             "accept several keys, e.g. --api-key team-a --api-key team-b.")
+    ] = None,
+    cache_salt_per_api_key: Annotated[bool, typer.Option(
+        help="Salt each request's cached work by its API key (combined with any cache_salt "
+             "it sends): the holders of different keys share no cached prompt tokens, "
+             "processed media or media uuids. Needs --api-key.")
+    ] = ServerConfig.cache_salt_per_api_key,
     admin_api_key: Annotated[str | None, typer.Option(
         help="Key of the admin routes (POST /reset_mm_cache, /reset_prefix_cache: they empty "
              "every client's caches), apart from --api-key (or set APHRODITE_ADMIN_API_KEY). "
@@ -95,6 +101,11 @@ def serve(
         min=0, help="Processor cache size per API server in GB (0 disables), e.g. 4; with "
                     "--engine vllm, vLLM's processor cache (its flag).")
     ] = PipelineConfig.mm_processor_cache_gb,
+    mm_uuid_cache_gb: Annotated[float, typer.Option(
+        min=0, help="Media kept per client media uuid, per API server, in GB (0: none), e.g. "
+                    "1: a content part may then send its uuid alone (\"image_url\": null) to "
+                    "reuse media it sent before with that uuid.")
+    ] = PipelineConfig.mm_uuid_cache_gb,
     mm_device_do_normalize: Annotated[bool, typer.Option(
         help="Rescale and normalize pixels on the model's device, not in the API server "
              "(vLLM's flag; Qwen2/2.5/3-VL): a quarter of the bytes through the cache and "
@@ -289,6 +300,12 @@ def serve(
         help="--engine vllm: fraction of each GPU vLLM plans for, e.g. 0.9; "
              "--mm-ipc-gpu-memory-gb comes out of it (out of the KV cache).")
     ] = VllmConfig.gpu_memory_utilization,
+    kv_cache_memory_bytes: Annotated[str | None, typer.Option(
+        metavar="SIZE",
+        help="--engine vllm: vLLM's KV cache size (its flag; per GPU, or of the memory on a "
+             "CPU), e.g. 4G (GiB) or 4g (GB). Default: from --gpu-memory-utilization on a "
+             "GPU; 4G on a CPU, where vLLM would otherwise want 90% of the memory free to "
+             "start (VLLM_CPU_KVCACHE_SPACE, when set, wins over both).")] = None,
     vllm_python: Annotated[str | None, typer.Option(
         help="--engine vllm: the Python of vLLM's environment; default .venv-vllm/bin/python.")
     ] = VllmConfig.python,
@@ -309,6 +326,7 @@ def serve(
     from engine.processing.pipeline import pipeline_config
     from engine.server.forwarded import TrustedProxies
     from engine.server.launcher import run
+    from engine.server.vllm_spec import byte_count
 
     limits = parse_json_flag("--limit-mm-per-prompt", limit_mm_per_prompt)
     if enable_auto_tool_choice and tool_call_parser is None:
@@ -320,7 +338,9 @@ def serve(
         model=model, revision=revision, download_dir=download_dir, host=host, port=port,
         served_model_name=served_model_name,
         chat_template=str(chat_template) if chat_template else None,
-        api_key=api_key or envs.APHRODITE_API_KEY or None,
+        api_key=tuple(api_key or ()) or ((envs.APHRODITE_API_KEY,)
+                                         if envs.APHRODITE_API_KEY else None),
+        cache_salt_per_api_key=cache_salt_per_api_key,
         admin_api_key=admin_api_key or envs.APHRODITE_ADMIN_API_KEY or None,
         server_dev_mode=server_dev_mode or envs.APHRODITE_SERVER_DEV_MODE,
         # the request pipeline's settings, parsed and checked here once
@@ -331,7 +351,8 @@ def serve(
             limit_mm_per_prompt=limits,
             mm_processor_kwargs=parse_json_flag("--mm-processor-kwargs", mm_processor_kwargs),
             media_io_kwargs=parse_json_flag("--media-io-kwargs", media_io_kwargs),
-            mm_processor_cache_gb=mm_processor_cache_gb, request_kwargs="bounded",
+            mm_processor_cache_gb=mm_processor_cache_gb, mm_uuid_cache_gb=mm_uuid_cache_gb,
+            request_kwargs="bounded",
             mm_device_do_normalize=mm_device_do_normalize),
         mm_ipc_gpu_memory_gb=mm_ipc_gpu_memory_gb,
         api_server_count=api_server_count, max_request_body_mb=max_request_body_mb,
@@ -359,7 +380,11 @@ def serve(
                         pipeline_parallel_size=pipeline_parallel_size,
                         data_parallel_size=data_parallel_size,
                         distributed_executor_backend=distributed_executor_backend,
-                        gpu_memory_utilization=gpu_memory_utilization, python=vllm_python),
+                        gpu_memory_utilization=gpu_memory_utilization,
+                        kv_cache_memory_bytes=byte_count("--kv-cache-memory-bytes",
+                                                         kv_cache_memory_bytes)
+                        if kv_cache_memory_bytes is not None else None,
+                        python=vllm_python),
         max_model_len=max_model_len,
         max_pending_requests=max_pending_requests, decode_isolation=decode_isolation,
         decode_workers=decode_workers, decode_timeout_s=decode_timeout_s,

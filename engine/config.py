@@ -143,6 +143,8 @@ class PipelineConfig:
     limit_mm_per_prompt: dict[str, int] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
     mm_processor_cache_gb: float = 4.0
+    #: encoded media kept per client media ``uuid`` (engine.processing.media_uuids), in GB
+    mm_uuid_cache_gb: float = 1.0
     request_kwargs: RequestKwargs = "any"
     #: rescale + normalize pixels on the model's device where the family allows (vLLM's
     #: --mm-device-do-normalize, on by default as there)
@@ -385,6 +387,11 @@ ENGINE_KINDS: tuple[EngineKind, ...] = ("aphrodite", "vllm")
 DISTRIBUTED_BACKENDS = ("mp", "ray", "uni", "external_launcher")
 
 
+#: ``--engine vllm`` on a CPU without --kv-cache-memory-bytes: vLLM's KV cache size (its old
+#: VLLM_CPU_KVCACHE_SPACE default, 4 GiB), so it starts on a machine where other work runs
+VLLM_CPU_KV_CACHE_DEFAULT_BYTES = 4 << 30
+
+
 @dataclass(frozen=True)
 class VllmConfig:
     """vLLM's engine settings for ``serve --engine vllm``, by vLLM's flag names (the shared
@@ -400,6 +407,10 @@ class VllmConfig:
     data_parallel_size: int | Literal["auto"] = 1
     distributed_executor_backend: str | None = None
     gpu_memory_utilization: float = 0.9
+    #: vLLM's --kv-cache-memory-bytes: its KV cache's size (per GPU; on a CPU, of the
+    #: machine's memory); None: vLLM's own rule on a GPU (from gpu_memory_utilization), and on
+    #: a CPU :data:`VLLM_CPU_KV_CACHE_DEFAULT_BYTES` (vLLM would want 90% of the memory free)
+    kv_cache_memory_bytes: int | None = None
     python: str | None = None
 
     @property
@@ -420,6 +431,11 @@ class VllmConfig:
                               f"{self.distributed_executor_backend!r} is not supported",
                               hint=f"use one of {', '.join(DISTRIBUTED_BACKENDS)} (ray for "
                                    "several nodes)", code="invalid_flag")
+        kv = self.kv_cache_memory_bytes
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1):
+            raise ConfigError(f"--kv-cache-memory-bytes must be a positive number of bytes, "
+                              f"not {kv!r}", hint="e.g. --kv-cache-memory-bytes 4G",
+                              code="invalid_flag")
         value = self.gpu_memory_utilization
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
             raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], not {value!r}",

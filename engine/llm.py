@@ -199,9 +199,12 @@ class LLM:
         for conversation in conversations:
             parsed = parse_messages(list(conversation))
             self.pipeline.check_counts(parsed.counts())
+            held = self.pipeline.uuids.held(parsed.refs, None)  # (media uuids: one tenant)
             items = asyncio.run(self._fetch(parsed.media, video)) if parsed.media else []
+            items = self.pipeline.place(parsed.refs, items, held, video)
             prepared.append(self.prepare(self.pipeline.render(parsed.messages), items,
                                          mm_processor_kwargs, raw=False))
+            self.pipeline.uuids.remember(parsed.refs, items, None)
         return self._run(prepared, self._params(sampling_params, len(prepared)))
 
     async def _fetch(self, media: list[tuple[str, str]], video: Any) -> list[MediaItem]:

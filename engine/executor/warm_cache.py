@@ -124,7 +124,8 @@ class WarmCaches:
         if self.prefix is not None:
             st = self.prefix.stats
             out.update(prefix_cache_queries=st.queries, prefix_cache_hits=st.hits,
-                       prefix_cache_blocks=st.blocks, prefix_cache_bytes=st.bytes)
+                       prefix_cache_blocks=st.blocks, prefix_cache_bytes=st.bytes,
+                       prefix_cache_capacity_bytes=self.prefix.max_bytes)
         if self.encoder is not None:
             enc = self.encoder.stats
             out.update(encoder_cache_hits=enc.hits, encoder_cache_misses=enc.misses,

@@ -15,6 +15,8 @@ fetch slot and a decode-queue place around :meth:`Pipeline.fetch`):
   :meth:`render` / :meth:`raw_prompt` the prompt text with one placeholder per item
   :meth:`check_sources` the media policy, once per reference (redirect hops re-check it)
   :meth:`fetch` the bytes, concurrently, into items that decode lazily
+  :meth:`place` those and the items named by a uuid alone (``uuids``, looked up before the
+      fetch: :mod:`engine.processing.media_uuids`), in prompt order
   :meth:`process` cache lookup, decode, HF processor, assembly (each stage timed)
 """
 
@@ -36,7 +38,8 @@ from engine.processing import device_normalize
 from engine.processing.cache import ProcessorCache
 from engine.processing.kwargs import check_request_kwargs, merge_processor_kwargs
 from engine.processing.limits import check_item_counts, check_limit_flag, effective_limits
-from engine.processing.media_items import fetch_items
+from engine.processing.media_items import fetch_items, item_for
+from engine.processing.media_uuids import MediaUuids
 from engine.processing.preprocess import MediaItem, Preprocessor, ProcessedPrompt
 from engine.processing.prompt import insert_placeholders, render_chat
 
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
     from engine.media.inflight import Ticket
     from engine.media.policy import MediaSource
     from engine.models.loader import LoadedModel
+    from engine.processing.chat_parts import MediaRef
 
 
 def pipeline_config(*, allowed_media_domains: tuple[str, ...] | list[str] | None = None,
@@ -53,6 +57,7 @@ def pipeline_config(*, allowed_media_domains: tuple[str, ...] | list[str] | None
                     limit_mm_per_prompt: dict[str, int] | None = None,
                     mm_processor_kwargs: dict[str, Any] | None = None,
                     mm_processor_cache_gb: float = 4.0,
+                    mm_uuid_cache_gb: float = PipelineConfig.mm_uuid_cache_gb,
                     request_kwargs: RequestKwargs = "any",
                     mm_device_do_normalize: bool = True) -> PipelineConfig:
     """A :class:`PipelineConfig` from the flags' values, each checked once here; a bad one is
@@ -66,6 +71,7 @@ def pipeline_config(*, allowed_media_domains: tuple[str, ...] | list[str] | None
                           limit_mm_per_prompt=limit_mm_per_prompt,
                           mm_processor_kwargs=mm_processor_kwargs,
                           mm_processor_cache_gb=mm_processor_cache_gb,
+                          mm_uuid_cache_gb=mm_uuid_cache_gb,
                           request_kwargs=request_kwargs,
                           mm_device_do_normalize=mm_device_do_normalize)
 
@@ -96,6 +102,8 @@ class Pipeline:
         self.media_limits = MediaLimits.from_env()
         self.cache = ProcessorCache.from_gb(config.mm_processor_cache_gb)
         self.preprocessor = Preprocessor(loaded, self.cache)
+        #: clients' media uuids -> the content they named, per tenant
+        self.uuids = MediaUuids.from_gb(config.mm_uuid_cache_gb)
         extractor = getattr(loaded.processor, "feature_extractor", None)
         #: the rate audio is decoded to: the model's feature extractor's
         self.sampling_rate = int(getattr(extractor, "sampling_rate", 16_000))
@@ -160,6 +168,17 @@ class Pipeline:
         seconds the fetch took; ``sources`` from :meth:`check_sources` (else checked here)."""
         return await fetch_items(connector, media, video, self.sampling_rate, decoders,
                                  ticket, sources, started)
+
+    def place(self, refs: list[MediaRef], fetched: list[MediaItem],
+              held: list[tuple[str, bytes] | None], video: VideoLoadSpec,
+              decoders: Any = None) -> list[MediaItem]:
+        """A request's items in prompt order: ``fetched`` (the parts with media, in order) and,
+        for each part named by its uuid alone, an item rebuilt from the bytes ``held`` for it
+        (``self.uuids.held``), decoding as a fetched one does, so its keys are the same."""
+        rest = iter(fetched)
+        return [next(rest) if one is None else item_for(
+            one[0], one[1], self.media_limits, video, self.sampling_rate, decoders)
+            for _, one in zip(refs, held, strict=True)]
 
     # -- preprocessing ---------------------------------------------------------------------
     def process(self, text: str, items: list[MediaItem], kwargs: dict[str, Any] | None = None,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import re
 import time
 from collections import Counter
@@ -26,7 +25,7 @@ from typing import Any
 from engine.errors import ClientError, InvalidRequestError, MediaDecodeError, sanitize
 from engine.media.decode_errors import name_item
 from engine.models.loader import LoadedModel
-from engine.processing.cache import ProcessorCache, content_hash, item_key
+from engine.processing.cache import ProcessorCache, content_hash, item_key, salted_key
 from engine.processing.image_layout import channels_first_view, is_rgb_pil, keep_channels_last
 from engine.processing.image_shapes import (
     Expansion,
@@ -267,10 +266,9 @@ class Preprocessor:
         for index, item in enumerate(items):
             start = time.perf_counter()
             # always: the engine's prefix cache names the item by it too
-            key = item_key(self.loaded.name, item.modality, content_hash(item.hash_source()),
-                           kwargs, item.media_kwargs)
-            if salt is not None:
-                key += "|salt:" + hashlib.sha256(salt.encode()).hexdigest()[:32]
+            key = salted_key(item_key(self.loaded.name, item.modality,
+                                      content_hash(item.hash_source()), kwargs,
+                                      item.media_kwargs), salt)
             keys.append(key)
             mid = time.perf_counter()
             timings["hash_s"] += mid - start

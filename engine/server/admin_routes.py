@@ -1,8 +1,7 @@
 """Cache resets, under vLLM's route names, for benchmarks that need a cold start without a
-restart: ``POST /reset_mm_cache`` (the API servers' processor caches and every engine's
-encoder output cache) and ``POST /reset_prefix_cache`` (the engine's prefix cache); after
-both, a request is cold. Behind the same API key as every other
-route.
+restart: ``POST /reset_mm_cache`` (the API servers' processor caches and media uuids, and
+every engine's encoder output cache) and ``POST /reset_prefix_cache`` (the engine's prefix
+cache); after both, a request is cold. Behind the same API key as every other route.
 
 How a reset reaches every API server (``--api-server-count N``: each has its own processor
 cache): the API server that took the request asks the engine process, which holds one
@@ -33,7 +32,12 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from engine.errors import AuthenticationError, PermissionDeniedError, RouteDisabledError
-from engine.server.front_door import check_content_type, check_same_origin, key_matches
+from engine.server.front_door import (
+    api_keys,
+    check_content_type,
+    check_same_origin,
+    matching_key,
+)
 
 #: the routes this module registers (the API's key middleware leaves them to :class:`Access`)
 ADMIN_PATHS = frozenset({"/reset_mm_cache", "/reset_prefix_cache"})
@@ -44,7 +48,7 @@ class Access:
     """Who may call the admin routes: see the module docstring."""
 
     admin_api_key: str | None = None
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None
     server_dev_mode: bool = False
 
     def check(self, request: web.Request) -> None:
@@ -55,8 +59,8 @@ class Access:
                 hint="start the server with --admin-api-key KEY and send that key, or with "
                      "--server-dev-mode (APHRODITE_SERVER_DEV_MODE=1) for API key holders",
                 code="admin_route_disabled")
-        key = self.admin_api_key or self.api_key
-        if key and not key_matches(request.headers.get("Authorization"), key):
+        keys = api_keys(self.admin_api_key) or api_keys(self.api_key)
+        if keys and matching_key(request.headers.get("Authorization"), keys) is None:
             which = "admin API key (--admin-api-key / APHRODITE_ADMIN_API_KEY)" \
                 if self.admin_api_key else "API key (--api-key / APHRODITE_API_KEY)"
             raise AuthenticationError(f"missing or wrong key for {request.path}",
@@ -64,7 +68,7 @@ class Access:
                                            f"{which}")
         if request.body_exists:  # (a client's empty POST says any type: the body is unused)
             check_content_type(request)
-        if not key and "Origin" in request.headers:
+        if not keys and "Origin" in request.headers:
             # no key to hold: a page in a browser (which always says its Origin on a POST)
             # could reach this server under a name of its own (DNS rebinding), where its
             # Origin matches the Host it sends; scripts and the command line send none
@@ -97,6 +101,7 @@ async def reset_mm_cache(request: web.Request) -> web.Response:
     answer = await state.engine.reset("mm")
     if answer is None:  # the engine is gone: at least this server starts cold
         dropped = state.pipeline.cache.clear()
+        state.pipeline.uuids.clear()
         answer = {"reset": True, "api_servers": 1, "entries": dropped,
                   "note": "the engine did not answer: only this API server's cache was "
                           "cleared"}
@@ -127,6 +132,7 @@ def add_admin_routes(app: web.Application, state_key: web.AppKey, access: Access
     async def listen(app: web.Application) -> None:
         state = app[state_key]
         state.engine.on_reset_mm_cache.append(state.pipeline.cache.clear)
+        state.engine.on_reset_mm_cache.append(state.pipeline.uuids.clear)
         state.engine.on_reset_mm_cache.append(state.vllm_ledger.clear)
 
     app.on_startup.append(listen)

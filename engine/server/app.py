@@ -59,6 +59,7 @@ from engine.server.metrics import REFRESH_S, Metrics
 from engine.server.prepare import prepare_chat, prepare_prompts
 from engine.server.request_ids import add_request_id_header, request_id_middleware
 from engine.server.respond import respond
+from engine.server.tenants import KEY_SALT
 from engine.server.text_limits import TextLimits
 from engine.version import __version__
 
@@ -258,7 +259,8 @@ async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamRe
                            lambda body: state.text_limits.check_chat(body.get("messages"),
                                                                      body.get("tools")))
     start = time.perf_counter()
-    fields, processed = await prepare_chat(state, data, ticket, _client(request))
+    fields, processed = await prepare_chat(state, data, ticket, _client(request),
+                                           request.get(KEY_SALT))
     return await respond(request, state, fields, [processed], start, chat=True)
 
 
@@ -270,7 +272,7 @@ async def completions(request: web.Request, ticket: Ticket) -> web.StreamRespons
     data = await read_json(request, ticket, lambda body: state.text_limits.check_prompt(
         body.get("prompt"), state.config.max_model_len))
     start = time.perf_counter()
-    fields, processed = await prepare_prompts(state, data)
+    fields, processed = await prepare_prompts(state, data, request.get(KEY_SALT))
     return await respond(request, state, fields, processed, start, chat=False)
 
 
@@ -310,7 +312,8 @@ async def tokenize(request: web.Request, ticket: Ticket) -> web.Response:
     if "messages" in data:
         _switch(data, "add_generation_prompt", True)
         _switch(data, "continue_final_message", False)
-        _, one = await prepare_chat(state, data, ticket, _client(request))
+        _, one = await prepare_chat(state, data, ticket, _client(request),
+                                    request.get(KEY_SALT))
         if one.text is not None and one.mm:
             raise InvalidRequestError(
                 "with --engine vllm, vLLM's processor expands media: this server cannot "
@@ -397,7 +400,8 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
     app = web.Application(middlewares=[errors_middleware, request_id_middleware,
                                        auth_middleware(config.api_key,
                                                        config.metrics_without_auth,
-                                                       ADMIN_PATHS)],
+                                                       ADMIN_PATHS,
+                                                       config.cache_salt_per_api_key)],
                           client_max_size=int(config.max_request_body_mb * 1024 * 1024))
 
     async def lifecycle(app: web.Application):

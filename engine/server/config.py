@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig, EngineKind, PipelineConfig, VllmConfig
+from engine.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,10 @@ class ServerConfig:
     port: int = 2242
     served_model_name: str | None = None
     chat_template: str | None = None
-    api_key: str | None = None
+    #: the keys a client may send (vLLM's --api-key takes several too); None: no key
+    api_key: tuple[str, ...] | None = None
+    #: salt each request's cached work by its API key (engine.server.tenants)
+    cache_salt_per_api_key: bool = False
     #: the key of the admin routes (the cache resets), apart from the users' --api-key;
     #: without it (or server_dev_mode) those routes are off
     admin_api_key: str | None = None
@@ -70,3 +74,10 @@ class ServerConfig:
     max_decode_queue: int = 64
     max_inflight_media_mb: float = 2048.0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.cache_salt_per_api_key and not self.api_key:
+            raise ConfigError("--cache-salt-per-api-key salts by the API key a request "
+                              "sends: it needs --api-key", code="invalid_flag",
+                              hint="add --api-key KEY (once per tenant), or leave "
+                                   "--cache-salt-per-api-key out")

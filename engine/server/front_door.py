@@ -2,8 +2,9 @@
 
 In this order, and nothing is held before it is earned:
 
-1. The API key, from the headers alone (401 with ``WWW-Authenticate: Bearer``). A client
-   without the key takes no pending slot, sends no body that is read, costs nothing else.
+1. An API key (one of ``--api-key``'s), from the headers alone (401 with
+   ``WWW-Authenticate: Bearer``). A client without a key takes no pending slot, sends no
+   body that is read, costs nothing else.
    Open without a key: ``/health`` and ``/ping``; ``/metrics`` only with ``--metrics-without-auth``.
 2. Admission: a pending slot (``--max-pending-requests``; 503 + Retry-After when full).
    Before admission, a declared ``Content-Length`` over ``--max-request-body-mb`` is a 413.
@@ -27,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -41,6 +42,7 @@ from engine.errors import (
     UnsupportedContentTypeError,
 )
 from engine.media.inflight import Ticket
+from engine.server.tenants import KEY_SALT, key_salt
 
 MAX_DEPTH = 64
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
@@ -53,21 +55,44 @@ def key_matches(header: str | None, key: str) -> bool:
                                                               key.encode())
 
 
-def auth_middleware(api_key: str | None, metrics_without_auth: bool,
-                    own_checks: frozenset[str] = frozenset()):
-    """Refuse requests without the key before any handler (and so any slot) runs.
-    ``own_checks``: paths whose handlers check their own key (the admin routes)."""
+def api_keys(api_key: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``--api-key``'s value (one key, or several, as vLLM's flag takes) as a tuple of the
+    non-empty keys."""
+    keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
+    return tuple(k for k in keys if k)
+
+
+def matching_key(header: str | None, keys: Sequence[str]) -> str | None:
+    """Which of ``keys`` an ``Authorization`` header holds, or None; every key is compared
+    (in constant time), so the time taken says nothing about which one matched."""
+    found = None
+    for key in keys:
+        if key_matches(header, key) and found is None:
+            found = key
+    return found
+
+
+def auth_middleware(api_key: str | Sequence[str] | None, metrics_without_auth: bool,
+                    own_checks: frozenset[str] = frozenset(), salt_per_key: bool = False):
+    """Refuse requests without one of the keys before any handler (and so any slot) runs.
+    ``own_checks``: paths whose handlers check their own key (the admin routes);
+    ``salt_per_key`` (``--cache-salt-per-api-key``): leave the matched key's salt under
+    :data:`~engine.server.tenants.KEY_SALT` on the request."""
     open_paths = {"/health", "/ping"} | ({"/metrics"} if metrics_without_auth else set()) \
         | own_checks
+    keys = api_keys(api_key)
 
     @web.middleware
     async def check_key(request: web.Request, handler):
-        if api_key and request.path not in open_paths and not key_matches(
-                request.headers.get("Authorization"), api_key):
-            raise AuthenticationError(
-                "missing or wrong API key",
-                hint="send the header 'Authorization: Bearer <key>' with the key given to "
-                     "--api-key / APHRODITE_API_KEY")
+        if keys and request.path not in open_paths:
+            key = matching_key(request.headers.get("Authorization"), keys)
+            if key is None:
+                raise AuthenticationError(
+                    "missing or wrong API key",
+                    hint="send the header 'Authorization: Bearer <key>' with a key given to "
+                         "--api-key / APHRODITE_API_KEY")
+            if salt_per_key:
+                request[KEY_SALT] = key_salt(key)
         return await handler(request)
 
     return check_key

@@ -392,17 +392,18 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
             while not ready.poll(0.2):
                 for proc in engines:
                     if proc.exitcode is not None:
-                        raise StartupError(f"the {proc.name} exited during startup "
-                                           f"(code {proc.exitcode})",
-                                           hint="see the messages above")
+                        raise getattr(proc, "refusal", None) or StartupError(
+                            f"the {proc.name} exited during startup (code {proc.exitcode})",
+                            hint="see the messages above")
                 if stopping["flag"]:
                     return 0
             try:
                 settings.append(ready.recv())
             except EOFError:  # it closed its end by exiting: poll saw the end, not a message
                 engine.join(5)
-                raise StartupError(f"the {engine.name} exited during startup (code "
-                                   f"{engine.exitcode})", hint="see the messages above") from None
+                raise getattr(engine, "refusal", None) or StartupError(
+                    f"the {engine.name} exited during startup (code {engine.exitcode})",
+                    hint="see the messages above") from None
         listening = [ctx.Event() for _ in range(config.api_server_count)]
         # Several API servers share their counters through files here (see server.metrics),
         # so a scrape sees the server's totals, not one process's share.

@@ -180,6 +180,14 @@ class Metrics:
                                         registry=self.registry)
         if model_name:  # (a labelled counter shows only once its label is used)
             self.vllm_preemptions.labels(model_name)
+        # vLLM's: the fraction (0 to 1) of the KV cache space in use. This engine keeps no
+        # fixed pool for the running sequences (their KV grows on demand, never preempted);
+        # its bounded KV space is the prefix cache: bytes of blocks held over
+        # --prefix-cache-gb (NaN when the engine did not answer, or keeps no prefix cache)
+        self.vllm_kv_usage = self.gauge("vllm:kv_cache_usage_perc",
+                                        "Fraction of the prefix cache's KV space held "
+                                        "(--prefix-cache-gb), 0 to 1", ["model_name"],
+                                        mode="mostrecent")
         self.vllm_running = self.gauge("vllm:num_requests_running",
                                        "Requests of the API server(s) in the engine",
                                        ["model_name"])
@@ -242,6 +250,11 @@ class Metrics:
         """The engine process's numbers, fetched over its socket at scrape time; ``None``
         (it did not answer in time) makes them NaN, never the last scrape's numbers."""
         self.engine_up.set(0 if stats is None else 1)
+        if self.model_name:  # (over every data-parallel engine's caches together)
+            capacity = (stats or {}).get("prefix_cache_capacity_bytes", 0.0)
+            self.vllm_kv_usage.labels(self.model_name).set(
+                stats["prefix_cache_bytes"] / capacity if stats and capacity > 0
+                else float("nan"))
         for name, gauge in self.engine.items():
             gauge.set(float("nan") if stats is None else stats.get(name, float("nan")))
 

@@ -25,22 +25,25 @@ from engine.processing.media_items import use_frames
 from engine.processing.preprocess import ProcessedPrompt
 from engine.server import vllm_inputs, vllm_media
 from engine.server.protocol import GenerationFields, parse_generation_fields, parse_prompts
+from engine.server.tenants import effective_salt
 from engine.timings import zero_preprocess_timings
 
 if TYPE_CHECKING:
     from engine.server.app import State
 
 
-async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, client: str = ""
-                       ) -> tuple[GenerationFields, ProcessedPrompt]:
+async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, client: str = "",
+                       key_salt: str | None = None) -> tuple[GenerationFields, ProcessedPrompt]:
     """A chat's fields (step 1) and steps 2-7: everything before the engine; raises before
     any response byte. Fetched media is charged to ``ticket`` (the request's share of the
-    bytes in flight); ``client`` (the peer address) bounds its share of the fetch slots."""
+    bytes in flight); ``client`` (the peer address) bounds its share of the fetch slots;
+    ``key_salt``: its API key's salt (``--cache-salt-per-api-key``), under its cache_salt."""
     config = state.config
     fields = parse_generation_fields(data, max_tokens_cap=config.max_tokens_cap,
                                      scheduling_policy=config.engine.scheduling_policy,
                                      tool_parser=config.tool_call_parser
                                      if config.enable_auto_tool_choice else None)
+    fields.cache_salt = effective_salt(fields.cache_salt, key_salt)
     parsed = parse_messages(data.get("messages"))
     await check_constraint(state, fields)
     counts = Counter(parsed.counts())
@@ -55,28 +58,32 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
         decode_executor(), pipeline.render, parsed.messages, tools)
     items, fetch_s = [], 0.0
     # Only requests with media take a decode-queue slot: text never waits behind video.
-    with preprocess_slot(state) if parsed.media else contextlib.nullcontext():
-        if parsed.media:
-            sources = await pipeline.check_sources(state.connector, parsed.media)
-            started = asyncio.get_running_loop().time()  # fetch deadlines include queueing
-            async with fetch_slot(state, sources, started, client):
-                items, fetch_s = await pipeline.fetch(
-                    state.connector, parsed.media, video, sources=sources,
-                    decoders=state.decoders.for_client(client), ticket=ticket,
-                    started=started)
-            for item in items:
-                state.metrics.media_bytes.labels(item.modality).inc(len(item.encoded or b""))
+    with preprocess_slot(state) if parsed.refs else contextlib.nullcontext():
+        if parsed.refs:  # (a uuid naming nothing is a 400 before any byte is fetched)
+            held = pipeline.uuids.held(parsed.refs, fields.cache_salt)
+            decoders = state.decoders.for_client(client)
+            if parsed.media:
+                sources = await pipeline.check_sources(state.connector, parsed.media)
+                started = asyncio.get_running_loop().time()  # fetch deadlines: queueing too
+                async with fetch_slot(state, sources, started, client):
+                    items, fetch_s = await pipeline.fetch(
+                        state.connector, parsed.media, video, sources=sources,
+                        decoders=decoders, ticket=ticket, started=started)
+                for item in items:
+                    state.metrics.media_bytes.labels(item.modality).inc(
+                        len(item.encoded or b""))
+            items = pipeline.place(parsed.refs, items, held, video, decoders)
             if state.gpu_budget is not None and BACKENDS[video.backend].gpu:
                 await decode_gpu_videos(state, items, video)
         loop = asyncio.get_running_loop()
         if state.config.engine_kind == "vllm":  # vLLM runs its own processor
             processed = await loop.run_in_executor(
                 decode_executor(), decoded_prompt, state, text, items,
-                vllm_processor_kwargs(state, fields.mm_processor_kwargs))
-            processed.cache_salt = fields.cache_salt  # (ours: set by the pipeline)
+                vllm_processor_kwargs(state, fields.mm_processor_kwargs), fields.cache_salt)
         else:
             processed = await loop.run_in_executor(decode_executor(), pipeline.process,
                                                    text, items, kwargs, fields.cache_salt)
+    pipeline.uuids.remember(parsed.refs, items, fields.cache_salt)  # (once it processed)
     processed.timings["fetch_s"] = fetch_s
     if state.config.engine_kind != "vllm":  # (vLLM's: counted once it ran, vllm_media)
         state.metrics.count_items(processed.item_hits)
@@ -107,17 +114,18 @@ def vllm_processor_kwargs(state: State, request: dict[str, Any] | None
     return merged or None
 
 
-def decoded_prompt(state: State, text: str, items: list, kwargs: dict[str, Any] | None
-                   ) -> ProcessedPrompt:
+def decoded_prompt(state: State, text: str, items: list, kwargs: dict[str, Any] | None,
+                   salt: str | None = None) -> ProcessedPrompt:
     """``--engine vllm``: the prompt text and its items decoded (under the same decode
     workers, budgets and caps as ours), for vLLM's own processor; ``input_ids`` holds the
     text's tokens (placeholders not expanded) for the length checks before the engine,
     which reports the real prompt back. Each item is named by its content key, and one that
     vLLM holds by the ledger's account is left out, undecoded (``item_hits``; see
-    :mod:`engine.server.vllm_media`)."""
+    :mod:`engine.server.vllm_media`). ``salt``: the request's cache salt, for vLLM's prefix
+    cache and in every item's name."""
     timings = zero_preprocess_timings()
     start = time.perf_counter()
-    names = [vllm_media.item_uuid(state.name, item, kwargs) for item in items]
+    names = [vllm_media.item_uuid(state.name, item, kwargs, salt) for item in items]
     timings["hash_s"] = time.perf_counter() - start
     ledger = state.vllm_ledger
     hits = [ledger.enabled and name is not None and item.decoded is None and ledger.holds(name)
@@ -128,7 +136,7 @@ def decoded_prompt(state: State, text: str, items: list, kwargs: dict[str, Any] 
     prompt = ProcessedPrompt(list(ids), mm, hits, timings,
                              dict(Counter(i.modality for i in items)), text=text,
                              processor_kwargs=kwargs, mm_hashes=[n or "" for n in names],
-                             mm_sent=sent)
+                             mm_sent=sent, cache_salt=salt)
     if any(hits):
         prompt.refill = lambda: _decode_for_vllm(items, names, [False] * len(items))
     return prompt
@@ -198,13 +206,15 @@ async def decode_gpu_videos(state: State, items: list, video) -> None:
             state.metrics.gpu_budget.set(state.gpu_budget.in_use)
 
 
-async def prepare_prompts(state: State, data: dict[str, Any]
+async def prepare_prompts(state: State, data: dict[str, Any], key_salt: str | None = None
                           ) -> tuple[GenerationFields, list[ProcessedPrompt]]:
     """A text completion's ``prompt`` (a string, a list of strings, a list of token ids or a
-    list of lists of token ids), each tokenized (off the event loop) or taken as it is."""
+    list of lists of token ids), each tokenized (off the event loop) or taken as it is;
+    ``key_salt`` as for :func:`prepare_chat`."""
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
                                      chat=False,
                                      scheduling_policy=state.config.engine.scheduling_policy)
+    fields.cache_salt = effective_salt(fields.cache_salt, key_salt)
     await check_constraint(state, fields)
     prompts = parse_prompts(data.get("prompt"), state.vocab_size,
                             set(state.preprocessor.expansion_ids.values())

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import EngineError
 from engine.media.pool import decode_executor
-from engine.processing.cache import GIB, ProcessorCache, content_hash, item_key
+from engine.processing.cache import GIB, ProcessorCache, content_hash, item_key, salted_key
 from engine.server.vllm_inputs import DATA_NEEDED
 from engine.server.wire import Done
 
@@ -95,15 +95,17 @@ class Ledger:
         return self._keys.clear()
 
 
-def item_uuid(model: str, item: MediaItem, processor_kwargs: dict[str, Any] | None
-              ) -> str | None:
+def item_uuid(model: str, item: MediaItem, processor_kwargs: dict[str, Any] | None,
+              salt: str | None = None) -> str | None:
     """An item's name for vLLM: this server's content key of its encoded bytes, the settings
     that change its decoded result and the request's processor kwargs, which change what vLLM
-    keeps for it (None for an item that came decoded)."""
+    keeps for it, under the request's cache salt (vLLM keys its processor and encoder caches
+    by the name, so tenants share neither, nor this server's ledger); None for an item that
+    came decoded."""
     if item.encoded is None:
         return None
-    return item_key(model, item.modality, content_hash(item.encoded), processor_kwargs or {},
-                    item.media_kwargs)
+    return salted_key(item_key(model, item.modality, content_hash(item.encoded),
+                               processor_kwargs or {}, item.media_kwargs), salt)
 
 
 def estimate(modality: str, decoded: Any) -> int:

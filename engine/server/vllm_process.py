@@ -13,7 +13,10 @@ import signal
 import subprocess
 from typing import Any
 
+from engine.config import VLLM_CPU_KV_CACHE_DEFAULT_BYTES
+from engine.errors import ConfigError
 from engine.server.vllm_spec import bridge_env, engine_args, find_python
+from engine.server.vllm_startup import RefusalWatch
 
 
 class ReadyPipe:
@@ -53,20 +56,35 @@ class VllmEngineProcess:
         spec = {"address": address, "authkey": authkey.hex(), "ready_fd": write,
                 "api_servers": config.api_server_count,
                 "reserved_gpu_bytes": int(config.mm_ipc_gpu_memory_gb * (1 << 30)),
-                "engine_args": engine_args(config, model_path, served_name)}
+                "engine_args": engine_args(config, model_path, served_name),
+                "cpu_kv_cache_bytes": VLLM_CPU_KV_CACHE_DEFAULT_BYTES}
         # vLLM's own temporary files (its engine's IPC sockets, its workers' rendezvous file)
         # go in the server's private folder, which the supervisor removes however it stops
         scratch = os.path.join(os.path.dirname(address), "vllm-tmp")
         os.makedirs(scratch, mode=0o700, exist_ok=True)
         env = {**bridge_env(python), "TMPDIR": scratch}
         self.proc = subprocess.Popen([str(python), "-m", "engine.vllm_bridge"],
-                                     stdin=subprocess.PIPE, pass_fds=(write,), env=env)
+                                     stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     pass_fds=(write,), env=env)
+        # (its stderr passed on, and read for vLLM's start-up refusals)
+        self.watch = RefusalWatch(self.proc.stderr) if self.proc.stderr else None
         os.close(write)
         self.ready = ReadyPipe(read)
         stdin = self.proc.stdin  # (a pipe: Popen was asked for one)
         if stdin is not None:
-            stdin.write(json.dumps(spec).encode() + b"\n")
-            stdin.close()
+            # (one that exits before it reads is reported by the launcher as an exit)
+            with contextlib.suppress(BrokenPipeError):
+                stdin.write(json.dumps(spec).encode() + b"\n")
+            with contextlib.suppress(BrokenPipeError):
+                stdin.close()
+
+    @property
+    def refusal(self) -> ConfigError | None:
+        """vLLM's start-up refusal as a one-line error naming our flag (once it exited)."""
+        if self.watch is None:
+            return None
+        self.watch.thread.join(2)  # (its last lines, written as it exited)
+        return self.watch.refusal
 
     @property
     def pid(self) -> int:

@@ -71,7 +71,8 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
     """vLLM's ``AsyncEngineArgs`` from a :class:`~engine.server.config.ServerConfig`: the
     shared flags (``--max-num-seqs``, ``--max-model-len``, ``--enable-prefix-caching``,
     ``--dtype``, ``--max-num-batched-tokens``, ``--limit-mm-per-prompt``,
-    ``--mm-processor-cache-gb``) and vLLM's own."""
+    ``--mm-processor-cache-gb``) and vLLM's own (``--kv-cache-memory-bytes`` when given; on
+    a CPU the bridge sets the default, ``spec["cpu_kv_cache_bytes"]``)."""
     vllm, engine = config.vllm, config.engine
     args: dict[str, Any] = {
         "model": model_path, "served_model_name": [served_name],
@@ -86,7 +87,14 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
         # vLLM's flag and default (4): the API servers' ledgers of what it holds are sized
         # by it too (engine.server.vllm_media)
         "mm_processor_cache_gb": config.pipeline.mm_processor_cache_gb,
+        # the grammar engine this server checks constraints with before they queue; compact
+        # JSON as ours writes it (vLLM 0.32's xgrammar backend takes the whitespace rule
+        # from here alone, not per request: left open, a random or weak model pads a forced
+        # tool call's JSON with whitespace until max_tokens)
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
     }
+    if vllm.kv_cache_memory_bytes is not None:
+        args["kv_cache_memory_bytes"] = vllm.kv_cache_memory_bytes
     if vllm.distributed_executor_backend is not None:
         args["distributed_executor_backend"] = vllm.distributed_executor_backend
     if engine.max_num_batched_tokens is not None:
@@ -119,6 +127,27 @@ _OURS_ONLY = (
      "vLLM's --quantization methods read a quantized checkpoint; serve one with --engine vllm "
      "and vLLM finds its method in the checkpoint's config"),
 )
+
+
+_UNITS = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def byte_count(flag: str, text: str) -> int:
+    """A size as vLLM's flags take it: a whole number of bytes, or a number with k/m/g/t
+    (powers of 1000) or K/M/G/T (powers of 1024), e.g. ``4G``; else a :class:`ConfigError`
+    naming ``flag``."""
+    value = text.strip()
+    unit = _UNITS.get(value[-1:], 1)
+    number = value[:-1] if unit != 1 else value
+    try:
+        count = float(number) * unit if unit != 1 else int(number)
+    except ValueError:
+        count = -1
+    if not count >= 1 or count != count or count > 1 << 50:
+        raise ConfigError(f"{flag} {text!r} is not a size in bytes", code="invalid_flag",
+                          hint=f"e.g. {flag} 4G (G: GiB, g: GB; or a whole number of bytes)")
+    return int(count)
 
 
 def ours_only_flags(engine: Any) -> list[tuple[str, str]]:

@@ -393,6 +393,11 @@ async def serve(spec: dict[str, Any]) -> None:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     args = dict(spec["engine_args"])
+    if isinstance(args.get("structured_outputs_config"), dict):
+        from vllm.config import StructuredOutputsConfig
+
+        args["structured_outputs_config"] = StructuredOutputsConfig(
+            **args["structured_outputs_config"])
     reserved = int(spec.get("reserved_gpu_bytes") or 0)
     if reserved:
         import torch
@@ -403,6 +408,12 @@ async def serve(spec: dict[str, Any]) -> None:
                 args.get("gpu_memory_utilization", 0.9), reserved, total)
             logger.info("--mm-ipc-gpu-memory-gb: vLLM's gpu_memory_utilization %.3f",
                         args["gpu_memory_utilization"])
+    if args.get("kv_cache_memory_bytes") is None and spec.get("cpu_kv_cache_bytes"):
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():  # (else vLLM wants 90% of the memory free at start;
+            # VLLM_CPU_KVCACHE_SPACE, when set, still wins: vLLM's own rule)
+            args["kv_cache_memory_bytes"] = int(spec["cpu_kv_cache_bytes"])
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
     loop = asyncio.get_running_loop()
     bridge = Bridge(llm, loop)

@@ -18,6 +18,7 @@ from engine.errors import AphroditeError
 from engine.server.admin_routes import Access
 from engine.server.app import error_response
 from engine.server.front_door import MAX_DEPTH, auth_middleware, key_matches, parse_body
+from engine.server.tenants import KEY_SALT, key_salt
 from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
@@ -402,7 +403,8 @@ async def admin_client(aiohttp_client, access: Access):
                                                                ADMIN_PATHS)])
     app[key] = types.SimpleNamespace(
         engine=types.SimpleNamespace(reset=reset, on_reset_mm_cache=[]),
-        pipeline=types.SimpleNamespace(cache=types.SimpleNamespace(clear=lambda: 0)),
+        pipeline=types.SimpleNamespace(cache=types.SimpleNamespace(clear=lambda: 0),
+                                       uuids=types.SimpleNamespace(clear=lambda: 0)),
         vllm_ledger=types.SimpleNamespace(clear=lambda: 0))
     add_admin_routes(app, key, access)
     return await aiohttp_client(app)
@@ -504,3 +506,22 @@ def test_timings_and_cache_hits_stay_private_by_default(server):
     raw = conn.getresponse().read()
     conn.close()
     assert b'"aphrodite"' not in raw and raw.rstrip().endswith(b"data: [DONE]")
+
+
+async def test_the_key_middleware_lets_any_key_in_and_salts_by_it(aiohttp_client):
+    """--api-key given several times: each key is let in, another is a 401; with
+    --cache-salt-per-api-key the request carries its own key's salt (and no key in clear)."""
+    async def salt(request: web.Request) -> web.Response:
+        return web.json_response({"salt": request.get(KEY_SALT)})
+
+    for per_key in (False, True):
+        check = auth_middleware(("one", "two"), False, salt_per_key=per_key)
+        app = web.Application(middlewares=[errors, check])
+        app.router.add_get("/salt", salt)
+        client = await aiohttp_client(app)
+        for key in ("one", "two"):
+            resp = await client.get("/salt", headers={"Authorization": f"Bearer {key}"})
+            assert resp.status == 200
+            assert (await resp.json())["salt"] == (key_salt(key) if per_key else None)
+        resp = await client.get("/salt", headers={"Authorization": "Bearer three"})
+        assert resp.status == 401

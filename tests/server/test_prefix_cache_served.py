@@ -66,9 +66,13 @@ def test_cached_tokens_in_usage_and_prefix_cache_counters_on_metrics():
         prompts = [usage.prompt_tokens for _, usage in replies]
         queries = metric(text, "vllm:prefix_cache_queries_total")
         hits = metric(text, "vllm:prefix_cache_hits_total")
+        usage = metric(text, "vllm:kv_cache_usage_perc")  # prefix cache held / its capacity
         if flags:
-            assert cached == [0, 0, 0] and hits == 0
+            assert cached == [0, 0, 0] and hits == 0 and usage != usage  # NaN: no such cache
             continue
+        assert 0 < usage < 1
+        assert usage == pytest.approx(metric(text, "aphrodite_engine_prefix_cache_bytes")
+                                      / (0.5 * (1 << 30)))  # (--prefix-cache-gb 0.5)
         # the image and the text after it came from the cache, the last prompt all but its
         # last token (whole blocks of 16)
         assert cached[0] == 0 and 0 < cached[1] < prompts[1]

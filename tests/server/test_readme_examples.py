@@ -44,6 +44,6 @@ def test_readme_examples_run():
         done = subprocess.run([sys.executable, "-c", python.replace("localhost:2242", port)],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-        assert "prefill_s" in done.stdout
+        assert "prefill_s" in done.stdout and "same prompt: True" in done.stdout
     finally:
         assert server.stop() == 0

@@ -24,6 +24,7 @@ from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
 KEY = "sekret"
+OTHER_KEY = "another-tenant"  # (the server salts each key's cached work apart)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,8 @@ def local_dir(tmp_path_factory):
 def server(local_dir):
     proc = ServerProcess(
         "--allowed-media-domains", "127.0.0.1", "--allowed-local-media-path", str(local_dir),
-        "--api-key", KEY, "--limit-mm-per-prompt", '{"image": 2, "video": 1}',
+        "--api-key", KEY, "--api-key", OTHER_KEY, "--cache-salt-per-api-key",
+        "--limit-mm-per-prompt", '{"image": 2, "video": 1}',
         "--media-io-kwargs", '{"video": {"backend": "pyav", "num_frames": 4}}',
         "--max-request-body-mb", "2", "--expose-request-timings").wait_ready()
     yield proc
@@ -536,3 +538,62 @@ def test_tokenize_counts_what_the_generation_routes_report(server, client, media
 def test_tokenize_refusals_name_the_field(server, path, body, param):
     status, answer = post(server, path, body)
     assert status == 400 and answer["error"]["param"] == param, answer
+
+
+def tokens_of(reply) -> list[str]:
+    return [t.token for t in reply.choices[0].logprobs.content]
+
+
+def test_a_uuid_alone_answers_as_the_part_with_its_media_did(server, client):
+    """vLLM's media uuid: a part with its media and a uuid names that content; a later part
+    with ``"image_url": null`` and the uuid alone is answered token for token as the media
+    was. Sent again with another image, the uuid names that one (its own answer, never the
+    first image's features); another tenant (API key or cache_salt) cannot name it, nor can a
+    uuid never sent: a 400 naming the part's uuid."""
+    images = ["data:image/png;base64," + base64.b64encode(
+        synthetic.make_image(96, 80, fmt="PNG", seed=seed)).decode() for seed in (41, 42)]
+    ids = {"logprobs": True, "max_tokens": 6,
+           "extra_body": {"return_tokens_as_token_ids": True}}
+
+    def ask(image: str | None, uuid: str = "sku-41", salt: str | None = None, who=client):
+        ref = {"url": image} if image else None
+        extra = {**ids, "extra_body": {**ids["extra_body"], **(
+            {"cache_salt": salt} if salt else {})}}
+        return chat(who, [{"type": "image_url", "image_url": ref, "uuid": uuid}], **extra)
+
+    first = ask(images[0])
+    alone = ask(None)
+    assert tokens_of(alone) == tokens_of(first) and len(tokens_of(first)) == 6
+    assert alone.usage.prompt_tokens == first.usage.prompt_tokens
+    assert alone.model_extra["aphrodite"]["cache_hits"] == [True]  # the same content key
+    second = ask(images[1])  # the same uuid, other content: it now names this image
+    assert second.model_extra["aphrodite"]["cache_hits"] == [False]
+    assert tokens_of(ask(None)) == tokens_of(second)
+    other = openai.OpenAI(base_url=f"{server.base}/v1", api_key=OTHER_KEY, max_retries=0)
+    for who, uuid, salt in ((other, "sku-41", None), (client, "sku-41", "another-tenant"),
+                            (client, "never-sent", None)):
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(None, uuid, salt, who)
+        error = info.value.body
+        assert error["param"] == "messages[0].content[0].uuid"
+        assert error["code"] == "unknown_media_uuid"
+        assert repr(uuid) in error["message"] and "evicted" in error["message"]
+
+
+def test_each_api_key_is_a_tenant_of_its_own(server, client):
+    """--cache-salt-per-api-key: the same request from another key finds nothing of the
+    first key's in the prefix cache (cached_tokens 0), and its own repeat finds itself."""
+    other = openai.OpenAI(base_url=f"{server.base}/v1", api_key=OTHER_KEY, max_retries=0)
+    text = "Tell me, in as many words as it takes, what a tenant is and is not. " * 3
+
+    def cached(who) -> int:
+        reply = who.chat.completions.create(
+            model="tiny-qwen2_5_vl", max_tokens=2, temperature=0,
+            messages=[{"role": "system", "content": text}, {"role": "user", "content": "?"}],
+            extra_body={"ignore_eos": True})  # (its own system text: no other test's blocks)
+        return reply.usage.prompt_tokens_details.cached_tokens
+
+    assert cached(client) == 0
+    assert cached(client) > 0
+    assert cached(other) == 0
+    assert cached(other) > 0

@@ -250,6 +250,23 @@ def test_a_left_out_item_reaches_vllm_as_none_under_its_uuid():
         vllm_inputs.pack([("image", None, None, None)])
 
 
+def test_vllms_item_names_are_salted_per_tenant():
+    """vLLM keys its processor and encoder caches by the item names it is given: a salted
+    request's names are its salt's own, so tenants share neither (nor this server's ledger of
+    what vLLM holds); unsalted names stay the content key."""
+    from engine.processing.cache import content_hash, item_key
+    from engine.processing.preprocess import MediaItem
+    from engine.server.vllm_media import item_uuid
+
+    item = MediaItem("image", encoded=b"pixels", media_kwargs={"background": "white"})
+    plain = item_uuid("m", item, {"fps": 2})
+    assert plain == item_key("m", "image", content_hash(b"pixels"), {"fps": 2},
+                             {"background": "white"})
+    salted = {item_uuid("m", item, {"fps": 2}, salt) for salt in ("a", "b", "key:1|a")}
+    assert len(salted) == 3 and plain not in salted
+    assert item_uuid("m", item, {"fps": 2}, "a") == item_uuid("m", item, {"fps": 2}, "a")
+
+
 def test_the_ledger_forgets_by_its_byte_bound_and_on_reset():
     from engine.server.vllm_media import Ledger, estimate
 
@@ -486,6 +503,79 @@ def test_missing_vllm_environment_is_one_line_naming_the_build():
     assert "Traceback" not in result.stdout + result.stderr
 
 
+#: vLLM 0.32's CPU worker's two memory refusals at start-up (vllm/v1/worker/cpu_worker.py),
+#: as its engine core process writes them
+REFUSALS = (
+    "(EngineCore pid=9) ValueError: Available memory on node 0 (20.66/23.54 GiB) on startup "
+    "is less than desired CPU memory utilization (0.9, 21.19 GiB). On the CPU backend, the "
+    "`--gpu-memory-utilization` flag controls the fraction of CPU memory reserved (despite "
+    "its name). To resolve: decrease `--gpu-memory-utilization` (e.g. "
+    "`--gpu-memory-utilization 0.5`) or reduce CPU memory used by other processes.",
+    "ValueError: Available memory on node 0 (2.10/23.54 GiB) on kv cache allocation is less "
+    "than requested memory for kv (4.00 GiB). Decrease --kv-cache-memory-bytes, "
+    "VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.")
+
+
+def test_vllms_memory_refusals_become_one_line_naming_our_flag():
+    """vLLM's CPU worker refuses to start unless 90% of the memory is free (without a KV
+    cache size), or when the KV cache does not fit: each is a one-line error naming
+    --kv-cache-memory-bytes and the memory free; other lines are no refusal."""
+    from engine.server.vllm_startup import RefusalWatch, startup_refusal
+
+    wants, too_big = (startup_refusal(line) for line in REFUSALS)
+    assert wants is not None and too_big is not None
+    assert "20.66 of 23.54 GiB free" in wants.message and "4G" in wants.hint
+    assert "2.10 of 23.54 GiB free" in too_big.message and "lower" in too_big.hint
+    for error in (wants, too_big):
+        assert "--kv-cache-memory-bytes" in error.hint and "\n" not in str(error)
+    assert startup_refusal("INFO Available memory on node 0 (20.66/23.54 GiB)") is None
+    assert startup_refusal("less than desired CPU memory utilization") is None
+    read, write = os.pipe()
+    with tempfile.TemporaryFile("w+") as passed:
+        watch = RefusalWatch(os.fdopen(read, "rb"), passed)
+        with os.fdopen(write, "wb") as pipe:
+            pipe.write(b"INFO loading\n" + REFUSALS[1].encode() + b"\nlater\n")
+        watch.thread.join(10)
+        passed.seek(0)
+        assert passed.read().splitlines() == ["INFO loading", REFUSALS[1], "later"]
+    assert watch.refusal is not None and "does not fit" in watch.refusal.message
+
+
+def test_kv_cache_size_by_vllms_flag_and_its_refusal_from_serve(tmp_path):
+    """--kv-cache-memory-bytes (vLLM's name and units) reaches vLLM's engine arguments; the
+    bridge sizes it on a CPU when left out. A vLLM that refuses at start (a stand-in printing
+    vLLM's words) is a one-line error naming the flag, exit 2, no traceback."""
+    from engine.config import VllmConfig
+    from engine.server.config import ServerConfig
+    from engine.server.vllm_spec import byte_count, engine_args
+
+    assert byte_count("--f", "4G") == 4 << 30 and byte_count("--f", "1.5g") == 1_500_000_000
+    assert byte_count("--f", " 2048 ") == 2048
+    for bad in ("", "G", "-1G", "0", "1.5", "4X", "nanG", "1e300G"):
+        with pytest.raises(ConfigError, match="--f"):
+            byte_count("--f", bad)
+    with pytest.raises(ConfigError, match="--kv-cache-memory-bytes"):
+        VllmConfig(kv_cache_memory_bytes=0)
+    sized = ServerConfig(engine_kind="vllm", vllm=VllmConfig(kv_cache_memory_bytes=1 << 30))
+    assert engine_args(sized, "/m", "m")["kv_cache_memory_bytes"] == 1 << 30
+    assert "kv_cache_memory_bytes" not in engine_args(ServerConfig(engine_kind="vllm"),
+                                                      "/m", "m")
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nread spec\necho 'INFO starting' >&2\n"
+                    f"echo '{REFUSALS[0]}' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    result = subprocess.run([sys.executable, "-m", "aphrodite_cli.main", "serve",
+                             str(tiny_model("qwen2_5_vl")), "--engine", "vllm",
+                             "--vllm-python", str(fake), "--port", str(free_port())],
+                            capture_output=True, text=True, timeout=240)
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    errors = [line for line in out.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "20.66 of 23.54 GiB free" in errors[0], out
+    assert "hint: give vLLM's KV cache a size with --kv-cache-memory-bytes" in out
+    assert "Traceback" not in out
+
+
 def test_bridge_imports_no_torch_nor_our_engine_in_vllms_environment():
     python = vllm_python()
     code = ("import sys, json; import engine.vllm_bridge.serve; "
@@ -624,6 +714,53 @@ class TestQwen25VL:
         assert metrics["aphrodite_engine_stats_up"] == 1  # the bridge answers the stats query
         assert metrics["aphrodite_engine_rss_bytes"] > 0
         assert any(k.startswith("vllm:prompt_tokens_total") and v > 0 for k, v in metrics.items())
+
+    def test_uuids_salts_and_tools_pass_through_to_vllm(self, servers):
+        """On vLLM's engine as on ours: a uuid-only part is answered as the part with its media
+        was (same greedy tokens; another tenant cannot name it); cache_salt reaches vLLM's
+        prefix cache (another salt finds no cached token, the same salt's repeat does); a
+        named tool_choice, under vLLM's own structured output, yields a call that parses."""
+        base = servers["qwen"].base
+        c = client(base)
+        image = data_url(synthetic.make_image(120, 96, fmt="PNG", seed=23), "image/png")
+
+        def ask(ref: dict | None, salt: str | None = None):
+            part = {"type": "image_url", "image_url": ref, "uuid": "pic-23"}
+            return c.chat.completions.create(
+                model=model_id(base), max_tokens=5, temperature=0, messages=chat(part),
+                extra_body={"cache_salt": salt} if salt else None)
+
+        first, alone = ask({"url": image}), ask(None)
+        assert alone.choices[0].message.content == first.choices[0].message.content
+        assert alone.usage.prompt_tokens == first.usage.prompt_tokens
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(None, salt="another-tenant")
+        assert info.value.body["code"] == "unknown_media_uuid"
+        text = "Answer as one who has read every page of the manual twice over. " * 3
+
+        def cached(salt: str) -> int:
+            reply = c.chat.completions.create(
+                model=model_id(base), max_tokens=2, temperature=0,
+                messages=[{"role": "system", "content": text}, {"role": "user", "content": "?"}],
+                extra_body={"cache_salt": salt})
+            return reply.usage.prompt_tokens_details.cached_tokens
+
+        assert cached("tenant-a") == 0 and cached("tenant-a") > 0 and cached("tenant-b") == 0
+        forecast = {"type": "object", "properties": {
+            "city": {"enum": ["Oslo", "Lima"]}, "days": {"type": "integer", "minimum": 1,
+                                                         "maximum": 7}},
+            "required": ["city", "days"]}
+        reply = c.chat.completions.create(
+            model=model_id(base), max_tokens=48, temperature=0,
+            messages=chat(text="Weather in Oslo for 3 days?"),
+            tools=[{"type": "function", "function": {"name": "forecast",
+                                                     "parameters": forecast}}],
+            tool_choice={"type": "function", "function": {"name": "forecast"}})
+        (call,) = reply.choices[0].message.tool_calls
+        arguments = json.loads(call.function.arguments)
+        assert call.function.name == "forecast" and arguments["city"] in ("Oslo", "Lima")
+        assert 1 <= arguments["days"] <= 7
+
 
 def scrape(base: str) -> dict[str, float]:
     with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
