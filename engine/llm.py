@@ -22,6 +22,7 @@ import numpy as np
 from engine.config import EngineConfig, PipelineConfig
 from engine.errors import InvalidRequestError
 from engine.executor.engine import Engine
+from engine.executor.logits_processors import check_token_ids
 from engine.executor.request import CompletionOutput, EngineRequest, checked_priority
 from engine.executor.sampling import SamplingParams
 from engine.models.loader import load_model
@@ -121,6 +122,9 @@ class LLM:
     def _run(self, prepared: list[tuple[str, Any]], params: list[SamplingParams],
              priority: Sequence[int] | None = None) -> list[RequestOutput]:
         priorities = self._priorities(priority, len(prepared))
+        vocab = len(self.loaded.tokenizer)
+        for sp in params:  # logit_bias and stop_token_ids name tokens the model has
+            check_token_ids(sp, vocab)
         # every constraint compiled (or refused) before any request runs
         grammars = [self.engine.runner.grammars().check(sp.structured_outputs)
                     if sp.structured_outputs is not None else None for sp in params]

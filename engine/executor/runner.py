@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.executor import grammar, kv, media_embeds, sampler
+from engine.executor import grammar, kv, logits_processors, media_embeds, sampler
 from engine.executor.detokenize import OutputText, byte_tokens
 from engine.executor.prefetch import Prefetcher
 from engine.executor.request import EngineRequest, TokenEvent, TokenLogprobs
@@ -52,6 +52,8 @@ class _Row:
     rope_delta: int = 0
     #: the row's grammar matcher (structured outputs), made on its first step
     matcher: Any = None
+    #: its logits processors' state (penalties, logit_bias, ...), made on its first step
+    logits_state: Any = None
 
 
 @dataclass(eq=False)
@@ -583,7 +585,8 @@ class TransformersRunner:
 
     def _advance(self, rows: list[_Row], logits: Any) -> None:
         logits = grammar.mask_logits(rows, logits, self._grammars)
-        tokens = self._sample(rows, logits)
+        tokens = self._sample(rows, logits_processors.apply(rows, logits, self.tokenizer,
+                                                            self.eos_ids))
         logprobs = sampler.logprobs(rows, logits, tokens)
         now = time.perf_counter()
         for row, token, lp in zip(rows, tokens, logprobs, strict=True):
@@ -609,11 +612,12 @@ class TransformersRunner:
         if grammar.accept(row, token):  # its grammar is complete (with an end token)
             self.finish_row(row, "stop")
             return
-        if token in self.eos_ids and not params.ignore_eos:
+        if logits_processors.stops_on_token(params, token, self.eos_ids, len(row.token_ids)):
             self.finish_row(row, "stop")
             return
         if row.output is None:  # the tokens go into one list, read when the request ends
-            row.output = OutputText(self.tokenizer, self.byte_ids, params.stop, row.token_ids)
+            row.output = OutputText(self.tokenizer, self.byte_ids, params.stop, row.token_ids,
+                                    params)
             out.token_ids = row.token_ids
         last = len(row.token_ids) + 1 >= params.max_tokens
         delta, stopped = row.output.add(token, last)  # appends the token to row.token_ids

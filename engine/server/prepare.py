@@ -40,7 +40,8 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
     fields = parse_generation_fields(data, max_tokens_cap=config.max_tokens_cap,
                                      scheduling_policy=config.engine.scheduling_policy,
                                      tool_parser=config.tool_call_parser
-                                     if config.enable_auto_tool_choice else None)
+                                     if config.enable_auto_tool_choice else None,
+                                     vocab_size=state.vocab_size)
     parsed = parse_messages(data.get("messages"))
     await check_constraint(state, fields)
     counts = Counter(parsed.counts())
@@ -204,7 +205,8 @@ async def prepare_prompts(state: State, data: dict[str, Any]
     list of lists of token ids), each tokenized (off the event loop) or taken as it is."""
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
                                      chat=False,
-                                     scheduling_policy=state.config.engine.scheduling_policy)
+                                     scheduling_policy=state.config.engine.scheduling_policy,
+                                     vocab_size=state.vocab_size)
     await check_constraint(state, fields)
     prompts = parse_prompts(data.get("prompt"), state.vocab_size,
                             set(state.preprocessor.expansion_ids.values())
