@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from engine.executor.request import checked_priority
 from engine.executor.logits_processors import check_token_ids
+from engine.executor.request import checked_priority
 from engine.executor.sampling import MAX_LOGPROBS, MAX_TOKENS_CAP, SamplingParams
 from engine.server.structured_fields import constraint
 from engine.server.tool_fields import ToolChoice, tool_choice
