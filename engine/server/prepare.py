@@ -41,7 +41,8 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
                                      scheduling_policy=config.engine.scheduling_policy,
                                      tool_parser=config.tool_call_parser
                                      if config.enable_auto_tool_choice else None,
-                                     vocab_size=state.vocab_size)
+                                     vocab_size=state.vocab_size,
+                                     defaults=config.sampling_defaults)
     parsed = parse_messages(data.get("messages"))
     await check_constraint(state, fields)
     counts = Counter(parsed.counts())
@@ -206,7 +207,8 @@ async def prepare_prompts(state: State, data: dict[str, Any]
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
                                      chat=False,
                                      scheduling_policy=state.config.engine.scheduling_policy,
-                                     vocab_size=state.vocab_size)
+                                     vocab_size=state.vocab_size,
+                                     defaults=state.config.sampling_defaults)
     await check_constraint(state, fields)
     prompts = parse_prompts(data.get("prompt"), state.vocab_size,
                             set(state.preprocessor.expansion_ids.values())

@@ -10,6 +10,7 @@ from engine.errors import InvalidRequestError
 from engine.executor.logits_processors import check_token_ids
 from engine.executor.request import checked_priority
 from engine.executor.sampling import MAX_LOGPROBS, MAX_TOKENS_CAP, SamplingParams
+from engine.server import request_fields
 from engine.server.structured_fields import constraint
 from engine.server.tool_fields import ToolChoice, tool_choice
 
@@ -91,20 +92,10 @@ class GenerationFields:
         return dataclasses.replace(self.sampling, max_tokens=max_tokens)
 
 
-#: OpenAI parameters this server does not implement, with the value that means "not used":
-#: any other value is a 400 naming the parameter, never silently ignored (a client asking for
-#: JSON output or tool calls must not get free text as if it had been honoured).
-UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "functions": (None, []), "function_call": (None, "none"),
-    "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
-}
-#: ... and on /v1/completions, chat's ``top_logprobs`` (completions take ``logprobs`` = k)
-UNSUPPORTED_COMPLETIONS: dict[str, tuple[Any, ...]] = {
-    "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none")}
-
-
-def refuse_unsupported(body: dict[str, Any], table: dict[str, tuple[Any, ...]] = UNSUPPORTED
-                       ) -> None:
+def refuse_unsupported(body: dict[str, Any],
+                       table: dict[str, tuple[Any, ...]] = request_fields.REFUSED) -> None:
+    """A 400 naming the first field of ``table`` (see engine/server/request_fields.py) that
+    ``body`` sets to a value other than its "unused" ones."""
     for name, unused in table.items():
         value = body.get(name)
         if not any(value == u and type(value) is type(u) for u in unused) and \
@@ -152,19 +143,30 @@ def _sampling_extras(body: dict[str, Any]) -> dict[str, Any]:
 
 def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: bool = True,
                             scheduling_policy: str = "fcfs", tool_parser: str | None = None,
-                            vocab_size: int | None = None) -> GenerationFields:
+                            vocab_size: int | None = None,
+                            defaults: dict[str, Any] | None = None) -> GenerationFields:
     """The sampling and extension fields shared by chat and text completions. Without
     ``max_tokens``/``max_completion_tokens`` a chat request generates up to the model's length
     limit (resolved per prompt by :meth:`GenerationFields.sampling_for`); a text completion
     generates 16 tokens (OpenAI's and vLLM's default for that endpoint). ``priority`` other
     than 0 is refused unless ``scheduling_policy`` is "priority"; ``tool_parser``: the
     server's tool-call parser (``tool_choice`` "auto" needs one); ``vocab_size``: the
-    model's, which ``logit_bias`` and ``stop_token_ids`` must fall in."""
+    model's, which ``logit_bias`` and ``stop_token_ids`` must fall in; ``defaults``: the
+    sampling values a request that leaves them out gets (``--generation-config``; its
+    ``max_tokens`` then bounds the room the answer is given, as the server's cap does)."""
+    defaults = dict(defaults or {})
+    default_max = defaults.pop("max_tokens", None)
+    if defaults:
+        body = {**body, **{k: v for k, v in defaults.items() if body.get(k) is None}}
+    request_fields.note_unknown(body, chat)
     refuse_unsupported(body)
-    if not chat:
-        refuse_unsupported(body, UNSUPPORTED_COMPLETIONS)
+    refuse_unsupported(body, request_fields.REFUSED_CHAT if chat
+                       else request_fields.REFUSED_COMPLETIONS)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = _field({"max_tokens": max_tokens}, "max_tokens", int, None if chat else 16)
+    max_tokens = _field({"max_tokens": max_tokens}, "max_tokens", int,
+                        None if chat or default_max else 16)
+    if max_tokens is None and default_max:
+        max_tokens_cap = min(max_tokens_cap, default_max)
     if max_tokens is not None and max_tokens > max_tokens_cap:
         raise InvalidRequestError(f"max_tokens={max_tokens} is over this server's cap of "
                                   f"{max_tokens_cap}", param="max_tokens",
