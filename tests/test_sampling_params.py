@@ -156,3 +156,22 @@ def test_out_of_range_values_are_a_400_naming_the_field(field, value, rule, chat
 def test_the_offline_api_checks_token_ids_against_the_vocabulary(model):
     with pytest.raises(InvalidRequestError, match="logit_bias holds token id 100000"):
         model.generate(PROMPT, greedy(logit_bias={100000: 5}))
+
+
+def test_the_offline_api_takes_the_generation_config_defaults(model, plain, tmp_path):
+    """vLLM's ``LLM(generation_config=...)``: a call without sampling parameters gets the
+    folder's values (here greedy and 5 tokens); "vllm" none."""
+    import json
+
+    from engine import LLM
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"temperature": 0, "max_new_tokens": 5, "repetition_penalty": 1.0}))
+    assert model.get_default_sampling_params() == SamplingParams()  # tiny's file sets none
+    offline = LLM("tiny:qwen2_5_vl", generation_config=str(tmp_path))
+    try:
+        defaults = offline.get_default_sampling_params()
+        assert (defaults.temperature, defaults.max_tokens) == (0.0, 5)
+        assert offline.generate(PROMPT)[0].outputs[0].token_ids == plain.token_ids[:5]
+    finally:
+        offline.close()
