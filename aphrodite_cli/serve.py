@@ -170,6 +170,12 @@ def serve(
         help="How the model writes its tool calls, for --enable-auto-tool-choice: hermes "
              "(<tool_call>{\"name\", \"arguments\"}</tool_call>, Qwen2.5's and Qwen3-VL's "
              "templates).")] = None,
+    generation_config: Annotated[str, typer.Option(
+        help="Request defaults for temperature, top_p, top_k, min_p, repetition_penalty and "
+             "max_tokens (from max_new_tokens) when a request leaves them out (vLLM's flag): "
+             "auto, the model's own generation_config.json; vllm, none (neutral defaults); "
+             "or a folder holding a generation_config.json. The defaults in use are logged "
+             "at start-up.")] = ServerConfig.generation_config,
     max_num_seqs: Annotated[int, typer.Option(
         help="Sequences in the running batch (a request's n counts n), e.g. 8: between "
              "decode steps finished ones leave and waiting ones join.")
@@ -365,6 +371,7 @@ def serve(
         metrics_without_auth=metrics_without_auth,
         expose_request_timings=expose_request_timings, process_file=process_file,
         enable_auto_tool_choice=enable_auto_tool_choice, tool_call_parser=tool_call_parser,
+        generation_config=generation_config,
         # the engine's settings, checked here once and handed whole to the engine process
         engine=EngineConfig(max_num_seqs=max_num_seqs, scheduling_policy=scheduling_policy,
                             max_num_batched_tokens=max_num_batched_tokens,

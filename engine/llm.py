@@ -22,8 +22,10 @@ import numpy as np
 from engine.config import EngineConfig, PipelineConfig
 from engine.errors import InvalidRequestError
 from engine.executor.engine import Engine
+from engine.executor.logits_processors import check_token_ids
 from engine.executor.request import CompletionOutput, EngineRequest, checked_priority
-from engine.executor.sampling import SamplingParams
+from engine.executor.sampling import MAX_TOKENS_CAP, SamplingParams
+from engine.models.generation_config import sampling_defaults
 from engine.models.loader import load_model
 from engine.processing.chat_parts import parse_messages
 from engine.processing.pipeline import Pipeline, pipeline_config
@@ -96,12 +98,14 @@ class LLM:
                  allowed_media_domains: list[str] | None = None,
                  revision: str | None = None, download_dir: str | None = None,
                  mm_device_do_normalize: bool = PipelineConfig.mm_device_do_normalize,
-                 **engine_settings: Any) -> None:
+                 generation_config: str = "auto", **engine_settings: Any) -> None:
         """``engine_settings``: any :class:`~engine.config.EngineConfig` field, e.g.
         ``max_num_seqs=4``, ``max_num_batched_tokens=2048``, ``scheduling="static"``,
         ``device="cuda"``, ``dtype="bfloat16"``, ``num_threads=4``,
         ``enable_prefix_caching=False``, ``prefix_cache_gb=1.0`` (checked there: a bad or
-        unknown one is a :class:`~engine.errors.ConfigError`)."""
+        unknown one is a :class:`~engine.errors.ConfigError`). ``generation_config``
+        (vLLM's): "auto" takes the defaults of :meth:`get_default_sampling_params` from the
+        model's generation_config.json, "vllm" uses none, or a folder holding one."""
         engine_config = EngineConfig.create(**engine_settings)
         self.loaded = load_model(model, chat_template=chat_template, revision=revision,
                                  download_dir=download_dir)
@@ -112,7 +116,17 @@ class LLM:
             allowed_local_media_path=allowed_local_media_path,
             mm_device_do_normalize=mm_device_do_normalize))
         self.cache = self.pipeline.cache
+        self._defaults = sampling_defaults(generation_config, self.loaded.path)
         self.engine = Engine(self.loaded, engine_config)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: the sampling parameters a call without any gets, the model's
+        generation_config.json sampling values over the neutral defaults (its
+        ``max_new_tokens`` as ``max_tokens``, at most the engine's cap)."""
+        defaults = dict(self._defaults)
+        if "max_tokens" in defaults:
+            defaults["max_tokens"] = min(defaults["max_tokens"], MAX_TOKENS_CAP)
+        return SamplingParams(**defaults)
 
     def prepare(self, prompt: str, items: list[MediaItem], kwargs: dict[str, Any] | None,
                 raw: bool) -> Any:
@@ -121,6 +135,9 @@ class LLM:
     def _run(self, prepared: list[tuple[str, Any]], params: list[SamplingParams],
              priority: Sequence[int] | None = None) -> list[RequestOutput]:
         priorities = self._priorities(priority, len(prepared))
+        vocab = len(self.loaded.tokenizer)
+        for sp in params:  # logit_bias and stop_token_ids name tokens the model has
+            check_token_ids(sp, vocab)
         # every constraint compiled (or refused) before any request runs
         grammars = [self.engine.runner.grammars().check(sp.structured_outputs)
                     if sp.structured_outputs is not None else None for sp in params]
@@ -148,10 +165,9 @@ class LLM:
                     if lp.decoded_token is None:
                         lp.decoded_token = tokenizer.decode([token_id])
 
-    @staticmethod
-    def _params(sampling_params: Any, n: int) -> list[SamplingParams]:
+    def _params(self, sampling_params: Any, n: int) -> list[SamplingParams]:
         if sampling_params is None:
-            return [SamplingParams()] * n
+            return [self.get_default_sampling_params()] * n
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * n
         params = list(sampling_params)

@@ -45,11 +45,12 @@ class Detokenizer:
     of the tokenizer (computed once per tokenizer, not per row); ``ids``: the list the tokens
     go into (the row's own, so it is kept once)."""
 
-    __slots__ = ("_bytes", "_decode", "_prefix", "_read", "ids", "text")
+    __slots__ = ("_bytes", "_decode", "_prefix", "_read", "_skip", "ids", "text")
 
     def __init__(self, tokenizer: Any, byte_ids: frozenset[int] = frozenset(),
-                 ids: list[int] | None = None) -> None:
+                 ids: list[int] | None = None, skip_special_tokens: bool = True) -> None:
         self._decode = tokenizer.decode
+        self._skip = skip_special_tokens
         self._bytes = byte_ids
         self.ids: list[int] = ids if ids is not None else []
         self._prefix = 0  # the window starts here (context for the next tokens' spelling)
@@ -64,9 +65,10 @@ class Detokenizer:
         if token in self._bytes and not final:
             return ""  # a byte run's text is known when a token that is not a byte ends it
         window = self.ids[self._prefix:]
-        before = self._decode(window[:self._read - self._prefix], skip_special_tokens=True) \
+        before = self._decode(window[:self._read - self._prefix],
+                              skip_special_tokens=self._skip) \
             if self._read > self._prefix else ""
-        now = self._decode(window, skip_special_tokens=True)
+        now = self._decode(window, skip_special_tokens=self._skip)
         if len(now) <= len(before) and not final:
             return ""  # a special token, or bytes of a character still to come
         if now.endswith("\ufffd") and not final:
@@ -86,14 +88,17 @@ class StopStrings:
         self.stops = tuple(s for s in stops if s)
         self._hold = max((len(s) for s in self.stops), default=1) - 1
 
-    def cut(self, text: str, grown_from: int) -> int | None:
-        """Where the first stop string starts in ``text``, looking only where one could end
-        in the part that grew from ``grown_from`` on; None when none does."""
+    def cut(self, text: str, grown_from: int, keep: bool = False) -> int | None:
+        """Where the text ends at the first stop string in ``text`` (where it starts, or
+        with ``keep`` where it ends: vLLM's ``include_stop_str_in_output``), looking only
+        where one could end in the part that grew from ``grown_from`` on; None when none
+        does."""
         if not self.stops:
             return None
         start = max(0, grown_from - self._hold)
-        found = [at for s in self.stops if (at := text.find(s, start)) != -1]
-        return min(found) if found else None
+        found = [(at, at + len(s) if keep else at) for s in self.stops
+                 if (at := text.find(s, start)) != -1]
+        return min(found)[1] if found else None
 
     def sendable(self, text: str) -> int:
         """How many characters of an unfinished row's ``text`` may be sent: all but those
@@ -103,14 +108,21 @@ class StopStrings:
 
 class OutputText:
     """A row's output text as its stream sees it: decoded incrementally, cut at the first stop
-    string, and how much of it has been sent. The tokens go into ``ids``."""
+    string, and how much of it has been sent. The tokens go into ``ids``. ``params`` (the
+    row's sampling parameters) may ask for special tokens in the text
+    (``skip_special_tokens`` false), the stop string kept (``include_stop_str_in_output``)
+    and no stop string before ``min_tokens`` tokens."""
 
-    __slots__ = ("_detokenizer", "_stops", "sent", "text")
+    __slots__ = ("_detokenizer", "_keep", "_min_tokens", "_stops", "sent", "text")
 
     def __init__(self, tokenizer: Any, byte_ids: frozenset[int],
-                 stops: list[str] | tuple[str, ...], ids: list[int]) -> None:
-        self._detokenizer = Detokenizer(tokenizer, byte_ids, ids)
+                 stops: list[str] | tuple[str, ...], ids: list[int], params: Any = None
+                 ) -> None:
+        self._detokenizer = Detokenizer(tokenizer, byte_ids, ids,
+                                        getattr(params, "skip_special_tokens", True))
         self._stops = StopStrings(stops)
+        self._keep = getattr(params, "include_stop_str_in_output", False)
+        self._min_tokens = getattr(params, "min_tokens", 0)
         self.text = ""
         self.sent = 0
 
@@ -120,7 +132,8 @@ class OutputText:
         grown_from = len(self._detokenizer.text)
         self._detokenizer.add(token, final=last)
         text, stopped = self._detokenizer.text, False
-        at = self._stops.cut(text, grown_from)
+        at = self._stops.cut(text, grown_from, self._keep) \
+            if len(self._detokenizer.ids) >= self._min_tokens else None
         if at is not None:
             text, stopped = text[:at], True
         end = len(text) if stopped or last else self._stops.sendable(text)

@@ -40,7 +40,8 @@ def add_token(row: Row, token: int, now: float, lp: TokenLogprobs | None = None,
         finish_row(row, stop.reason)
         return
     if row.output is None:  # the tokens go into one list, read when the request ends
-        row.output = OutputText(tokenizer, byte_ids, params.stop, row.token_ids)
+        row.output = OutputText(tokenizer, byte_ids, params.stop, row.token_ids,
+                                params)
         out.token_ids = row.token_ids
     last = stop is not None
     delta, stopped = row.output.add(token, last)  # appends the token to row.token_ids

@@ -29,3 +29,5 @@ class Row:
     rope_delta: int = 0
     #: the row's grammar matcher (structured outputs), made on its first step
     matcher: Any = None
+    #: its logits processors' state (penalties, logit_bias, ...), made on its first step
+    logits_state: Any = None

@@ -24,7 +24,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.cpus import use_torch_threads
-from engine.executor import grammar, kv, media_embeds, sampler
+from engine.executor import grammar, kv, logits_processors, media_embeds, sampler
 from engine.executor.detokenize import byte_tokens
 from engine.executor.outputs import add_token
 from engine.executor.prefetch import Prefetcher
@@ -543,7 +543,8 @@ class TransformersRunner:
 
     def _advance(self, rows: list[Row], logits: Any) -> None:
         logits = grammar.mask_logits(rows, logits, self._grammars)
-        tokens = self._sample(rows, logits)
+        tokens = self._sample(rows, logits_processors.apply(rows, logits, self.tokenizer,
+                                                            self.eos_ids))
         logprobs = sampler.logprobs(rows, logits, tokens)
         now = time.perf_counter()
         for row, token, lp in zip(rows, tokens, logprobs, strict=True):

@@ -71,8 +71,9 @@ def _draw(probs: Any, generator: Any) -> int:
 
 def sample(rows: Sequence[Any], logits: Any) -> list[int]:
     """Each row's next token: greedy rows take the argmax; the others sample with their own
-    temperature/top-k/top-p and generator (seeded per row). top-p keeps at least the most
-    likely token, whatever the value (one that underflows in float32 keeps that one)."""
+    temperature/min-p/top-k/top-p and generator (seeded per row). min-p (vLLM's) drops the
+    tokens under ``min_p`` times the most likely one's probability; top-p keeps at least the
+    most likely token, whatever the value (one that underflows in float32 keeps that one)."""
     import torch
 
     tokens = logits.argmax(dim=-1).tolist()
@@ -85,6 +86,8 @@ def sample(rows: Sequence[Any], logits: Any) -> list[int]:
             kth = torch.topk(scores, min(p.top_k, scores.numel())).values[-1]
             scores = scores.masked_fill(scores < kth, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
+        if p.min_p > 0:
+            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
         if p.top_p < 1.0:
             sorted_p, order = torch.sort(probs, descending=True)
             keep = torch.cumsum(sorted_p, 0) - sorted_p < p.top_p

@@ -39,7 +39,10 @@ def check_stop(row: Row, token: int, *, eos_ids: Container[int],
         return Stop("abort")
     if grammar_complete:
         return Stop("stop")
-    if token in eos_ids and not params.ignore_eos:
+    # an EOS (unless ignore_eos) or one of stop_token_ids, once min_tokens are out (vLLM's
+    # rule: before that such tokens are banned from sampling; a grammar may still force one)
+    if len(row.token_ids) >= params.min_tokens and (
+            (token in eos_ids and not params.ignore_eos) or token in params.stop_token_ids):
         return Stop("stop")
     if len(row.token_ids) + 1 >= params.max_tokens:
         return Stop("length", keeps_token=True)

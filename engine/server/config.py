@@ -55,6 +55,11 @@ class ServerConfig:
     #: ``tool_call_parser``'s format (engine/server/tool_parsers.py)
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    #: vLLM's ``--generation-config``: "auto" (the model's generation_config.json), "vllm"
+    #: (none) or a folder; the request defaults it gives are resolved by the supervisor
+    #: into ``sampling_defaults`` (engine/models/generation_config.py)
+    generation_config: str = "auto"
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
     #: the engine's settings, checked where the flags are read and handed whole to the
     #: engine process (the launcher sets its reserved GPU bytes: mm_ipc_gpu_memory_gb)
     engine: EngineConfig = field(default_factory=EngineConfig)

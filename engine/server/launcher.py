@@ -14,6 +14,7 @@ code, and the others are stopped: nothing is left hanging, the exit status is 1.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError, StartupError
+from engine.models.generation_config import bad_file, describe, sampling_defaults
 from engine.server.config import ServerConfig
 
 logger = logging.getLogger("aphrodite.server")
@@ -354,6 +356,23 @@ def _check_ours_parallel(config: ServerConfig) -> None:
                           "GPUs, or serve with --device cpu", code="invalid_flag")
 
 
+def checked_defaults(mode: str, model_path: str) -> dict[str, Any]:
+    """``--generation-config``'s request defaults for the model, each checked as a request's
+    value would be (a model's file with a temperature this server refuses stops the start,
+    rather than failing every request that leaves it out)."""
+    from engine.errors import InvalidRequestError
+    from engine.executor.sampling import MAX_TOKENS_CAP, SamplingParams
+
+    defaults = sampling_defaults(mode, model_path)
+    try:  # (a larger max_new_tokens is the room's bound, as the server's cap is)
+        SamplingParams(**{**defaults, "max_tokens": min(defaults.get("max_tokens", 1),
+                                                        MAX_TOKENS_CAP)})
+    except (InvalidRequestError, TypeError) as err:
+        raise bad_file(Path(mode if mode != "auto" else model_path) / "generation_config.json",
+                       str(err)) from None
+    return defaults
+
+
 def run(config: ServerConfig, *, announce=print) -> int:
     """Check the flags, bind, start, supervise and stop the server processes; returns the
     exit status."""
@@ -370,6 +389,10 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
 
     name_process("supervisor")
     model_path, name = validate_in_child(config)
+    defaults = checked_defaults(config.generation_config, model_path)
+    if defaults:  # once, as vLLM does
+        announce(describe(defaults, config.generation_config))
+        config = dataclasses.replace(config, sampling_defaults=defaults)
     if config.engine_kind == "vllm":
         config = _fit_vllm_length(config, model_path, announce)
     ctx = multiprocessing.get_context("spawn")

@@ -42,7 +42,9 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
     fields = parse_generation_fields(data, max_tokens_cap=config.max_tokens_cap,
                                      scheduling_policy=config.engine.scheduling_policy,
                                      tool_parser=config.tool_call_parser
-                                     if config.enable_auto_tool_choice else None)
+                                     if config.enable_auto_tool_choice else None,
+                                     vocab_size=state.vocab_size,
+                                     defaults=config.sampling_defaults)
     fields.cache_salt = effective_salt(fields.cache_salt, key_salt)
     parsed = parse_messages(data.get("messages"))
     await check_constraint(state, fields)
@@ -213,7 +215,9 @@ async def prepare_prompts(state: State, data: dict[str, Any], key_salt: str | No
     ``key_salt`` as for :func:`prepare_chat`."""
     fields = parse_generation_fields(data, max_tokens_cap=state.config.max_tokens_cap,
                                      chat=False,
-                                     scheduling_policy=state.config.engine.scheduling_policy)
+                                     scheduling_policy=state.config.engine.scheduling_policy,
+                                     vocab_size=state.vocab_size,
+                                     defaults=state.config.sampling_defaults)
     fields.cache_salt = effective_salt(fields.cache_salt, key_salt)
     await check_constraint(state, fields)
     prompts = parse_prompts(data.get("prompt"), state.vocab_size,

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequestError
+from engine.executor.logits_processors import check_token_ids
 from engine.executor.request import checked_priority
 from engine.executor.sampling import MAX_LOGPROBS, MAX_TOKENS_CAP, SamplingParams
+from engine.server import request_fields
 from engine.server.structured_fields import constraint
 from engine.server.tool_fields import ToolChoice, tool_choice
 
@@ -90,22 +92,10 @@ class GenerationFields:
         return dataclasses.replace(self.sampling, max_tokens=max_tokens)
 
 
-#: OpenAI parameters this server does not implement, with the value that means "not used":
-#: any other value is a 400 naming the parameter, never silently ignored (a client asking for
-#: JSON output or tool calls must not get free text as if it had been honoured).
-UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "functions": (None, []), "function_call": (None, "none"),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-    "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
-}
-#: ... and on /v1/completions, chat's ``top_logprobs`` (completions take ``logprobs`` = k)
-UNSUPPORTED_COMPLETIONS: dict[str, tuple[Any, ...]] = {
-    "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none")}
-
-
-def refuse_unsupported(body: dict[str, Any], table: dict[str, tuple[Any, ...]] = UNSUPPORTED
-                       ) -> None:
+def refuse_unsupported(body: dict[str, Any],
+                       table: dict[str, tuple[Any, ...]] = request_fields.REFUSED) -> None:
+    """A 400 naming the first field of ``table`` (see engine/server/request_fields.py) that
+    ``body`` sets to a value other than its "unused" ones."""
     for name, unused in table.items():
         value = body.get(name)
         if not any(value == u and type(value) is type(u) for u in unused) and \
@@ -137,20 +127,46 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
     return k if wanted else None
 
 
+def _sampling_extras(body: dict[str, Any]) -> dict[str, Any]:
+    """The logits processors' and output fields (vLLM's names; OpenAI's penalties and
+    ``logit_bias``), type-checked here, their ranges by SamplingParams."""
+    number = (int, float)
+    out = {name: _field(body, name, number) for name in (
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")}
+    out.update(logit_bias=_field(body, "logit_bias", dict), min_tokens=_field(
+        body, "min_tokens", int), stop_token_ids=_field(body, "stop_token_ids", list),
+        bad_words=_field(body, "bad_words", list),
+        skip_special_tokens=_field(body, "skip_special_tokens", bool),
+        include_stop_str_in_output=_field(body, "include_stop_str_in_output", bool))
+    return {name: value for name, value in out.items() if value is not None}
+
+
 def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: bool = True,
-                            scheduling_policy: str = "fcfs", tool_parser: str | None = None
-                            ) -> GenerationFields:
+                            scheduling_policy: str = "fcfs", tool_parser: str | None = None,
+                            vocab_size: int | None = None,
+                            defaults: dict[str, Any] | None = None) -> GenerationFields:
     """The sampling and extension fields shared by chat and text completions. Without
     ``max_tokens``/``max_completion_tokens`` a chat request generates up to the model's length
     limit (resolved per prompt by :meth:`GenerationFields.sampling_for`); a text completion
     generates 16 tokens (OpenAI's and vLLM's default for that endpoint). ``priority`` other
     than 0 is refused unless ``scheduling_policy`` is "priority"; ``tool_parser``: the
-    server's tool-call parser (``tool_choice`` "auto" needs one)."""
+    server's tool-call parser (``tool_choice`` "auto" needs one); ``vocab_size``: the
+    model's, which ``logit_bias`` and ``stop_token_ids`` must fall in; ``defaults``: the
+    sampling values a request that leaves them out gets (``--generation-config``; its
+    ``max_tokens`` then bounds the room the answer is given, as the server's cap does)."""
+    defaults = dict(defaults or {})
+    default_max = defaults.pop("max_tokens", None)
+    if defaults:
+        body = {**body, **{k: v for k, v in defaults.items() if body.get(k) is None}}
+    request_fields.note_unknown(body, chat)
     refuse_unsupported(body)
-    if not chat:
-        refuse_unsupported(body, UNSUPPORTED_COMPLETIONS)
+    refuse_unsupported(body, request_fields.REFUSED_CHAT if chat
+                       else request_fields.REFUSED_COMPLETIONS)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = _field({"max_tokens": max_tokens}, "max_tokens", int, None if chat else 16)
+    max_tokens = _field({"max_tokens": max_tokens}, "max_tokens", int,
+                        None if chat or default_max else 16)
+    if max_tokens is None and default_max:
+        max_tokens_cap = min(max_tokens_cap, default_max)
     if max_tokens is not None and max_tokens > max_tokens_cap:
         raise InvalidRequestError(f"max_tokens={max_tokens} is over this server's cap of "
                                   f"{max_tokens_cap}", param="max_tokens",
@@ -174,7 +190,7 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
                                           code="invalid_structured_output")
             spec = tools.spec
     sampling = SamplingParams(
-        max_tokens=max_tokens if max_tokens is not None else 1,
+        max_tokens=max_tokens if max_tokens is not None else MAX_TOKENS_CAP,
         temperature=float(_field(body, "temperature", (int, float), 1.0)),
         top_p=float(_field(body, "top_p", (int, float), 1.0)),
         top_k=_field(body, "top_k", int, 0),
@@ -184,7 +200,10 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
         ignore_eos=bool(_field(body, "ignore_eos", bool, False)),
         logprobs=logprobs,
         structured_outputs=spec,
+        **_sampling_extras(body),
     )
+    if vocab_size is not None:
+        check_token_ids(sampling, vocab_size)
     media = _field(body, "media_io_kwargs", dict, None)
     return GenerationFields(
         stream=bool(_field(body, "stream", bool, False)),

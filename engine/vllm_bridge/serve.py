@@ -96,7 +96,14 @@ def sampling_params(sampling: dict[str, Any]) -> Any:
         top_p=float(sampling.get("top_p", 1.0)), top_k=top_k if top_k > 0 else -1,
         seed=sampling.get("seed"), stop=list(sampling.get("stop") or []) or None,
         ignore_eos=bool(sampling.get("ignore_eos", False)),
-        logprobs=sampling.get("logprobs"), output_kind=RequestOutputKind.DELTA)
+        logprobs=sampling.get("logprobs"), output_kind=RequestOutputKind.DELTA,
+        **{name: sampling[name] for name in _PASSED if name in sampling})
+
+
+#: the sampling fields vLLM's SamplingParams takes under the same name and meaning
+_PASSED = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+           "min_p", "min_tokens", "stop_token_ids", "bad_words", "skip_special_tokens",
+           "include_stop_str_in_output")
 
 
 def vllm_prompt(message: Submit, mm: dict[str, Any]) -> dict[str, Any]:

@@ -363,11 +363,10 @@ def test_media_probe_refuses_and_accepts_exactly_as_serve(client, media, local_d
 
 
 @pytest.mark.parametrize(("param", "value"), [
-    ("logit_bias", {"42": 5}),
-    ("frequency_penalty", 0.5), ("presence_penalty", 0.5)])
+    ("best_of", 2), ("echo", True), ("suffix", "x")])
 def test_openai_parameters_not_implemented_are_refused_by_name(client, param, value):
-    """A client asking for logit biases or penalties must not get plain text as if
-    they had been honoured: a 400 naming the parameter. Their "unused" values pass."""
+    """A client asking for what the server does not do must not get plain text as if it
+    had been honoured: a 400 naming the parameter. Their "unused" values pass."""
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny-qwen2_5_vl", max_tokens=2, messages=[
             {"role": "user", "content": "hi"}], extra_body={param: value})
@@ -375,9 +374,33 @@ def test_openai_parameters_not_implemented_are_refused_by_name(client, param, va
     assert info.value.body["code"] == "unsupported_parameter"
     reply = client.chat.completions.create(
         model="tiny-qwen2_5_vl", max_tokens=2, messages=[{"role": "user", "content": "hi"}],
-        extra_body={"response_format": {"type": "text"}, "presence_penalty": 0,
+        extra_body={"response_format": {"type": "text"}, "best_of": 1, "echo": False,
                     "logprobs": False, "tools": [], "ignore_eos": True})
     assert reply.usage.completion_tokens == 2
+
+
+def test_served_sampling_parameters_shape_the_tokens(client):
+    """logit_bias (the openai client's own argument) forces its token at temperature 1;
+    vLLM's stop_token_ids end the row there; an id out of the vocabulary is a 400 naming the
+    field, on chat and completions both."""
+    forced = client.chat.completions.create(
+        model="tiny-qwen2_5_vl", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
+        temperature=1, logit_bias={"77": 100}, presence_penalty=0.1, frequency_penalty=-0.1,
+        logprobs=True)
+    assert [t.token for t in forced.choices[0].logprobs.content] == [
+        forced.choices[0].logprobs.content[0].token] * 5
+    stopped = client.completions.create(
+        model="tiny-qwen2_5_vl", prompt=[1, 2, 3], max_tokens=8, temperature=0,
+        logit_bias={"77": 100}, extra_body={"stop_token_ids": [77], "min_tokens": 0})
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.usage.completion_tokens == 0
+    for create, extra in ((client.chat.completions.create,
+                           {"messages": [{"role": "user", "content": "hi"}]}),
+                          (client.completions.create, {"prompt": "hi"})):
+        with pytest.raises(openai.BadRequestError) as info:
+            create(model="tiny-qwen2_5_vl", max_tokens=2, logit_bias={"100000": 1}, **extra)
+        assert info.value.body["param"] == "logit_bias"
+        assert "out of the vocabulary" in info.value.body["message"]
 
 
 def test_models_by_id_and_405_says_allow(server, client):

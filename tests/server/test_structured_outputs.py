@@ -272,6 +272,27 @@ def test_readme_structured_outputs_example_runs(server):
     assert set(json.loads(scope["call"].function.arguments)) == {"city", "days"}
 
 
+def test_readme_sampling_parameters_examples_run(server):
+    """The README's sampling-parameters examples (openai client and curl), on this module's
+    server."""
+    import subprocess
+
+    text = README.read_text()
+    block = text[text.index("<!-- sampling-params-example:start -->"):
+                 text.index("<!-- sampling-params-example:end -->")]
+    port = f"localhost:{server.port}"
+    scope: dict = {}
+    exec(re.search(r"```python\n(.*?)```", block, re.S).group(1).replace(
+        "localhost:2242", port), scope)
+    reply = scope["reply"]
+    assert reply.usage.completion_tokens >= 4  # min_tokens
+    assert "grey" not in reply.choices[0].message.content
+    curl = re.search(r"```bash\n(.*?)```", block, re.S).group(1)
+    done = subprocess.run(["bash", "-c", curl.replace("localhost:2242", port)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout)["usage"]["completion_tokens"] > 0
+
+
 def test_the_mask_covers_padded_logits_and_leaves_plain_rows_alone():
     """Logits wider than the grammar's vocabulary (a model's padded embedding) have the extra
     columns masked in constrained rows; plain and finished rows keep every logit; bfloat16
