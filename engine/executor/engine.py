@@ -49,6 +49,7 @@ from engine.executor.scheduler import (
     Prefilling,
     SeqState,
     StepPlan,
+    group_loads,
     passed_over,
     plan,
     serving_order,
@@ -241,18 +242,21 @@ class Engine:
         self._order = None
         running = self._running_rows()
         policy = self.config.scheduling_policy
-        if policy == "fcfs" or progress is not None or len(self.waiting) < 2 or \
-                running >= self.config.max_num_seqs:
+        if progress is not None or len(self.waiting) < 2 or \
+                running >= self.config.max_num_seqs or (
+                    policy == "fcfs" and not self._overtaken and self._one_group()):
             return plan((self._waiting_seq(r) for r in self.waiting), running, self.config,
                         progress)
         rows = list(self.waiting)
         # only "shortest" orders by what the prefix cache leaves: it reads the cache for every
-        # row once, here; "priority" reads it lazily, for the rows the plan looks at
+        # row once, here; the others read it lazily, for the rows the plan looks at
         shortest = policy == "shortest"
         seqs = [self._waiting_seq(r) if shortest else self._seqs[r.request.request_id]
                 for r in rows]
         order = serving_order(seqs, policy, [self._overtaken.get(r.request.request_id, 0)
-                                             for r in rows])
+                                             for r in rows],
+                              group_loads([r.request.fair_group for r in rows],
+                                          self._running_groups()))
         self._order = [rows[i] for i in order]
         taken = plan((seqs[i] if shortest else self._waiting_seq(rows[i]) for i in order),
                      running, self.config)
@@ -260,6 +264,22 @@ class Engine:
         for rid in passed:
             self._overtaken[rid] = self._overtaken.get(rid, 0) + 1
         return taken
+
+    def _one_group(self) -> bool:
+        """Every waiting row is of one group, and no other group's row runs (fairness has
+        nothing to reorder)."""
+        groups = {r.request.fair_group for r in self.waiting}
+        return len(groups) == 1 and set(self._running_groups()) <= groups
+
+    def _running_groups(self) -> dict[str, int]:
+        """Rows running (or being prefilled) per group."""
+        counts: collections.Counter[str] = collections.Counter()
+        running, flying, chunked = self.running, self._in_flight, self.prefilling
+        for rows in (running.rows if running is not None else (),
+                     flying.rows if flying is not None else (),
+                     (chunked.row,) if chunked is not None else ()):
+            counts.update(r.request.fair_group for r in rows if not r.done)
+        return counts
 
     def _take(self, count: int) -> list[_Row]:
         """The first ``count`` waiting rows in the order the plan took them, out of the
