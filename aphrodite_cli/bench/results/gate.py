@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from aphrodite_cli.bench.load.escape import markdown_safe as _md
 from aphrodite_cli.bench.results.files import load_result
 from engine.errors import ConfigError
 
@@ -124,7 +125,7 @@ def markdown(verdicts: list[Verdict]) -> str:
     for v in verdicts:
         verdict = ("**regression**" if v.regressed else "improvement" if v.improved
                    else "no significant change")
-        rows.append(f"| {v.phase} | {v.metric} | {v.baseline_median:.2f} | "
+        rows.append(f"| {_md(v.phase)} | {v.metric} | {v.baseline_median:.2f} | "
                     f"{v.candidate_median:.2f} | {v.ratio:.3f} | [{v.low:.3f}, {v.high:.3f}] | "
                     f"{verdict} (threshold {v.threshold:.0%}) |")
     return "\n".join(rows)
@@ -201,6 +202,6 @@ def capacity_markdown(verdicts: list[dict[str, Any]]) -> str:
     for v in verdicts:
         verdict = ("**regression**" if v["regressed"] else "improvement" if v["improved"]
                    else "no significant change")
-        rows.append(f"| {v['phase']} | {v['baseline']:.3g} | {v['candidate']:.3g} | "
+        rows.append(f"| {_md(v['phase'])} | {v['baseline']:.3g} | {v['candidate']:.3g} | "
                     f"{v['ratio']:.3f} | {verdict} (threshold {v['threshold']:.0%}) |")
     return "\n".join(rows)
