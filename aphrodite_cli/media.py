@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 import typer
 
+from aphrodite_cli.bench.harness.synthetic_caps import MAX_FPS, MAX_FRAMES, MAX_SECONDS, MAX_SIDE
 from aphrodite_cli.options import (
     AllowedLocalMediaPath,
     AllowedMediaDomains,
@@ -137,10 +138,13 @@ def _print_report(report) -> None:
 def generate(
     kind: Annotated[Literal["image", "video", "audio"], typer.Argument(help="What to make.")],
     out_path: Annotated[str, typer.Argument(metavar="OUT", help="File to write.")],
-    width: Annotated[int, typer.Option(min=1, help="Image/video width.")] = 640,
-    height: Annotated[int, typer.Option(min=1, help="Image/video height.")] = 480,
-    seconds: Annotated[float, typer.Option(min=0.05, help="Video/audio duration.")] = 2.0,
-    fps: Annotated[int, typer.Option(min=1, help="Video frame rate.")] = 30,
+    width: Annotated[int, typer.Option(min=1, max=MAX_SIDE, help="Image/video width.")] = 640,
+    height: Annotated[int, typer.Option(min=1, max=MAX_SIDE,
+                                        help="Image/video height.")] = 480,
+    seconds: Annotated[float, typer.Option(
+        min=0.05, max=MAX_SECONDS, help=f"Video/audio duration (a video at most {MAX_FRAMES} "
+                                        "frames).")] = 2.0,
+    fps: Annotated[int, typer.Option(min=1, max=MAX_FPS, help="Video frame rate.")] = 30,
     codec: Annotated[str, typer.Option(help="Video encoder (libx264, libx265, libvpx-vp9, "
                                        "libsvtav1).")] = "libx264",
     gop: Annotated[int, typer.Option(min=1, help="Video keyframe interval in frames.")] = 30,
@@ -151,6 +155,7 @@ def generate(
     from pathlib import Path
 
     from aphrodite_cli.bench.harness import synthetic
+    from aphrodite_cli.bench.harness.synthetic_caps import check_seconds, check_size
 
     path = Path(out_path)
     suffix = path.suffix.lower().lstrip(".")
@@ -159,6 +164,8 @@ def generate(
                "bmp": "BMP", "tif": "TIFF", "tiff": "TIFF"}.get(suffix, "JPEG")
         data = synthetic.make_image(width, height, fmt=fmt, seed=seed)
     elif kind == "video":
+        check_seconds("--seconds", seconds, fps)
+        check_size("--width/--height/--seconds", width, height, round(seconds * fps))
         container = {"mkv": "matroska", "webm": "webm", "mov": "mov"}.get(suffix, "mp4")
         data = synthetic.make_video(width=width, height=height, fps=fps, seconds=seconds,
                                     codec=codec, container=container, gop=gop,

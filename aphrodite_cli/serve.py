@@ -185,8 +185,10 @@ def serve(
              "oldest; priority, the lowest request 'priority' field (vLLM's; other values "
              "are refused under fcfs), then the oldest; shortest (ours), the fewest prompt "
              "tokens left to prefill after the prefix cache, so a video prompt does not hold "
-             "up the image and text prompts that came after it; a request passed over "
-             f"{MAX_OVERTAKES} times goes first.")] = EngineConfig.scheduling_policy,
+             "up the image and text prompts that came after it. Under each a request "
+             f"passed over {MAX_OVERTAKES} times goes first (priority's bound on waiting), "
+             "and the sequences of one request (prompts x n) take turns with other "
+             "requests'.")] = EngineConfig.scheduling_policy,
     max_num_batched_tokens: Annotated[int | None, typer.Option(
         help="Prompt tokens prefilled in one step when requests join the running "
              "batch, e.g. 8192 (a longer prompt is prefilled alone, a chunk per step); "
@@ -237,7 +239,8 @@ def serve(
         min=16, help="Prompt plus output tokens per request, e.g. 8192.")
     ] = ServerConfig.max_model_len,
     max_pending_requests: Annotated[int, typer.Option(
-        min=1, help="Requests in flight per API server before 503 + Retry-After, e.g. 256.")
+        min=1, help="Sequences in flight per API server before 503 + Retry-After (a "
+                    "request counts prompts x n, at most half of this), e.g. 256.")
     ] = ServerConfig.max_pending_requests,
     decode_isolation: Annotated[DecodeIsolation, typer.Option(
         help="process (decode worker processes: a decoder crash, hang or memory blow-up "

@@ -160,11 +160,12 @@ SCHEDULING: tuple[Scheduling, ...] = ("continuous", "static")
 #: oldest among equals; "shortest", the fewest prompt tokens left to prefill (after the
 #: prefix cache), the oldest among equals, except that a row passed over
 #: :data:`MAX_OVERTAKES` times goes before every younger one (ours: a video prompt does not
-#: hold up the image and text prompts behind it, and is not held up for ever either)
+#: hold up the image and text prompts behind it, and is not held up for ever either); under
+#: every policy, so under "priority" a low value waits at most that many joins of younger ones
 SchedulingPolicy = Literal["fcfs", "priority", "shortest"]
 SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority", "shortest")
-#: ``--scheduling-policy shortest``: how many younger rows may join before a waiting row
-#: (after that it goes first): a long prompt waits for at most this many shorter prefills
+#: every ``--scheduling-policy``: how many times younger rows may join before a waiting row
+#: (after that it goes first): a long prompt, or a low priority, waits at most this many joins
 MAX_OVERTAKES = 4
 #: the request ``priority`` values accepted (vLLM takes any integer; ours are bounded so a
 #: request cannot send a megabyte-long number)

@@ -24,7 +24,7 @@ changes the outcome. Catch at the level you need::
     │   ├── UnsupportedMediaError 400   the bytes are not the kind of media the part says
     │   └── MediaDecodeError     422    the bytes are that kind of media but cannot be decoded
     ├── ServiceUnavailableError (503)   the engine process is not there, or the server is full
-    │   └── OverloadedError      503    more requests in flight than --max-pending-requests
+    │   └── OverloadedError      503    more sequences in flight than --max-pending-requests
     ├── EngineError                     an error the engine process reported, with its status
     └── InternalError (500)             a bug in this project
 

@@ -13,7 +13,8 @@ file alone.
 
 from __future__ import annotations
 
-from aphrodite_cli.bench.harness import hostile_media, server_process, synthetic
+from aphrodite_cli.bench.harness import hostile_media, server_process, synthetic, synthetic_caps
 from aphrodite_cli.bench.harness.media_host import MediaHost, drip
 
-__all__ = ["MediaHost", "drip", "hostile_media", "server_process", "synthetic"]
+__all__ = ["MediaHost", "drip", "hostile_media", "server_process", "synthetic",
+           "synthetic_caps"]

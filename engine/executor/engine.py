@@ -244,8 +244,18 @@ class Engine:
             self._seqs[chunked.row.request.request_id], chunked.done)
         step, self._order = self.scheduler.schedule(
             self.waiting, self._running_rows(), self.config, self._seqs, self._waiting_seq,
-            progress)
+            progress, self._running_groups())
         return step
+
+    def _running_groups(self) -> dict[str, int]:
+        """Rows running (or being prefilled) per group (a client request's sequences)."""
+        counts: collections.Counter[str] = collections.Counter()
+        running, flying, chunked = self.running, self._in_flight, self.prefilling
+        for rows in (running.rows if running is not None else (),
+                     flying.rows if flying is not None else (),
+                     (chunked.row,) if chunked is not None else ()):
+            counts.update(r.request.fair_group for r in rows if not r.done)
+        return counts
 
     def _take(self, count: int) -> list[Row]:
         """The first ``count`` waiting rows in the order the plan took them, out of the

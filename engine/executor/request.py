@@ -95,11 +95,19 @@ class EngineRequest:
     #: vLLM's request ``priority``: with ``--scheduling-policy priority`` lower values join
     #: the running batch first
     priority: int = 0
+    #: the client request this one belongs to (the prompts of one completion share it): the
+    #: scheduler interleaves groups' rows (fairness per sequence); None: a group of its own
+    group: str | None = None
     #: the prompt's inputs prepared off the engine thread (:mod:`engine.executor.prefetch`):
     #: a future while under way
     inputs: Any = None
     #: the compiled grammar of ``params.structured_outputs`` (set before the request queues)
     grammar: Any = None
+
+    @property
+    def fair_group(self) -> str:
+        """The group the scheduler shares the batch by (its own id when it has none)."""
+        return self.group if self.group is not None else self.request_id
 
     def finish(self) -> None:
         """Mark done (the engine thread calls this once) and run ``on_done``: a caller that

@@ -11,9 +11,14 @@ The rules, in the order they apply:
    nothing else joins until its last chunk is in.
 2. ``scheduling="static"``: nothing joins a running batch; waiting rows wait for it to end.
 3. The waiting rows join in the order of ``scheduling_policy`` (:func:`serving_order`;
-   "fcfs": first come, first served, and no row overtakes an older one) while the batch
-   holds fewer than ``max_num_seqs`` rows (a request's ``n`` samples are ``n`` rows, each
-   prefilling its prompt).
+   "fcfs": first come, first served) while the batch holds fewer than ``max_num_seqs`` rows
+   (a request's ``n`` samples are ``n`` rows, each prefilling its prompt). Fairness per
+   sequence: the rows of one client request (every prompt of a completion times its ``n``:
+   a *group*) are interleaved with other groups' (:func:`group_loads`: a row whose group
+   has fewer rows running or ahead of it goes first), so a small request is not stuck
+   behind all the rows of a big one; and under every policy a row passed over
+   :data:`~engine.config.MAX_OVERTAKES` times goes before the rest (aging: the bound on
+   waiting, under "priority" too).
 4. Token budget: the rows that join in one step are prefilled together, in one forward pass
    of at most ``max_num_batched_tokens`` prompt tokens; the first that does not fit waits for
    the next step. A prompt over the budget on its own is prefilled alone, a chunk per step,
@@ -141,20 +146,41 @@ def plan(waiting: Iterable[SeqState], running: int, config: EngineConfig,
 
 
 def serving_order(waiting: Sequence[SeqState], policy: SchedulingPolicy,
-                  overtaken: Sequence[int] = ()) -> list[int]:
+                  overtaken: Sequence[int] = (), loads: Sequence[int] = ()) -> list[int]:
     """The indices of ``waiting`` (oldest first) in the order ``policy`` lets them join
-    (rule 3): "fcfs" as they are; "priority" by ``priority``, lowest first; "shortest" by
-    ``tokens_to_prefill``, fewest first, except that a row that ``overtaken`` (per row, 0
-    when left out) says was passed over :data:`MAX_OVERTAKES` times or more goes before the
-    rest. Equals keep their age order (the sort is stable)."""
-    rows = range(len(waiting))
-    if policy == "priority":
-        return sorted(rows, key=lambda i: waiting[i].priority)
-    if policy == "shortest":
-        passed = list(overtaken) + [0] * (len(waiting) - len(overtaken))
-        return sorted(rows, key=lambda i: (0, 0) if passed[i] >= MAX_OVERTAKES
-                      else (1, waiting[i].tokens_to_prefill))
-    return list(rows)
+    (rule 3). A row that ``overtaken`` (per row, 0 when left out) says was passed over
+    :data:`MAX_OVERTAKES` times or more goes before the rest, under every policy (aging: a
+    row waits for at most that many steps in which a younger row joined). Then "fcfs" as
+    they came, "priority" by ``priority``, lowest first, "shortest" by
+    ``tokens_to_prefill``, fewest first; within each, the row whose group has the fewest
+    rows running or ahead of it (``loads``, :func:`group_loads`; 0 when left out) first.
+    Equals keep their age order (the sort is stable)."""
+    count = len(waiting)
+    passed = list(overtaken) + [0] * (count - len(overtaken))
+    load = list(loads) + [0] * (count - len(loads))
+
+    def policy_key(i: int) -> int:
+        if policy == "priority":
+            return waiting[i].priority
+        if policy == "shortest":
+            return waiting[i].tokens_to_prefill
+        return 0
+
+    return sorted(range(count), key=lambda i: (0, 0, load[i]) if passed[i] >= MAX_OVERTAKES
+                  else (1, policy_key(i), load[i]))
+
+
+def group_loads(groups: Sequence[str], running: Mapping[str, int]) -> list[int]:
+    """Per waiting row (``groups``: each row's group, oldest first), how many rows of its
+    group are running (``running``) or waiting ahead of it: the fair-share key of
+    :func:`serving_order`. A group's k-th waiting row goes with every other group's k-th."""
+    seen: dict[str, int] = {}
+    loads = []
+    for group in groups:
+        ahead = seen.get(group, 0)
+        loads.append(running.get(group, 0) + ahead)
+        seen[group] = ahead + 1
+    return loads
 
 
 def passed_over(order: Sequence[int], joined: int) -> list[int]:
@@ -165,6 +191,13 @@ def passed_over(order: Sequence[int], joined: int) -> list[int]:
         return []
     youngest = max(order[:joined])
     return [i for i in order[joined:] if i < youngest]
+
+
+def one_group(waiting: Sequence[Row], running_groups: Mapping[str, int]) -> bool:
+    """Every waiting row is of one group, and no other group's row runs (fairness has
+    nothing to reorder)."""
+    groups = {r.request.fair_group for r in waiting}
+    return len(groups) == 1 and set(running_groups) <= groups
 
 
 class Scheduler:
@@ -180,23 +213,30 @@ class Scheduler:
 
     def schedule(self, waiting: Sequence[Row], running: int, config: EngineConfig,
                  seqs: Mapping[str, SeqState], current: Callable[[Row], SeqState],
-                 progress: Prefilling | None = None) -> tuple[StepPlan, list[Row] | None]:
+                 progress: Prefilling | None = None,
+                 running_groups: Mapping[str, int] | None = None
+                 ) -> tuple[StepPlan, list[Row] | None]:
         """The next step (see :func:`plan`) for the ``waiting`` rows (oldest first) beside
         ``running`` rows and the prompt being chunked (``progress``), and the waiting rows in
         the order the plan takes them (None: oldest first). ``seqs``: each request's
         :class:`SeqState` as it was submitted; ``current``: a row's with the prompt tokens
-        the prefix cache holds now (read lazily: only for the rows the plan looks at)."""
+        the prefix cache holds now (read lazily: only for the rows the plan looks at);
+        ``running_groups``: rows running per group (a client request's sequences), so that
+        each group's k-th waiting row goes with every other group's k-th (fairness per
+        sequence, :func:`group_loads`)."""
         policy = config.scheduling_policy
-        if policy == "fcfs" or progress is not None or len(waiting) < 2 or \
-                running >= config.max_num_seqs:
+        groups = running_groups or {}
+        if progress is not None or len(waiting) < 2 or running >= config.max_num_seqs or (
+                policy == "fcfs" and not self.overtaken and one_group(waiting, groups)):
             return plan((current(r) for r in waiting), running, config, progress), None
         rows = list(waiting)
         # only "shortest" orders by what the prefix cache leaves: it reads the cache for every
-        # row once, here; "priority" reads it lazily, for the rows the plan looks at
+        # row once, here; the others read it lazily, for the rows the plan looks at
         shortest = policy == "shortest"
         views = [current(r) if shortest else seqs[r.request.request_id] for r in rows]
         order = serving_order(views, policy, [self.overtaken.get(r.request.request_id, 0)
-                                              for r in rows])
+                                              for r in rows],
+                              group_loads([r.request.fair_group for r in rows], groups))
         taken = plan((views[i] if shortest else current(rows[i]) for i in order),
                      running, config)
         passed = {rows[i].request.request_id for i in passed_over(order, taken.admitted)}

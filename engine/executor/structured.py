@@ -6,8 +6,15 @@ compiles it: a schema over :data:`MAX_SPEC_BYTES`, nested deeper than
 :data:`MAX_SCHEMA_DEPTH` or with more than :data:`MAX_ENUM_VALUES` enum values (choices
 count too), or an object with more than :data:`MAX_OPTIONAL_PROPERTIES` optional properties
 (the grammar's size grows with their combinations: 1200 took 30 s to compile) is refused at
-once, naming the field it came in. OpenAI's own limits for strict schemas are of the same
-order (10 levels of nesting, 1000 enum values, every property required).
+once, naming the field it came in. So is a schema whose string ``pattern`` s and lengths
+(``minLength``/``maxLength`` become a pattern) repeat more than
+:data:`MAX_PATTERN_REPEATS` characters in one pattern or :data:`MAX_SCHEMA_REPEATS` in all
+(:func:`pattern_repeats`, nested repetitions multiplied): inside a JSON string xgrammar
+expands each repetition, in time that grows with its square (``[^"]{0,5000}``: 15 s on
+these CPUs, ten strings of 1000 to 2000 characters: 19 s), and a compile past its deadline
+goes on holding a compile thread. A plain regex constraint is not expanded that way
+(``[^"]{0,5000}`` compiles in 0.1 s) and has no such cap. OpenAI's own limits for strict
+schemas are of the same order (10 levels of nesting, 1000 enum values, every property required).
 
 The grammar engine's side (compiling, the per-row matchers) is
 :mod:`engine.executor.grammar`; the request fields that carry a constraint under OpenAI's and
@@ -18,6 +25,7 @@ vLLM's other names (``response_format``, ``guided_json``...) are the server's
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, NamedTuple
 
 from engine.errors import InvalidRequestError
@@ -32,10 +40,18 @@ MAX_SCHEMA_DEPTH = 64
 MAX_ENUM_VALUES = 1000
 #: properties of one object the schema leaves optional (not in ``required``)
 MAX_OPTIONAL_PROPERTIES = 64
+#: characters one pattern of a JSON schema may repeat (``[^"]{0,2048}``: about 2 s to compile)
+MAX_PATTERN_REPEATS = 2048
+#: ... and all its patterns and string lengths together
+MAX_SCHEMA_REPEATS = 4096
 #: the hint every size refusal carries
 LIMITS_HINT = (f"simplify the constraint: at most {MAX_SPEC_BYTES >> 10} KiB, "
                f"{MAX_SCHEMA_DEPTH} levels of nesting, {MAX_ENUM_VALUES} enum values and "
                f"{MAX_OPTIONAL_PROPERTIES} optional properties per object")
+#: the hint a refusal of long string patterns carries
+REPEATS_HINT = (f"bound strings to at most {MAX_PATTERN_REPEATS} characters each and "
+                f"{MAX_SCHEMA_REPEATS} in all (maxLength, or a pattern's repetition counts), "
+                "or leave the bound out")
 #: keys of vLLM's ``structured_outputs`` this server takes as flags (see :func:`from_fields`)
 FLAGS = ("disable_any_whitespace", "disable_fallback", "disable_additional_properties")
 #: keys vLLM defines that this server does not implement: a value other than null is a 400
@@ -83,6 +99,7 @@ def schema_spec(schema: Any, param: str, *, any_whitespace: bool = False) -> Gra
     if not isinstance(schema, dict):
         raise _bad(param, "must be a JSON Schema object")
     check_schema(schema, param)
+    _check_repeats(schema, param)
     text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
     return GrammarSpec("json", _sized(param, text), param, any_whitespace)
 
@@ -132,6 +149,65 @@ def _check_lengths(node: dict[str, Any], param: str) -> None:
             raise _bad(param, f"has a string {name} that is not a whole number, 0 or more")
     if "maxLength" in node and low > high:
         raise _bad(param, "has a string whose minLength is more than its maxLength")
+
+
+def pattern_repeats(pattern: str) -> int:
+    """How many characters ``pattern`` spells out once its counted repetitions are expanded
+    (``a{3}b`` 4, ``(ab{0,9}){10}`` 100, ``a*`` 1): what xgrammar's compile of a JSON
+    string pattern grows with. A pattern Python's parser does not read counts its
+    repetition bounds added up."""
+    import re._parser as sre  # (the stdlib's own parser; no public name)
+
+    try:
+        return _expanded(sre.parse(pattern), sre)
+    except (re.error, RecursionError, OverflowError, ValueError, TypeError):
+        counts = re.findall(r"\{(\d{1,9})(?:,(\d{0,9}))?\}", pattern)
+        return sum(max(int(low), int(high or 0)) for low, high in counts) + len(pattern)
+
+
+def _expanded(items: Any, sre: Any) -> int:
+    total = 0
+    for op, arg in items:
+        if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+            low, high, sub = arg
+            times = low if high == sre.MAXREPEAT else high
+            total += max(times, 1) * _expanded(sub, sre)
+        elif op in (sre.SUBPATTERN, sre.ATOMIC_GROUP):
+            total += _expanded(arg[-1], sre)
+        elif op == sre.BRANCH:
+            total += sum(_expanded(branch, sre) for branch in arg[1])
+        elif op == sre.ASSERT or op == sre.ASSERT_NOT:
+            total += _expanded(arg[1], sre)
+        else:
+            total += 1
+    return total
+
+
+def _check_repeats(schema: dict[str, Any], param: str) -> None:
+    """Every string ``pattern`` and length of ``schema`` within :data:`MAX_PATTERN_REPEATS`,
+    all of them within :data:`MAX_SCHEMA_REPEATS` (one walk, no recursion)."""
+    total = 0
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        pattern = node.get("pattern")
+        size = pattern_repeats(pattern) if isinstance(pattern, str) else 0
+        if node.get("type") == "string" and pattern is None:
+            size = max(node.get("minLength", 0), node.get("maxLength", 0))  # (checked ints)
+        if size > MAX_PATTERN_REPEATS:
+            raise _bad(param, f"has a string pattern or length that spells out {size} "
+                              f"characters; at most {MAX_PATTERN_REPEATS} per string",
+                       hint=REPEATS_HINT)
+        total += size
+        if total > MAX_SCHEMA_REPEATS:
+            raise _bad(param, f"has string patterns and lengths that spell out more than "
+                              f"{MAX_SCHEMA_REPEATS} characters together", hint=REPEATS_HINT)
+        stack.extend(node.values())
 
 
 def regex_spec(pattern: Any, param: str) -> GrammarSpec:

@@ -90,14 +90,14 @@ class EngineClient:
                 mm_items: tuple[list[str], list[tuple[int, int]]] = ([], []),
                 prompt: str | None = None,
                 mm_processor_kwargs: dict[str, Any] | None = None, priority: int = 0,
-                cache_salt: str | None = None) -> None:
+                cache_salt: str | None = None, group: str | None = None) -> None:
         """Large inputs into shared memory, then the request to the engine: in a worker
         thread, so the megabytes of copying stay off the event loop. Segments of a message
         that was not sent are removed (no engine will map them)."""
         message, segments = shared_inputs.export(mm)
         try:
             self._send(Submit(rid, input_ids, message, sampling, *mm_items, prompt,
-                              mm_processor_kwargs, priority, cache_salt))
+                              mm_processor_kwargs, priority, cache_salt, group))
         except BaseException:
             shared_inputs.discard(segments)
             raise
@@ -106,14 +106,15 @@ class EngineClient:
                        mm_items: tuple[list[str], list[tuple[int, int]]] = ([], []),
                        prompt: str | None = None,
                        mm_processor_kwargs: dict[str, Any] | None = None, priority: int = 0,
-                       cache_salt: str | None = None):
+                       cache_salt: str | None = None, group: str | None = None):
         """Yields the request's :class:`~engine.server.wire.Delta` s as the engine makes
         them, then its :class:`~engine.server.wire.Done` (a failed request raises instead).
         ``mm_items``: the prompt's items' content keys and token ranges
         (``ProcessedPrompt.mm_hashes``, ``mm_positions``), which the engine's prefix cache
         names the media by. ``prompt``, ``mm_processor_kwargs``: for an engine that runs its
         own processor (see :class:`~engine.server.wire.Submit`); ``priority``: vLLM's request
-        priority."""
+        priority; ``group``: the client request it is a prompt of (the engine shares its
+        batch fairly between groups)."""
         if not self.alive:
             raise ServiceUnavailableError("the engine process is not running",
                                     hint="check the server log; restart the server")
@@ -126,7 +127,8 @@ class EngineClient:
             # pass a file descriptor per storage, which the processor cache then keeps open.
             plain = {k: v.numpy() if hasattr(v, "numpy") else v for k, v in mm.items()}
             await asyncio.to_thread(self._submit, rid, input_ids, plain, sampling, mm_items,
-                                    prompt, mm_processor_kwargs, priority, cache_salt)
+                                    prompt, mm_processor_kwargs, priority, cache_salt,
+                                    group)
             while True:
                 message = await queue.get()
                 if isinstance(message, Delta):

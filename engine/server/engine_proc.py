@@ -175,7 +175,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
 
             req = EngineRequest(prompt, SamplingParams(**message.sampling), on_event=on_event,
                                 on_done=lambda req: finish(rid, req),
-                                priority=message.priority)
+                                priority=message.priority, group=message.group)
             live[rid] = req
             engine.submit(req)
 

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import os
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from engine.server import vllm_media
 from engine.server.prepare import preprocess_slot
 from engine.server.reply import Reply
 from engine.server.request_ids import request_id
+from engine.server.sequence_admission import sequences_charged
 from engine.server.wire import Done
 
 logger = logging.getLogger("aphrodite.server")
@@ -75,6 +77,12 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
     param = "messages" if chat else "prompt"
     params = [fields.sampling_for(len(p.input_ids), state.config.max_model_len, param)
               for p in prompts]
+    with sequences_charged(state, len(prompts) * fields.sampling.n):
+        return await _respond(request, state, fields, prompts, params, start, chat=chat)
+
+
+async def _respond(request: web.Request, state, fields, prompts: list, params: list,
+                   start: float, *, chat: bool) -> web.StreamResponse:
     if state.config.engine_kind == "vllm":
         generations = [vllm_media.generate(state.engine, state.vllm_ledger, p,
                                            _sampling(sp, fields, True),
@@ -84,10 +92,11 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
                                            priority=fields.priority)
                        for p, sp in zip(prompts, params, strict=True)]
     else:
+        group = uuid.uuid4().hex  # the engine interleaves this request's rows with others'
         generations = [state.engine.generate(p.input_ids, p.mm, _sampling(sp, fields, False),
                                              (p.mm_hashes, p.mm_positions),
                                              priority=fields.priority,
-                                             cache_salt=p.cache_salt)
+                                             cache_salt=p.cache_salt, group=group)
                        for p, sp in zip(prompts, params, strict=True)]
     reply = Reply(state, fields, prompts, start, chat=chat, request_id=request_id(request))
     if fields.stream:

@@ -49,6 +49,8 @@ class Submit(NamedTuple):
     priority: int = 0
     #: vLLM's ``cache_salt`` (see ``ProcessedPrompt.cache_salt``)
     cache_salt: str | None = None
+    #: the client request it is one prompt of (``EngineRequest.group``: fairness per sequence)
+    group: str | None = None
 
 
 class Cancel(NamedTuple):

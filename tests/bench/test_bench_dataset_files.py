@@ -80,3 +80,53 @@ def test_a_file_that_is_not_utf8_is_named(tmp_path, media, load):
     data.write_bytes(b'{"prompt": "caf\xe9"}\n')
     with pytest.raises(ConfigError, match="not UTF-8"):
         load(data, media)
+
+
+def trace_row(**fields) -> str:
+    return json.dumps({"arrival_s": 0, "prompt": "x", **fields}, allow_nan=True)
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    (trace_row(arrival_s=float("nan")), "arrival_s is a finite number"),
+    (trace_row(arrival_s=float("inf")), "arrival_s is a finite number"),
+    (trace_row(arrival_s=-1), "arrival_s is a finite number"),
+    (trace_row(arrival_s=True), "arrival_s is a finite number"),
+    (trace_row(arrival_s="5"), "arrival_s is a finite number"),
+    ('{"timestamp": NaN, "prompt": "x"}', "timestamp is a finite number"),
+    (trace_row(output_len=True), "output_len is a whole number"),
+    (trace_row(output_len=2.5), "output_len is a whole number"),
+    (trace_row(output_len=10 ** 30), "output_len is a whole number"),
+    (trace_row(output_length=-3), "output_length is a whole number"),
+    (trace_row(prompt={"a": 1}), "prompt is a string"),
+    (trace_row(kind=[1]), "kind is a string"),
+    (trace_row(media="cat.jpg"), "media is a list"),
+    (trace_row(media=[{"type": "image", "width": True, "height": 8}]), "width is a whole"),
+    (trace_row(media=[{"type": "image", "width": 10 ** 6, "height": 8}]), "width is a whole"),
+    (trace_row(media=[{"type": "video", "width": 4000, "height": 4000, "frames": 3000}]),
+     "past the cap"),
+    (trace_row(media=[{"type": "image", "url": 7}]), "url is a string"),
+    ("[" * 100_000, "is not JSON"),
+    ("[1]", "is not a JSON object"),
+])
+def test_bad_trace_lines_are_one_line_errors_naming_the_line_and_field(tmp_path, media, line,
+                                                                       says):
+    data = tmp_path / "trace.jsonl"
+    data.write_text(trace_row() + "\n" + line + "\n")
+    with pytest.raises(ConfigError, match=says) as info:
+        load_trace(data, media, limit=10, nonce=0)
+    assert f"{data}:2" in info.value.message and "\n" not in info.value.message
+
+
+def test_a_trace_that_would_never_end_is_refused(tmp_path, media):
+    """An arrival 10^11 s after the first (finite, but a run that never ends) is named."""
+    data = tmp_path / "trace.jsonl"
+    data.write_text(trace_row() + "\n" + trace_row(arrival_s=1e11) + "\n")
+    with pytest.raises(ConfigError, match="past the cap of 604800 s"):
+        load_trace(data, media, limit=10, nonce=0)
+
+
+def test_a_jsonl_row_nested_past_the_parser_is_named(tmp_path, media):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("[" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match=f"{data}:1 is not a JSON object"):
+        load_jsonl(data, media)

@@ -77,6 +77,17 @@ def test_a_hostile_trace_line_is_a_one_line_error_naming_it(tiny_tokenizer, tmp_
         assert "--timed-trace-chunk-hash-size" in info.value.hint
 
 
+def test_a_trace_whose_replay_would_never_end_is_refused(tiny_tokenizer, tmp_path):
+    """A finite timestamp 10^15 ms after the first is a replay of 31,000 years: named, with
+    the flags that scale time, before any request is sent."""
+    prompts = TokenPrompts.build(tiny_tokenizer, chat=False)
+    far = {**TRACE[0], "timestamp": 1e15}
+    path = _write(tmp_path / "far.jsonl", [TRACE[0], far])
+    with pytest.raises(ConfigError, match="past the cap of 604800 s") as info:
+        load_mooncake(path, prompts, limit=10, seed=0, nonce=0)
+    assert "time scale" in info.value.hint
+
+
 def test_the_command_replays_a_mooncake_trace_on_its_schedule(tmp_path, tiny_tokenizer_dir):
     """Against the mock (its own process): vLLM's spelling, timed_trace with
     --timed-trace-sec-multiplier 0.0005 (the trace at twice its speed), sends each request at

@@ -17,7 +17,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.errors import InvalidRequestError, OverloadedError
 from engine.executor.grammar import Grammars
-from engine.executor.structured import GrammarSpec
+from engine.executor.structured import GrammarSpec, pattern_repeats, regex_spec, schema_spec
 from engine.models.templates_path import template_path
 from tests.engine.test_structured_fields import deep as nested
 from tests.engine_fixtures import llm as shared_llm
@@ -247,16 +247,51 @@ def test_served_bad_constraints_are_a_400_naming_the_field(client, extra, param)
     ({"structured_outputs": {"json": json.dumps(nested(200))}}, "structured_outputs.json"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "bomb", "schema": {
         "enum": [f"v{i}" for i in range(50_000)]}}}}, "response_format.json_schema.schema"),
-], ids=["deep", "huge-enum"])
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "bomb", "schema": {
+        "type": "string", "pattern": '[^"]{0,5000}'}}}}, "response_format.json_schema.schema"),
+    ({"structured_outputs": {"json": {"type": "object", "properties": {
+        f"p{i}": {"type": "string", "minLength": 1000 + i, "maxLength": 2000 + i}
+        for i in range(10)}}}}, "structured_outputs.json"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "maxLength": 5000}}}}}],
+      "tool_choice": {"type": "function", "function": {"name": "f"}}},
+     "tools[0].function.parameters"),
+], ids=["deep", "huge-enum", "long-pattern", "many-long-strings", "tool-long-string"])
 def test_served_schema_bombs_are_refused_in_bounded_time(client, extra, param):
-    """Unchecked, either would hold a compile thread for seconds to minutes. (An object
-    nested deeper than 64 levels in the body is refused by the front door already.)"""
+    """Unchecked, each would hold a compile thread for seconds to minutes (a JSON string
+    pattern of 5000 repetitions: 15 s; ten strings of 1000-2000 characters: 19 s, past the
+    10 s deadline, compiling on after its 400). (An object nested deeper than 64 levels in
+    the body is refused by the front door already.)"""
     start = time.perf_counter()
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
             {"role": "user", "content": "hi"}], extra_body=extra)
     assert info.value.body["param"] == param
     assert time.perf_counter() - start < 10
+
+
+@pytest.mark.parametrize(("schema", "says"), [
+    ({"type": "string", "pattern": '[^"]{0,5000}'}, "spells out 5000 characters"),
+    ({"type": "string", "pattern": "([a-z]{0,100}x){0,100}"}, "spells out 10100 characters"),
+    ({"type": "string", "maxLength": 3000}, "spells out 3000 characters"),
+    ({"type": "array", "items": [{"type": "string", "minLength": 1500, "maxLength": 1500}] * 3},
+     "more than 4096 characters together"),
+])
+def test_long_json_string_patterns_are_refused_before_any_compile(schema, says):
+    """What xgrammar expands inside a JSON string, in time growing with its square, is
+    measured from the schema alone (no compile) and refused naming the field and the rule."""
+    start = time.perf_counter()
+    with pytest.raises(InvalidRequestError, match=says) as info:
+        schema_spec(schema, "response_format.json_schema.schema")
+    assert info.value.param == "response_format.json_schema.schema"
+    assert "maxLength" in info.value.hint and time.perf_counter() - start < 0.5
+
+
+def test_bounded_strings_and_plain_regexes_within_the_caps_are_taken():
+    assert schema_spec({"type": "string", "maxLength": 2048}, "p").kind == "json"
+    assert schema_spec({"type": "string", "pattern": "[a-z]{3}-[0-9]{4}"}, "p").kind == "json"
+    assert regex_spec('[^"]{0,5000}', "p").kind == "regex"  # a plain regex is not expanded
+    assert pattern_repeats("(ab{0,9}){10}") == 100 and pattern_repeats("a*b+") == 2
 
 
 def test_readme_structured_outputs_example_runs(server):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aphrodite_cli.bench.harness.synthetic_caps import check_size
 from aphrodite_cli.bench.load.media_files import read_lines, read_media
 from engine.errors import ConfigError
 
@@ -60,16 +61,20 @@ def parse_buckets(text: str | None) -> dict[tuple[int, int, int], float]:
         return dict(DEFAULT_BUCKETS)
     try:
         raw = json.loads(text)
-        buckets = {tuple(int(x) for x in k.split(",")): float(v) for k, v in raw.items()}
-    except (ValueError, AttributeError, json.JSONDecodeError):
-        raise ConfigError(f"--bucket-config {text!r} is not a JSON object of "
+        buckets = {tuple(int(x) for x in k.split(",")): v for k, v in raw.items()}
+    except (ValueError, AttributeError, RecursionError):
+        raise ConfigError(f"--bucket-config {text[:80]!r} is not a JSON object of "
                           '"height,width,frames": probability', code="invalid_bucket_config"
                           ) from None
-    if not buckets or any(len(k) != 3 or min(k) < 1 for k in buckets) or \
-            abs(sum(buckets.values()) - 1) > 1e-6:
+    if not buckets or any(len(k) != 3 or min(k) < 1 for k in buckets) or any(
+            isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p <= 1
+            for p in buckets.values()) or abs(sum(buckets.values()) - 1) > 1e-6:
         raise ConfigError("--bucket-config keys are height,width,frames (>= 1) and the "
-                          "probabilities must add up to 1", code="invalid_bucket_config")
-    return buckets  # type: ignore[return-value]
+                          "probabilities numbers from 0 to 1 that add up to 1",
+                          code="invalid_bucket_config")
+    for h, w, f in buckets:  # type: ignore[misc]
+        check_size("--bucket-config", w, h, f)
+    return {k: float(p) for k, p in buckets.items()}  # type: ignore[misc]
 
 
 def random_words(rng: random.Random, n: int) -> str:
@@ -114,7 +119,7 @@ def load_jsonl(path: Path, media_dir: Path | None) -> list[BenchRequest]:
         try:
             row = json.loads(line)
             messages = row["messages"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (ValueError, RecursionError, KeyError, TypeError):
             raise ConfigError(f"{path}:{n} is not a JSON object with messages",
                               code="invalid_dataset") from None
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):

@@ -28,6 +28,7 @@ from typing import Any
 
 from aphrodite_cli.bench.load.datasets import BenchRequest
 from aphrodite_cli.bench.load.media_files import read_lines
+from aphrodite_cli.bench.load.row_fields import check_span
 from engine.errors import ConfigError
 
 #: Mooncake's block size, in tokens
@@ -87,6 +88,7 @@ def load_mooncake(path: Path, prompts: Any, *, block: int = BLOCK_TOKENS,
         raise ConfigError(f"the trace {path} has no request", code="invalid_dataset")
     rows.sort(key=lambda r: r[0])
     rows = rows[:limit]
+    check_span(path, rows[0][0] * seconds_per_unit, rows[-1][0] * seconds_per_unit)
     blocks: dict[int, list[str]] = {}  # hash id -> its block's words (a token each)
 
     def words(h: int) -> list[str]:

@@ -269,9 +269,9 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                     v for r in records if (v := r.tokens_per_s_per_user) is not None],
                 "pixels": [sum(m.width * m.height * m.frames for m in req.media)
                            for req, r in zip(dataset, records, strict=True) if r.ok],
-                "stages_ms": {stage_ms(k): [float(((r.server or {}).get("timings") or {})
-                                                  .get(k, 0)) * 1e3 for r in records if r.ok]
-                              for k in SERVED_STAGES},
+                "stages_ms": {stage_ms(k): [v for r in records if r.ok if math.isfinite(
+                    v := float(((r.server or {}).get("timings") or {}).get(k, 0)) * 1e3)
+                    and v >= 0] for k in SERVED_STAGES},  # a target's figures, as it sent them
             }
             result.update(flat_fields(result, list(args.percentile_metrics),
                                       list(args.metric_percentiles)))

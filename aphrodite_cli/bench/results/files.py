@@ -16,6 +16,8 @@ from aphrodite_cli.bench.results.models import MODELS
 from engine.errors import ConfigError
 
 DEFAULT_DIR = Path("results")
+#: the largest result file read (a serve run of a million requests writes about 100 MB)
+MAX_RESULT_BYTES = 256 << 20
 
 #: kind -> the schema version this code writes and reads (each kind's model holds it)
 SCHEMA_VERSIONS: dict[str, int] = {kind: model.VERSION for kind, model in MODELS.items()}
@@ -53,11 +55,22 @@ def load_result(path: Path, kinds: tuple[str, ...] | None = None) -> dict[str, A
     """A result file of one of ``kinds`` (any known kind when None) at the schema version
     this code reads; anything else is a ConfigError naming the file and what it holds."""
     try:
-        doc = json.loads(Path(path).read_text())
+        size = Path(path).stat().st_size
+        if size > MAX_RESULT_BYTES:
+            raise ConfigError(f"{path} holds {size} bytes, past the {MAX_RESULT_BYTES >> 20} MB "
+                              "a result file may hold", hint="a bench command writes far less; "
+                              "pass the files it wrote", code="result_too_large")
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read result file {path}: {exc.strerror or exc}",
                           code="result_unreadable") from None
-    except ValueError:
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start})",
+                          hint="pass a file that an aphrodite bench command wrote",
+                          code="result_unreadable") from None
+    except (ValueError, RecursionError):
         raise ConfigError(f"{path} is not JSON", hint="pass a file that an aphrodite bench "
                           "command wrote", code="result_unreadable") from None
     kind = doc.get("kind") if isinstance(doc, dict) else None
@@ -142,8 +155,14 @@ def check_fields(doc: dict[str, Any], kind: str, path: Path | str) -> None:
     try:
         MODELS[kind].model_validate(doc)
     except ValidationError as exc:
-        problems = [".".join(str(p) for p in e["loc"]) + f" ({e['msg']})" if e["loc"]
-                    else e["msg"] for e in exc.errors()[:5]]
+        # a union's member names ("list[constrained-float]") are pydantic's, not the file's;
+        # of a union's errors, the one that reached deepest into the file is the one to name
+        found = [(tuple(p for p in e["loc"] if not (isinstance(p, str) and "[" in p)),
+                  e["msg"]) for e in exc.errors()]
+        found = [(loc, msg) for loc, msg in found if not any(
+            len(other) > len(loc) and other[:len(loc)] == loc for other, _ in found)]
+        problems = [".".join(str(p) for p in loc) + f" ({msg})" if loc else msg
+                    for loc, msg in found[:5]]
         raise ConfigError(f"{path} is a {kind} result with {'; '.join(problems)}: it was cut "
                           "short or edited", hint="re-run the benchmark that wrote it",
                           code="result_incomplete") from None

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from aphrodite_cli.bench.load.escape import markdown_safe as _md
 from aphrodite_cli.bench.results.files import load_result
 from engine.errors import ConfigError
 
@@ -26,6 +27,10 @@ DEFAULT_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "ttst_ms", "output_token_thro
                    "total_ms")
 #: Sample metrics where a larger value is the better one
 HIGHER_IS_BETTER = frozenset({"output_token_throughput_per_user"})
+#: the most samples per metric and side the gate compares (more are thinned evenly)
+MAX_SAMPLES = 20_000
+#: the most resampled values the bootstrap holds at once per side (8 MB of float64)
+BOOTSTRAP_CELLS = 1 << 20
 
 
 @dataclass
@@ -55,7 +60,10 @@ class Verdict:
 
 
 def samples(paths: list[Path]) -> dict[tuple[str, str], list[float]]:
-    """(phase, metric) -> pooled samples from result files."""
+    """(phase, metric) -> pooled samples from result files (each checked by its kind's
+    model: finite numbers, at least 0). Past :data:`MAX_SAMPLES` per side a metric keeps an
+    evenly spread :data:`MAX_SAMPLES` of them (the same every time), so the gate's memory is
+    bounded whatever the files hold."""
     pooled: dict[tuple[str, str], list[float]] = {}
     for path in paths:
         doc = load_result(path, ("serve", "mm-processor"))
@@ -63,16 +71,30 @@ def samples(paths: list[Path]) -> dict[tuple[str, str], list[float]]:
             for metric, values in (result.get("samples") or {}).items():
                 if isinstance(values, list) and values and isinstance(values[0], int | float):
                     pooled.setdefault((phase, metric), []).extend(float(v) for v in values)
-    return pooled
+    return {key: _thinned(values) for key, values in pooled.items()}
+
+
+def _thinned(values: list[float]) -> list[float]:
+    """At most :data:`MAX_SAMPLES` of ``values``, spread evenly over them."""
+    if len(values) <= MAX_SAMPLES:
+        return values
+    picks = np.linspace(0, len(values) - 1, MAX_SAMPLES).round().astype(np.int64)
+    return np.asarray(values)[picks].tolist()
 
 
 def ratio_ci(base: np.ndarray, cand: np.ndarray, *, resamples: int = 2000, seed: int = 0
              ) -> tuple[float, float, float]:
-    """Median ratio and its 95% percentile-bootstrap interval."""
+    """Median ratio and its 95% percentile-bootstrap interval, resampled a block of
+    resamples at a time (memory: a block times the samples, not every resample at once)."""
     rng = np.random.default_rng(seed)
-    b = rng.choice(base, size=(resamples, base.size))
-    c = rng.choice(cand, size=(resamples, cand.size))
-    ratios = np.median(c, axis=1) / np.maximum(np.median(b, axis=1), 1e-12)
+    ratios = np.empty(resamples)
+    block = max(1, min(resamples, BOOTSTRAP_CELLS // max(base.size, cand.size, 1)))
+    for start in range(0, resamples, block):
+        rows = min(block, resamples - start)
+        b = rng.choice(base, size=(rows, base.size))
+        c = rng.choice(cand, size=(rows, cand.size))
+        ratios[start:start + rows] = np.median(c, axis=1) / np.maximum(np.median(b, axis=1),
+                                                                        1e-12)
     return (float(np.median(cand) / max(np.median(base), 1e-12)),
             float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5)))
 
@@ -103,7 +125,7 @@ def markdown(verdicts: list[Verdict]) -> str:
     for v in verdicts:
         verdict = ("**regression**" if v.regressed else "improvement" if v.improved
                    else "no significant change")
-        rows.append(f"| {v.phase} | {v.metric} | {v.baseline_median:.2f} | "
+        rows.append(f"| {_md(v.phase)} | {v.metric} | {v.baseline_median:.2f} | "
                     f"{v.candidate_median:.2f} | {v.ratio:.3f} | [{v.low:.3f}, {v.high:.3f}] | "
                     f"{verdict} (threshold {v.threshold:.0%}) |")
     return "\n".join(rows)
@@ -180,6 +202,6 @@ def capacity_markdown(verdicts: list[dict[str, Any]]) -> str:
     for v in verdicts:
         verdict = ("**regression**" if v["regressed"] else "improvement" if v["improved"]
                    else "no significant change")
-        rows.append(f"| {v['phase']} | {v['baseline']:.3g} | {v['candidate']:.3g} | "
+        rows.append(f"| {_md(v['phase'])} | {v['baseline']:.3g} | {v['candidate']:.3g} | "
                     f"{v['ratio']:.3f} | {verdict} (threshold {v['threshold']:.0%}) |")
     return "\n".join(rows)

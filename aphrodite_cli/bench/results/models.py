@@ -10,9 +10,15 @@ needs no new version; a field that changes meaning or goes away bumps the kind's
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: one per-request sample (a latency, a rate, a size): a finite number, at least 0, never a
+#: boolean or a string taken as one (a NaN gated as PASS, a negative latency as a speed-up)
+Sample = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+#: a phase's samples: metric -> values, or a group (the server's stages) of them
+Samples = dict[str, list[Sample] | dict[str, list[Sample]]]
 
 
 class _Open(BaseModel):
@@ -22,8 +28,8 @@ class _Open(BaseModel):
 class Stats(_Open):
     """A metric's summary (count, mean, median, p50, p90, p99...); the ones a reader prints."""
 
-    median: float | None = None
-    p99: float | None = None
+    median: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    p99: Annotated[float, Field(allow_inf_nan=False)] | None = None
 
 
 class _Result(_Open):
@@ -109,7 +115,7 @@ class ServePhase(_Open):
     """One phase (cold, warm): the per-request samples the gate pools, and the summary the
     report prints (absent in a hand-made file: the report prints "-")."""
 
-    samples: dict[str, list[float] | dict[str, list[float]]]
+    samples: Samples
     completed: int | None = None
     failed: int | None = None
     request_throughput: float | None = None
@@ -141,7 +147,7 @@ class ServeResult(_Result):
 
 # --- bench mm-processor -----------------------------------------------------------------------
 class ProcessorPhase(_Open):
-    samples: dict[str, list[float] | dict[str, list[float]]]
+    samples: Samples
     total_s: Stats = Stats()
     hit_rate: float | None = None
 

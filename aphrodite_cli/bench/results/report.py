@@ -4,21 +4,26 @@ result files. Every output reads the same result documents the gate reads."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import io
 import json
 import math
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from aphrodite_cli.bench.load.escape import markdown_safe as _md
+from aphrodite_cli.bench.load.escape import printable
 from aphrodite_cli.bench.load.metrics import stage_ms
 from aphrodite_cli.bench.results.report_serve_extras import serve_markdown, serve_plots
 from aphrodite_cli.bench.results.report_sweep_serve import (
     sweep_serve_markdown,
     sweep_serve_plots,
 )
+from engine.errors import ConfigError
 from engine.timings import SERVED_STAGES as STAGES
 
 
@@ -42,6 +47,19 @@ def _cdf(ax, samples: list[float], label: str) -> bool:
     return True
 
 
+def _pyplot():
+    """matplotlib's pyplot, off screen, with text drawn as it is written: a phase, backend or
+    file name from a result file is never read as mathtext (``$...$``, which a stray ``$``
+    turns into a parse error) or handed to LaTeX."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams.update({"text.parse_math": False, "text.usetex": False})
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -53,81 +71,86 @@ def _png(fig) -> bytes:
 
 def plots(docs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[str, bytes]]:
     """(title, PNG) for every plot the results support."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    plt = _pyplot()
     out: list[tuple[str, bytes]] = []
     for path, doc in docs:
-        kind, name = doc.get("kind"), path.stem
-        phases = doc.get("phases") or {}
-        if kind == "serve":
-            fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-            for ax, metric in zip(axes, ("ttft_ms", "e2e_ms"), strict=True):
-                for phase, result in phases.items():
-                    _cdf(ax, result.get("samples", {}).get(metric, []), phase)
-                ax.set_xlabel(f"{metric[:-3].upper()} (ms)")
-                ax.set_ylabel("fraction of requests")
-                ax.legend()
-                ax.grid(alpha=0.3)
-            fig.suptitle("Cold media vs warm cache: latency distributions")
-            out.append((f"{name}: cold vs warm latency", _png(fig)))
-            fig, ax = plt.subplots(figsize=(7, 3.6))
-            bottom = np.zeros(len(phases))
-            for stage in STAGES:
-                medians = [float(np.median(r.get("samples", {}).get("stages_ms", {})
-                                           .get(stage_ms(stage), [0]) or [0]))
-                           for r in phases.values()]
-                ax.bar(list(phases), medians, bottom=bottom, label=stage[:-2])
-                bottom += np.array(medians)
-            ax.set_ylabel("median ms per request")
-            ax.set_title("Server-side stages per request")
-            ax.legend(fontsize=8, ncol=2)
-            out.append((f"{name}: per-stage breakdown", _png(fig)))
-            fig, ax = plt.subplots(figsize=(7, 3.6))
-            for phase, result in phases.items():
-                s = result.get("samples", {})
-                if s.get("pixels") and s.get("e2e_ms"):
-                    ax.scatter(np.array(s["pixels"]) / 1e6, s["e2e_ms"], s=12, label=phase)
-            ax.set_xlabel("megapixels per request (frames x width x height)")
-            ax.set_ylabel("E2E (ms)")
-            ax.set_title("Latency against media size")
-            ax.legend()
-            out.append((f"{name}: latency vs pixels", _png(fig)))
-            out += serve_plots(path, doc, plt, _png)
-        elif kind == "video-decode":
-            fig, ax = plt.subplots(figsize=(7, 3.6))
-            labels = [b["backend"] + ("" if not b["options"] else " " + ",".join(
-                f"{k}={v}" for k, v in b["options"].items())) for b in doc["backends"]]
-            medians = [b["median_s"] or 0 for b in doc["backends"]]
-            ax.barh(labels, medians, color="#4a7")
-            ref = doc["reference"]["median_s"]
-            if ref:
-                ax.axvline(ref, color="red", linestyle="--", label="full ffmpeg decode")
-                ax.legend()
-            clip = doc["clip"]
-            ax.set_xlabel("seconds per decode (median)")
-            ax.set_title(f"{doc['num_frames']} frames from {clip['width']}x{clip['height']} "
-                         f"{clip['codec']} ({clip['frames']} frames)")
-            out.append((f"{name}: decode time per backend", _png(fig)))
-        elif kind == "sweep-serve":
-            out += sweep_serve_plots(path, doc, plt, _png)
-        elif kind == "mm-processor":
-            fig, ax = plt.subplots(figsize=(7, 3.2))
-            data = [r.get("samples", {}).get("total_ms", []) for r in phases.values()]
-            if any(data):
-                ax.boxplot(data, tick_labels=list(phases), vert=False)
-                ax.set_xscale("log")
-                ax.set_xlabel("preprocessing ms per request (log)")
-                ax.set_title("Preprocessing: cold vs warm")
-                out.append((f"{name}: preprocessing cold vs warm", _png(fig)))
-            else:
-                plt.close(fig)
+        with _named(path):
+            out += _doc_plots(path, doc, plt, np)
     sweeps = [(path, doc) for path, doc in docs if doc.get("kind") == "sweep"]
     if sweeps:
-        out += _sweep_plots(sweeps, plt)
+        with _named(", ".join(str(p) for p, _ in sweeps)):
+            out += _sweep_plots(sweeps, plt)
+    return out
+
+
+def _doc_plots(path: Path, doc: dict[str, Any], plt, np) -> list[tuple[str, bytes]]:
+    out: list[tuple[str, bytes]] = []
+    kind, name = doc.get("kind"), path.stem
+    phases = doc.get("phases") or {}
+    if kind == "serve":
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+        for ax, metric in zip(axes, ("ttft_ms", "e2e_ms"), strict=True):
+            for phase, result in phases.items():
+                _cdf(ax, result.get("samples", {}).get(metric, []), phase)
+            ax.set_xlabel(f"{metric[:-3].upper()} (ms)")
+            ax.set_ylabel("fraction of requests")
+            ax.legend()
+            ax.grid(alpha=0.3)
+        fig.suptitle("Cold media vs warm cache: latency distributions")
+        out.append((f"{name}: cold vs warm latency", _png(fig)))
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        bottom = np.zeros(len(phases))
+        for stage in STAGES:
+            medians = [float(np.median(r.get("samples", {}).get("stages_ms", {})
+                                       .get(stage_ms(stage), [0]) or [0]))
+                       for r in phases.values()]
+            ax.bar(list(phases), medians, bottom=bottom, label=stage[:-2])
+            bottom += np.array(medians)
+        ax.set_ylabel("median ms per request")
+        ax.set_title("Server-side stages per request")
+        ax.legend(fontsize=8, ncol=2)
+        out.append((f"{name}: per-stage breakdown", _png(fig)))
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        for phase, result in phases.items():
+            s = result.get("samples", {})
+            if s.get("pixels") and s.get("e2e_ms"):
+                ax.scatter(np.array(s["pixels"]) / 1e6, s["e2e_ms"], s=12, label=phase)
+        ax.set_xlabel("megapixels per request (frames x width x height)")
+        ax.set_ylabel("E2E (ms)")
+        ax.set_title("Latency against media size")
+        ax.legend()
+        out.append((f"{name}: latency vs pixels", _png(fig)))
+        out += serve_plots(path, doc, plt, _png)
+    elif kind == "video-decode":
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        labels = [b["backend"] + ("" if not b["options"] else " " + ",".join(
+            f"{k}={v}" for k, v in b["options"].items())) for b in doc["backends"]]
+        medians = [b["median_s"] or 0 for b in doc["backends"]]
+        ax.barh(labels, medians, color="#4a7")
+        ref = doc["reference"]["median_s"]
+        if ref:
+            ax.axvline(ref, color="red", linestyle="--", label="full ffmpeg decode")
+            ax.legend()
+        clip = doc["clip"]
+        ax.set_xlabel("seconds per decode (median)")
+        ax.set_title(f"{doc['num_frames']} frames from {clip['width']}x{clip['height']} "
+                     f"{clip['codec']} ({clip['frames']} frames)")
+        out.append((f"{name}: decode time per backend", _png(fig)))
+    elif kind == "sweep-serve":
+        out += sweep_serve_plots(path, doc, plt, _png)
+    elif kind == "mm-processor":
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        data = [r.get("samples", {}).get("total_ms", []) for r in phases.values()]
+        if any(data):
+            ax.boxplot(data, tick_labels=list(phases), vert=False)
+            ax.set_xscale("log")
+            ax.set_xlabel("preprocessing ms per request (log)")
+            ax.set_title("Preprocessing: cold vs warm")
+            out.append((f"{name}: preprocessing cold vs warm", _png(fig)))
+        else:
+            plt.close(fig)
     return out
 
 
@@ -191,33 +214,29 @@ def _serve_header(doc: dict[str, Any]) -> str:
     """What a published number needs next to it: target, model, dataset, load, phases, date."""
     config, target = doc.get("config") or {}, doc.get("target") or {}
     rate = config.get("request_rate", "inf")
-    from aphrodite_cli.bench.load.escape import markdown_safe
-
     # the target's words (its model id) and the user's (the URL), as text, never Markdown
-    return (f"Target {markdown_safe(target.get('base_url') or config.get('base_url') or '?')}"
-            f"{markdown_safe(target.get('endpoint') or '')}, model "
-            f"{markdown_safe(config.get('model') or '?')}, dataset "
-            f"{doc.get('dataset', '?')} ({doc.get('num_prompts', '?')} prompts per phase), "
-            f"rate {rate}/s, concurrency {config.get('max_concurrency') or 'unlimited'}, "
-            f"phases {', '.join(doc.get('phases') or {})}, run {doc.get('created_utc', '?')}.")
+    return (f"Target {_md(target.get('base_url') or config.get('base_url') or '?')}"
+            f"{_md(target.get('endpoint') or '')}, model "
+            f"{_md(config.get('model') or '?')}, dataset "
+            f"{_md(doc.get('dataset', '?'))} ({_md(doc.get('num_prompts', '?'))} prompts per "
+            f"phase), rate {_md(rate)}/s, concurrency "
+            f"{_md(config.get('max_concurrency') or 'unlimited')}, phases "
+            f"{', '.join(_md(p) for p in doc.get('phases') or {})}, run "
+            f"{_md(doc.get('created_utc', '?'))}.")
 
 
 def comparison(baseline: list[Path], candidate: list[Path]
                ) -> tuple[str, list[tuple[str, bytes]]]:
     """A vs B: the gate's verdict table and one line per metric, and the latency CDFs of
     both overlaid per phase."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from aphrodite_cli.bench.results import gate, runs
     from aphrodite_cli.bench.results.files import load_result
 
+    plt = _pyplot()
     verdicts = gate.compare(baseline, candidate)
     regressed = [v for v in verdicts if v.regressed]
     improved = [v for v in verdicts if v.improved]
-    names = lambda paths: ", ".join(p.name for p in paths)  # noqa: E731
+    names = lambda paths: ", ".join(_md(p.name) for p in paths)  # noqa: E731
     lines = ["## A vs B", "", f"A (baseline): {names(baseline)}; B (candidate): "
              f"{names(candidate)}.", "",
              f"**Verdict: {'REGRESSION' if regressed else 'PASS'}** ({len(regressed)} of "
@@ -230,7 +249,7 @@ def comparison(baseline: list[Path], candidate: list[Path]
         change = (v.ratio - 1) * 100
         word = ("slower" if v.regressed else "faster" if v.improved else
                 "no significant change")
-        lines.append(f"- {v.phase} {v.metric}: B is {change:+.1f}% "
+        lines.append(f"- {_md(v.phase)} {v.metric}: B is {change:+.1f}% "
                      f"(95% CI {(v.low - 1) * 100:+.1f}% .. {(v.high - 1) * 100:+.1f}%): {word}")
     docs = {"A": [load_result(p, ("serve",)) for p in baseline],
             "B": [load_result(p, ("serve",)) for p in candidate]}
@@ -258,115 +277,139 @@ def comparison(baseline: list[Path], candidate: list[Path]
 
 def _num(value: Any, spec: str = "") -> str:
     """A number in a table cell; "-" where the result has none."""
-    return "-" if value is None else format(value, spec)
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "?"  # not a number where the kind has one: shown, never formatted
+    return format(value, spec)
 
 
 def summary_markdown(docs: list[tuple[Path, dict[str, Any]]]) -> str:
     lines = ["# aphrodite benchmark report", ""]
     for path, doc in docs:
-        kind = doc.get("kind")
-        env = doc.get("environment", {})
-        lines.append(f"## {path.name} ({kind}; git {env.get('git_revision')}, "
-                     f"{env.get('cpu_count')} CPUs)")
-        if kind == "serve":
-            lines += [_serve_header(doc), ""]
-            lines += ["| phase | ok | failed | cancelled | req/s | in tok/s | out tok/s | "
-                      "total tok/s | out tok/s/user p50 | TTFT p50 ms | TTFT p99 ms | "
-                      "TTST p50 ms | TPOT p50 ms | E2E p50 ms | cache hit rate | "
-                      "prefix hit rate |", "|---" * 16 + "|"]
-            for phase, r in doc["phases"].items():
-                ttft, tpot, e2e, ttst, user = (r.get(m) or {} for m in (
-                    "ttft_ms", "tpot_ms", "e2e_ms", "ttst_ms",
-                    "output_token_throughput_per_user"))
-                lines.append(f"| {phase} | {_num(r.get('completed'))} | "
-                             f"{_num(r.get('failed'))} | {_num(r.get('cancelled'))} | "
-                             f"{_num(r.get('request_throughput'), '.2f')} | "
-                             f"{_num(r.get('input_token_throughput'), '.1f')} | "
-                             f"{_num(r.get('output_throughput'), '.1f')} | "
-                             f"{_num(r.get('total_token_throughput'), '.1f')} | "
-                             f"{_num(user.get('median'), '.1f')} | "
-                             f"{_num(ttft.get('median'), '.1f')} | "
-                             f"{_num(ttft.get('p99'), '.1f')} | "
-                             f"{_num(ttst.get('median'), '.1f')} | "
-                             f"{_num(tpot.get('median'), '.2f')} | "
-                             f"{_num(e2e.get('median'), '.1f')} | "
-                             f"{_num((r.get('server_cache') or {}).get('hit_rate'), '.0%')} | "
-                             f"{_num((r.get('prefix_cache') or {}).get('hit_rate'), '.0%')} |")
-            lines += ["", *serve_markdown(doc)]
-        elif kind == "video-decode":
-            lines += ["| backend | options | median s | x full decode | frames exact |",
-                      "|---|---|---|---|---|"]
-            ref = doc["reference"]["median_s"]
-            lines.append(f"| ffmpeg full decode | -threads 2 | {ref:.3f} | 1.00 | |"
-                         if ref else "| ffmpeg | not installed | | | |")
-            for b in doc["backends"]:
-                ratio = b.get("ratio_to_full_decode")
-                lines.append(f"| {b['backend']} | {json.dumps(b['options'])} | "
-                             f"{(b['median_s'] or 0):.3f} | "
-                             f"{'' if ratio is None else f'{ratio:.2f}'} | "
-                             f"{b['identical_to_exact']} |")
-        elif kind == "batching" and doc.get("workload") == "mixed":
-            lines += [f"{doc.get('num_prompts', '?')} requests, one in "
-                      f"{round(1 / doc['long_share']) if doc.get('long_share') else '?'} of "
-                      f"{doc.get('long_tokens', '?')} tokens, the others "
-                      f"{doc.get('short_tokens', '?')}; --max-num-seqs "
-                      f"{doc.get('max_num_seqs', '?')}", "",
-                      "| scheduling | output tok/s | req/s | short TTFT p50 ms |",
-                      "|---|---|---|---|"]
-            for name in ("static", "continuous"):
-                r = doc[name]
-                ttft = (r.get("short_ttft_s") or {}).get("median")
-                lines.append(f"| {name} | {r['output_throughput']['median']:.1f} | "
-                             f"{r['request_throughput']['median']:.2f} | "
-                             f"{_num(None if ttft is None else ttft * 1e3, '.0f')} |")
-            lines += ["", f"continuous / static output throughput: "
-                          f"{doc['continuous_over_static_output_throughput']:.2f}x"]
-        elif kind == "batching":
-            lines += ["| concurrent requests | together s | one after another s | speedup |",
-                      "|---|---|---|---|",
-                      f"| {doc['concurrency']} | {doc['concurrent_s']['median']:.2f} | "
-                      f"{doc['sequential_s']['median']:.2f} | {doc['speedup_median']:.1f}x |"]
-        elif kind == "decode-step":
-            bw = doc["bandwidth"]["gb_s"]["median"]
-            lines += [f"{doc.get('model', '?')}, {doc['num_threads']} threads, read bandwidth "
-                      f"{bw:.1f} GB/s", "",
-                      "| weights | batch | context | ms p50 | MB read | floor ms | x floor | "
-                      "vs as loaded |", "|---|---|---|---|---|---|---|---|"]
-            for r in doc["rows"]:
-                ratio = r.get("vs_unquantized")
-                lines.append(f"| {r.get('quantization', 'none')} | {r['batch_size']} | "
-                             f"{r['context_len']} | {r['step_ms']['median']:.2f} | "
-                             f"{r['bytes'] / 1e6:.1f} | {r['floor_ms']:.2f} | "
-                             f"{r['ratio_to_floor']:.2f} | {_num(ratio, '.2f')} |")
-            for method, q in (doc.get("quality") or {}).items():
-                lines += ["", f"{method}: top-1 agreement {q['top1_agreement']:.3f}, greedy "
-                              f"match {q['greedy_match']:.3f}, mean KL {q['mean_kl']:.2e} "
-                              f"nats ({q['prompts']} prompts x {q['tokens_per_prompt']} "
-                              "tokens)"]
-        elif kind == "sweep":
-            lines += [f"SLOs: {', '.join(doc.get('slos') or []) or 'none'}", "",
-                      "| phase | capacity req/s | limited by | points | seconds |",
-                      "|---|---|---|---|---|"]
-            for phase, r in doc["phases"].items():
-                cap = r.get("capacity") or {}
-                rate = cap.get("rate")
-                lines.append(f"| {phase} | {'-' if rate is None else f'{rate:.3g}'} | "
-                             f"{cap.get('limited_by', '-')} | {len(r['points'])} | "
-                             f"{r['seconds']:.0f} |")
-        elif kind == "sweep-serve":
-            lines += sweep_serve_markdown(doc)
-        elif kind == "mm-processor":
-            lines += ["| phase | median ms | p99 ms | hit rate |", "|---|---|---|---|"]
-            for phase, r in doc["phases"].items():
-                lines.append(f"| {phase} | {r['total_s']['median'] * 1e3:.2f} | "
-                             f"{r['total_s']['p99'] * 1e3:.2f} | {r['hit_rate']:.0%} |")
-            if doc.get("video_backends"):
-                lines += ["", "| video backend | clip | decode median ms |", "|---|---|---|"]
-                for row in doc["video_backends"]:
-                    lines.append(f"| {row['backend']} | {row['clip']} | "
-                                 f"{row['decode_ms']['median']:.1f} |")
-        lines.append("")
+        with _named(path):
+            lines += _section(path, doc)
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _named(path: object) -> Iterator[None]:
+    """A field of a result file that its kind's model does not check, of another type or
+    shape than the report reads, becomes a one-line error naming the file."""
+    try:
+        yield
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        raise ConfigError(f"{path} holds a field of another type or shape than its kind's "
+                          f"({type(exc).__name__}: {printable(exc, 200)})",
+                          hint="pass a file that an aphrodite bench command wrote",
+                          code="result_incomplete") from None
+
+
+def _section(path: Path, doc: dict[str, Any]) -> list[str]:
+    """One result file's part of the summary; every name from the file Markdown-escaped."""
+    lines: list[str] = []
+    kind = doc.get("kind")
+    env = doc.get("environment", {})
+    lines.append(f"## {_md(path.name)} ({_md(kind)}; git {_md(env.get('git_revision'))}, "
+                 f"{_md(env.get('cpu_count'))} CPUs)")
+    if kind == "serve":
+        lines += [_serve_header(doc), ""]
+        lines += ["| phase | ok | failed | cancelled | req/s | in tok/s | out tok/s | "
+                  "total tok/s | out tok/s/user p50 | TTFT p50 ms | TTFT p99 ms | "
+                  "TTST p50 ms | TPOT p50 ms | E2E p50 ms | cache hit rate | "
+                  "prefix hit rate |", "|---" * 16 + "|"]
+        for phase, r in doc["phases"].items():
+            ttft, tpot, e2e, ttst, user = (r.get(m) or {} for m in (
+                "ttft_ms", "tpot_ms", "e2e_ms", "ttst_ms",
+                "output_token_throughput_per_user"))
+            lines.append(f"| {_md(phase)} | {_num(r.get('completed'))} | "
+                         f"{_num(r.get('failed'))} | {_num(r.get('cancelled'))} | "
+                         f"{_num(r.get('request_throughput'), '.2f')} | "
+                         f"{_num(r.get('input_token_throughput'), '.1f')} | "
+                         f"{_num(r.get('output_throughput'), '.1f')} | "
+                         f"{_num(r.get('total_token_throughput'), '.1f')} | "
+                         f"{_num(user.get('median'), '.1f')} | "
+                         f"{_num(ttft.get('median'), '.1f')} | "
+                         f"{_num(ttft.get('p99'), '.1f')} | "
+                         f"{_num(ttst.get('median'), '.1f')} | "
+                         f"{_num(tpot.get('median'), '.2f')} | "
+                         f"{_num(e2e.get('median'), '.1f')} | "
+                         f"{_num((r.get('server_cache') or {}).get('hit_rate'), '.0%')} | "
+                         f"{_num((r.get('prefix_cache') or {}).get('hit_rate'), '.0%')} |")
+        lines += ["", *serve_markdown(doc)]
+    elif kind == "video-decode":
+        lines += ["| backend | options | median s | x full decode | frames exact |",
+                  "|---|---|---|---|---|"]
+        ref = doc["reference"]["median_s"]
+        lines.append(f"| ffmpeg full decode | -threads 2 | {ref:.3f} | 1.00 | |"
+                     if ref else "| ffmpeg | not installed | | | |")
+        for b in doc["backends"]:
+            ratio = b.get("ratio_to_full_decode")
+            lines.append(f"| {_md(b['backend'])} | {_md(json.dumps(b['options']))} | "
+                         f"{_num(b['median_s'] or 0, '.3f')} | "
+                         f"{'' if ratio is None else _num(ratio, '.2f')} | "
+                         f"{_md(b['identical_to_exact'])} |")
+    elif kind == "batching" and doc.get("workload") == "mixed":
+        lines += [f"{_md(doc.get('num_prompts', '?'))} requests, one in "
+                  f"{round(1 / doc['long_share']) if doc.get('long_share') else '?'} of "
+                  f"{_md(doc.get('long_tokens', '?'))} tokens, the others "
+                  f"{_md(doc.get('short_tokens', '?'))}; --max-num-seqs "
+                  f"{_md(doc.get('max_num_seqs', '?'))}", "",
+                  "| scheduling | output tok/s | req/s | short TTFT p50 ms |",
+                  "|---|---|---|---|"]
+        for name in ("static", "continuous"):
+            r = doc[name]
+            ttft = (r.get("short_ttft_s") or {}).get("median")
+            lines.append(f"| {name} | {r['output_throughput']['median']:.1f} | "
+                         f"{r['request_throughput']['median']:.2f} | "
+                         f"{_num(None if ttft is None else ttft * 1e3, '.0f')} |")
+        lines += ["", f"continuous / static output throughput: "
+                      f"{doc['continuous_over_static_output_throughput']:.2f}x"]
+    elif kind == "batching":
+        lines += ["| concurrent requests | together s | one after another s | speedup |",
+                  "|---|---|---|---|",
+                  f"| {doc['concurrency']} | {doc['concurrent_s']['median']:.2f} | "
+                  f"{doc['sequential_s']['median']:.2f} | {doc['speedup_median']:.1f}x |"]
+    elif kind == "decode-step":
+        bw = doc["bandwidth"]["gb_s"]["median"]
+        lines += [f"{_md(doc.get('model', '?'))}, {doc['num_threads']} threads, read bandwidth "
+                  f"{bw:.1f} GB/s", "",
+                  "| weights | batch | context | ms p50 | MB read | floor ms | x floor | "
+                  "vs as loaded |", "|---|---|---|---|---|---|---|---|"]
+        for r in doc["rows"]:
+            ratio = r.get("vs_unquantized")
+            lines.append(f"| {_md(str(r.get('quantization', 'none')))} | {r['batch_size']} | "
+                         f"{r['context_len']} | {r['step_ms']['median']:.2f} | "
+                         f"{r['bytes'] / 1e6:.1f} | {r['floor_ms']:.2f} | "
+                         f"{r['ratio_to_floor']:.2f} | {_num(ratio, '.2f')} |")
+        for method, q in (doc.get("quality") or {}).items():
+            lines += ["", f"{_md(str(method))}: top-1 agreement {q['top1_agreement']:.3f}, "
+                          f"greedy match {q['greedy_match']:.3f}, mean KL {q['mean_kl']:.2e} "
+                          f"nats ({q['prompts']} prompts x {q['tokens_per_prompt']} tokens)"]
+    elif kind == "sweep":
+        lines += [f"SLOs: {', '.join(_md(x) for x in doc.get('slos') or []) or 'none'}", "",
+                  "| phase | capacity req/s | limited by | points | seconds |",
+                  "|---|---|---|---|---|"]
+        for phase, r in doc["phases"].items():
+            cap = r.get("capacity") or {}
+            rate = cap.get("rate")
+            lines.append(f"| {_md(phase)} | {_num(rate, '.3g')} | "
+                         f"{_md(cap.get('limited_by', '-'))} | {len(r['points'])} | "
+                         f"{_num(r['seconds'], '.0f')} |")
+    elif kind == "sweep-serve":
+        lines += sweep_serve_markdown(doc)
+    elif kind == "mm-processor":
+        lines += ["| phase | median ms | p99 ms | hit rate |", "|---|---|---|---|"]
+        for phase, r in doc["phases"].items():
+            lines.append(f"| {_md(phase)} | {r['total_s']['median'] * 1e3:.2f} | "
+                         f"{r['total_s']['p99'] * 1e3:.2f} | {r['hit_rate']:.0%} |")
+        if doc.get("video_backends"):
+            lines += ["", "| video backend | clip | decode median ms |", "|---|---|---|"]
+            for row in doc["video_backends"]:
+                lines.append(f"| {_md(row['backend'])} | {_md(row['clip'])} | "
+                             f"{row['decode_ms']['median']:.1f} |")
+    lines.append("")
+    return lines
 
 
 def write_report(paths: list[Path], out_dir: Path | None = None, *,
@@ -425,7 +468,7 @@ def _markdown_tables_to_html(md: str) -> str:
             continue
         if table:
             # cells split at unescaped pipes; Markdown's backslash escapes undone, then HTML's
-            rows = [[html.escape(re.sub(r"\\(.)", r"\1", c.strip()))
+            rows = [[html.escape(_unescape(c.strip()))
                      for c in re.split(r"(?<!\\)\|", r.strip().removeprefix("|")
                                        .removesuffix("|"))] for r in table]
             head = "".join(f"<th>{c}</th>" for c in rows[0])
@@ -434,9 +477,15 @@ def _markdown_tables_to_html(md: str) -> str:
             parts.append(f"<table><tr>{head}</tr>{rest}</table>")
             table = []
         if line.startswith("# "):
-            parts.append(f"<h1>{html.escape(line[2:])}</h1>")
+            parts.append(f"<h1>{html.escape(_unescape(line[2:]))}</h1>")
         elif line.startswith("## "):
-            parts.append(f"<h2>{html.escape(line[3:])}</h2>")
+            parts.append(f"<h2>{html.escape(_unescape(line[3:]))}</h2>")
         elif line.startswith(("- ", "**")):  # notes and captions (serve's extras)
-            parts.append(f"<p>{html.escape(line.removeprefix('- ').replace('**', ''))}</p>")
+            text = re.sub(r"(?<!\\)\*\*", "", line.removeprefix("- "))
+            parts.append(f"<p>{html.escape(_unescape(text))}</p>")
     return "\n".join(parts)
+
+
+def _unescape(text: str) -> str:
+    """Markdown's backslash escapes undone (the text then goes through HTML's escape)."""
+    return re.sub(r"\\(.)", r"\1", text)

@@ -8,11 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from aphrodite_cli.bench.load.escape import markdown_safe as _md
 from aphrodite_cli.bench.results.report_telemetry import telemetry_markdown, telemetry_plot
 
 
 def _n(value: Any, spec: str = ".1f") -> str:
-    return "-" if value is None else format(value, spec)
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "?"  # not a number where one belongs: shown, never formatted
+    return format(value, spec)
 
 
 def _pp(stats: dict[str, Any] | None, spec: str = ".1f") -> str:
@@ -27,9 +32,10 @@ def _groups(title: str, groups: dict[str, Any]) -> list[str]:
     for name, g in groups.items():
         per = (g.get("mm_tokens") or {}).get("per_request") or {}
         mm = g.get("mm_tokens") or {}
-        tokens = ", ".join(f"{m} {s.get('mean', 0):.0f}" for m, s in per.items()) or (
+        tokens = ", ".join(f"{_md(m)} {_n(s.get('mean', 0), '.0f')}"
+                           for m, s in per.items()) or (
             "none" if mm.get("requests_with_counts") else "unknown")
-        lines.append(f"| {name} | {g.get('completed')} | {g.get('failed')} | "
+        lines.append(f"| {_md(name)} | {_md(g.get('completed'))} | {_md(g.get('failed'))} | "
                      f"{_n(g.get('request_throughput'), '.2f')} | "
                      f"{_n(g.get('output_throughput'))} | "
                      f"{_n(g.get('total_token_throughput'))} | {_pp(g.get('ttft_ms'))} | "
@@ -44,47 +50,49 @@ def serve_markdown(doc: dict[str, Any]) -> list[str]:
     for phase, r in (doc.get("phases") or {}).items():
         part: list[str] = []
         for route, reset in (r.get("cache_reset") or {}).items():
-            part.append(f"- cache reset before the phase, {route}: {reset.get('status')}"
-                        + (f" (HTTP {reset['http']})" if reset.get("http") not in (None, 200)
+            part.append(f"- cache reset before the phase, {_md(route)}: "
+                        f"{_md(reset.get('status'))}"
+                        + (f" (HTTP {_md(reset['http'])})" if reset.get("http") not in (None, 200)
                            else ""))
         metrics = r.get("server_metrics")
         if metrics is not None and not metrics.get("available"):
-            part.append(f"- server /metrics: unavailable ({metrics.get('reason')})")
+            part.append(f"- server /metrics: unavailable ({_md(metrics.get('reason'))})")
         elif metrics is not None:
             cache = metrics.get("processor_cache")
             part.append(f"- server /metrics: {len(metrics.get('deltas') or {})} counters moved"
-                        + (f"; processor cache counted {cache['hits']:g} hits, "
-                           f"{cache['misses']:g} misses: {metrics.get('check')}" if cache
+                        + (f"; processor cache counted {_n(cache['hits'], 'g')} hits, "
+                           f"{_n(cache['misses'], 'g')} misses: {_md(metrics.get('check'))}"
+                           if cache
                            else "; no processor cache counter"))
             prefix = metrics.get("prefix_cache")
             if prefix and prefix.get("hit_rate") is not None:
-                part.append(f"- server prefix cache hit rate: {prefix['hit_rate']:.0%}")
+                part.append(f"- server prefix cache hit rate: {_n(prefix['hit_rate'], '.0%')}")
         cpu = r.get("server_cpu")
         if cpu is not None:
             from aphrodite_cli.bench.load.server_cpu import describe
 
-            part.append(f"- {describe(cpu)}")
+            part.append(f"- {_md(describe(cpu))}")
         mm = r.get("mm_tokens")
         if mm:
-            rates = ", ".join(f"{k} {v:.1f}" for k, v in (mm.get("throughput") or {}).items())
-            part.append(f"- media tokens: {rates or 'unknown'} (from {mm.get('source')})")
+            rates = ", ".join(f"{_md(k)} {_n(v)}" for k, v in (mm.get("throughput") or {}).items())
+            part.append(f"- media tokens: {rates or 'unknown'} (from {_md(mm.get('source'))})")
         for warning in r.get("warnings") or []:
-            part.append(f"- **warning**: {warning}")
+            part.append(f"- **warning**: {_md(warning)}")
         if part:
-            lines += [f"**{phase} phase**", "", *part, ""]
+            lines += [f"**{_md(phase)} phase**", "", *part, ""]
         probes = r.get("probes")
         if probes:
-            lines += [f"**{phase}: probes** (text only, {probes.get('request_rate')}/s, "
+            lines += [f"**{_md(phase)}: probes** (text only, {_md(probes.get('request_rate'))}/s, "
                       "measured apart from the phase)", "",
                       "| sent | ok | failed | TTFT p50 / p99 ms | E2E p50 / p99 ms |",
                       "|---|---|---|---|---|",
-                      f"| {probes.get('sent')} | {probes.get('completed')} | "
-                      f"{probes.get('failed')} | {_pp(probes.get('ttft_ms'))} | "
+                      f"| {_md(probes.get('sent'))} | {_md(probes.get('completed'))} | "
+                      f"{_md(probes.get('failed'))} | {_pp(probes.get('ttft_ms'))} | "
                       f"{_pp(probes.get('e2e_ms'))} |", ""]
         if r.get("by_kind"):
-            lines += _groups(f"{phase}: per kind", r["by_kind"])
+            lines += _groups(f"{_md(phase)}: per kind", r["by_kind"])
         if len(r.get("by_modality") or {}) > 1:
-            lines += _groups(f"{phase}: per modality", r["by_modality"])
+            lines += _groups(f"{_md(phase)}: per modality", r["by_modality"])
         if r.get("per_turn"):
             from aphrodite_cli.bench.load.turn_metrics import TURN_COLUMNS, turn_rows, turn_title
 
@@ -94,20 +102,21 @@ def serve_markdown(doc: dict[str, Any]) -> list[str]:
                       ""]
         slices = r.get("slices")
         if slices and slices.get("intervals"):
-            lines += [f"**{phase}: every {slices['seconds']:g} s** (requests by end time)", "",
+            lines += [f"**{_md(phase)}: every {_n(slices['seconds'], 'g')} s** (requests by end "
+                      "time)", "",
                       "| from s | ok | failed | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms |",
                       "|---|---|---|---|---|---|"]
-            lines += [f"| {s['start_s']:.1f} | {s['completed']} | {s['failed']} | "
-                      f"{s['rps']:.2f} | {_pp(s.get('ttft_ms'))} | "
+            lines += [f"| {_n(s['start_s'])} | {_md(s['completed'])} | {_md(s['failed'])} | "
+                      f"{_n(s['rps'], '.2f')} | {_pp(s.get('ttft_ms'))} | "
                       f"{_pp(s.get('tpot_ms'), '.2f')} |" for s in slices["intervals"]]
             lines.append("")
         lines += telemetry_markdown(phase, r.get("telemetry"))
         ci = r.get("ci95")
         if ci:
-            lines += [f"**{phase}: over {len(r.get('runs') or [])} runs** "
-                      f"(95% confidence interval of the mean, {ci_method(ci)})", "",
+            lines += [f"**{_md(phase)}: over {len(r.get('runs') or [])} runs** "
+                      f"(95% confidence interval of the mean, {_md(ci_method(ci))})", "",
                       "| metric | mean | 95% CI |", "|---|---|---|"]
-            lines += [f"| {name} | {_n(c.get('mean'), '.3g')} | "
+            lines += [f"| {_md(name)} | {_n(c.get('mean'), '.3g')} | "
                       f"[{_n(c.get('low'), '.3g')}, {_n(c.get('high'), '.3g')}] |"
                       for name, c in ci.items()]
             lines.append("")

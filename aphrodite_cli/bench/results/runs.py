@@ -19,6 +19,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from aphrodite_cli.bench.load.escape import markdown_safe as _md
+
 #: t(0.975, df) for df = 1..30; beyond, the normal quantile's neighbourhood (1.96 at infinity)
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
          2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
@@ -156,7 +158,7 @@ def markdown(verdicts: list[dict[str, Any]]) -> str:
         b, c = v["baseline"], v["candidate"]
         verdict = ("**regression**" if v["regressed"] else "improvement" if v["improved"]
                    else "no significant change")
-        rows.append(f"| {v['phase']} | {v['metric']} | {b['mean']:.4g} [{b['low']:.4g}, "
+        rows.append(f"| {_md(v['phase'])} | {v['metric']} | {b['mean']:.4g} [{b['low']:.4g}, "
                     f"{b['high']:.4g}] (n={b['n']}) | {c['mean']:.4g} [{c['low']:.4g}, "
                     f"{c['high']:.4g}] (n={c['n']}) | {verdict} (threshold "
                     f"{v['threshold']:.0%}) |")
