@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from engine.errors import InvalidRequestError, OverloadedError, sanitize
-from engine.executor.structured import GrammarSpec
+from engine.executor.structured import GrammarSpec, schema_objects
 
 #: how long a request waits for its constraint to compile before it is refused
 COMPILE_TIMEOUT_S = 10.0
@@ -223,20 +223,12 @@ def bounded_strings(schema: Any) -> Any:
     of its own) written as the pattern ``[^\\x00-\\x1f]{min,max}``: xgrammar 0.2.8 lets a
     length-bounded string hold raw control characters, which JSON forbids (``json.loads``
     refuses them); as a pattern it does not (such a string then holds no escapes)."""
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-            continue
-        if not isinstance(node, dict):
-            continue
+    for node in schema_objects(schema):
         bounded = "minLength" in node or "maxLength" in node
         if node.get("type") == "string" and bounded and not {"pattern", "format", "enum",
                                                               "const"} & node.keys():
             low, high = node.pop("minLength", 0), node.pop("maxLength", "")
             node["pattern"] = f"[^\\x00-\\x1f]{{{low},{high}}}"
-        stack.extend(node.values())
     return schema
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from engine.errors import InvalidRequestError
@@ -183,18 +184,25 @@ def _expanded(items: Any, sre: Any) -> int:
     return total
 
 
-def _check_repeats(schema: dict[str, Any], param: str) -> None:
-    """Every string ``pattern`` and length of ``schema`` within :data:`MAX_PATTERN_REPEATS`,
-    all of them within :data:`MAX_SCHEMA_REPEATS` (one walk, no recursion)."""
-    total = 0
-    stack: list[Any] = [schema]
+def schema_objects(schema: Any) -> Iterator[dict[str, Any]]:
+    """Every object of a JSON schema, depth first, without recursion (a deep schema cannot
+    exhaust the stack); an object's values are visited after the caller had it, so a caller
+    may rewrite it first."""
+    stack = [schema]
     while stack:
         node = stack.pop()
         if isinstance(node, list):
             stack.extend(node)
-            continue
-        if not isinstance(node, dict):
-            continue
+        elif isinstance(node, dict):
+            yield node
+            stack.extend(node.values())
+
+
+def _check_repeats(schema: dict[str, Any], param: str) -> None:
+    """Every string ``pattern`` and length of ``schema`` within :data:`MAX_PATTERN_REPEATS`,
+    all of them within :data:`MAX_SCHEMA_REPEATS` (one walk, no recursion)."""
+    total = 0
+    for node in schema_objects(schema):
         pattern = node.get("pattern")
         size = pattern_repeats(pattern) if isinstance(pattern, str) else 0
         if node.get("type") == "string" and pattern is None:
@@ -207,7 +215,6 @@ def _check_repeats(schema: dict[str, Any], param: str) -> None:
         if total > MAX_SCHEMA_REPEATS:
             raise _bad(param, f"has string patterns and lengths that spell out more than "
                               f"{MAX_SCHEMA_REPEATS} characters together", hint=REPEATS_HINT)
-        stack.extend(node.values())
 
 
 def regex_spec(pattern: Any, param: str) -> GrammarSpec:
