@@ -60,7 +60,10 @@ class MediaUuids:
             if ref.url is not None:
                 out.append(None)
                 continue
-            assert ref.uuid is not None  # (chat_parts lets no part without both through)
+            if ref.uuid is None:  # (chat_parts lets no such part through; never a 500)
+                raise InvalidRequestError(f"{ref.where}: a {ref.modality} part needs its media "
+                                          "or a uuid", param=ref.where,
+                                          code="invalid_content_part")
             held = self._lru.get(_key(tenant, ref.uuid)) if self._lru.enabled else None
             if held is None:
                 why = (f"this server keeps no media by uuid ({FLAG} 0)" if not self._lru.enabled
