@@ -15,7 +15,8 @@ import pytest
 from aphrodite_cli.bench.load.client import LoadConfig
 from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
 from aphrodite_cli.bench.load.mock_server import create_app
-from aphrodite_cli.bench.load.sweep import Payloads, Slo, Sweep, SweepSettings, percentile_interval
+from aphrodite_cli.bench.load.sweep import Payloads, Slo, Sweep, SweepSettings
+from aphrodite_cli.bench.results.stats import percentile_interval
 from engine.errors import ConfigError
 
 K, D_MS = 4, 100.0

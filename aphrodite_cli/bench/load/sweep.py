@@ -31,8 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
 from aphrodite_cli.bench.harness.media_host import MediaHost
 from aphrodite_cli.bench.load import capacity as capacity_search
 from aphrodite_cli.bench.load.capacity import sustained_rate
@@ -45,6 +43,7 @@ from aphrodite_cli.bench.load.client import (
     scheduled_rate,
 )
 from aphrodite_cli.bench.load.metrics import RequestRecord
+from aphrodite_cli.bench.results.stats import percentile_interval
 from engine.errors import BenchmarkFailed, ConfigError
 
 #: SLO metric names (vLLM's ``e2el`` too) -> the per-request sample list they read.
@@ -82,18 +81,6 @@ class Slo:
     @property
     def label(self) -> str:
         return f"{self.metric} p{self.pct:g} <= {self.ms:g} ms"
-
-
-def percentile_interval(values: list[float], pct: float, *, resamples: int = 1000,
-                        seed: int = 0) -> dict[str, float | None]:
-    """The ``pct``-th percentile of ``values`` and its 95% percentile-bootstrap interval."""
-    if not values:
-        return {"value": None, "low": None, "high": None}
-    data = np.asarray(values, dtype=float)
-    rng = np.random.default_rng(seed)
-    boot = np.percentile(rng.choice(data, size=(resamples, data.size)), pct, axis=1)
-    return {"value": float(np.percentile(data, pct)),
-            "low": float(np.percentile(boot, 2.5)), "high": float(np.percentile(boot, 97.5))}
 
 
 def served_rate(records: list[RequestRecord]) -> float | None:
