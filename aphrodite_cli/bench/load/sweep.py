@@ -33,7 +33,7 @@ from typing import Any
 
 from aphrodite_cli.bench.harness.media_host import MediaHost
 from aphrodite_cli.bench.load import capacity as capacity_search
-from aphrodite_cli.bench.load.capacity import sustained_rate
+from aphrodite_cli.bench.load.capacity import Point, sustained_rate
 from aphrodite_cli.bench.load.client import (
     LoadConfig,
     build_payload,
@@ -202,8 +202,17 @@ class Sweep:
 
     async def capacity(self) -> dict[str, Any]:
         """The highest rate the server sustained through a whole point with every SLO met
-        (:func:`aphrodite_cli.bench.load.capacity.search`)."""
-        return await capacity_search.search(self)
+        (:func:`aphrodite_cli.bench.load.capacity.search`), from the bounds and the rate
+        points measured so far."""
+        sync, saturation = await self.bounds()
+
+        async def measure(rate: float) -> Point:
+            return Point.of(await self.point(rate=rate))
+
+        return await capacity_search.search(
+            measure, Point.of(sync), Point.of(saturation), [Point.of(p) for p in self.points],
+            rate_precision=self.settings.rate_precision,
+            max_points=self.settings.max_search_points)
 
 
 async def run_sweep(cfg: LoadConfig, make: Callable[[int, int], list], *, modes: tuple[str, ...],
