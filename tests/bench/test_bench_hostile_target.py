@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from aphrodite_cli.bench.data.datasets import parse_buckets, random_mm
 from aphrodite_cli.bench.load.client import LoadConfig, build_payload, first_model, run_phase
-from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
-from aphrodite_cli.bench.load.escape import markdown_safe, printable, rich_safe
 from aphrodite_cli.bench.load.metrics import compute
+from aphrodite_cli.bench.results.escape import markdown_safe, printable, rich_safe
 from engine.errors import ConfigError
 
 #: what a hostile target puts in its words: set the terminal's title, clear the screen,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from aphrodite_cli.bench.data.datasets import BenchRequest
 from aphrodite_cli.bench.load import scrape
 from aphrodite_cli.bench.load.archetypes import (
     archetype_dataset,
@@ -22,9 +23,8 @@ from aphrodite_cli.bench.load.archetypes import (
     modality,
     parse_archetypes,
 )
-from aphrodite_cli.bench.load.datasets import BenchRequest
-from aphrodite_cli.bench.load.escape import markdown_safe
 from aphrodite_cli.bench.load.metrics import RequestRecord
+from aphrodite_cli.bench.results.escape import markdown_safe
 from aphrodite_cli.bench.results.intervals import slices
 from engine.errors import ConfigError
 from tests.server_harness import ServerProcess, free_port, wait_exit

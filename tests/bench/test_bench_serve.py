@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aphrodite_cli.bench.data.datasets import parse_buckets, random_mm
 from aphrodite_cli.bench.load.client import (
     LoadConfig,
     arrival_times,
     build_payload,
     run_phase,
 )
-from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
 from aphrodite_cli.bench.load.metrics import RequestRecord, compute
 from aphrodite_cli.bench.load.mock_server import create_app
 from aphrodite_cli.bench.results.stats import percentile
@@ -232,7 +232,7 @@ def test_cold_and_warm_phases_against_the_real_server(tmp_path):
 
 
 def test_jsonl_dataset_with_a_media_folder(tmp_path):
-    from aphrodite_cli.bench.load.datasets import load_jsonl
+    from aphrodite_cli.bench.data.datasets import load_jsonl
     from tests.fixtures import synthetic
 
     (tmp_path / "media").mkdir()

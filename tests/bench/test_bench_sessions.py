@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 from aphrodite_cli.bench.commands.serve_checks import check_session_flags
+from aphrodite_cli.bench.data.datasets import random_mm
 from aphrodite_cli.bench.load.client import LoadConfig
-from aphrodite_cli.bench.load.datasets import random_mm
 from aphrodite_cli.bench.load.metrics import RequestRecord
 from aphrodite_cli.bench.load.sessions import (
     SessionConfig,

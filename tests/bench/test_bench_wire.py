@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from aphrodite_cli.bench.data.datasets import parse_buckets, random_mm
 from aphrodite_cli.bench.load import wire
 from aphrodite_cli.bench.load.client import LoadConfig, build_payload, run_phase
-from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
 from aphrodite_cli.bench.load.metrics import compute
 from aphrodite_cli.bench.load.mock_server import create_app
 from engine.errors import ConfigError

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from aphrodite_cli.bench.data.datasets import parse_buckets, random_mm
 from aphrodite_cli.bench.load.client import LoadConfig, build_payload, schedule
-from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
 from aphrodite_cli.bench.load.metrics import compute
 from aphrodite_cli.bench.load.mock_server import create_app
 from aphrodite_cli.bench.load.workers import run_phase

@@ -129,7 +129,7 @@ def mm_processor(
 ) -> None:
     """Preprocessing per stage (fetch, decode, hash, cache lookup, HF processor, encoder),
     cold (media never seen) and warm (processor cache hits), offline."""
-    from aphrodite_cli.bench.load.datasets import parse_buckets
+    from aphrodite_cli.bench.data.datasets import parse_buckets
     from aphrodite_cli.bench.offline.mm_processor import STAGES, run_mm_processor
     from aphrodite_cli.bench.results.files import write_result
 

@@ -198,14 +198,14 @@ def serve_cmd(
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from aphrodite_cli.bench.data.datasets import parse_buckets
     from aphrodite_cli.bench.load import vllm_compat, wire
     from aphrodite_cli.bench.load.archetypes import parse_archetypes
     from aphrodite_cli.bench.load.client import LoadConfig
-    from aphrodite_cli.bench.load.datasets import parse_buckets
-    from aphrodite_cli.bench.load.escape import printable
     from aphrodite_cli.bench.load.hub_datasets import HubArgs
     from aphrodite_cli.bench.load.serve import ServeArgs, TokenArgs, run
     from aphrodite_cli.bench.load.target import Target
+    from aphrodite_cli.bench.results.escape import printable
     from aphrodite_cli.bench.results.files import write_result
     from engine.errors import ConfigError
 

@@ -77,11 +77,11 @@ def sweep_cmd(
     `bench sweep serve` sweeps server flags instead (see its --help)."""
     if ctx.invoked_subcommand is not None:  # `bench sweep serve ...`: its own flags
         return
+    from aphrodite_cli.bench.data.datasets import parse_buckets, random_mm
     from aphrodite_cli.bench.load import sweep as sw
     from aphrodite_cli.bench.load.client import CHAT_ENDPOINT, LoadConfig, TargetRefused
-    from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
-    from aphrodite_cli.bench.load.escape import printable
     from aphrodite_cli.bench.load.target import Target
+    from aphrodite_cli.bench.results.escape import printable
     from aphrodite_cli.bench.results.files import write_result
     from engine.errors import BenchmarkFailed, ConfigError
 

@@ -4,10 +4,8 @@ endpoints, with cold-media and warm-cache phases measured separately."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -16,12 +14,12 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from aphrodite_cli.bench.data.datasets import BenchRequest, MediaSpec, media_url, render_media
 from aphrodite_cli.bench.harness.media_host import MediaHost
 from aphrodite_cli.bench.load import sse_client
-from aphrodite_cli.bench.load.datasets import BenchRequest, MediaSpec, render_media
-from aphrodite_cli.bench.load.escape import printable
 from aphrodite_cli.bench.load.metrics import FORMULAS, RequestRecord, compute
 from aphrodite_cli.bench.load.wire import cancelled_indices, request_headers
+from aphrodite_cli.bench.results.escape import printable
 
 #: Where a chat benchmark posts, relative to the server's root (vLLM's --endpoint default).
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -127,14 +125,6 @@ class LoadConfig:
     cancel_delay_s: float = 0.0
     #: --num-workers: client processes sharing the phase's schedule (load/workers.py)
     num_workers: int = 1
-
-
-def media_url(spec: MediaSpec, data: bytes, host: MediaHost | None) -> str:
-    """Where the target finds this item: the loopback media server, or a data URL."""
-    mime = "image/jpeg" if spec.kind == "image" else "video/mp4"
-    if host is not None:
-        return host.add(f"/m/{spec.name}", data, mime)
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
 def rendered(spec: MediaSpec, cfg: LoadConfig, cache: dict[MediaSpec, bytes]) -> bytes:
@@ -349,7 +339,3 @@ def document(cfg: LoadConfig, phases: dict[str, Any], extra: dict[str, Any]) -> 
                 phase[key] = None
     return {"kind": "serve", "config": config,
             "formulas": FORMULAS, "phases": phases, **extra}
-
-
-def nonce() -> int:
-    return random.SystemRandom().randrange(1, 1 << 20)

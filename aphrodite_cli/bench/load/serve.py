@@ -9,25 +9,25 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from aphrodite_cli.bench.data.datasets import (
+    BenchRequest,
+    load_jsonl,
+    nonce,
+    random_mm,
+)
 from aphrodite_cli.bench.harness.media_host import MediaHost
 from aphrodite_cli.bench.load.client import (
     LoadConfig,
     build_payload,
     document,
-    nonce,
     phase_result,
 )
-from aphrodite_cli.bench.load.datasets import (
-    BenchRequest,
-    load_jsonl,
-    random_mm,
-)
 from aphrodite_cli.bench.load.hub_datasets import HubArgs
-from aphrodite_cli.bench.load.metrics import stage_ms
 from aphrodite_cli.bench.load.observe import PhaseWatch
 from aphrodite_cli.bench.load.target import Target
 from aphrodite_cli.bench.load.vllm_compat import count_tokens, flat_fields
 from aphrodite_cli.bench.load.workers import run_phase
+from aphrodite_cli.bench.results.fields import stage_ms
 from aphrodite_cli.options import DatasetName, Mode
 from engine.errors import ConfigError
 from engine.timings import SERVED_STAGES

@@ -38,6 +38,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from aphrodite_cli.bench.data.datasets import BenchRequest, random_words
 from aphrodite_cli.bench.harness.media_host import MediaHost
 from aphrodite_cli.bench.load.client import (
     LoadConfig,
@@ -50,7 +51,6 @@ from aphrodite_cli.bench.load.client import (
     server_root,
     user_message,
 )
-from aphrodite_cli.bench.load.datasets import BenchRequest, random_words
 from aphrodite_cli.bench.load.metrics import RequestRecord
 from aphrodite_cli.bench.load.wire import cancelled_indices, request_headers
 

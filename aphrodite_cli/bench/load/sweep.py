@@ -31,13 +31,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from aphrodite_cli.bench.data.datasets import nonce
 from aphrodite_cli.bench.harness.media_host import MediaHost
 from aphrodite_cli.bench.load import capacity as capacity_search
 from aphrodite_cli.bench.load.capacity import Point, sustained_rate
 from aphrodite_cli.bench.load.client import (
     LoadConfig,
     build_payload,
-    nonce,
     phase_result,
     run_phase,
     scheduled_rate,

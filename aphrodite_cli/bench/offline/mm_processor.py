@@ -48,9 +48,14 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
     seen), then warm (the same media again)."""
     import asyncio
 
+    from aphrodite_cli.bench.data.datasets import (
+        media_url,
+        nonce,
+        parse_buckets,
+        random_mm,
+        render_media,
+    )
     from aphrodite_cli.bench.harness.media_host import MediaHost
-    from aphrodite_cli.bench.load.client import media_url, nonce
-    from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm, render_media
     from engine.errors import InternalError
     from engine.models.loader import load_model
     from engine.processing.chat_parts import parse_messages
@@ -63,7 +68,7 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
     cache, video = pipeline.cache, pipeline.video
     timer = _encoder_timer(loaded) if encoder else None
     if jsonl is not None:
-        from aphrodite_cli.bench.load.datasets import load_jsonl
+        from aphrodite_cli.bench.data.datasets import load_jsonl
 
         rows = load_jsonl(jsonl, media_dir)
         dataset = (rows * (num_prompts // max(len(rows), 1) + 1))[:num_prompts]

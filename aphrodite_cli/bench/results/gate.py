@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from aphrodite_cli.bench.load.escape import markdown_safe as _md
+from aphrodite_cli.bench.results.escape import markdown_safe as _md
 from aphrodite_cli.bench.results.files import load_result
 from aphrodite_cli.bench.results.stats import ratio_ci
 from engine.errors import ConfigError

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from aphrodite_cli.bench.load.escape import markdown_safe as _md
+from aphrodite_cli.bench.results.escape import markdown_safe as _md
 from aphrodite_cli.bench.results.stats import t_interval
 
 #: The headline metrics: name -> (path in a phase result, higher is better)
