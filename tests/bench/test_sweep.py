@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from aphrodite_cli.bench.data.datasets import parse_buckets, random_mm
-from aphrodite_cli.bench.load.client import LoadConfig
+from aphrodite_cli.bench.load.client import ArrivalConfig, LoadConfig, TargetConfig
 from aphrodite_cli.bench.load.mock_server import create_app
 from aphrodite_cli.bench.load.sweep import Payloads, Slo, Sweep, SweepSettings
 from aphrodite_cli.bench.results.stats import percentile_interval
@@ -34,7 +34,8 @@ async def known_capacity_sweep(aiohttp_server, slos: list[Slo], **settings) -> S
     server = await aiohttp_server(create_app(D_MS, 0, 1, max_concurrency=K))
     # near-regular arrivals (gamma shape 20): below capacity nothing queues, above it the
     # backlog grows for the whole point
-    cfg = LoadConfig(base_url=f"http://127.0.0.1:{server.port}", model="mock", burstiness=20)
+    cfg = LoadConfig(target=TargetConfig(base_url=f"http://127.0.0.1:{server.port}", model="mock"),
+                     arrivals=ArrivalConfig(burstiness=20))
     return Sweep(cfg, Payloads(make, cfg, None, "cold", 0, 0),
                  SweepSettings(duration_s=3, min_requests=20, num_warmups=1, **settings), slos)
 
@@ -133,6 +134,7 @@ def test_the_command_writes_every_point_and_the_capacity(tmp_path):
     doc = json.loads(next(tmp_path.glob("sweep-*.json")).read_text())
     assert doc["kind"] == "sweep" and doc["slos"] == ["e2e p90 <= 150 ms"]
     cold = doc["phases"]["cold"]
+    assert cold["capacity"]["rate"] is not None, cold["capacity"]
     assert 0.85 * CAPACITY <= cold["capacity"]["rate"] <= CAPACITY, cold["capacity"]
     assert "cold capacity:" in done.stdout and "model" not in done.stderr
     # every point in a Markdown table (for pull requests), one row each, with what was

@@ -144,11 +144,12 @@ class Sweep:
                         if math.isfinite(rate) else max(s.min_requests, 4 * (concurrency or 1)))
         # The first point stops at once when the target refuses every request alike (a wrong
         # URL, model or key); later points measure whatever happens.
-        cfg = replace(self.cfg, request_rate=rate, max_concurrency=concurrency,
+        cfg = replace(self.cfg.with_arrivals(request_rate=rate, max_concurrency=concurrency),
                       abort_after=self.cfg.abort_after if not self.points else 0, goodput={})
         if s.num_warmups:
             await run_phase(self.payloads.take(s.num_warmups),
-                            replace(cfg, request_rate=math.inf, max_concurrency=concurrency))
+                            cfg.with_arrivals(request_rate=math.inf,
+                                              max_concurrency=concurrency))
         records, duration, send_rate = await run_phase(self.payloads.take(requests), cfg)
         result = phase_result(records, duration, send_rate, cfg)
         served = served_rate(records)
@@ -230,8 +231,8 @@ async def run_sweep(cfg: LoadConfig, make: Callable[[int, int], list], *, modes:
                 host.files.clear()  # the last phase's media: nobody asks for them again
             payloads = Payloads(make, cfg, host, mode, pool_size, seed)
             if mode == "warm":  # the pool, once, so every measured request is a cache hit
-                records, _, _ = await run_phase(payloads.pool, replace(cfg,
-                                                                       request_rate=math.inf))
+                records, _, _ = await run_phase(payloads.pool,
+                                                cfg.with_arrivals(request_rate=math.inf))
                 failed = [r for r in records if not r.ok]
                 if failed:
                     raise BenchmarkFailed(
