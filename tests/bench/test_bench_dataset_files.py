@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from aphrodite_cli.bench.load.datasets import load_jsonl
+from aphrodite_cli.bench.data.datasets import load_jsonl
 from aphrodite_cli.bench.load.trace import load_trace
 from engine.errors import ConfigError
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aphrodite_cli.bench.results import gate
+from aphrodite_cli.bench.results import gate, stats
 from aphrodite_cli.bench.results.files import MAX_RESULT_BYTES, load_result
 from engine.errors import ConfigError
 
@@ -87,7 +87,7 @@ def test_the_bootstrap_holds_a_block_of_resamples_at_a_time():
     values = np.linspace(50, 150, 5000)
     tracemalloc.start()
     try:
-        ratio, low, high = gate.ratio_ci(values, values * 1.01)
+        ratio, low, high = stats.ratio_ci(values, values * 1.01)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -14,10 +14,16 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from aphrodite_cli.bench.load.client import LoadConfig, build_payload, first_model, run_phase
-from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
-from aphrodite_cli.bench.load.escape import markdown_safe, printable, rich_safe
+from aphrodite_cli.bench.data.datasets import parse_buckets, random_mm
+from aphrodite_cli.bench.load.client import (
+    LoadConfig,
+    TargetConfig,
+    build_payload,
+    first_model,
+    run_phase,
+)
 from aphrodite_cli.bench.load.metrics import compute
+from aphrodite_cli.bench.results.escape import markdown_safe, printable, rich_safe
 from engine.errors import ConfigError
 
 #: what a hostile target puts in its words: set the terminal's title, clear the screen,
@@ -187,8 +193,8 @@ def hostile_app() -> web.Application:
 
 
 async def _run(port: int, route: str, n: int = 3, **cfg_args) -> dict:
-    cfg = LoadConfig(base_url=f"http://127.0.0.1:{port}", model="m",
-                     endpoint=f"/{route}/v1/chat/completions", **cfg_args)
+    cfg = LoadConfig(target=TargetConfig(base_url=f"http://127.0.0.1:{port}", model="m",
+                                         endpoint=f"/{route}/v1/chat/completions"), **cfg_args)
     reqs = random_mm(n, items=0, buckets=parse_buckets(None), prompt_len=2, output_len=2,
                      seed=0, nonce=1)
     records, duration, _ = await run_phase([build_payload(r, cfg, None, {}) for r in reqs], cfg)

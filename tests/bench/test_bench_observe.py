@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from aphrodite_cli.bench.data.datasets import BenchRequest
 from aphrodite_cli.bench.load import scrape
 from aphrodite_cli.bench.load.archetypes import (
     archetype_dataset,
@@ -22,9 +23,8 @@ from aphrodite_cli.bench.load.archetypes import (
     modality,
     parse_archetypes,
 )
-from aphrodite_cli.bench.load.datasets import BenchRequest
-from aphrodite_cli.bench.load.escape import markdown_safe
 from aphrodite_cli.bench.load.metrics import RequestRecord
+from aphrodite_cli.bench.results.escape import markdown_safe
 from aphrodite_cli.bench.results.intervals import slices
 from engine.errors import ConfigError
 from tests.server_harness import ServerProcess, free_port, wait_exit
@@ -335,7 +335,8 @@ def test_cache_resets_reach_every_api_server_and_bench_checks_the_counted_hits(t
 
 
 def test_t_interval_and_runs_combined_into_one_result():
-    from aphrodite_cli.bench.results.runs import combine, t_interval
+    from aphrodite_cli.bench.results.runs import combine
+    from aphrodite_cli.bench.results.stats import t_interval
 
     ci = t_interval([1.0, 2.0, 3.0])
     assert ci["mean"] == 2.0 and ci["high"] - 2.0 == pytest.approx(4.303 / 3 ** 0.5)
@@ -389,7 +390,7 @@ def test_num_runs_gives_intervals_that_gate_and_report_use(mock_port, tmp_path):
     slow = json.loads(a.read_text())
     for run in slow["phases"]["cold"]["runs"]:
         run["ttft_ms_p50"] = ci["high"] * 10 + 100
-    from aphrodite_cli.bench.results.runs import t_interval
+    from aphrodite_cli.bench.results.stats import t_interval
 
     slow["phases"]["cold"]["ci95"]["ttft_ms_p50"] = t_interval(
         [r["ttft_ms_p50"] + i for i, r in enumerate(slow["phases"]["cold"]["runs"])])

@@ -12,13 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aphrodite_cli.bench.data.datasets import parse_buckets, random_mm
 from aphrodite_cli.bench.load.client import (
+    ArrivalConfig,
     LoadConfig,
+    MediaConfig,
+    TargetConfig,
     arrival_times,
     build_payload,
     run_phase,
 )
-from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
 from aphrodite_cli.bench.load.metrics import RequestRecord, compute
 from aphrodite_cli.bench.load.mock_server import create_app
 from aphrodite_cli.bench.results.stats import percentile
@@ -90,7 +93,8 @@ async def test_measured_medians_match_injected_delays(aiohttp_server):
     process, measured 52.4-52.8 ms TTFT and 10.0 ms ITL against these settings)."""
     async def medians(ttft_ms: float, itl_ms: float) -> dict:
         base = await _mock(aiohttp_server, ttft_ms, itl_ms)
-        cfg = LoadConfig(base_url=base, request_rate=20.0, seed=1)
+        cfg = LoadConfig(target=TargetConfig(base_url=base),
+                         arrivals=ArrivalConfig(request_rate=20.0), seed=1)
         reqs = random_mm(40, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=8,
                          seed=1, nonce=1)
         records, duration, _ = await run_phase([build_payload(r, cfg, None, {})
@@ -124,7 +128,8 @@ async def test_measured_ttft_is_never_below_and_barely_above_the_injected_ttft(a
     instead of from its request measures ~20 ms and fails too."""
     injected_ms = 50.0
     base = await _mock(aiohttp_server, injected_ms, 5, headers_ms=30)
-    cfg = LoadConfig(base_url=base, max_concurrency=1, seed=3)
+    cfg = LoadConfig(target=TargetConfig(base_url=base), arrivals=ArrivalConfig(max_concurrency=1),
+                     seed=3)
     reqs = random_mm(20, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=2,
                      seed=3, nonce=1)
     records, _, _ = await run_phase([build_payload(r, cfg, None, {}) for r in reqs], cfg)
@@ -148,7 +153,8 @@ async def test_ttft_from_chunk_times_any_chunk_with_choices_as_vllms_bench_does(
                      seed=4, nonce=1)
     ttfts = {}
     for rule in ("content", "chunk"):
-        cfg = LoadConfig(base_url=base, max_concurrency=1, seed=4, ttft_from=rule)
+        cfg = LoadConfig(target=TargetConfig(base_url=base),
+                         arrivals=ArrivalConfig(max_concurrency=1), seed=4, ttft_from=rule)
         records, _, _ = await run_phase([build_payload(r, cfg, None, {}) for r in reqs], cfg)
         assert all(r.ok and r.output_tokens == 2 and r.usage_reported for r in records)
         assert all(len(r.itl) == (1 if rule == "content" else 2) for r in records)
@@ -159,7 +165,8 @@ async def test_ttft_from_chunk_times_any_chunk_with_choices_as_vllms_bench_does(
 
 async def test_generator_keeps_the_requested_rate(aiohttp_server):
     base = await _mock(aiohttp_server, 0, 0)
-    cfg = LoadConfig(base_url=base, request_rate=100.0, seed=2)
+    cfg = LoadConfig(target=TargetConfig(base_url=base), arrivals=ArrivalConfig(request_rate=100.0),
+                     seed=2)
     reqs = random_mm(400, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=16,
                      seed=2, nonce=1)
     payloads = [build_payload(r, cfg, None, {}) for r in reqs]
@@ -174,7 +181,8 @@ async def test_http_media_delivery_serves_the_bytes():
     try:
         req = random_mm(1, items=1, buckets=parse_buckets('{"48,64,1": 1}'), prompt_len=3,
                         output_len=4, seed=5, nonce=9)[0]
-        body, _ = build_payload(req, LoadConfig(base_url="x", media_delivery="http"), host, {})
+        body, _ = build_payload(req, LoadConfig(target=TargetConfig(base_url="x"),
+                                                media=MediaConfig(media_delivery="http")), host, {})
         url = json.loads(body)["messages"][0]["content"][0]["image_url"]["url"]
         import aiohttp
 
@@ -232,7 +240,7 @@ def test_cold_and_warm_phases_against_the_real_server(tmp_path):
 
 
 def test_jsonl_dataset_with_a_media_folder(tmp_path):
-    from aphrodite_cli.bench.load.datasets import load_jsonl
+    from aphrodite_cli.bench.data.datasets import load_jsonl
     from tests.fixtures import synthetic
 
     (tmp_path / "media").mkdir()
@@ -251,7 +259,7 @@ def test_jsonl_dataset_with_a_media_folder(tmp_path):
     assert loaded[1].messages[0]["content"][0]["image_url"]["url"].startswith("https://")
     with pytest.raises(ConfigError, match="--media-dir"):
         load_jsonl(path, None)
-    body, _ = build_payload(loaded[0], LoadConfig(base_url="x"), None, {})
+    body, _ = build_payload(loaded[0], LoadConfig(target=TargetConfig(base_url="x")), None, {})
     assert json.loads(body)["max_tokens"] == 5
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from aphrodite_cli.bench.load import server_cpu
 from aphrodite_cli.bench.load.server_cpu import CpuWatch
+from aphrodite_cli.bench.results.serve_text import describe
 
 pytestmark = pytest.mark.skipif(not server_cpu.PROC.joinpath("net", "tcp").exists(),
                                 reason="reads /proc (Linux)")
@@ -81,8 +82,8 @@ def test_the_work_of_a_supervised_target_is_counted_to_the_process_that_did_it(t
         assert result["cpu_ms_per_request"] == pytest.approx(result["cpu_s"] / 4 * 1e3,
                                                              abs=0.1)
         assert result["cores"] == pytest.approx(result["cpu_s"] / 2.0, abs=0.01)
-        assert "server CPU:" in server_cpu.describe(result) and "python -c" in \
-            server_cpu.describe(result)
+        assert "server CPU:" in describe(result) and "python -c" in \
+            describe(result)
     finally:
         for pid in server_cpu.tree([sup.pid]):  # the supervisor's children, before it goes
             if pid != sup.pid:
@@ -97,7 +98,7 @@ def test_targets_it_cannot_read_say_why_and_have_no_figures():
     remote.stop()
     out = remote.result(completed=3, duration=1.0)
     assert out["status"] == "the target is not on this machine's loopback"
-    assert "cpu_s" not in out and "not measured" in server_cpu.describe(out)
+    assert "cpu_s" not in out and "not measured" in describe(out)
     nobody = CpuWatch(f"http://localhost:{_free_port()}")
     nobody.start()
     nobody.stop()

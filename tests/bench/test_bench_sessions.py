@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 from aphrodite_cli.bench.commands.serve_checks import check_session_flags
-from aphrodite_cli.bench.load.client import LoadConfig
-from aphrodite_cli.bench.load.datasets import random_mm
+from aphrodite_cli.bench.data.datasets import random_mm
+from aphrodite_cli.bench.load.client import ArrivalConfig, LoadConfig, TargetConfig
 from aphrodite_cli.bench.load.metrics import RequestRecord
 from aphrodite_cli.bench.load.sessions import (
     SessionConfig,
@@ -156,7 +156,8 @@ async def test_each_turn_resends_the_history_with_its_image_and_the_answers_in_o
     answer ended."""
     seen: list[dict] = []
     server = await aiohttp_server(_capture(seen, ttft_s=0.01))
-    cfg = LoadConfig(base_url=f"http://127.0.0.1:{server.port}", model="m", max_concurrency=2)
+    cfg = LoadConfig(target=TargetConfig(base_url=f"http://127.0.0.1:{server.port}", model="m"),
+                     arrivals=ArrivalConfig(max_concurrency=2))
     sessions = _sessions(4, SessionConfig(4, 3))
     run = await run_sessions(sessions, SessionConfig(4, 3), cfg, None, {})
     assert len(seen) == len(run.records) == 12 and all(r.ok for r in run.records)
@@ -194,7 +195,7 @@ async def test_users_send_a_turn_every_num_users_over_rate_seconds(aiohttp_serve
     first; with answers slower than the gap the next turn goes out as the answer ends."""
     seen: list[dict] = []
     server = await aiohttp_server(_capture(seen))
-    cfg = LoadConfig(base_url=f"http://127.0.0.1:{server.port}", model="m")
+    cfg = LoadConfig(target=TargetConfig(base_url=f"http://127.0.0.1:{server.port}", model="m"))
     conf = SessionConfig(2, 3, num_users=2, user_centric_rate=20.0)
     run = await run_sessions(_sessions(2, conf), conf, cfg, None, {})
     sent = {(s, k): r.sent_at for r, (s, k) in zip(run.records, run.placement, strict=True)}
@@ -205,7 +206,7 @@ async def test_users_send_a_turn_every_num_users_over_rate_seconds(aiohttp_serve
 
     slow_seen: list[dict] = []
     slow = await aiohttp_server(_capture(slow_seen, ttft_s=0.2))
-    cfg = LoadConfig(base_url=f"http://127.0.0.1:{slow.port}", model="m")
+    cfg = LoadConfig(target=TargetConfig(base_url=f"http://127.0.0.1:{slow.port}", model="m"))
     conf = SessionConfig(1, 3, num_users=1, user_centric_rate=10.0)  # a turn every 0.1 s
     await run_sessions(_sessions(1, conf), conf, cfg, None, {})
     for before, after in itertools.pairwise(slow_seen):
@@ -223,15 +224,15 @@ async def test_a_cancelled_turn_ends_its_session_and_a_refusing_target_stops_the
 
     seen: list[dict] = []
     server = await aiohttp_server(_capture(seen, ttft_s=0.2))
-    cfg = LoadConfig(base_url=f"http://127.0.0.1:{server.port}", model="m",
-                     cancel_rate=100, cancel_delay_s=0.02)
+    cfg = LoadConfig(target=TargetConfig(base_url=f"http://127.0.0.1:{server.port}", model="m"),
+                     arrivals=ArrivalConfig(cancel_rate=100, cancel_delay_s=0.02))
     run = await run_sessions(_sessions(3, SessionConfig(3, 3)), SessionConfig(3, 3), cfg,
                              None, {})
     assert [k for _, k in run.placement] == [1, 1, 1] and len(seen) == 3
     assert all(r.cancelled and not r.ok for r in run.records)
     refusing = await aiohttp_server(create_app(1, 1, None, model="acme", require_model=True))
-    cfg = LoadConfig(base_url=f"http://127.0.0.1:{refusing.port}", model="other",
-                     abort_after=3)
+    cfg = LoadConfig(target=TargetConfig(base_url=f"http://127.0.0.1:{refusing.port}",
+                                         model="other"), abort_after=3)
     with pytest.raises(TargetRefused) as info:
         await run_sessions(_sessions(6, SessionConfig(6, 2)), SessionConfig(6, 2), cfg, None,
                            {})

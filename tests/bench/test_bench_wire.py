@@ -12,9 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from aphrodite_cli.bench.data.datasets import parse_buckets, random_mm
 from aphrodite_cli.bench.load import wire
-from aphrodite_cli.bench.load.client import LoadConfig, build_payload, run_phase
-from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
+from aphrodite_cli.bench.load.client import (
+    ArrivalConfig,
+    LoadConfig,
+    TargetConfig,
+    build_payload,
+    run_phase,
+)
 from aphrodite_cli.bench.load.metrics import compute
 from aphrodite_cli.bench.load.mock_server import create_app
 from engine.errors import ConfigError
@@ -78,9 +84,10 @@ async def test_headers_and_extra_body_reach_the_target_and_cancelled_requests_ha
     seen: list[dict] = []
     server = await aiohttp_server(create_app(20, 10, None, seen=seen))
     extra = {"chat_template_kwargs": {"enable_thinking": False}, "cache_salt": "s1"}
-    cfg = LoadConfig(base_url=f"http://127.0.0.1:{server.port}", model="mock", seed=5,
-                     headers={"X-Tenant": "team-a"}, extra_body=extra, api_key="k",
-                     cancel_rate=25, cancel_delay_s=0.06)
+    cfg = LoadConfig(target=TargetConfig(base_url=f"http://127.0.0.1:{server.port}", model="mock",
+                                         headers={"X-Tenant": "team-a"}, extra_body=extra,
+                                         api_key="k"),
+                     arrivals=ArrivalConfig(cancel_rate=25, cancel_delay_s=0.06), seed=5)
     reqs = random_mm(12, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=20,
                      seed=1, nonce=1)
     records, duration, _ = await run_phase([build_payload(r, cfg, None, {}) for r in reqs], cfg)
@@ -112,7 +119,8 @@ async def test_a_request_cancelled_before_its_answer_starts_is_cancelled_not_fai
     reqs = random_mm(2, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=2,
                      seed=1, nonce=1)
     for delay, want in ((0.0, (0, 0, 2)), (5.0, (2, 0, 0))):
-        cfg = LoadConfig(base_url=root, cancel_rate=100, cancel_delay_s=delay)
+        cfg = LoadConfig(target=TargetConfig(base_url=root),
+                         arrivals=ArrivalConfig(cancel_rate=100, cancel_delay_s=delay))
         records, duration, _ = await run_phase([build_payload(r, cfg, None, {})
                                                 for r in reqs], cfg)
         result = compute(records, duration)

@@ -7,8 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from aphrodite_cli.bench.load.client import LoadConfig, build_payload, schedule
-from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
+from aphrodite_cli.bench.data.datasets import parse_buckets, random_mm
+from aphrodite_cli.bench.load.client import (
+    ArrivalConfig,
+    LoadConfig,
+    TargetConfig,
+    build_payload,
+    schedule,
+)
 from aphrodite_cli.bench.load.metrics import compute
 from aphrodite_cli.bench.load.mock_server import create_app
 from aphrodite_cli.bench.load.workers import run_phase
@@ -16,8 +22,9 @@ from aphrodite_cli.bench.load.workers import run_phase
 TTFT_MS, ITL_MS, TOKENS = 40.0, 5.0, 6
 
 
-async def _run(base: str, workers: int, n: int, **load) -> tuple[list, dict, LoadConfig]:
-    cfg = LoadConfig(base_url=base, seed=3, num_workers=workers, **load)
+async def _run(base: str, workers: int, n: int, **arrivals) -> tuple[list, dict, LoadConfig]:
+    cfg = LoadConfig(target=TargetConfig(base_url=base),
+                     arrivals=ArrivalConfig(num_workers=workers, **arrivals), seed=3)
     reqs = random_mm(n, items=0, buckets=parse_buckets(None), prompt_len=4,
                      output_len=TOKENS, seed=3, nonce=1)
     records, duration, _ = await run_phase([build_payload(r, cfg, None, {}) for r in reqs],

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from aphrodite_cli.bench.data.datasets import parse_buckets
 from aphrodite_cli.bench.load.archetypes import parse_archetypes
-from aphrodite_cli.bench.load.datasets import parse_buckets
 from aphrodite_cli.main import app
 from engine.errors import ConfigError
 from tests.fixtures import synthetic_caps

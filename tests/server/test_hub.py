@@ -175,7 +175,7 @@ def test_mm_processor_on_a_hub_model_without_weights_records_repo_commit_and_tok
     and the tokens per image are what one call of that processor gives the same image size."""
     import numpy as np
 
-    from aphrodite_cli.bench.load.datasets import parse_buckets
+    from aphrodite_cli.bench.data.datasets import parse_buckets
     from aphrodite_cli.bench.offline.mm_processor import run_mm_processor
 
     sha = hub.add_repo("acme/tiny-vl", tiny_repo)

@@ -129,7 +129,7 @@ def mm_processor(
 ) -> None:
     """Preprocessing per stage (fetch, decode, hash, cache lookup, HF processor, encoder),
     cold (media never seen) and warm (processor cache hits), offline."""
-    from aphrodite_cli.bench.load.datasets import parse_buckets
+    from aphrodite_cli.bench.data.datasets import parse_buckets
     from aphrodite_cli.bench.offline.mm_processor import STAGES, run_mm_processor
     from aphrodite_cli.bench.results.files import write_result
 
@@ -254,7 +254,7 @@ def batching(
                   f"{doc['continuous_over_static_output_throughput']:.2f}x", markup=False)
         out.print(f"result: {path}", markup=False)
         return
-    from aphrodite_cli.bench.offline.mm_processor import run_batching
+    from aphrodite_cli.bench.offline.batching import run_batching
 
     max_tokens = max_tokens or 32
     doc = run_batching(model, concurrency=concurrency, max_tokens=max_tokens, repeats=repeats)

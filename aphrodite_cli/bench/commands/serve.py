@@ -198,14 +198,14 @@ def serve_cmd(
     """End-to-end latency and throughput of a chat endpoint, cold media and warm cache."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from aphrodite_cli.bench.data.datasets import parse_buckets
     from aphrodite_cli.bench.load import vllm_compat, wire
     from aphrodite_cli.bench.load.archetypes import parse_archetypes
-    from aphrodite_cli.bench.load.client import LoadConfig
-    from aphrodite_cli.bench.load.datasets import parse_buckets
-    from aphrodite_cli.bench.load.escape import printable
+    from aphrodite_cli.bench.load.client import ArrivalConfig, LoadConfig, MediaConfig, TargetConfig
     from aphrodite_cli.bench.load.hub_datasets import HubArgs
     from aphrodite_cli.bench.load.serve import ServeArgs, TokenArgs, run
     from aphrodite_cli.bench.load.target import Target
+    from aphrodite_cli.bench.results.escape import printable
     from aphrodite_cli.bench.results.files import write_result
     from engine.errors import ConfigError
 
@@ -279,21 +279,24 @@ def serve_cmd(
                                          set(vllm_compat.METRICS))
     pcts = vllm_compat.parse_percentiles(metric_percentiles)
     # base_url and model: the target's, once it is open (run)
-    cfg = LoadConfig(base_url="", endpoint="/" + endpoint.lstrip("/"),
-                     abort_after=abort_after_failures, api_key=api_key,
-                     admin_api_key=admin_api_key, request_rate=rate,
-                     burstiness=burstiness,
-                     max_concurrency=max_concurrency, seed=seed, media_delivery=media_delivery,
-                     image_format=image_format.upper(), image_quality=image_quality,
-                     video_codec=video_codec, video_fps=video_fps, video_gop=video_gop,
-                     goodput=slos, temperature=temperature, ignore_eos=ignore_eos,
-                     timeout_s=request_timeout, keep_text=tokenizer is not None,
-                     ramp_up_strategy=ramp_up_strategy,
-                     ramp_up_start_rps=ramp_up_start_rps, ramp_up_end_rps=ramp_up_end_rps,
-                     max_response_bytes=int(max_response_mb * (1 << 20)),
-                     ttft_from=ttft_from, headers=headers, extra_body=body_extra,
-                     cancel_rate=request_cancellation_rate,
-                     cancel_delay_s=request_cancellation_delay, num_workers=num_workers)
+    cfg = LoadConfig(
+        target=TargetConfig(base_url="", endpoint="/" + endpoint.lstrip("/"), api_key=api_key,
+                            admin_api_key=admin_api_key, headers=headers,
+                            extra_body=body_extra),
+        arrivals=ArrivalConfig(request_rate=rate, burstiness=burstiness,
+                               max_concurrency=max_concurrency,
+                               ramp_up_strategy=ramp_up_strategy,
+                               ramp_up_start_rps=ramp_up_start_rps,
+                               ramp_up_end_rps=ramp_up_end_rps,
+                               cancel_rate=request_cancellation_rate,
+                               cancel_delay_s=request_cancellation_delay,
+                               num_workers=num_workers),
+        media=MediaConfig(media_delivery=media_delivery, image_format=image_format.upper(),
+                          image_quality=image_quality, video_codec=video_codec,
+                          video_fps=video_fps, video_gop=video_gop),
+        abort_after=abort_after_failures, seed=seed, goodput=slos, temperature=temperature,
+        ignore_eos=ignore_eos, timeout_s=request_timeout, keep_text=tokenizer is not None,
+        max_response_bytes=int(max_response_mb * (1 << 20)), ttft_from=ttft_from)
     args = ServeArgs(dataset=dataset, dataset_path=dataset_path, media_dir=media_dir,
                      num_prompts=num_prompts, num_warmups=num_warmups, mode=mode,
                      items_per_request=items_per_request, buckets=parse_buckets(bucket_config),

@@ -55,7 +55,7 @@ def print_phase_extras(doc: dict[str, Any], fmt: str, say: Any) -> None:
                              if cache else ""), markup=False)
         cpu = phase.get("server_cpu")
         if cpu is not None:
-            from aphrodite_cli.bench.load.server_cpu import describe
+            from aphrodite_cli.bench.results.serve_text import describe
 
             say.print(f"{mode}: {describe(cpu)}", markup=False)
         probes = phase.get("probes")
@@ -86,7 +86,7 @@ def print_phase_extras(doc: dict[str, Any], fmt: str, say: Any) -> None:
                           f"{_p(s['tpot_ms'], 'p50')}/{_p(s['tpot_ms'], 'p99')}"]
                          for s in slices["intervals"]], fmt)
         if phase.get("per_turn") and tables:
-            from aphrodite_cli.bench.load.turn_metrics import TURN_COLUMNS, turn_rows, turn_title
+            from aphrodite_cli.bench.results.serve_text import TURN_COLUMNS, turn_rows, turn_title
 
             print_table(turn_title(mode, phase["per_turn"]), TURN_COLUMNS,
                         turn_rows(phase["per_turn"]), fmt)

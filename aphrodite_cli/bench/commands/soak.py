@@ -99,8 +99,8 @@ def soak(
 ) -> None:
     """Valid, hostile and attacking traffic against the server for a set time; checks that
     valid requests are served, every attack is refused by its rule and nothing leaks."""
+    from aphrodite_cli.bench.data.datasets import parse_buckets
     from aphrodite_cli.bench.load.attackers import Attackers, FrontDoor
-    from aphrodite_cli.bench.load.datasets import parse_buckets
     from aphrodite_cli.bench.load.hostile import (
         MAX_BODY_MB,
         SERVER_ARGS,

@@ -77,11 +77,18 @@ def sweep_cmd(
     `bench sweep serve` sweeps server flags instead (see its --help)."""
     if ctx.invoked_subcommand is not None:  # `bench sweep serve ...`: its own flags
         return
+    from aphrodite_cli.bench.data.datasets import parse_buckets, random_mm
     from aphrodite_cli.bench.load import sweep as sw
-    from aphrodite_cli.bench.load.client import CHAT_ENDPOINT, LoadConfig, TargetRefused
-    from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm
-    from aphrodite_cli.bench.load.escape import printable
+    from aphrodite_cli.bench.load.client import (
+        CHAT_ENDPOINT,
+        ArrivalConfig,
+        LoadConfig,
+        MediaConfig,
+        TargetConfig,
+        TargetRefused,
+    )
     from aphrodite_cli.bench.load.target import Target
+    from aphrodite_cli.bench.results.escape import printable
     from aphrodite_cli.bench.results.files import write_result
     from engine.errors import BenchmarkFailed, ConfigError
 
@@ -121,11 +128,14 @@ def sweep_cmd(
 
     with target:
         root, name = target.root, target.model
-        cfg = LoadConfig(base_url=root, endpoint="/" + (endpoint or CHAT_ENDPOINT).lstrip("/"),
-                         model=name, api_key=api_key, burstiness=burstiness, seed=seed,
-                         media_delivery=media_delivery, timeout_s=request_timeout,
-                         max_response_bytes=int(max_response_mb * (1 << 20)),
-                         ttft_from=ttft_from)
+        cfg = LoadConfig(
+            target=TargetConfig(base_url=root,
+                                endpoint="/" + (endpoint or CHAT_ENDPOINT).lstrip("/"),
+                                model=name, api_key=api_key),
+            arrivals=ArrivalConfig(burstiness=burstiness),
+            media=MediaConfig(media_delivery=media_delivery), seed=seed,
+            timeout_s=request_timeout, max_response_bytes=int(max_response_mb * (1 << 20)),
+            ttft_from=ttft_from)
         modes = ("cold", "warm") if mode == "both" else (mode,)
         try:
             doc = sw.run(cfg, make, modes=modes, settings=settings, slos=slos,
@@ -140,7 +150,7 @@ def sweep_cmd(
                 f"{(first.error_body or '').strip()[:300]}",
                 hint="check --base-url/--endpoint, --model and --api-key") from None
     doc = {"kind": "sweep",
-           "target": {"base_url": root, "endpoint": cfg.endpoint, "model": printable(name),
+           "target": {"base_url": root, "endpoint": cfg.target.endpoint, "model": printable(name),
                       "embedded": embedded},
            "slos": [s.label for s in slos], "keep_up_share": sw.KEEP_UP,
            "settings": settings.__dict__, "burstiness": burstiness,

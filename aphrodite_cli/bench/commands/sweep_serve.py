@@ -58,8 +58,9 @@ def sweep_serve_cmd(
     """Server flags against the same load: one server per --serve-params set, every
     --bench-params set against it; results, a summary and a Pareto front."""
     from aphrodite_cli.bench.load import sweep_serve as ss
-    from aphrodite_cli.bench.load.escape import printable
-    from aphrodite_cli.bench.load.sweep_params import label, parse_params
+    from aphrodite_cli.bench.load.sweep_params import parse_params
+    from aphrodite_cli.bench.results.escape import printable
+    from aphrodite_cli.bench.results.fields import label
     from aphrodite_cli.bench.results.files import write_result
 
     say = err if output_format == "json" else out

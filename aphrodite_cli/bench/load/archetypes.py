@@ -27,7 +27,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from aphrodite_cli.bench.load.datasets import _WORDS, BenchRequest, MediaSpec, parse_buckets
+from aphrodite_cli.bench.data.datasets import _WORDS, BenchRequest, MediaSpec, parse_buckets
 from aphrodite_cli.bench.load.metrics import RequestRecord, compute
 from engine.errors import ConfigError
 

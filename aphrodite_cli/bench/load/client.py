@@ -4,24 +4,23 @@ endpoints, with cold-media and warm-cache phases measured separately."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import math
-import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import aiohttp
 import numpy as np
 
+from aphrodite_cli.bench.data.datasets import BenchRequest, MediaSpec, media_url, render_media
 from aphrodite_cli.bench.harness.media_host import MediaHost
 from aphrodite_cli.bench.load import sse_client
-from aphrodite_cli.bench.load.datasets import BenchRequest, MediaSpec, render_media
-from aphrodite_cli.bench.load.escape import printable
 from aphrodite_cli.bench.load.metrics import FORMULAS, RequestRecord, compute
 from aphrodite_cli.bench.load.wire import cancelled_indices, request_headers
+from aphrodite_cli.bench.results.escape import printable
+from aphrodite_cli.options import MediaDelivery, RampUpStrategy, TtftFrom
 
 #: Where a chat benchmark posts, relative to the server's root (vLLM's --endpoint default).
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -85,42 +84,33 @@ def first_model(root: str, api_key: str | None, timeout_s: float = 30.0,
 
 
 @dataclass
-class LoadConfig:
+class TargetConfig:
+    """Where requests go, and what each carries besides its prompt and media."""
+
     base_url: str  # the server's root (see server_root)
     endpoint: str = CHAT_ENDPOINT
     model: str | None = None
     api_key: str | None = None
     #: for the cache resets (a target's admin key); None: api_key
     admin_api_key: str | None = None
-    request_rate: float = math.inf
-    burstiness: float = 1.0
-    max_concurrency: int | None = None
-    seed: int = 0
-    media_delivery: str = "data-url"  # or http
-    image_format: str = "JPEG"
-    image_quality: int = 90
-    video_codec: str = "libx264"
-    video_fps: int = 30
-    video_gop: int = 30
-    timeout_s: float = 300.0  # --request-timeout: one request, from send to its last byte
-    max_response_bytes: int = 16 << 20  # --max-response-mb: one answer's bytes at most
-    keep_text: bool = False  # keep each answer's text (--tokenizer counts its tokens)
-    ttft_from: str = "content"  # --ttft-from: content, or chunk (any chunk with choices)
-    goodput: dict[str, float] = field(default_factory=dict)
-    temperature: float = 0.0
-    ignore_eos: bool = True  # every answer as long as asked, so runs compare
-    # vLLM's ramp-up: the rate goes from start to end over the phase's requests (linear or
-    # exponential); request_rate is inf then
-    ramp_up_strategy: str | None = None
-    ramp_up_start_rps: float | None = None
-    ramp_up_end_rps: float | None = None
-    # Stop the phase when the first this-many answers are all the same 4xx (a wrong URL,
-    # model or key fails every request alike); 0: never.
-    abort_after: int = 5
     #: --header K=V: on every request to the target (load/wire.py checks them)
     headers: dict[str, str] = field(default_factory=dict)
     #: --extra-body: merged into every request's body (none of the fields set here)
     extra_body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ArrivalConfig:
+    """When requests are sent (and cut), and by how many client processes."""
+
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    # vLLM's ramp-up: the rate goes from start to end over the phase's requests (linear or
+    # exponential); request_rate is inf then
+    ramp_up_strategy: RampUpStrategy | None = None
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
     #: --request-cancellation-rate (percent of a phase's requests, drawn with the seed) and
     #: --request-cancellation-delay (seconds after sending): the connection is closed then
     cancel_rate: float = 0.0
@@ -129,20 +119,58 @@ class LoadConfig:
     num_workers: int = 1
 
 
-def media_url(spec: MediaSpec, data: bytes, host: MediaHost | None) -> str:
-    """Where the target finds this item: the loopback media server, or a data URL."""
-    mime = "image/jpeg" if spec.kind == "image" else "video/mp4"
-    if host is not None:
-        return host.add(f"/m/{spec.name}", data, mime)
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+@dataclass
+class MediaConfig:
+    """How a request's media items are encoded and delivered."""
+
+    media_delivery: MediaDelivery = "data-url"  # or http: the loopback media host
+    image_format: str = "JPEG"  # PIL's name: JPEG, PNG or WEBP
+    image_quality: int = 90
+    video_codec: str = "libx264"
+    video_fps: int = 30
+    video_gop: int = 30
+
+
+@dataclass
+class LoadConfig:
+    """A phase's load: the target, the arrivals and the media, then how answers are read
+    and judged. A result's ``config`` holds every field flat (:meth:`flat`), as the flags
+    name them."""
+
+    target: TargetConfig
+    arrivals: ArrivalConfig = field(default_factory=ArrivalConfig)
+    media: MediaConfig = field(default_factory=MediaConfig)
+    seed: int = 0
+    timeout_s: float = 300.0  # --request-timeout: one request, from send to its last byte
+    max_response_bytes: int = 16 << 20  # --max-response-mb: one answer's bytes at most
+    keep_text: bool = False  # keep each answer's text (--tokenizer counts its tokens)
+    ttft_from: TtftFrom = "content"  # or chunk (any chunk with choices)
+    goodput: dict[str, float] = field(default_factory=dict)
+    temperature: float = 0.0
+    ignore_eos: bool = True  # every answer as long as asked, so runs compare
+    # Stop the phase when the first this-many answers are all the same 4xx (a wrong URL,
+    # model or key fails every request alike); 0: never.
+    abort_after: int = 5
+
+    def with_arrivals(self, **changes: Any) -> LoadConfig:
+        """This load with other arrivals (``request_rate=...``): a point of a sweep, an
+        unmeasured warm-up."""
+        return replace(self, arrivals=replace(self.arrivals, **changes))
+
+    def flat(self) -> dict[str, Any]:
+        """Every field by its own name, the parts' too (deep copies, as ``asdict``)."""
+        out: dict[str, Any] = {}
+        for name, value in asdict(self).items():
+            out.update(value if name in ("target", "arrivals", "media") else {name: value})
+        return out
 
 
 def rendered(spec: MediaSpec, cfg: LoadConfig, cache: dict[MediaSpec, bytes]) -> bytes:
     """The item's encoded bytes in ``cfg``'s formats, rendered once per spec (``cache``)."""
     if spec not in cache:
-        cache[spec] = render_media(spec, image_format=cfg.image_format,
-                                   quality=cfg.image_quality, codec=cfg.video_codec,
-                                   fps=cfg.video_fps, gop=cfg.video_gop)
+        cache[spec] = render_media(spec, image_format=cfg.media.image_format,
+                                   quality=cfg.media.image_quality, codec=cfg.media.video_codec,
+                                   fps=cfg.media.video_fps, gop=cfg.media.video_gop)
     return cache[spec]
 
 
@@ -168,9 +196,9 @@ def request_body(cfg: LoadConfig, output_len: int, *, messages: list[dict[str, A
     body.update({"max_tokens": output_len, "stream": True,
                  "stream_options": {"include_usage": True}, "temperature": cfg.temperature,
                  "ignore_eos": cfg.ignore_eos})
-    if cfg.model:
-        body["model"] = cfg.model
-    body.update(cfg.extra_body)  # load/wire.py: none of its fields is one set here
+    if cfg.target.model:
+        body["model"] = cfg.target.model
+    body.update(cfg.target.extra_body)  # load/wire.py: none of its fields is one set here
     return json.dumps(body).encode()
 
 
@@ -180,7 +208,7 @@ def build_payload(req: BenchRequest, cfg: LoadConfig, host: MediaHost | None,
     for spec in req.media:  # rendered before the clock starts: not the client's encoding
         rendered(spec, cfg, cache)
     start = time.perf_counter()
-    if not cfg.endpoint.endswith("chat/completions"):  # /v1/completions: a text prompt
+    if not cfg.target.endpoint.endswith("chat/completions"):  # /v1/completions: a text prompt
         return request_body(cfg, req.output_len, prompt=req.prompt), time.perf_counter() - start
     messages = req.messages if req.messages is not None else [
         user_message(req, cfg, host, cache)]
@@ -193,12 +221,12 @@ async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[st
                       cancel: bool = False) -> None:
     """One request under ``cfg``'s bounds (--request-timeout, --max-response-mb): see
     :mod:`aphrodite_cli.bench.load.sse_client` for how every answer is read and judged.
-    ``cancel``: cut it ``cfg.cancel_delay_s`` after sending (--request-cancellation-*)."""
-    cfg = cfg or LoadConfig(base_url=url)
+    ``cancel``: cut it ``cfg.arrivals.cancel_delay_s`` after sending (--request-cancellation-*)."""
+    cfg = cfg or LoadConfig(target=TargetConfig(base_url=url))
     await sse_client.one_request(session, url, headers, body, record, timeout_s=cfg.timeout_s,
                                  max_bytes=cfg.max_response_bytes, keep_text=cfg.keep_text,
                                  any_chunk=cfg.ttft_from == "chunk",
-                                 cancel_after=cfg.cancel_delay_s if cancel else None)
+                                 cancel_after=cfg.arrivals.cancel_delay_s if cancel else None)
 
 
 class TargetRefused(Exception):
@@ -241,9 +269,10 @@ def arrival_times(n: int, rate: float, burstiness: float, seed: int,
 
 def schedule(n: int, cfg: LoadConfig) -> list[float]:
     """``cfg``'s arrival times for n requests (its rate, or its ramp when it has one)."""
-    ramp = ((cfg.ramp_up_strategy, cfg.ramp_up_start_rps, cfg.ramp_up_end_rps)
-            if cfg.ramp_up_strategy else None)
-    return arrival_times(n, cfg.request_rate, cfg.burstiness, cfg.seed, ramp)
+    a = cfg.arrivals
+    ramp = ((a.ramp_up_strategy, a.ramp_up_start_rps, a.ramp_up_end_rps)
+            if a.ramp_up_strategy else None)
+    return arrival_times(n, a.request_rate, a.burstiness, cfg.seed, ramp)
 
 
 async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
@@ -253,19 +282,21 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: LoadConfig,
                     ) -> tuple[list[RequestRecord], float, float]:
     """Send every payload on the arrival schedule; returns records, duration and the
     achieved send rate."""
-    url = server_root(cfg.base_url) + cfg.endpoint
-    headers = request_headers(cfg.api_key, cfg.headers)
-    cut = cancelled_indices(len(payloads), cfg.cancel_rate, cfg.seed)
+    url = server_root(cfg.target.base_url) + cfg.target.endpoint
+    headers = request_headers(cfg.target.api_key, cfg.target.headers)
+    cut = cancelled_indices(len(payloads), cfg.arrivals.cancel_rate, cfg.seed)
     if times is None:  # else a replayed trace's own (load/trace.py)
         times = schedule(len(payloads), cfg)
-    if cfg.num_workers > 1 and session is None:  # load/workers.py's run_phase sends these
+    if cfg.arrivals.num_workers > 1 and session is None:  # load/workers.py's run_phase sends these
         raise ValueError("client.run_phase runs one process: call workers.run_phase")
     own = session is None
     if session is None:
         session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=cfg.max_concurrency or 0, limit_per_host=0),
+            connector=aiohttp.TCPConnector(limit=cfg.arrivals.max_concurrency or 0,
+                                           limit_per_host=0),
             timeout=aiohttp.ClientTimeout(total=cfg.timeout_s))
-    slots = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
+    limit = cfg.arrivals.max_concurrency
+    slots = asyncio.Semaphore(limit) if limit else None
     records = [RequestRecord(i, encode_s=enc) for i, (_, enc) in enumerate(payloads)]
     sent: list[float] = []
 
@@ -328,19 +359,20 @@ def phase_result(records: list[RequestRecord], duration: float, send_rate: float
                  cfg: LoadConfig) -> dict[str, Any]:
     metrics = compute(records, duration, cfg.goodput)
     metrics["achieved_send_rate"] = send_rate
-    metrics["requested_rate"] = cfg.request_rate
+    metrics["requested_rate"] = cfg.arrivals.request_rate
     metrics["scheduled_rate"] = scheduled_rate(len(records), cfg)
     return metrics
 
 
 def document(cfg: LoadConfig, phases: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    config = asdict(cfg)
-    config["request_rate"] = "inf" if math.isinf(cfg.request_rate) else cfg.request_rate
-    config["model"] = None if cfg.model is None else printable(cfg.model)  # the target's words
+    config = cfg.flat()
+    rate, model = cfg.arrivals.request_rate, cfg.target.model
+    config["request_rate"] = "inf" if math.isinf(rate) else rate
+    config["model"] = None if model is None else printable(model)  # the target's words
     for secret in ("api_key", "admin_api_key"):  # a secret stays out of result files
-        config[secret] = "(set)" if getattr(cfg, secret) else None
+        config[secret] = "(set)" if getattr(cfg.target, secret) else None
     # a header may carry a gateway's token: names only, as vLLM redacts --header
-    config["headers"] = {printable(name, 80): "(set)" for name in cfg.headers}
+    config["headers"] = {printable(name, 80): "(set)" for name in cfg.target.headers}
     for phase in phases.values():
         if math.isinf(phase.get("requested_rate", 0)):
             phase["requested_rate"] = "inf"
@@ -349,7 +381,3 @@ def document(cfg: LoadConfig, phases: dict[str, Any], extra: dict[str, Any]) -> 
                 phase[key] = None
     return {"kind": "serve", "config": config,
             "formulas": FORMULAS, "phases": phases, **extra}
-
-
-def nonce() -> int:
-    return random.SystemRandom().randrange(1, 1 << 20)

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
-from aphrodite_cli.bench.load.datasets import BenchRequest
+from aphrodite_cli.bench.data.datasets import BenchRequest
+from aphrodite_cli.bench.data.media_files import read_lines
 from aphrodite_cli.bench.load.hub_schemas import find_schema, to_request, unknown_schema
-from aphrodite_cli.bench.load.media_files import read_lines
 from engine.errors import ConfigError
 
 

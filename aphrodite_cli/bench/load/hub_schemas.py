@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aphrodite_cli.bench.load.datasets import BenchRequest
-from aphrodite_cli.bench.load.media_files import MAX_MEDIA_FILE_BYTES, read_media
+from aphrodite_cli.bench.data.datasets import BenchRequest
+from aphrodite_cli.bench.data.media_files import MAX_MEDIA_FILE_BYTES, read_media
 from engine.errors import ConfigError
 from engine.media.sniff import sniff_mime
 

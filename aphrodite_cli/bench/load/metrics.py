@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from aphrodite_cli.bench.results.fields import stage_ms
 from aphrodite_cli.bench.results.stats import percentile, summary
 
 FORMULAS = {
@@ -99,12 +100,6 @@ class RequestRecord:
         """Output tokens per second this request's user saw after the first: 1 / TPOT."""
         tpot = self.tpot
         return 1.0 / tpot if tpot else None
-
-
-def stage_ms(name: str) -> str:
-    """A server stage's name in results, where it holds milliseconds: ``decode_s`` (the
-    server's timing, in seconds) -> ``decode_ms``."""
-    return name.removesuffix("_s") + "_ms"
 
 
 def _stats(values: list[float]) -> dict[str, float]:

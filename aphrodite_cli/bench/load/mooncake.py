@@ -26,8 +26,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from aphrodite_cli.bench.load.datasets import BenchRequest
-from aphrodite_cli.bench.load.media_files import read_lines
+from aphrodite_cli.bench.data.datasets import BenchRequest
+from aphrodite_cli.bench.data.media_files import read_lines
 from aphrodite_cli.bench.load.row_fields import check_span
 from engine.errors import ConfigError
 

@@ -49,24 +49,24 @@ class PhaseWatch:
         self.before: dict[str, float] | str | None = None
         self.after: dict[str, float] | str | None = None
         self.probes: Probes | None = None
-        self.cpu = CpuWatch(cfg.base_url) if server_cpu else None
+        self.cpu = CpuWatch(cfg.target.base_url) if server_cpu else None
         self.cpu_result: dict[str, Any] | None = None
-        self.telemetry = Telemetry(self.root, metrics_interval, api_key=cfg.api_key,
-                                   headers=cfg.headers) if metrics_interval else None
+        self.telemetry = Telemetry(self.root, metrics_interval, api_key=cfg.target.api_key,
+                                   headers=cfg.target.headers) if metrics_interval else None
         self._stack = contextlib.AsyncExitStack()
 
     @property
     def root(self) -> str:
-        return server_root(self.cfg.base_url)
+        return server_root(self.cfg.target.base_url)
 
     async def __aenter__(self) -> PhaseWatch:
         if self.reset_caches and self.mode == "cold":
             self.reset = await cache_reset.reset_caches(
-                self.root, self.cfg.admin_api_key or self.cfg.api_key,
-                extra_headers=self.cfg.headers)
+                self.root, self.cfg.target.admin_api_key or self.cfg.target.api_key,
+                extra_headers=self.cfg.target.headers)
         if self.scrape_metrics:
-            self.before = await scrape.scrape(self.root, self.cfg.api_key,
-                                             extra_headers=self.cfg.headers)
+            self.before = await scrape.scrape(self.root, self.cfg.target.api_key,
+                                             extra_headers=self.cfg.target.headers)
         if self.probe_rate:
             self.probes = await self._stack.enter_async_context(
                 Probes(self.cfg, self.probe_rate, self.cfg.seed))
@@ -83,8 +83,8 @@ class PhaseWatch:
             self.cpu.stop()
         await self._stack.aclose()
         if self.scrape_metrics and exc_type is None:
-            self.after = await scrape.scrape(self.root, self.cfg.api_key,
-                                             extra_headers=self.cfg.headers)
+            self.after = await scrape.scrape(self.root, self.cfg.target.api_key,
+                                             extra_headers=self.cfg.target.headers)
 
     def annotate(self, result: dict[str, Any], dataset: list[Any], records: list[Any],
                  duration: float) -> dict[str, Any]:

@@ -34,13 +34,13 @@ def probe_body(cfg: LoadConfig, output_len: int = OUTPUT_LEN) -> bytes:
     body: dict[str, Any] = {"max_tokens": output_len, "stream": True,
                             "stream_options": {"include_usage": True},
                             "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos}
-    if cfg.endpoint.endswith("chat/completions"):
+    if cfg.target.endpoint.endswith("chat/completions"):
         body["messages"] = [{"role": "user", "content": PROMPT}]
     else:
         body["prompt"] = PROMPT
-    if cfg.model:
-        body["model"] = cfg.model
-    body.update(cfg.extra_body)  # --extra-body, as on the phase's own requests
+    if cfg.target.model:
+        body["model"] = cfg.target.model
+    body.update(cfg.target.extra_body)  # --extra-body, as on the phase's own requests
     return json.dumps(body).encode()
 
 
@@ -57,8 +57,8 @@ class Probes:
 
     async def _run(self) -> None:
         cfg = self.cfg
-        url = server_root(cfg.base_url) + cfg.endpoint
-        headers = request_headers(cfg.api_key, cfg.headers)
+        url = server_root(cfg.target.base_url) + cfg.target.endpoint
+        headers = request_headers(cfg.target.api_key, cfg.target.headers)
         body = probe_body(cfg)
         rng = np.random.default_rng(self.seed + 104729)
         inflight: list[asyncio.Task] = []

@@ -9,25 +9,25 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from aphrodite_cli.bench.data.datasets import (
+    BenchRequest,
+    load_jsonl,
+    nonce,
+    random_mm,
+)
 from aphrodite_cli.bench.harness.media_host import MediaHost
 from aphrodite_cli.bench.load.client import (
     LoadConfig,
     build_payload,
     document,
-    nonce,
     phase_result,
 )
-from aphrodite_cli.bench.load.datasets import (
-    BenchRequest,
-    load_jsonl,
-    random_mm,
-)
 from aphrodite_cli.bench.load.hub_datasets import HubArgs
-from aphrodite_cli.bench.load.metrics import stage_ms
 from aphrodite_cli.bench.load.observe import PhaseWatch
 from aphrodite_cli.bench.load.target import Target
 from aphrodite_cli.bench.load.vllm_compat import count_tokens, flat_fields
 from aphrodite_cli.bench.load.workers import run_phase
+from aphrodite_cli.bench.results.fields import stage_ms
 from aphrodite_cli.options import DatasetName, Mode
 from engine.errors import ConfigError
 from engine.timings import SERVED_STAGES
@@ -215,7 +215,7 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                     model_source: str = "--model"
                     ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """The phases against ``cfg``'s target: (the result, its per-request rows by phase)."""
-    host = MediaHost() if cfg.media_delivery == "http" else None
+    host = MediaHost() if cfg.media.media_delivery == "http" else None
     cache: dict = {}
     phases: dict[str, Any] = {}
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -227,8 +227,8 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
                 replace(args, num_prompts=args.num_warmups), run_nonce=nonce())
             ] if args.num_warmups else []
             # unmeasured sends: all at once, none cancelled (a warm phase's media must land)
-            unmeasured = replace(cfg, request_rate=math.inf, ramp_up_strategy=None,
-                                 cancel_rate=0.0)
+            unmeasured = cfg.with_arrivals(request_rate=math.inf, ramp_up_strategy=None,
+                                           cancel_rate=0.0)
             if warmups:  # server warm-up (JIT, pools): never measured
                 await run_phase(warmups, unmeasured)
             if args.sessions is not None:
@@ -284,16 +284,16 @@ async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,
             host.stop()
     media = {"items_per_request": args.items_per_request,
              "buckets": {",".join(map(str, k)): v for k, v in args.buckets.items()},
-             "image_format": cfg.image_format, "image_quality": cfg.image_quality,
-             "video_codec": cfg.video_codec, "video_fps": cfg.video_fps,
-             "video_gop": cfg.video_gop}
+             "image_format": cfg.media.image_format, "image_quality": cfg.media.image_quality,
+             "video_codec": cfg.media.video_codec, "video_fps": cfg.media.video_fps,
+             "video_gop": cfg.media.video_gop}
     doc = document(cfg, phases, {"dataset": args.dataset, "num_prompts": args.num_prompts,
                                  "num_warmups": args.num_warmups, "mode": args.mode,
                                  "media": media, "embedded": args.embedded,
                                  "model_source": model_source,
                                  **_named_settings(args),
-                                 "target": {"base_url": cfg.base_url,
-                                            "endpoint": cfg.endpoint,
+                                 "target": {"base_url": cfg.target.base_url,
+                                            "endpoint": cfg.target.endpoint,
                                             "embedded_server": _embedded_server(args)},
                                  "pid": os.getpid(),
                                  "input_tokens": _token_settings(args),
@@ -392,9 +392,9 @@ def _prompts(args: ServeArgs, cfg: LoadConfig) -> Any:
 
     needed_by = ("--random-input-len" if args.tokens.input_len is not None
                  else f"--dataset-name {args.dataset}")
-    tokenizer, name, source = resolve_tokenizer(args.tokens.tokenizer, cfg.model or "",
+    tokenizer, name, source = resolve_tokenizer(args.tokens.tokenizer, cfg.target.model or "",
                                                 needed_by, loaded=args.tokenizer)
-    return TokenPrompts.build(tokenizer, chat=cfg.endpoint.endswith("chat/completions"),
+    return TokenPrompts.build(tokenizer, chat=cfg.target.endpoint.endswith("chat/completions"),
                               name=name, source=source)
 
 
@@ -403,7 +403,7 @@ def run(cfg: LoadConfig, args: ServeArgs, target: Target, progress: Any
     """Open the target (the embedded server, when asked, runs for the phases alone), point
     ``cfg`` at its root and model, then run the phases."""
     with target:
-        cfg.base_url, cfg.model = target.root, target.model
+        cfg.target.base_url, cfg.target.model = target.root, target.model
         if args.in_tokens:
             args = replace(args, tokens=replace(args.tokens, prompts=_prompts(args, cfg)))
         done = [asyncio.run(run_serve(cfg, args, progress, target.model_source))

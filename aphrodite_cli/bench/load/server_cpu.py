@@ -221,16 +221,3 @@ def _client_cpu() -> float:
     """This process's CPU seconds so far (the load generator's own cost)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def describe(cpu: dict[str, Any]) -> str:
-    """One line: the target's CPU per request and its busiest processes."""
-    if cpu.get("cpu_s") is None:
-        return f"server CPU: not measured ({cpu.get('status')})"
-    parts = ", ".join(f"{p['name']} {p['cpu_ms_per_request']:.1f} ({p['cores']:.2f} cores)"
-                      for p in cpu["processes"][:4]
-                      if p["cpu_ms_per_request"] is not None and p["cores"] is not None)
-    per = cpu.get("cpu_ms_per_request")
-    return (f"server CPU: {'-' if per is None else f'{per:.1f}'} ms per request, "
-            f"{cpu['cores']:.2f} cores busy; busiest: {parts or '-'} "
-            f"(client {cpu['client_cpu_s']:.1f} s)")

@@ -38,6 +38,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from aphrodite_cli.bench.data.datasets import BenchRequest, random_words
 from aphrodite_cli.bench.harness.media_host import MediaHost
 from aphrodite_cli.bench.load.client import (
     LoadConfig,
@@ -50,7 +51,6 @@ from aphrodite_cli.bench.load.client import (
     server_root,
     user_message,
 )
-from aphrodite_cli.bench.load.datasets import BenchRequest, random_words
 from aphrodite_cli.bench.load.metrics import RequestRecord
 from aphrodite_cli.bench.load.wire import cancelled_indices, request_headers
 
@@ -155,12 +155,12 @@ class _Sender:
                  cache: dict, session: aiohttp.ClientSession,
                  on_done: Callable[[], None] | None) -> None:
         self.cfg, self.host, self.cache, self.http = cfg, host, cache, session
-        self.url = server_root(cfg.base_url) + cfg.endpoint
-        self.headers = request_headers(cfg.api_key, cfg.headers)
+        self.url = server_root(cfg.target.base_url) + cfg.target.endpoint
+        self.headers = request_headers(cfg.target.api_key, cfg.target.headers)
         self.on_done = on_done
         offsets = np.cumsum([0] + [s.turns for s in sessions]).tolist()
         self.offset = dict(zip((s.index for s in sessions), offsets, strict=False))
-        self.cut = cancelled_indices(offsets[-1], cfg.cancel_rate, cfg.seed)
+        self.cut = cancelled_indices(offsets[-1], cfg.arrivals.cancel_rate, cfg.seed)
         self.records: list[RequestRecord] = []
         self.placement: list[tuple[int, int]] = []
         self.sent: list[float] = []
@@ -214,7 +214,7 @@ async def run_sessions(sessions: list[Session], conf: SessionConfig, cfg: LoadCo
     cfg = replace(cfg, keep_text=True)  # each answer's text goes into the next turn
     for spec in (spec for s in sessions for spec in s.first.media):
         rendered(spec, cfg, cache)  # before the clock starts: rendering is not the target's
-    limit = cfg.max_concurrency
+    limit = cfg.arrivals.max_concurrency
     async with aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=limit or 0, limit_per_host=0),
             timeout=aiohttp.ClientTimeout(total=cfg.timeout_s)) as http:
@@ -250,7 +250,8 @@ def _sessions(sender: _Sender, sessions: list[Session], cfg: LoadConfig, start: 
               ) -> list[Any]:
     """Session starts on the phase's arrival schedule; --max-concurrency sessions at once."""
     times = schedule(len(sessions), cfg)
-    slots = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
+    limit = cfg.arrivals.max_concurrency
+    slots = asyncio.Semaphore(limit) if limit else None
 
     async def one(s: Session, at: float) -> None:
         async def before(k: int) -> None:

@@ -159,8 +159,7 @@ def valid_requests(model: str, buckets: dict[tuple[int, int, int], float], count
     (its dataset and media generator; one item each, images and videos by ``buckets``),
     rendered once. Non-streaming, so a failure shows in the status. Named valid-image /
     valid-video."""
-    from aphrodite_cli.bench.load.client import media_url
-    from aphrodite_cli.bench.load.datasets import random_mm, render_media
+    from aphrodite_cli.bench.data.datasets import media_url, random_mm, render_media
 
     pool = []
     for req in random_mm(count, items=1, buckets=buckets, prompt_len=6, output_len=4,

@@ -32,8 +32,8 @@ from typing import Any
 
 import aiohttp
 
-from aphrodite_cli.bench.load.escape import printable
 from aphrodite_cli.bench.load.metrics import RequestRecord
+from aphrodite_cli.bench.results.escape import printable
 
 #: The longest SSE line (one chunk) accepted: a token's chunk is well under a kilobyte, one
 #: with top-20 logprobs a few kilobytes; a longer line is a broken or hostile target.

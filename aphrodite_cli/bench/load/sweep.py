@@ -31,20 +31,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
+from aphrodite_cli.bench.data.datasets import nonce
 from aphrodite_cli.bench.harness.media_host import MediaHost
 from aphrodite_cli.bench.load import capacity as capacity_search
-from aphrodite_cli.bench.load.capacity import sustained_rate
+from aphrodite_cli.bench.load.capacity import Point, sustained_rate
 from aphrodite_cli.bench.load.client import (
     LoadConfig,
     build_payload,
-    nonce,
     phase_result,
     run_phase,
     scheduled_rate,
 )
 from aphrodite_cli.bench.load.metrics import RequestRecord
+from aphrodite_cli.bench.results.stats import percentile_interval
 from engine.errors import BenchmarkFailed, ConfigError
 
 #: SLO metric names (vLLM's ``e2el`` too) -> the per-request sample list they read.
@@ -82,18 +81,6 @@ class Slo:
     @property
     def label(self) -> str:
         return f"{self.metric} p{self.pct:g} <= {self.ms:g} ms"
-
-
-def percentile_interval(values: list[float], pct: float, *, resamples: int = 1000,
-                        seed: int = 0) -> dict[str, float | None]:
-    """The ``pct``-th percentile of ``values`` and its 95% percentile-bootstrap interval."""
-    if not values:
-        return {"value": None, "low": None, "high": None}
-    data = np.asarray(values, dtype=float)
-    rng = np.random.default_rng(seed)
-    boot = np.percentile(rng.choice(data, size=(resamples, data.size)), pct, axis=1)
-    return {"value": float(np.percentile(data, pct)),
-            "low": float(np.percentile(boot, 2.5)), "high": float(np.percentile(boot, 97.5))}
 
 
 def served_rate(records: list[RequestRecord]) -> float | None:
@@ -157,11 +144,12 @@ class Sweep:
                         if math.isfinite(rate) else max(s.min_requests, 4 * (concurrency or 1)))
         # The first point stops at once when the target refuses every request alike (a wrong
         # URL, model or key); later points measure whatever happens.
-        cfg = replace(self.cfg, request_rate=rate, max_concurrency=concurrency,
+        cfg = replace(self.cfg.with_arrivals(request_rate=rate, max_concurrency=concurrency),
                       abort_after=self.cfg.abort_after if not self.points else 0, goodput={})
         if s.num_warmups:
             await run_phase(self.payloads.take(s.num_warmups),
-                            replace(cfg, request_rate=math.inf, max_concurrency=concurrency))
+                            cfg.with_arrivals(request_rate=math.inf,
+                                              max_concurrency=concurrency))
         records, duration, send_rate = await run_phase(self.payloads.take(requests), cfg)
         result = phase_result(records, duration, send_rate, cfg)
         served = served_rate(records)
@@ -215,8 +203,17 @@ class Sweep:
 
     async def capacity(self) -> dict[str, Any]:
         """The highest rate the server sustained through a whole point with every SLO met
-        (:func:`aphrodite_cli.bench.load.capacity.search`)."""
-        return await capacity_search.search(self)
+        (:func:`aphrodite_cli.bench.load.capacity.search`), from the bounds and the rate
+        points measured so far."""
+        sync, saturation = await self.bounds()
+
+        async def measure(rate: float) -> Point:
+            return Point.of(await self.point(rate=rate))
+
+        return await capacity_search.search(
+            measure, Point.of(sync), Point.of(saturation), [Point.of(p) for p in self.points],
+            rate_precision=self.settings.rate_precision,
+            max_points=self.settings.max_search_points)
 
 
 async def run_sweep(cfg: LoadConfig, make: Callable[[int, int], list], *, modes: tuple[str, ...],
@@ -234,8 +231,8 @@ async def run_sweep(cfg: LoadConfig, make: Callable[[int, int], list], *, modes:
                 host.files.clear()  # the last phase's media: nobody asks for them again
             payloads = Payloads(make, cfg, host, mode, pool_size, seed)
             if mode == "warm":  # the pool, once, so every measured request is a cache hit
-                records, _, _ = await run_phase(payloads.pool, replace(cfg,
-                                                                       request_rate=math.inf))
+                records, _, _ = await run_phase(payloads.pool,
+                                                cfg.with_arrivals(request_rate=math.inf))
                 failed = [r for r in records if not r.ok]
                 if failed:
                     raise BenchmarkFailed(

@@ -91,12 +91,6 @@ def as_flags(params: dict[str, Any]) -> list[str]:
     return argv
 
 
-def label(params: dict[str, Any]) -> str:
-    """``max_num_seqs=8,num_prompts=4`` (``-`` for the empty set): names a combination."""
-    return ",".join(f"{k}={v if not isinstance(v, dict | list) else json.dumps(v)}"
-                    for k, v in params.items()) or "-"
-
-
 def last_error(output: str) -> str:
     """The one line a failed command's output says what went wrong in: the text of Typer's
     error box, else the last ``Error:`` line, else the last non-empty line."""

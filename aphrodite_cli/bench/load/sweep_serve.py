@@ -19,8 +19,9 @@ from typing import Any
 
 from aphrodite_cli.bench.harness.command_server import CommandServer
 from aphrodite_cli.bench.harness.server_process import BIN
-from aphrodite_cli.bench.load.sweep_params import as_flags, label, last_error
+from aphrodite_cli.bench.load.sweep_params import as_flags, last_error
 from aphrodite_cli.bench.load.target import READY_TIMEOUT_S, Target
+from aphrodite_cli.bench.results.fields import label
 from engine.errors import BenchmarkFailed, ConfigError
 
 #: Flags the sweep sets on each server (its port and process file are the harness's).

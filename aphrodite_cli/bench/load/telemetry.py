@@ -29,25 +29,8 @@ from typing import Any
 
 from aphrodite_cli.bench.load import scrape
 from aphrodite_cli.bench.load.gpu_telemetry import GpuSampler
+from aphrodite_cli.bench.results.fields import SERIES
 
-#: series name -> the Prometheus names that hold it, the first exported wins
-SERIES: dict[str, tuple[str, ...]] = {
-    "num_requests_running": ("vllm:num_requests_running",),
-    "num_requests_waiting": ("vllm:num_requests_waiting",),
-    "kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    "engine_rows_running": ("aphrodite_engine_num_rows_running",),
-    "engine_rows_waiting": ("aphrodite_engine_num_rows_waiting",),
-    "prefix_cache_bytes": ("aphrodite_engine_prefix_cache_bytes",),
-    "prefix_cache_queries": ("vllm:prefix_cache_queries_total",),
-    "prefix_cache_hits": ("vllm:prefix_cache_hits_total",),
-    "mm_cache_queries": ("vllm:mm_cache_queries_total",),
-    "mm_cache_hits": ("vllm:mm_cache_hits_total",),
-    "prompt_tokens": ("vllm:prompt_tokens_total",),
-    "generation_tokens": ("vllm:generation_tokens_total",),
-    "num_preemptions": ("vllm:num_preemptions_total",),
-}
-#: the series that are running totals (the others are gauges: a value at the time)
-COUNTERS = frozenset(s for s, names in SERIES.items() if names[0].endswith("_total"))
 #: the most samples a phase keeps (a long phase at a short interval stops adding)
 MAX_SAMPLES = 100_000
 

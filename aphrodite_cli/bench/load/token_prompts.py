@@ -71,7 +71,7 @@ def resolve_tokenizer(flag: str | None, model_id: str, needed_by: str, loaded: A
         return loaded or vllm_compat.load_tokenizer(flag), flag, "--tokenizer"
     found = default_tokenizer(model_id)
     if found is None:
-        from aphrodite_cli.bench.load.escape import printable
+        from aphrodite_cli.bench.results.escape import printable
 
         raise ConfigError(f"{needed_by} counts tokens, and the target's model "
                           f"{printable(model_id, 80)!r} is neither a local folder nor a "

@@ -30,9 +30,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from aphrodite_cli.bench.data.datasets import BenchRequest, MediaSpec
+from aphrodite_cli.bench.data.media_files import read_lines, read_media
 from aphrodite_cli.bench.harness.synthetic_caps import MAX_FRAMES, MAX_SIDE, check_size
-from aphrodite_cli.bench.load.datasets import BenchRequest, MediaSpec
-from aphrodite_cli.bench.load.media_files import read_lines, read_media
 from aphrodite_cli.bench.load.row_fields import (
     MAX_CLOCK,
     MAX_OUTPUT_TOKENS,

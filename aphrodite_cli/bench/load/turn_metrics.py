@@ -68,35 +68,3 @@ def per_turn(records: list[RequestRecord], placement: list[tuple[int, int]],
                          "completed": sum(1 for s, n in planned.items()
                                           if done_turns.get(s, 0) == n),
                          "turns_sent": len(records)}}
-
-
-#: The per-turn table's columns (console and report)
-TURN_COLUMNS = ["turn", "ok/sent", "TTFT p50 ms", "TTFT p90 ms", "TTFT mean ms",
-                "prompt tokens", "output tokens", "prefix hit"]
-
-
-def turn_rows(section: dict[str, Any]) -> list[list[str]]:
-    """``per_turn``'s turns as table rows (``-`` where a figure is unknown)."""
-
-    def num(value: Any, spec: str) -> str:
-        return "-" if value is None else format(value, spec)
-
-    rows = []
-    for t in section.get("turns") or []:
-        ttft = t.get("ttft_ms") or {}
-        rows.append([str(t.get("turn")), f"{t.get('completed')}/{t.get('requests')}",
-                     num(ttft.get("p50"), ".1f"), num(ttft.get("p90"), ".1f"),
-                     num(ttft.get("mean"), ".1f"),
-                     num((t.get("prompt_tokens") or {}).get("mean"), ".0f"),
-                     num((t.get("output_tokens") or {}).get("mean"), ".0f"),
-                     num(t.get("prefix_hit_rate"), ".0%")])
-    return rows
-
-
-def turn_title(phase: str, section: dict[str, Any]) -> str:
-    """The per-turn table's title: the sessions and the server's run-wide hit rate."""
-    s = section.get("sessions") or {}
-    server = section.get("prefix_cache_server")
-    return (f"{phase}: per turn ({s.get('completed')}/{s.get('started')} sessions complete, "
-            f"{s.get('turns_sent')} turns; server prefix cache hit rate over the phase "
-            f"{'-' if server is None else format(server, '.0%')} by /metrics)")

@@ -97,7 +97,8 @@ async def _worker(conn: Connection, cfg: Any, url: str, headers: dict[str, str],
     records = {i: RequestRecord(i, encode_s=enc) for i, (_, enc, _, _) in items.items()}
     tasks: list[asyncio.Task] = []
     async with aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=cfg.max_concurrency or 0, limit_per_host=0),
+            connector=aiohttp.TCPConnector(limit=cfg.arrivals.max_concurrency or 0,
+                                           limit_per_host=0),
             timeout=aiohttp.ClientTimeout(total=cfg.timeout_s)) as session:
 
         async def send(i: int) -> None:
@@ -139,13 +140,13 @@ async def run_phase_workers(payloads: list[tuple[bytes, float]], cfg: Any, url: 
                             headers: dict[str, str], times: list[float], cut: set[int],
                             on_done: Callable[[], None] | None = None
                             ) -> tuple[list[RequestRecord], float, float, list[int]]:
-    """The phase by ``cfg.num_workers`` processes: the records in request order, the
+    """The phase by ``cfg.arrivals.num_workers`` processes: the records in request order, the
     duration, the achieved send rate and the indices in the order they finished (the first
     ``abort_after`` of them are what :func:`refused_alike` judges)."""
     from aphrodite_cli.bench.load.client import TargetRefused, refused_alike
 
-    n = cfg.num_workers
-    dispatch = bool(cfg.max_concurrency)  # the parent owns the limit
+    n = cfg.arrivals.num_workers
+    dispatch = bool(cfg.arrivals.max_concurrency)  # the parent owns the limit
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no loop, no threads
     conns, procs = [], []
     for w in range(n):
@@ -192,7 +193,7 @@ async def _drive(payloads: list, cfg: Any, url: str, times: list[float], inboxes
                  target_refused: type, refused_alike: Callable[[list], bool]
                  ) -> tuple[list[RequestRecord], float, float, list[int]]:
     n, total = len(conns), len(payloads)
-    slots = asyncio.Semaphore(cfg.max_concurrency) if dispatch else None
+    slots = asyncio.Semaphore(cfg.arrivals.max_concurrency) if dispatch else None
     finished: list[int] = []
     statuses: dict[int, int | None] = {}
     all_done, refused = asyncio.Event(), asyncio.Event()
@@ -271,15 +272,15 @@ async def run_phase(payloads: list[tuple[bytes, float]], cfg: Any,
                     on_done: Callable[[], None] | None = None, session: Any = None,
                     times: list[float] | None = None
                     ) -> tuple[list[RequestRecord], float, float]:
-    """``client.run_phase``, by ``cfg.num_workers`` processes when there are more than one
+    """``client.run_phase``, by ``cfg.arrivals.num_workers`` processes when there are more than one
     (the one way the benchmarks send a phase; client never imports this module)."""
     from aphrodite_cli.bench.load import client
 
-    if cfg.num_workers <= 1 or session is not None:
+    if cfg.arrivals.num_workers <= 1 or session is not None:
         return await client.run_phase(payloads, cfg, on_done, session, times)
-    url = client.server_root(cfg.base_url) + cfg.endpoint
-    headers = client.request_headers(cfg.api_key, cfg.headers)
-    cut = client.cancelled_indices(len(payloads), cfg.cancel_rate, cfg.seed)
+    url = client.server_root(cfg.target.base_url) + cfg.target.endpoint
+    headers = client.request_headers(cfg.target.api_key, cfg.target.headers)
+    cut = client.cancelled_indices(len(payloads), cfg.arrivals.cancel_rate, cfg.seed)
     if times is None:  # else a replayed trace's own (load/trace.py)
         times = client.schedule(len(payloads), cfg)
     records, duration, send_rate, _ = await run_phase_workers(

@@ -1,7 +1,9 @@
-"""``bench batching --workload mixed``: static against continuous batching on the same engine.
+"""``aphrodite bench batching``: concurrent requests against one after another
+(:func:`run_batching`), and (``--workload mixed``) static against continuous batching on the
+same engine (:func:`run_mixed`).
 
-Two measurements, each run with ``scheduling="static"`` and ``"continuous"`` alternately (A, B,
-A, B) on one loaded model:
+``--workload mixed`` makes two measurements, each run with ``scheduling="static"`` and
+``"continuous"`` alternately (A, B, A, B) on one loaded model:
 
 - *mixed lengths*: ``num_prompts`` requests sent at once, one in four long (``max_tokens``),
   the others short, with ``max_num_seqs`` = ``concurrency``: output tokens/s, requests/s, wall
@@ -128,3 +130,39 @@ def run_mixed(model: str | None, *, concurrency: int, max_tokens: int, repeats: 
         doc["continuous"]["output_throughput"]["median"]
         / doc["static"]["output_throughput"]["median"])
     return doc
+
+
+def run_batching(model: str | None, *, concurrency: int, max_tokens: int, repeats: int
+                 ) -> dict[str, Any]:
+    """``concurrency`` image requests submitted together vs the same run one after another."""
+    from PIL import Image
+
+    from aphrodite_cli.bench.harness import synthetic
+    from engine import LLM, SamplingParams
+    from engine.executor.request import EngineRequest
+    from engine.llm import to_items
+
+    llm = LLM(model, max_num_seqs=concurrency, mm_processor_cache_gb=0)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    prompts = [{"prompt": f"Describe picture {i}.", "multi_modal_data": {
+        "image": Image.fromarray(synthetic.image_array(320, 240, i))}} for i in range(concurrency)]
+    llm.generate(prompts[0], params)  # warm-up
+    prepared = [llm.prepare(p["prompt"], to_items(p["multi_modal_data"]), None, raw=True)
+                for p in prompts]
+    together, one_by_one = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        reqs = [llm.engine.submit(EngineRequest(pp, params)) for _, pp in prepared]
+        for r in reqs:
+            r.done.wait()
+        together.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        for _, pp in prepared:
+            llm.engine.submit(EngineRequest(pp, params)).done.wait()
+        one_by_one.append(time.perf_counter() - start)
+    llm.close()
+    t, s = summary(together), summary(one_by_one)
+    return {"kind": "batching", "model": llm.loaded.name,
+            "concurrency": concurrency, "max_tokens": max_tokens, "repeats": repeats,
+            "concurrent_s": t, "sequential_s": s,
+            "speedup_median": s["median"] / t["median"]}

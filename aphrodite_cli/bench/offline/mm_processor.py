@@ -1,4 +1,5 @@
-"""Engine benchmarks: cold vs warm preprocessing (processor cache), and batching."""
+"""``aphrodite bench mm-processor``: the engine's preprocessing offline, cold media against warm
+(the processor cache), and the model's encoder timed on its own."""
 
 from __future__ import annotations
 
@@ -7,40 +8,6 @@ from typing import Any
 
 from aphrodite_cli.bench.results.stats import summary
 from engine.timings import PREPROCESSING_STAGES as STAGES
-
-
-def run_video_backends(backends: list[dict[str, Any]], *, clips: int = 3, width: int = 640,
-                       height: int = 360, seconds: float = 2.0, gop: int = 30,
-                       num_frames: int = 16, seed: int = 0) -> list[dict[str, Any]]:
-    """The same videos decoded by each backend (a ``video`` kwargs dict: backend and its
-    options): decode time per backend and clip."""
-    from aphrodite_cli.bench.harness import synthetic
-    from engine.config import MediaLimits
-    from engine.errors import AphroditeError, ConfigError
-    from engine.media.video import load_video
-    from engine.media.video.options import build_spec
-
-    limits = MediaLimits.from_env()
-    videos = [synthetic.make_video(width=width, height=height, seconds=seconds, gop=gop,
-                                   seed=seed + i) for i in range(clips)]
-    rows = []
-    for choice in backends:
-        backend = choice["backend"]
-        spec = build_spec({"num_frames": num_frames, **choice}, backend, error=ConfigError)
-        times, error = [], None
-        try:
-            load_video(videos[0], spec, limits)  # warm-up: imports
-            for data in videos:
-                times.append(load_video(data, spec, limits).metadata.decode_s)
-        except AphroditeError as err:
-            error = str(err)
-        rows.append({"backend": backend, "options": {k: v for k, v in choice.items()
-                                                      if k != "backend"},
-                     "clip": f"h264 {width}x{height} gop {gop} "
-                     f"{int(seconds * 30)} frames", "frames_sampled": num_frames,
-                     "clips": clips, "decode_ms": summary([t * 1e3 for t in times]),
-                     "error": error})
-    return rows
 
 
 def _encoder_timer(loaded):
@@ -81,9 +48,14 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
     seen), then warm (the same media again)."""
     import asyncio
 
+    from aphrodite_cli.bench.data.datasets import (
+        media_url,
+        nonce,
+        parse_buckets,
+        random_mm,
+        render_media,
+    )
     from aphrodite_cli.bench.harness.media_host import MediaHost
-    from aphrodite_cli.bench.load.client import media_url, nonce
-    from aphrodite_cli.bench.load.datasets import parse_buckets, random_mm, render_media
     from engine.errors import InternalError
     from engine.models.loader import load_model
     from engine.processing.chat_parts import parse_messages
@@ -96,7 +68,7 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
     cache, video = pipeline.cache, pipeline.video
     timer = _encoder_timer(loaded) if encoder else None
     if jsonl is not None:
-        from aphrodite_cli.bench.load.datasets import load_jsonl
+        from aphrodite_cli.bench.data.datasets import load_jsonl
 
         rows = load_jsonl(jsonl, media_dir)
         dataset = (rows * (num_prompts // max(len(rows), 1) + 1))[:num_prompts]
@@ -197,6 +169,8 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
         "cache": {"max_bytes": cache.max_bytes, **cache.stats.__dict__},
     }
     if video_backends:
+        from aphrodite_cli.bench.offline.video_decode import run_video_backends
+
         doc["video_backends"] = run_video_backends(video_backends, seed=seed)
     if "cold" in phases and "warm" in phases:
         doc["cold_over_warm_median"] = (phases["cold"]["total_s"]["median"]
@@ -205,39 +179,3 @@ def run_mm_processor(model: str | None, *, num_prompts: int, buckets: dict | Non
         doc["cold_over_warm_median_after_fetch"] = (
             phases["cold"]["after_fetch_s"]["median"] / phases["warm"]["after_fetch_s"]["median"])
     return doc
-
-
-def run_batching(model: str | None, *, concurrency: int, max_tokens: int, repeats: int
-                 ) -> dict[str, Any]:
-    """``concurrency`` image requests submitted together vs the same run one after another."""
-    from PIL import Image
-
-    from aphrodite_cli.bench.harness import synthetic
-    from engine import LLM, SamplingParams
-    from engine.executor.request import EngineRequest
-    from engine.llm import to_items
-
-    llm = LLM(model, max_num_seqs=concurrency, mm_processor_cache_gb=0)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    prompts = [{"prompt": f"Describe picture {i}.", "multi_modal_data": {
-        "image": Image.fromarray(synthetic.image_array(320, 240, i))}} for i in range(concurrency)]
-    llm.generate(prompts[0], params)  # warm-up
-    prepared = [llm.prepare(p["prompt"], to_items(p["multi_modal_data"]), None, raw=True)
-                for p in prompts]
-    together, one_by_one = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        reqs = [llm.engine.submit(EngineRequest(pp, params)) for _, pp in prepared]
-        for r in reqs:
-            r.done.wait()
-        together.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        for _, pp in prepared:
-            llm.engine.submit(EngineRequest(pp, params)).done.wait()
-        one_by_one.append(time.perf_counter() - start)
-    llm.close()
-    t, s = summary(together), summary(one_by_one)
-    return {"kind": "batching", "model": llm.loaded.name,
-            "concurrency": concurrency, "max_tokens": max_tokens, "repeats": repeats,
-            "concurrent_s": t, "sequential_s": s,
-            "speedup_median": s["median"] / t["median"]}

@@ -5,6 +5,9 @@ Each repeat times, back to back on the same machine: the full-decode reference
 Medians and the ratio to the reference median are reported (ratios, not absolute times, are
 what survives a noisy shared machine), and every backend's frames are compared with an exact
 full decode (PyAV without the skip path) so a fast wrong answer cannot pass.
+
+:func:`run_video_backends`: the same short clips decoded by each backend, decode time per
+backend and clip (``bench mm-processor --video-backends``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from aphrodite_cli.bench.harness import synthetic
+from aphrodite_cli.bench.results.stats import summary
 from engine.config import MediaLimits
 from engine.errors import AphroditeError, ConfigError
 from engine.media.video.loader import load_video
@@ -248,3 +252,31 @@ def run(
             for t in timings
         ],
     }
+
+
+def run_video_backends(backends: list[dict[str, Any]], *, clips: int = 3, width: int = 640,
+                       height: int = 360, seconds: float = 2.0, gop: int = 30,
+                       num_frames: int = 16, seed: int = 0) -> list[dict[str, Any]]:
+    """The same videos decoded by each backend (a ``video`` kwargs dict: backend and its
+    options): decode time per backend and clip."""
+    limits = MediaLimits.from_env()
+    videos = [synthetic.make_video(width=width, height=height, seconds=seconds, gop=gop,
+                                   seed=seed + i) for i in range(clips)]
+    rows = []
+    for choice in backends:
+        backend = choice["backend"]
+        spec = build_spec({"num_frames": num_frames, **choice}, backend, error=ConfigError)
+        times, error = [], None
+        try:
+            load_video(videos[0], spec, limits)  # warm-up: imports
+            for data in videos:
+                times.append(load_video(data, spec, limits).metadata.decode_s)
+        except AphroditeError as err:
+            error = str(err)
+        rows.append({"backend": backend, "options": {k: v for k, v in choice.items()
+                                                      if k != "backend"},
+                     "clip": f"h264 {width}x{height} gop {gop} "
+                     f"{int(seconds * 30)} frames", "frames_sampled": num_frames,
+                     "clips": clips, "decode_ms": summary([t * 1e3 for t in times]),
+                     "error": error})
+    return rows

@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from aphrodite_cli.bench.load.escape import markdown_safe as _md
+from aphrodite_cli.bench.results.escape import markdown_safe as _md
 from aphrodite_cli.bench.results.files import load_result
+from aphrodite_cli.bench.results.stats import ratio_ci
 from engine.errors import ConfigError
 
 DEFAULT_THRESHOLD = 0.05
@@ -29,8 +30,6 @@ DEFAULT_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "ttst_ms", "output_token_thro
 HIGHER_IS_BETTER = frozenset({"output_token_throughput_per_user"})
 #: the most samples per metric and side the gate compares (more are thinned evenly)
 MAX_SAMPLES = 20_000
-#: the most resampled values the bootstrap holds at once per side (8 MB of float64)
-BOOTSTRAP_CELLS = 1 << 20
 
 
 @dataclass
@@ -80,23 +79,6 @@ def _thinned(values: list[float]) -> list[float]:
         return values
     picks = np.linspace(0, len(values) - 1, MAX_SAMPLES).round().astype(np.int64)
     return np.asarray(values)[picks].tolist()
-
-
-def ratio_ci(base: np.ndarray, cand: np.ndarray, *, resamples: int = 2000, seed: int = 0
-             ) -> tuple[float, float, float]:
-    """Median ratio and its 95% percentile-bootstrap interval, resampled a block of
-    resamples at a time (memory: a block times the samples, not every resample at once)."""
-    rng = np.random.default_rng(seed)
-    ratios = np.empty(resamples)
-    block = max(1, min(resamples, BOOTSTRAP_CELLS // max(base.size, cand.size, 1)))
-    for start in range(0, resamples, block):
-        rows = min(block, resamples - start)
-        b = rng.choice(base, size=(rows, base.size))
-        c = rng.choice(cand, size=(rows, cand.size))
-        ratios[start:start + rows] = np.median(c, axis=1) / np.maximum(np.median(b, axis=1),
-                                                                        1e-12)
-    return (float(np.median(cand) / max(np.median(base), 1e-12)),
-            float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5)))
 
 
 def compare(baseline: list[Path], candidate: list[Path], thresholds: dict[str, float] | None = None,

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from aphrodite_cli.bench.load.escape import markdown_safe as _md
-from aphrodite_cli.bench.load.escape import printable
-from aphrodite_cli.bench.load.metrics import stage_ms
+from aphrodite_cli.bench.results.escape import markdown_safe as _md
+from aphrodite_cli.bench.results.escape import printable
+from aphrodite_cli.bench.results.fields import stage_ms
 from aphrodite_cli.bench.results.report_serve_extras import serve_markdown, serve_plots
 from aphrodite_cli.bench.results.report_sweep_serve import (
     sweep_serve_markdown,

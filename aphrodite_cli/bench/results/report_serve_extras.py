@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aphrodite_cli.bench.load.escape import markdown_safe as _md
+from aphrodite_cli.bench.results.escape import markdown_safe as _md
 from aphrodite_cli.bench.results.report_telemetry import telemetry_markdown, telemetry_plot
 
 
@@ -69,7 +69,7 @@ def serve_markdown(doc: dict[str, Any]) -> list[str]:
                 part.append(f"- server prefix cache hit rate: {_n(prefix['hit_rate'], '.0%')}")
         cpu = r.get("server_cpu")
         if cpu is not None:
-            from aphrodite_cli.bench.load.server_cpu import describe
+            from aphrodite_cli.bench.results.serve_text import describe
 
             part.append(f"- {_md(describe(cpu))}")
         mm = r.get("mm_tokens")
@@ -94,7 +94,7 @@ def serve_markdown(doc: dict[str, Any]) -> list[str]:
         if len(r.get("by_modality") or {}) > 1:
             lines += _groups(f"{_md(phase)}: per modality", r["by_modality"])
         if r.get("per_turn"):
-            from aphrodite_cli.bench.load.turn_metrics import TURN_COLUMNS, turn_rows, turn_title
+            from aphrodite_cli.bench.results.serve_text import TURN_COLUMNS, turn_rows, turn_title
 
             lines += [f"**{turn_title(phase, r['per_turn'])}**", "",
                       "| " + " | ".join(TURN_COLUMNS) + " |", "|---" * len(TURN_COLUMNS) + "|",

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aphrodite_cli.bench.load.sweep_params import label
+from aphrodite_cli.bench.results.fields import label
 
 
 def _name(run: dict[str, Any]) -> str:

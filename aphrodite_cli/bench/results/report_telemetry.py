@@ -9,7 +9,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from aphrodite_cli.bench.load.telemetry import COUNTERS
+from aphrodite_cli.bench.results.fields import COUNTERS
 
 
 def _fmt(value: float | None) -> str:

@@ -15,17 +15,11 @@ request-level comparison pools), and the phase's other fields are the first run'
 from __future__ import annotations
 
 import math
-import statistics
 from pathlib import Path
 from typing import Any
 
-from aphrodite_cli.bench.load.escape import markdown_safe as _md
-
-#: t(0.975, df) for df = 1..30; beyond, the normal quantile's neighbourhood (1.96 at infinity)
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-METHOD = "Student t-interval of the per-run values"
+from aphrodite_cli.bench.results.escape import markdown_safe as _md
+from aphrodite_cli.bench.results.stats import t_interval
 
 #: The headline metrics: name -> (path in a phase result, higher is better)
 HEADLINE: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -42,22 +36,6 @@ HEADLINE: dict[str, tuple[tuple[str, ...], bool]] = {
     "e2e_ms_p50": (("e2e_ms", "median"), False),
     "e2e_ms_p99": (("e2e_ms", "p99"), False),
 }
-
-
-def t975(df: int) -> float:
-    if df < 1:
-        return math.nan
-    return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
-
-
-def t_interval(values: list[float]) -> dict[str, Any]:
-    """Mean and its 95% t-interval (low = high = mean for one value: no spread known)."""
-    n = len(values)
-    if not n:
-        return {"n": 0, "mean": None, "low": None, "high": None, "method": METHOD}
-    mean = statistics.fmean(values)
-    half = t975(n - 1) * statistics.stdev(values) / math.sqrt(n) if n > 1 else 0.0
-    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half, "method": METHOD}
 
 
 def _get(phase: dict[str, Any], path: tuple[str, ...]) -> float | None:

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aphrodite_cli.bench.data.media_files import read_lines, read_media
+from aphrodite_cli.bench.harness.media_host import MediaHost
 from aphrodite_cli.bench.harness.synthetic_caps import check_size
-from aphrodite_cli.bench.load.media_files import read_lines, read_media
 from engine.errors import ConfigError
 
 _WORDS = ("the", "cat", "sat", "on", "a", "red", "mat", "near", "an", "open", "window",
@@ -143,3 +144,16 @@ def load_jsonl(path: Path, media_dir: Path | None) -> list[BenchRequest]:
                                              f"{base64.b64encode(data).decode()}"}
         requests.append(BenchRequest("", [], output_len, messages))
     return requests
+
+
+def nonce() -> int:
+    """A run's nonce: enters the media seeds, so a cold run's media were never sent before."""
+    return random.SystemRandom().randrange(1, 1 << 20)
+
+
+def media_url(spec: MediaSpec, data: bytes, host: MediaHost | None) -> str:
+    """Where the target finds this item: the loopback media server, or a data URL."""
+    mime = "image/jpeg" if spec.kind == "image" else "video/mp4"
+    if host is not None:
+        return host.add(f"/m/{spec.name}", data, mime)
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
