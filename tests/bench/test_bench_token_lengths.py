@@ -6,6 +6,7 @@ on ``/v1/completions``."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 from pathlib import Path
@@ -70,13 +71,45 @@ def test_the_default_tokenizer_is_the_targets_model_when_it_is_here(tiny_tokeniz
     # the embedded server's name for its default model
     assert tp.default_tokenizer("tiny-qwen2_5_vl") == tiny_tokenizer_dir
     assert tp.default_tokenizer("tiny:qwen2_5_vl") == tiny_tokenizer_dir
-    assert tp.default_tokenizer("acme/vlm") is None
+    # the served name is an alias: the root GET /v1/models names is where the weights are
+    assert tp.default_tokenizer("my-alias", root=tiny_tokenizer_dir) == tiny_tokenizer_dir
+    assert tp.default_tokenizer("acme/vlm") == "acme/vlm"  # a Hub id, as vLLM's bench takes it
+    assert tp.default_tokenizer("my-alias", root="acme/vlm") == "acme/vlm"
     assert tp.default_tokenizer(str(tmp_path)) is None  # a folder without a tokenizer
     assert tp.default_tokenizer("x" * 5000) is None  # a name too long to be a path
+    for not_an_id in ("acme/../vlm", "../vlm", "acme/vlm/extra", "-acme/vlm", "acme vlm"):
+        assert tp.default_tokenizer(not_an_id) is None, not_an_id
     with pytest.raises(ConfigError) as info:
         tp.resolve_tokenizer(None, "acme/\x1b[2Jvlm", "--random-input-len")
     assert "--random-input-len counts tokens" in info.value.message
     assert "\x1b" not in info.value.message and "--tokenizer" in info.value.hint
+
+
+def test_a_hub_id_model_downloads_its_tokenizer_from_the_hub(hub, tiny_tokenizer_dir, tmp_path):
+    """The target serves ``acme/vlm`` (a Hub id): its tokenizer comes from the (fake) Hub, the
+    same tokenizer as the files put there; a Hub id the Hub does not hold is a one-line error
+    naming the flag that picks another."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in os.listdir(tiny_tokenizer_dir):
+        if name.startswith(("tokenizer", "vocab", "merges", "special_tokens")) or name in (
+                "config.json", "chat_template.jinja", "chat_template.json"):
+            shutil.copy(Path(tiny_tokenizer_dir) / name, repo / name)
+    hub.add_repo("acme/vlm", repo)
+    tokenizer, name, source = tp.resolve_tokenizer(None, "acme/vlm", "--random-input-len")
+    assert (name, source) == ("acme/vlm", "the target's model")
+    from transformers import AutoTokenizer
+
+    here = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    text = "a picture of two cats on a sofa"
+    assert tokenizer(text)["input_ids"] == here(text)["input_ids"]
+    assert tokenizer.get_vocab() == here.get_vocab()
+    with pytest.raises(ConfigError) as info:
+        tp.resolve_tokenizer(None, "acme/missing", "--random-input-len")
+    assert "'acme/missing' could not be loaded as a tokenizer" in info.value.message
+    assert "\n" not in info.value.message and "--tokenizer" in info.value.hint
 
 
 @pytest.mark.parametrize("content", ['{"version": "1.0", "model": 5}', '{"cut', "[]"])
@@ -146,10 +179,14 @@ def test_bad_token_flags_are_one_line_errors_before_anything_is_sent(tmp_path):
                         "--random-range-ratio 1 is below 1"),
                        (["--random-input-len", "10", "--dataset-name", "jsonl"],
                         "--random-input-len writes the random dataset's prompts"),
-                       (["--random-input-len", "10"], "neither a local folder")):
+                       (["--random-input-len", "10"], "neither a local folder"),
+                       # a Hub id the Hub (offline here) cannot give
+                       (["--random-input-len", "10", "--model", "acme/vlm"],
+                        "'acme/vlm' could not be loaded as a tokenizer")):
         done = subprocess.run([BIN, "bench", "serve", "--base-url", "http://127.0.0.1:9",
-                               "--model", "acme/vlm", "--out-dir", str(tmp_path), *args],
-                              capture_output=True, text=True, timeout=60)
+                               "--model", "acme vlm", "--out-dir", str(tmp_path), *args],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
         said = done.stdout + done.stderr
         assert done.returncode == 2 and says in said and "Traceback" not in said, said
 

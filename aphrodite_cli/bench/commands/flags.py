@@ -68,8 +68,9 @@ PromptLen = Annotated[int, typer.Option(
     help="Words of text per prompt (about a token each; --random-input-len counts tokens).")]
 RandomInputLen = Annotated[int | None, typer.Option(
     min=1, help="Tokens per prompt as the server counts them (usage.prompt_tokens), vLLM's "
-                "flag: written with --tokenizer (default: the target's model when it is a "
-                "local folder or a cached tiny model); a chat template's own tokens are "
+                "flag: written with --tokenizer (default: the target's model, the root or id "
+                "GET /v1/models names, as a local folder, a cached tiny model or a Hub "
+                "id); a chat template's own tokens are "
                 "taken off the text. Exact for text-only prompts; media add theirs.")]
 RandomRangeRatio = Annotated[float, typer.Option(
     min=0, max=1, help="vLLM's: each prompt's and answer's length drawn uniformly from "

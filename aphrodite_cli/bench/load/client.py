@@ -40,10 +40,12 @@ MAX_MODELS_BYTES = 1 << 20
 
 
 def first_model(root: str, api_key: str | None, timeout_s: float = 30.0,
-                headers: dict[str, str] | None = None) -> str:
-    """The first model id of ``GET {root}/v1/models``, as vLLM's client picks one when no
-    ``--model`` is given. At most :data:`MAX_MODELS_BYTES` and ``timeout_s`` seconds in all:
-    an endless or trickling answer is an error, not a hang."""
+                headers: dict[str, str] | None = None) -> tuple[str, str | None]:
+    """The first model of ``GET {root}/v1/models``, as vLLM's client picks one when no
+    ``--model`` is given: its id, and its ``root`` (vLLM's field: the folder or Hub id the
+    weights came from; None when the server sends none or not a string). At most
+    :data:`MAX_MODELS_BYTES` and ``timeout_s`` seconds in all: an endless or trickling answer
+    is an error, not a hang."""
     import urllib.error
     import urllib.request
 
@@ -64,7 +66,8 @@ def first_model(root: str, api_key: str | None, timeout_s: float = 30.0,
                         if len(body) > MAX_MODELS_BYTES else
                         f"GET {url} took more than {timeout_s:g} s",
                         hint="pass --model NAME", code="model_unknown")
-            models = [m["id"] for m in json.loads(body)["data"]]
+            entries = json.loads(body)["data"]
+            models = [m["id"] for m in entries]
     except urllib.error.HTTPError as err:
         raise ConfigError(f"GET {url} answered {err.code}, so no model could be picked",
                           hint="pass --model NAME (and --api-key if the target needs one)",
@@ -80,7 +83,8 @@ def first_model(root: str, api_key: str | None, timeout_s: float = 30.0,
         raise ConfigError(f"GET {url} lists a model id that is not a name: "
                           f"{printable(models[0], 80)}", hint="pass --model NAME",
                           code="model_unknown")
-    return models[0]
+    weights = entries[0].get("root") if isinstance(entries[0], dict) else None
+    return models[0], weights if isinstance(weights, str) and weights else None
 
 
 @dataclass

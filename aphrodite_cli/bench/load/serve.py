@@ -386,14 +386,15 @@ def _token_settings(args: ServeArgs) -> dict[str, Any] | None:
     return {**lengths, **t.prompts.describe()}
 
 
-def _prompts(args: ServeArgs, cfg: LoadConfig) -> Any:
-    """The tokenizer's prompt writer, for the target's model and endpoint."""
+def _prompts(args: ServeArgs, cfg: LoadConfig, root: str | None) -> Any:
+    """The tokenizer's prompt writer, for the target's model (``root``: where the target says
+    its weights came from) and endpoint."""
     from aphrodite_cli.bench.load.token_prompts import TokenPrompts, resolve_tokenizer
 
     needed_by = ("--random-input-len" if args.tokens.input_len is not None
                  else f"--dataset-name {args.dataset}")
     tokenizer, name, source = resolve_tokenizer(args.tokens.tokenizer, cfg.target.model or "",
-                                                needed_by, loaded=args.tokenizer)
+                                                needed_by, loaded=args.tokenizer, root=root)
     return TokenPrompts.build(tokenizer, chat=cfg.target.endpoint.endswith("chat/completions"),
                               name=name, source=source)
 
@@ -405,7 +406,8 @@ def run(cfg: LoadConfig, args: ServeArgs, target: Target, progress: Any
     with target:
         cfg.target.base_url, cfg.target.model = target.root, target.model
         if args.in_tokens:
-            args = replace(args, tokens=replace(args.tokens, prompts=_prompts(args, cfg)))
+            prompts = _prompts(args, cfg, target.model_root)
+            args = replace(args, tokens=replace(args.tokens, prompts=prompts))
         done = [asyncio.run(run_serve(cfg, args, progress, target.model_source))
                 for _ in range(args.num_runs)]
     if len(done) == 1:

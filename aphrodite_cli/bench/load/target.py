@@ -57,6 +57,8 @@ class Target:
         self.root = ""
         self.model = ""
         self.model_source = "--model"
+        #: where the target says its model's weights came from (``root`` of GET /v1/models)
+        self.model_root: str | None = None
 
     def __enter__(self) -> Target:
         if self.embedded:
@@ -70,7 +72,8 @@ class Target:
             if self.model_flag and not self.embedded:
                 self.model = self.model_flag
             else:
-                self.model = first_model(self.root, self.api_key, headers=self.headers)
+                self.model, self.model_root = first_model(self.root, self.api_key,
+                                                          headers=self.headers)
                 self.model_source = "first of GET /v1/models"
                 if self.announce:
                     self.announce(f"model: {self.model} (the first of GET {self.root}/v1/models; "

@@ -2,8 +2,11 @@
 datasets count them: ``--random-input-len`` / ``--random-output-len`` /
 ``--random-range-ratio``, and ``--prefix-repetition-*``.
 
-The tokenizer is ``--tokenizer``, else the target's model (its ``GET /v1/models`` id) when that
-is a local folder or one of this project's cached tiny models. A prompt is a run of the
+The tokenizer is ``--tokenizer``, else the target's model, as vLLM's bench takes it: the
+``root`` its ``GET /v1/models`` entry names (the folder or Hub id the weights came from), else
+its id, when that is a local folder with a tokenizer, one of this project's cached tiny models,
+or a Hugging Face Hub id (``ORG/NAME``, downloaded into the Hub cache; ``HF_ENDPOINT`` and
+``HF_TOKEN`` apply). A prompt is a run of the
 tokenizer's own word tokens (a space and letters, one token alone, e.g. ``" cat"``): a
 pre-tokenizer splits text before each space, so N such words are N tokens exactly, with no
 merge across them (checked on every prompt made).
@@ -39,17 +42,23 @@ MIN_WORDS = 8
 MAX_CANDIDATES = 8192
 
 
-def default_tokenizer(model_id: str) -> str | None:
-    """The target's model as a tokenizer folder: a local folder holding a tokenizer, or this
-    project's tiny model of that name (``tiny-ARCH`` / ``tiny:ARCH``) when it is cached."""
-    path = Path(model_id).expanduser()
+#: A Hugging Face Hub repository id (``ORG/NAME``), as the Hub allows them
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
+
+
+def _local(name: str) -> str | None:
+    """``name`` as a tokenizer folder: a local folder holding a tokenizer, or this project's
+    tiny model of that name (``tiny-ARCH`` / ``tiny:ARCH``) when it is cached."""
+    path = Path(name).expanduser()
     try:
         if path.is_dir() and any((path / f).is_file() for f in ("tokenizer.json",
                                                                  "tokenizer_config.json")):
             return str(path)
+        if path.exists():  # a folder (or file) here without a tokenizer: not a Hub id either
+            return ""
     except OSError:  # a name too long for a path, a folder this user may not read
         return None
-    tiny = re.fullmatch(r"tiny[:-]([a-z0-9_]+)", model_id)
+    tiny = re.fullmatch(r"tiny[:-]([a-z0-9_]+)", name)
     if tiny:
         from engine.models.loader import TINY_VERSION
         from engine.paths import cache_root
@@ -60,25 +69,52 @@ def default_tokenizer(model_id: str) -> str | None:
     return None
 
 
-def resolve_tokenizer(flag: str | None, model_id: str, needed_by: str, loaded: Any = None
-                      ) -> tuple[Any, str, str]:
+def hub_id(name: str) -> bool:
+    """``name`` is shaped as a Hub repository id (no ``..``, no leading dot or dash)."""
+    return bool(_HUB_ID.fullmatch(name)) and ".." not in name and not name.endswith(".")
+
+
+def default_tokenizer(model_id: str, root: str | None = None) -> str | None:
+    """The target's model as a tokenizer: its weights' ``root`` (from ``GET /v1/models``), else
+    its id, as a local folder or cached tiny model (:func:`_local`), else as a Hub id; None
+    when neither is one."""
+    names = [n for n in (root, model_id) if n]
+    for name in names:
+        found = _local(name)
+        if found:
+            return found
+    for name in names:
+        if _local(name) is None and hub_id(name):
+            return name
+    return None
+
+
+def resolve_tokenizer(flag: str | None, model_id: str, needed_by: str, loaded: Any = None,
+                      root: str | None = None) -> tuple[Any, str, str]:
     """``(tokenizer, name, source)`` for prompts counted in tokens: ``--tokenizer`` (already
     ``loaded``, or loaded here), else the target's model when :func:`default_tokenizer` finds
-    it; else an error naming the flags."""
+    it (``root``: where the target says its weights came from); else an error naming the
+    flags."""
     from aphrodite_cli.bench.load import vllm_compat
+    from aphrodite_cli.bench.results.escape import printable
 
     if flag:
         return loaded or vllm_compat.load_tokenizer(flag), flag, "--tokenizer"
-    found = default_tokenizer(model_id)
+    found = default_tokenizer(model_id, root)
     if found is None:
-        from aphrodite_cli.bench.results.escape import printable
-
         raise ConfigError(f"{needed_by} counts tokens, and the target's model "
-                          f"{printable(model_id, 80)!r} is neither a local folder nor a "
-                          "cached tiny model, so no tokenizer was found",
+                          f"{printable(model_id, 80)!r} is neither a local folder, a cached "
+                          "tiny model nor a Hub id, so no tokenizer was found",
                           hint="pass --tokenizer FOLDER_OR_HUB_ID (the target model's)",
                           code="invalid_flag")
-    return vllm_compat.load_tokenizer(found), found, "the target's model"
+    try:
+        return vllm_compat.load_tokenizer(found), found, "the target's model"
+    except ConfigError:
+        raise ConfigError(f"{needed_by} counts tokens, and the target's model "
+                          f"{printable(found, 80)!r} could not be loaded as a tokenizer (a Hub "
+                          "id needs the Hub or its cache: HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE)",
+                          hint="pass --tokenizer FOLDER_OR_HUB_ID (the target model's)",
+                          code="invalid_flag") from None
 
 
 def token_range(length: int, ratio: float, flag: str) -> tuple[int, int]:
