@@ -549,6 +549,38 @@ def test_tokenize_counts_what_the_generation_routes_report(server, client, media
         200, {"prompt": "Once upon a time"})
 
 
+def test_chat_template_kwargs_reach_the_template(server, client, media):
+    """vLLM's chat_template_kwargs: Qwen-VL's template numbers the pictures with
+    ``add_vision_id`` (in /tokenize's count and tokens, and in the chat's prompt_tokens); a
+    name the server sets itself is a 400 naming it; /v1/completions renders no template and
+    refuses them; a name the template does not read changes nothing."""
+    parts = [image_part(f"{media.base}/cat.jpg"), {"type": "text", "text": "What?"}]
+    body = {"model": "tiny-qwen2_5_vl", "messages": [{"role": "user", "content": parts}],
+            "return_token_strs": True}
+    status, plain = post(server, "/tokenize", body)
+    assert status == 200, plain
+    status, numbered = post(server, "/tokenize", {
+        **body, "chat_template_kwargs": {"add_vision_id": True}})
+    assert status == 200, numbered
+    assert numbered["count"] > plain["count"]
+    assert "Picture" in "".join(numbered["token_strs"]) and "Picture" not in "".join(
+        plain["token_strs"])
+    asked = chat(client, parts[:1], max_tokens=1,
+                 extra_body={"chat_template_kwargs": {"add_vision_id": True}})
+    assert asked.usage.prompt_tokens == numbered["count"]
+    unread = chat(client, parts[:1], max_tokens=1,
+                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert unread.usage.prompt_tokens == plain["count"]
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, parts[:1], extra_body={"chat_template_kwargs": {"messages": []}})
+    assert info.value.body["param"] == "chat_template_kwargs"
+    assert "'messages' is set by the server" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny-qwen2_5_vl", prompt="hi", max_tokens=1,
+                                  extra_body={"chat_template_kwargs": {"a": 1}})
+    assert info.value.body["param"] == "chat_template_kwargs"
+
+
 @pytest.mark.parametrize(("path", "body", "param"), [
     ("/tokenize", {"prompt": "x", "add_special_tokens": False}, "add_special_tokens"),
     ("/tokenize", {"messages": [{"role": "user", "content": "x"}],
