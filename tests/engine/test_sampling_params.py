@@ -63,6 +63,7 @@ def test_stop_token_ids_end_the_row_at_that_token(model):
     out = model.generate(PROMPT, greedy(presence_penalty=2, stop_token_ids=[varied[3]])
                          )[0].outputs[0]
     assert out.token_ids == varied[:3] and out.finish_reason == "stop"
+    assert out.stop_reason == varied[3]  # vLLM's: the stop token that ended it
     late = model.generate(PROMPT, greedy(presence_penalty=2, stop_token_ids=[varied[0]],
                                          min_tokens=2))[0].outputs[0]
     # banned until min_tokens (the greedy choice was that token: another comes first)
@@ -71,7 +72,9 @@ def test_stop_token_ids_end_the_row_at_that_token(model):
 
 def test_stop_strings_include_stop_str_and_min_tokens(model, plain):
     stop = plain.text[1:3]  # the tiny model's text repeats: this comes early and again
-    cut = model.generate(PROMPT, greedy(stop=[stop]))[0].outputs[0].text
+    ended = model.generate(PROMPT, greedy(stop=[stop]))[0].outputs[0]
+    cut = ended.text
+    assert ended.stop_reason == stop and plain.stop_reason is None
     kept = model.generate(PROMPT, greedy(stop=[stop], include_stop_str_in_output=True)
                           )[0].outputs[0].text
     assert cut == plain.text[:1] and kept == plain.text[:3]
