@@ -6,6 +6,10 @@ synthetic ``--vocab-size`` vocabulary (Qwen2.5's 152064 by default), at each bat
 - ``penalties``: presence, frequency and repetition penalties on every row;
 - ``all``: those plus a logit_bias of 300 entries, 8 bad words and min_tokens.
 
+and the sampler after them (engine/executor/sampler.py: temperature, min_p, top-k, top-p and
+the draw, one row at a time) in the cases of :data:`SAMPLER_CASES`, ``--sampler-steps``
+steps each, so the processors' cost can be read beside the rest of choosing a token.
+
 Each row has a ``--prompt-tokens`` prompt (distinct ids: the repetition penalty's work) and
 ``--history`` tokens already generated before the timed steps; each of the ``--steps`` steps
 accepts one more token per row, as decoding does. Writes
@@ -29,6 +33,11 @@ from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("none", "penalties", "all")
+SAMPLER_CASES = {"greedy": dict(temperature=0), "temperature": dict(temperature=1.0),
+                 "seeded": dict(temperature=1.0, seed=1),
+                 "min_p": dict(temperature=0.7, min_p=0.05),
+                 "top_k": dict(temperature=0.7, top_k=50),
+                 "top_p": dict(temperature=0.7, top_p=0.9)}
 
 
 class _Tokenizer:
@@ -88,6 +97,26 @@ def time_steps(rows: list, vocab: int, steps: int, device: str) -> list[float]:
     return out
 
 
+def time_sampler(n: int, vocab: int, params: dict, steps: int, device: str) -> list[float]:
+    import torch
+
+    from engine import SamplingParams
+    from engine.executor import sampler
+
+    rows = [SimpleNamespace(done=False, request=SimpleNamespace(params=SamplingParams(
+        max_tokens=16, **{**params, **({"seed": params["seed"] + i} if "seed" in params
+                                       else {})})),
+        generator=sampler.seeded_generator(params["seed"] + i) if "seed" in params else None)
+        for i in range(n)]
+    logits = (torch.randn(n, vocab, generator=torch.Generator().manual_seed(0)) * 3).to(device)
+    out = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        sampler.sample(rows, logits)
+        out.append(time.perf_counter() - start)
+    return out
+
+
 def _git_revision() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
@@ -103,6 +132,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--history", type=int, default=256)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--sampler-steps", type=int, default=10,
+                        help="steps per sampler case (0: leave the sampler out)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--label", default="", help="a name for this run (before, after...)")
@@ -127,6 +158,17 @@ def main() -> None:
                    "ms_max": round(max(times) * 1e3, 3)}
             result["runs"].append(run)
             print(f"rows={n:<3} {case:<10} {run['ms_p50']:8.3f} ms/step (max "
+                  f"{run['ms_max']:.3f})")
+    result["sampler"] = []
+    for n in args.rows if args.sampler_steps > 0 else ():
+        for case, params in SAMPLER_CASES.items():
+            times = time_sampler(n, args.vocab_size, params, args.sampler_steps + 1,
+                                 args.device)[1:]
+            run = {"rows": n, "case": case,
+                   "ms_p50": round(statistics.median(times) * 1e3, 3),
+                   "ms_max": round(max(times) * 1e3, 3)}
+            result["sampler"].append(run)
+            print(f"rows={n:<3} sampler {case:<12} {run['ms_p50']:8.3f} ms/step (max "
                   f"{run['ms_max']:.3f})")
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out = ROOT / "results" / f"logits-processors-{stamp}.json"

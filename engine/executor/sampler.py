@@ -53,16 +53,17 @@ def seeded_generator(seed: int) -> Any:
 
 
 def _draw(probs: Any, generator: Any) -> int:
-    """One token from ``probs`` (not necessarily summing to 1): the global torch stream for
-    an unseeded row, else the row's own uniform draw through the cumulative distribution
-    (the first token whose cumulative mass passes the draw: never one of mass 0)."""
+    """One token from ``probs`` (not necessarily summing to 1): a uniform draw (the row's
+    own generator, or torch's global stream for an unseeded row) through the cumulative
+    distribution (the first token whose cumulative mass passes the draw: never one of mass
+    0). (``torch.multinomial`` draws from the same distribution, but costs several times
+    the cumulative sum on a CPU at a 152k vocabulary: scripts/penalties_bench.py.)"""
     import torch
 
-    if generator is None:
-        return int(torch.multinomial(probs, 1).item())
+    draw = generator.random() if generator is not None else float(
+        torch.rand((), dtype=torch.float64))
     cdf = torch.cumsum(probs.double(), 0)
-    point = torch.tensor([generator.random() * float(cdf[-1])], dtype=cdf.dtype,
-                         device=cdf.device)
+    point = torch.tensor([draw * float(cdf[-1])], dtype=cdf.dtype, device=cdf.device)
     token = int(torch.searchsorted(cdf, point, right=True).item())
     if token >= probs.numel():  # a draw that rounded up to the total mass: the last token
         token = int(torch.nonzero(probs)[-1].item())  # with any mass

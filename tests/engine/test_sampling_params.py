@@ -254,3 +254,23 @@ def test_the_offline_api_takes_the_generation_config_defaults(model, plain, tmp_
         assert offline.generate(PROMPT)[0].outputs[0].token_ids == plain.token_ids[:5]
     finally:
         offline.close()
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_a_draw_follows_the_distribution_and_never_takes_a_token_without_mass(seeded):
+    """The sampler's draw through the cumulative distribution (the row's own generator, or
+    torch's global stream unseeded: torch.manual_seed makes it repeat)."""
+    import torch
+
+    from engine.executor import sampler
+
+    probs = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0])
+
+    def draws():
+        torch.manual_seed(11)
+        generator = sampler.seeded_generator(5) if seeded else None
+        return [sampler._draw(probs, generator) for _ in range(4000)]
+
+    got = draws()
+    assert set(got) == {1, 3} and 0.22 < got.count(1) / len(got) < 0.28
+    assert draws() == got
