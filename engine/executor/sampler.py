@@ -77,7 +77,8 @@ def sample(rows: Sequence[Any], logits: Any) -> list[int]:
     most likely token, whatever the value (one that underflows in float32 keeps that one)."""
     import torch
 
-    tokens = logits.argmax(dim=-1).tolist()
+    # (the first maximal index, as argmax; torch's CPU max over a row is ~3x its argmax)
+    tokens = logits.max(dim=-1).indices.tolist()
     for i, row in enumerate(rows):
         p = row.request.params
         if p.temperature == 0:
@@ -90,11 +91,36 @@ def sample(rows: Sequence[Any], logits: Any) -> list[int]:
         if p.min_p > 0:
             probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
         if p.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_p, 0) - sorted_p < p.top_p
-            keep[0] = True
-            mask = torch.zeros_like(probs, dtype=torch.bool)
-            mask[order[keep]] = True
-            probs = torch.where(mask, probs, torch.zeros_like(probs))
+            probs = top_p_filter(probs, p.top_p)
         tokens[i] = _draw(probs, row.generator)
     return tokens
+
+
+#: the most likely tokens top-p looks among first (then 16 times as many, then all of them)
+TOP_P_FIRST = 1024
+
+
+def top_p_filter(probs: Any, top_p: float) -> Any:
+    """``probs`` with only the most likely tokens whose mass before them is under ``top_p``
+    (the most likely one always). A sort of the whole vocabulary is what the rule reads,
+    but only its head matters: the top :data:`TOP_P_FIRST` tokens are sorted first, and
+    when the last of them is already out, so is every less likely one; else the head
+    grows. (A language model's distribution is peaked: the head is nearly always enough,
+    at a fraction of a 152k-token sort.)"""
+    import torch
+
+    n = probs.numel()
+    k = min(n, TOP_P_FIRST)
+    while True:
+        if k < n:
+            head, order = torch.topk(probs, k)
+        else:
+            head, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(head, 0) - head < top_p
+        if k == n or not bool(keep[-1]):
+            break
+        k = min(n, k * 16)
+    keep[0] = True
+    mask = torch.zeros_like(probs, dtype=torch.bool)
+    mask[order[keep]] = True
+    return torch.where(mask, probs, torch.zeros_like(probs))

@@ -274,3 +274,29 @@ def test_a_draw_follows_the_distribution_and_never_takes_a_token_without_mass(se
     got = draws()
     assert set(got) == {1, 3} and 0.22 < got.count(1) / len(got) < 0.28
     assert draws() == got
+
+
+def _top_p_by_full_sort(probs, top_p):
+    import torch
+
+    sorted_p, order = torch.sort(probs, descending=True)
+    keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p
+    keep[0] = True
+    mask = torch.zeros_like(probs, dtype=torch.bool)
+    mask[order[keep]] = True
+    return torch.where(mask, probs, torch.zeros_like(probs))
+
+
+@pytest.mark.parametrize("scale", [0.5, 3.0, 12.0])  # flat (the head grows to all) to peaked
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.999])
+def test_top_p_from_the_head_equals_the_full_sort(scale, top_p):
+    import torch
+
+    from engine.executor import sampler
+
+    gen = torch.Generator().manual_seed(int(scale * 100 + top_p * 1000))
+    for _ in range(5):
+        probs = torch.softmax(torch.randn(50000, generator=gen) * scale, dim=-1)
+        probs[probs < 1e-7] = 0.0  # (as min_p leaves them: mass taken out)
+        assert torch.equal(sampler.top_p_filter(probs, top_p),
+                           _top_p_by_full_sort(probs, top_p))
