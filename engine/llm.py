@@ -30,6 +30,7 @@ from engine.models.loader import load_model
 from engine.processing.chat_parts import parse_messages
 from engine.processing.pipeline import Pipeline, pipeline_config
 from engine.processing.preprocess import MediaItem
+from engine.processing.template_kwargs import parse_template_kwargs
 
 
 @dataclass
@@ -205,9 +206,13 @@ class LLM:
         return self._run(prepared, self._params(sampling_params, len(prepared)), priority)
 
     def chat(self, messages: Sequence[Any], sampling_params: Any = None,
-             mm_processor_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+             mm_processor_kwargs: dict[str, Any] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
         """One conversation (a list of messages) or a list of conversations, with the same
-        content parts the server accepts (media URLs are fetched under this LLM's policy)."""
+        content parts the server accepts (media URLs are fetched under this LLM's policy);
+        ``chat_template_kwargs`` (vLLM's): extra variables for the chat template, under the
+        server's rules (:mod:`engine.processing.template_kwargs`)."""
+        template_kwargs = parse_template_kwargs(chat_template_kwargs)
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prepared = []
         # (the kwargs' fps is the frames per second a video's frames are sampled at)
@@ -218,7 +223,8 @@ class LLM:
             held = self.pipeline.uuids.held(parsed.refs, None)  # (media uuids: one tenant)
             items = asyncio.run(self._fetch(parsed.media, video)) if parsed.media else []
             items = self.pipeline.place(parsed.refs, items, held, video)
-            prepared.append(self.prepare(self.pipeline.render(parsed.messages), items,
+            prepared.append(self.prepare(self.pipeline.render(parsed.messages, None,
+                                                               template_kwargs), items,
                                          mm_processor_kwargs, raw=False))
             self.pipeline.uuids.remember(parsed.refs, items, None)
         return self._run(prepared, self._params(sampling_params, len(prepared)))

@@ -93,12 +93,22 @@ class StopStrings:
         with ``keep`` where it ends: vLLM's ``include_stop_str_in_output``), looking only
         where one could end in the part that grew from ``grown_from`` on; None when none
         does."""
+        found = self.find(text, grown_from, keep)
+        return found[0] if found is not None else None
+
+    def find(self, text: str, grown_from: int, keep: bool = False) -> tuple[int, str] | None:
+        """:meth:`cut`'s end of the text and the stop string that ends it there (vLLM's
+        ``stop_reason``): the first to start (with ``keep``, of two starting together the
+        shorter; else the one ``stop`` lists first)."""
         if not self.stops:
             return None
         start = max(0, grown_from - self._hold)
-        found = [(at, at + len(s) if keep else at) for s in self.stops
+        found = [(at, at + len(s) if keep else at, n, s) for n, s in enumerate(self.stops)
                  if (at := text.find(s, start)) != -1]
-        return min(found)[1] if found else None
+        if not found:
+            return None
+        _, end, _, stop = min(found)
+        return end, stop
 
     def sendable(self, text: str) -> int:
         """How many characters of an unfinished row's ``text`` may be sent: all but those
@@ -113,7 +123,8 @@ class OutputText:
     (``skip_special_tokens`` false), the stop string kept (``include_stop_str_in_output``)
     and no stop string before ``min_tokens`` tokens."""
 
-    __slots__ = ("_detokenizer", "_keep", "_min_tokens", "_stops", "sent", "text")
+    __slots__ = ("_detokenizer", "_keep", "_min_tokens", "_stops", "sent", "stop_string",
+                 "text")
 
     def __init__(self, tokenizer: Any, byte_ids: frozenset[int],
                  stops: list[str] | tuple[str, ...], ids: list[int], params: Any = None
@@ -125,17 +136,20 @@ class OutputText:
         self._min_tokens = getattr(params, "min_tokens", 0)
         self.text = ""
         self.sent = 0
+        #: the stop string that ended the row (vLLM's ``stop_reason``), once one did
+        self.stop_string: str | None = None
 
     def add(self, token: int, last: bool) -> tuple[str, bool]:
         """Append ``token`` (``last``: the row's final one); the text to send now, and
-        whether a stop string ended the row."""
+        whether a stop string ended the row (:attr:`stop_string`)."""
         grown_from = len(self._detokenizer.text)
         self._detokenizer.add(token, final=last)
         text, stopped = self._detokenizer.text, False
-        at = self._stops.cut(text, grown_from, self._keep) \
+        found = self._stops.find(text, grown_from, self._keep) \
             if len(self._detokenizer.ids) >= self._min_tokens else None
-        if at is not None:
-            text, stopped = text[:at], True
+        if found is not None:
+            (at, self.stop_string), stopped = found, True
+            text = text[:at]
         end = len(text) if stopped or last else self._stops.sendable(text)
         delta = text[self.sent:end] if end > self.sent else ""
         self.sent, self.text = max(self.sent, end), text

@@ -37,7 +37,7 @@ def add_token(row: Row, token: int, now: float, lp: TokenLogprobs | None = None,
     complete = not req.cancelled.is_set() and grammar.accept(row, token)
     stop = check_stop(row, token, eos_ids=eos_ids, grammar_complete=complete)
     if stop is not None and not stop.keeps_token:
-        finish_row(row, stop.reason)
+        finish_row(row, stop.reason, stop.stop_reason)
         return
     if row.output is None:  # the tokens go into one list, read when the request ends
         row.output = OutputText(tokenizer, byte_ids, params.stop, row.token_ids,
@@ -46,24 +46,26 @@ def add_token(row: Row, token: int, now: float, lp: TokenLogprobs | None = None,
     last = stop is not None
     delta, stopped = row.output.add(token, last)  # appends the token to row.token_ids
     reason = "stop" if stopped else stop.reason if stop is not None else None
+    stop_reason = row.output.stop_string if stopped else None
     out.text = row.output.text
     if lp is not None:
         out.add_logprobs(token, lp)
     if req.on_event:
-        req.on_event(TokenEvent(req.request_id, row.index, token, delta, reason, lp))
+        req.on_event(TokenEvent(req.request_id, row.index, token, delta, reason, lp,
+                                stop_reason))
     if reason:
         row.done = True
-        out.finish_reason = reason
+        out.finish_reason, out.stop_reason = reason, stop_reason
 
 
-def finish_row(row: Row, reason: str) -> None:
-    """End ``row`` without a token of its own (EOS, abort); text a stop string could still
-    have taken back goes out with the end."""
+def finish_row(row: Row, reason: str, stop_reason: int | str | None = None) -> None:
+    """End ``row`` without a token of its own (EOS, a stop token: ``stop_reason``, abort);
+    text a stop string could still have taken back goes out with the end."""
     row.done = True
     out = row.request.outputs[row.index]
     if out.finish_reason is None:
-        out.finish_reason = reason
+        out.finish_reason, out.stop_reason = reason, stop_reason
         held = row.output.flush() if row.output is not None else ""
         if row.request.on_event:
             row.request.on_event(TokenEvent(row.request.request_id, row.index, None, held,
-                                            reason))
+                                            reason, None, stop_reason))

@@ -47,6 +47,8 @@ class CompletionOutput:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    #: vLLM's: the stop string or stop token id that ended it; None for EOS, length, abort
+    stop_reason: int | str | None = None
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None
 
@@ -73,6 +75,8 @@ class TokenEvent:
     text_delta: str
     finish_reason: str | None = None
     logprobs: TokenLogprobs | None = None
+    #: with ``finish_reason``: vLLM's ``stop_reason`` (see :class:`CompletionOutput`)
+    stop_reason: int | str | None = None
 
 
 @dataclass

@@ -18,12 +18,15 @@ from engine.executor.row import Row
 
 
 class Stop(NamedTuple):
-    """A row's end: its ``finish_reason`` (vLLM's: "stop", "length", "abort") and whether
+    """A row's end: its ``finish_reason`` (vLLM's: "stop", "length", "abort"), whether
     the token that ended it is part of its output (``keeps_token``: the token that reaches
-    ``max_tokens`` is; an EOS token, a cancelled row's or a complete grammar's is not)."""
+    ``max_tokens`` is; an EOS token, a cancelled row's or a complete grammar's is not), and
+    vLLM's ``stop_reason``: the stop token id that ended it (None for EOS, length, abort, a
+    grammar; a stop string is the detokenizer's to name)."""
 
     reason: str
     keeps_token: bool = False
+    stop_reason: int | None = None
 
 
 def check_stop(row: Row, token: int, *, eos_ids: Container[int],
@@ -41,9 +44,11 @@ def check_stop(row: Row, token: int, *, eos_ids: Container[int],
         return Stop("stop")
     # an EOS (unless ignore_eos) or one of stop_token_ids, once min_tokens are out (vLLM's
     # rule: before that such tokens are banned from sampling; a grammar may still force one)
-    if len(row.token_ids) >= params.min_tokens and (
-            (token in eos_ids and not params.ignore_eos) or token in params.stop_token_ids):
-        return Stop("stop")
+    if len(row.token_ids) >= params.min_tokens:
+        if token in eos_ids and not params.ignore_eos:
+            return Stop("stop")  # (vLLM checks EOS first: no stop_reason)
+        if token in params.stop_token_ids:
+            return Stop("stop", stop_reason=token)
     if len(row.token_ids) + 1 >= params.max_tokens:
         return Stop("length", keeps_token=True)
     return None

@@ -139,10 +139,11 @@ class Pipeline:
         return dataclasses.replace(spec, sampling=dataclasses.replace(spec.sampling, fps=fps))
 
     def render(self, messages: list[dict[str, Any]],
-               tools: list[dict[str, Any]] | None = None) -> str:
-        """A chat's prompt text (the model's template, given the request's ``tools``), one
-        placeholder per media part."""
-        return render_chat(self.loaded, messages, tools)
+               tools: list[dict[str, Any]] | None = None,
+               template_kwargs: dict[str, Any] | None = None) -> str:
+        """A chat's prompt text (the model's template, given the request's ``tools`` and
+        checked ``chat_template_kwargs``), one placeholder per media part."""
+        return render_chat(self.loaded, messages, tools, template_kwargs)
 
     def raw_prompt(self, prompt: str, counts: Counter[str] | dict[str, int]) -> str:
         """A raw prompt with a placeholder for each item it lacks one for."""

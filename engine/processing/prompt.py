@@ -11,6 +11,7 @@ from typing import Any
 from engine.errors import ConfigError, InvalidRequestError
 from engine.models.loader import LoadedModel
 from engine.models.registry import ArchSpec
+from engine.processing.template_kwargs import for_template, kwargs_strings
 
 _CONTROL: dict[int, re.Pattern[str] | None] = {}
 
@@ -55,10 +56,13 @@ def check_message_text(loaded: LoadedModel, messages: list[dict[str, Any]]) -> N
 
 
 def render_chat(loaded: LoadedModel, messages: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None = None) -> str:
-    """The prompt text for HF-style messages (content parts ``{"type": "image"}`` etc.) and
-    the request's ``tools`` (for a template that writes them); message text holding a
-    control token is refused (:func:`check_message_text`)."""
+                tools: list[dict[str, Any]] | None = None,
+                template_kwargs: dict[str, Any] | None = None) -> str:
+    """The prompt text for HF-style messages (content parts ``{"type": "image"}`` etc.), the
+    request's ``tools`` (for a template that writes them) and its checked
+    ``chat_template_kwargs`` (:mod:`engine.processing.template_kwargs`: the names the
+    template reads); message text, tools or template variables holding a control token are
+    refused (:func:`check_message_text`)."""
     check_message_text(loaded, messages)
     pattern = control_tokens(loaded)
     found = pattern.search(json.dumps(tools, ensure_ascii=False)) if pattern and tools else None
@@ -66,6 +70,13 @@ def render_chat(loaded: LoadedModel, messages: list[dict[str, Any]],
         raise InvalidRequestError(f"tools contain the control token {found.group(0)!r} of this "
                                   "model's chat template", code="control_token_in_text",
                                   param="tools", hint="remove it")
+    for text in kwargs_strings(template_kwargs) if pattern else ():
+        found = pattern.search(text)
+        if found:
+            raise InvalidRequestError(
+                f"chat_template_kwargs contain the control token {found.group(0)!r} of this "
+                "model's chat template", code="control_token_in_text",
+                param="chat_template_kwargs", hint="remove it")
     if not loaded.chat_template:
         raise ConfigError(
             f"the model {loaded.name} has no chat template (its tokenizer ships none)",
@@ -74,7 +85,8 @@ def render_chat(loaded: LoadedModel, messages: list[dict[str, Any]],
     try:
         return loaded.processor.apply_chat_template(
             messages, chat_template=loaded.chat_template, tokenize=False,
-            add_generation_prompt=True, **({"tools": tools} if tools else {}))
+            add_generation_prompt=True, **({"tools": tools} if tools else {}),
+            **for_template(loaded.chat_template, template_kwargs))
     except Exception as exc:  # jinja errors: a template that does not fit the messages
         raise InvalidRequestError(f"the chat template could not render these messages: "
                                   f"{str(exc).splitlines()[0][:160]}",

@@ -145,7 +145,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
             if req.error is not None:
                 error = Failure(req.error.to_openai(), req.error.status) if isinstance(
                     req.error, AphroditeError) else Failure(internal_error_body(), 500)
-            outputs = [Output(o.index, o.text, o.token_ids, o.finish_reason)
+            outputs = [Output(o.index, o.text, o.token_ids, o.finish_reason, o.stop_reason)
                        for o in req.outputs]
             send(Done(rid, outputs, req.timings, error, req.num_cached_tokens))
 
@@ -171,7 +171,8 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                 with lock:
                     pending.append(Delta(rid, event.index, event.token_id, event.text_delta,
                                          event.finish_reason,
-                                         tuple(lp) if lp is not None else None))
+                                         tuple(lp) if lp is not None else None,
+                                         event.stop_reason))
 
             req = EngineRequest(prompt, SamplingParams(**message.sampling), on_event=on_event,
                                 on_done=lambda req: finish(rid, req),

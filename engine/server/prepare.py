@@ -57,7 +57,8 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
     # its token count, does not depend on whether a call is wanted
     tools = data.get("tools") or None
     text = await asyncio.get_running_loop().run_in_executor(  # templating: off the loop
-        decode_executor(), pipeline.render, parsed.messages, tools)
+        decode_executor(), pipeline.render, parsed.messages, tools,
+        fields.chat_template_kwargs)
     items, fetch_s = [], 0.0
     # Only requests with media take a decode-queue slot: text never waits behind video.
     with preprocess_slot(state) if parsed.refs else contextlib.nullcontext():

@@ -10,6 +10,7 @@ from engine.errors import InvalidRequestError
 from engine.executor.logits_processors import check_token_ids
 from engine.executor.request import checked_priority
 from engine.executor.sampling import MAX_LOGPROBS, MAX_TOKENS_CAP, SamplingParams
+from engine.processing.template_kwargs import parse_template_kwargs
 from engine.server import request_fields
 from engine.server.structured_fields import constraint
 from engine.server.tool_fields import ToolChoice, tool_choice
@@ -72,6 +73,8 @@ class GenerationFields:
     cache_salt: str | None = None
     #: the call ``tool_choice`` forces (a named function or ``required``), None for text
     tools: ToolChoice | None = None
+    #: vLLM's ``chat_template_kwargs``, checked (:mod:`engine.processing.template_kwargs`)
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def sampling_for(self, prompt_tokens: int, max_model_len: int, param: str
                      ) -> SamplingParams:
@@ -219,6 +222,8 @@ def parse_generation_fields(body: dict[str, Any], *, max_tokens_cap: int, chat: 
         priority=checked_priority(_field(body, "priority", int, 0), scheduling_policy),
         tools=tools,
         cache_salt=_cache_salt(body),
+        chat_template_kwargs=parse_template_kwargs(body.get("chat_template_kwargs"))
+        if chat else None,
     )
 
 

@@ -31,6 +31,16 @@ def finish_reason(reason: str | None) -> str | None:
     return {"abort": "stop"}.get(reason, reason) if reason else None
 
 
+def ending(reason: str | None, stop_reason: int | str | None, whole: bool) -> dict[str, Any]:
+    """A choice's ``finish_reason`` and vLLM's ``stop_reason`` (the stop string or stop
+    token id that ended it, else null): in every choice of a whole answer, in the stream
+    chunk that ends a choice (as vLLM writes them)."""
+    out: dict[str, Any] = {"finish_reason": finish_reason(reason)}
+    if whole or reason is not None:
+        out["stop_reason"] = stop_reason
+    return out
+
+
 class Reply:
     """What the JSON body and the SSE chunks of one request have in common: the id, the
     object names, the choices' shapes and logprobs, usage, and the server-side extension
@@ -68,36 +78,39 @@ class Reply:
                 "model": self.state.name, "choices": choices}
 
     def choice(self, at: int, text: str, reason: str | None, logprobs: Any, *,
-               first: bool | None = None) -> dict[str, Any]:
+               first: bool | None = None, stop_reason: int | str | None = None
+               ) -> dict[str, Any]:
         """One choice; ``first`` None: a whole answer (JSON), else a stream chunk's delta
         (a chat delta names the role in the choice's first chunk)."""
         if not self.chat:
             content: dict[str, Any] = {"text": text}
         elif self.fields.tools is not None:
-            return self._tool_choice(at, text, reason, logprobs, first)
+            return self._tool_choice(at, text, reason, logprobs, first, stop_reason)
         elif first is None:
             content = {"message": {"role": "assistant", "content": text}}
         else:
             content = {"delta": {"content": text, **({"role": "assistant"} if first else {})}}
-        return {"index": at, **content, "finish_reason": finish_reason(reason),
+        return {"index": at, **content, **ending(reason, stop_reason, first is None),
                 "logprobs": logprobs}
 
     def stream_choice(self, at: int, text: str, reason: str | None, logprobs: Any, *,
-                      first: bool) -> dict[str, Any] | None:
+                      first: bool, stop_reason: int | str | None = None
+                      ) -> dict[str, Any] | None:
         """A stream chunk's choice for one step of choice ``at``; None while a forced tool
         call is under way (its call goes out whole, in the chunk that ends it)."""
         tools = self.fields.tools if self.chat else None
         if tools is not None and tools.parser is not None:
-            return self._auto_chunk(at, text, reason, logprobs, first)
+            return self._auto_chunk(at, text, reason, logprobs, first, stop_reason)
         if tools is not None:
             self._tool_text[at] = self._tool_text.get(at, "") + text
             if reason is None:
                 return None
             text = self._tool_text.pop(at)
-        return self.choice(at, text, reason, logprobs, first=first)
+        return self.choice(at, text, reason, logprobs, first=first, stop_reason=stop_reason)
 
     def _auto_chunk(self, at: int, text: str, reason: str | None, logprobs: Any,
-                    first: bool) -> dict[str, Any] | None:
+                    first: bool, stop_reason: int | str | None = None
+                    ) -> dict[str, Any] | None:
         """tool_choice "auto", streamed: content as it may go out (none once a call
         begins), the calls in the chunk that ends the choice."""
         stream = self._hermes.setdefault(at, HermesStream(
@@ -116,11 +129,12 @@ class Reply:
         if calls:
             delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
             reason = "tool_calls"
-        return {"index": at, "delta": delta, "finish_reason": finish_reason(reason),
+        return {"index": at, "delta": delta, **ending(reason, stop_reason, False),
                 "logprobs": logprobs}
 
     def _tool_choice(self, at: int, text: str, reason: str | None, logprobs: Any,
-                     first: bool | None) -> dict[str, Any]:
+                     first: bool | None, stop_reason: int | str | None = None
+                     ) -> dict[str, Any]:
         """A choice of a request with tools: its ``tool_calls`` when it made any
         (finish_reason "tool_calls", or "stop" for a named function, as OpenAI answers), else
         its text as it is (a forced call cut by max_tokens, or "auto" answering in words).
@@ -142,7 +156,7 @@ class Reply:
         key = "message" if first is None else "delta"
         if first is None or first:
             message = {"role": "assistant", **message}
-        return {"index": at, key: message, "finish_reason": finish_reason(reason),
+        return {"index": at, key: message, **ending(reason, stop_reason, first is None),
                 "logprobs": logprobs}
 
     @property

@@ -27,7 +27,7 @@ HONOURED = frozenset({
     "guided_decoding_backend", "guided_whitespace_pattern", "priority", "cache_salt",
     "return_tokens_as_token_ids", "mm_processor_kwargs", "media_io_kwargs"})
 HONOURED_CHAT = HONOURED | {"messages", "max_completion_tokens", "top_logprobs", "tools",
-                            "tool_choice", "parallel_tool_calls"}
+                            "tool_choice", "parallel_tool_calls", "chat_template_kwargs"}
 HONOURED_COMPLETIONS = HONOURED | {"prompt"}
 #: fields that only label a request (who sent it, what for): nothing in the answer depends on
 #: them, so they are accepted as they are (vLLM ignores ``user`` too)
@@ -52,16 +52,17 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "max_repetition_pattern_size": (None, 0), "min_repetition_pattern_size": (None, 0),
     "repetition_min_count": (None, 0),
     "add_generation_prompt": (None, True), "continue_final_message": (None, False),
-    "documents": (None,), "chat_template": (None,), "chat_template_kwargs": (None, {}),
+    "documents": (None,), "chat_template": (None,),
     "include_reasoning": (None, True),
 }
 #: ... and per endpoint: chat's ``add_special_tokens`` is false by default (the template
-#: writes them), completions' true; chat's ``top_logprobs``, ``tools`` and ``tool_choice``
-#: mean nothing on /v1/completions (it takes ``logprobs`` = k)
+#: writes them), completions' true; chat's ``top_logprobs``, ``tools``, ``tool_choice`` and
+#: ``chat_template_kwargs`` mean nothing on /v1/completions (it takes ``logprobs`` = k and
+#: renders no template)
 REFUSED_CHAT: dict[str, tuple[Any, ...]] = {"add_special_tokens": (None, False)}
 REFUSED_COMPLETIONS: dict[str, tuple[Any, ...]] = {
     "add_special_tokens": (None, True), "top_logprobs": (None, 0), "tools": (None, []),
-    "tool_choice": (None, "none")}
+    "tool_choice": (None, "none"), "chat_template_kwargs": (None, {})}
 
 KNOWN_CHAT = HONOURED_CHAT | LABELS | REFUSED.keys() | REFUSED_CHAT.keys()
 KNOWN_COMPLETIONS = HONOURED_COMPLETIONS | LABELS | REFUSED.keys() | REFUSED_COMPLETIONS.keys()

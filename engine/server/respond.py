@@ -142,7 +142,8 @@ async def respond_json(request: web.Request, reply: Reply, generations: list
         for out in done[i].outputs if i in done else ():
             total += len(out.token_ids)
             at = reply.at(i, out.index)
-            choices.append(reply.choice(at, out.text, out.finish_reason, reply.logprobs(at)))
+            choices.append(reply.choice(at, out.text, out.finish_reason, reply.logprobs(at),
+                                        stop_reason=out.stop_reason))
     choices.sort(key=lambda c: c["index"])
     body = {**reply.envelope(choices, chunk=False), "usage": reply.usage(total)}
     if not reply.state.config.expose_request_timings:
@@ -191,7 +192,8 @@ async def respond_stream(request: web.Request, reply: Reply, generations: list
                 reply.tick(at)
             piece = reply.add_logprobs(at, message.token_id, message.logprobs)
             choice = reply.stream_choice(at, message.text, message.finish_reason, piece,
-                                         first=at not in started)
+                                         first=at not in started,
+                                         stop_reason=message.stop_reason)
             if choice is not None:
                 chunk = reply.envelope([choice], chunk=True)
                 if reply.fields.continuous_usage:  # vLLM's usage so far, on every chunk

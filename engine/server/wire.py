@@ -67,7 +67,8 @@ class StatsQuery(NamedTuple):
 
 class Delta(NamedTuple):
     """One step of one sequence (row ``index`` of request ``rid``): the new text, the token
-    (None for a step that only ends the row) and the finish reason when the row ended."""
+    (None for a step that only ends the row), the finish reason when the row ended and
+    vLLM's ``stop_reason`` (the stop string or stop token id that ended it)."""
 
     rid: str
     index: int
@@ -75,6 +76,7 @@ class Delta(NamedTuple):
     text: str
     finish_reason: str | None
     logprobs: Logprobs | None
+    stop_reason: int | str | None = None
 
 
 class Events(NamedTuple):
@@ -90,6 +92,7 @@ class Output(NamedTuple):
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    stop_reason: int | str | None = None
 
 
 class Failure(NamedTuple):

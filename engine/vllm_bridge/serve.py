@@ -215,7 +215,8 @@ class Bridge:
             return
         texts: dict[int, list[str]] = {}
         ids: dict[int, list[int]] = {}
-        reasons: dict[int, str | None] = {}
+        #: per row: its finish_reason and vLLM's stop_reason, once it ended
+        reasons: dict[int, tuple[str, int | str | None]] = {}
         submitted = time.monotonic()
         top = int(message.sampling.get("logprobs") or 0)
         prompt_ids: list[int] | None = None
@@ -267,13 +268,14 @@ class Bridge:
                 return
             send(Done(rid, [], {}, self.refusal(rid, exc)))
             return
-        outputs = [Output(i, "".join(texts[i]), ids.get(i, []), reasons.get(i))
+        outputs = [Output(i, "".join(texts[i]), ids.get(i, []), *reasons.get(i, (None, None)))
                    for i in sorted(texts)]
         send(Done(rid, outputs, stage_timings(metrics, submitted), None, cached, prompt_ids))
 
     @staticmethod
     def deltas(rid: str, out: Any, texts: dict[int, list[str]], ids: dict[int, list[int]],
-               reasons: dict[int, str | None], params: Any, top: int) -> list[Delta]:
+               reasons: dict[int, tuple[str, int | str | None]], params: Any, top: int
+               ) -> list[Delta]:
         """One vLLM output step (deltas of each row) as the wire's events, one per token (the
         step's text on its last token), recorded for the request's :class:`Output` s."""
         events: list[Delta] = []
@@ -282,16 +284,18 @@ class Bridge:
             lps = list(c.logprobs or []) if c.logprobs is not None else []
             texts.setdefault(c.index, []).append(c.text)
             ids.setdefault(c.index, []).extend(new)
+            stop = getattr(c, "stop_reason", None) if c.finish_reason is not None else None
             if c.finish_reason is not None:
-                reasons[c.index] = c.finish_reason
+                reasons[c.index] = (c.finish_reason, stop)
             for k, tid in enumerate(new):
                 last = k == len(new) - 1
                 lp = token_logprobs(tid, lps[k] if k < len(lps) else None, top) \
                     if params.logprobs is not None else None
                 events.append(Delta(rid, c.index, tid, c.text if last else "",
-                                    c.finish_reason if last else None, lp))
+                                    c.finish_reason if last else None, lp,
+                                    stop if last else None))
             if not new and (c.text or c.finish_reason):
-                events.append(Delta(rid, c.index, None, c.text, c.finish_reason, None))
+                events.append(Delta(rid, c.index, None, c.text, c.finish_reason, None, stop))
         return events
 
     @staticmethod

@@ -393,6 +393,7 @@ def test_served_sampling_parameters_shape_the_tokens(client):
         model="tiny-qwen2_5_vl", prompt=[1, 2, 3], max_tokens=8, temperature=0,
         logit_bias={"77": 100}, extra_body={"stop_token_ids": [77], "min_tokens": 0})
     assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].stop_reason == 77  # vLLM's: the stop token that ended it
     assert stopped.usage.completion_tokens == 0
     for create, extra in ((client.chat.completions.create,
                            {"messages": [{"role": "user", "content": "hi"}]}),
@@ -401,6 +402,38 @@ def test_served_sampling_parameters_shape_the_tokens(client):
             create(model="tiny-qwen2_5_vl", max_tokens=2, logit_bias={"100000": 1}, **extra)
         assert info.value.body["param"] == "logit_bias"
         assert "out of the vocabulary" in info.value.body["message"]
+
+
+def test_stop_reason_names_the_stop_string_in_json_and_stream(client):
+    """vLLM's stop_reason: the stop string that ended a choice (chat and completions, whole
+    and streamed, in the chunk that ends it); null when it ran to max_tokens."""
+    messages = [{"role": "user", "content": "hi"}]
+    plain = client.chat.completions.create(model="tiny-qwen2_5_vl", max_tokens=8,
+                                           temperature=0, messages=messages,
+                                           extra_body={"ignore_eos": True})
+    text = plain.choices[0].message.content
+    assert plain.choices[0].finish_reason == "length"
+    assert "stop_reason" in plain.choices[0].model_extra and plain.choices[0].stop_reason is None
+    stop = text[1:3]  # (the tiny model's text repeats: it comes early)
+    cut = client.chat.completions.create(model="tiny-qwen2_5_vl", max_tokens=8, temperature=0,
+                                         messages=messages, stop=[stop, "never"],
+                                         extra_body={"ignore_eos": True})
+    assert (cut.choices[0].finish_reason, cut.choices[0].stop_reason) == ("stop", stop)
+    chunks = list(client.chat.completions.create(
+        model="tiny-qwen2_5_vl", max_tokens=8, temperature=0, messages=messages,
+        stop=[stop], stream=True, extra_body={"ignore_eos": True}))
+    ends = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(ends) == 1 and ends[0].stop_reason == stop
+    assert all("stop_reason" not in (c.choices[0].model_extra or {})
+               for c in chunks if c.choices and not c.choices[0].finish_reason)
+    prompt = client.completions.create(model="tiny-qwen2_5_vl", prompt="hi", max_tokens=8,
+                                       temperature=0, extra_body={"ignore_eos": True})
+    stop = prompt.choices[0].text[1:3]
+    cut = client.completions.create(model="tiny-qwen2_5_vl", prompt="hi", max_tokens=8,
+                                    temperature=0, stop=stop, stream=True,
+                                    extra_body={"ignore_eos": True})
+    ends = [c.choices[0] for c in cut if c.choices and c.choices[0].finish_reason]
+    assert len(ends) == 1 and ends[0].stop_reason == stop
 
 
 def test_models_by_id_and_405_says_allow(server, client):
@@ -547,6 +580,38 @@ def test_tokenize_counts_what_the_generation_routes_report(server, client, media
     assert status == 200 and counted["count"] == reported == len(counted["token_strs"])
     assert post(server, "/detokenize", {"tokens": counted["tokens"]}) == (
         200, {"prompt": "Once upon a time"})
+
+
+def test_chat_template_kwargs_reach_the_template(server, client, media):
+    """vLLM's chat_template_kwargs: Qwen-VL's template numbers the pictures with
+    ``add_vision_id`` (in /tokenize's count and tokens, and in the chat's prompt_tokens); a
+    name the server sets itself is a 400 naming it; /v1/completions renders no template and
+    refuses them; a name the template does not read changes nothing."""
+    parts = [image_part(f"{media.base}/cat.jpg"), {"type": "text", "text": "What?"}]
+    body = {"model": "tiny-qwen2_5_vl", "messages": [{"role": "user", "content": parts}],
+            "return_token_strs": True}
+    status, plain = post(server, "/tokenize", body)
+    assert status == 200, plain
+    status, numbered = post(server, "/tokenize", {
+        **body, "chat_template_kwargs": {"add_vision_id": True}})
+    assert status == 200, numbered
+    assert numbered["count"] > plain["count"]
+    assert "Picture" in "".join(numbered["token_strs"]) and "Picture" not in "".join(
+        plain["token_strs"])
+    asked = chat(client, parts[:1], max_tokens=1,
+                 extra_body={"chat_template_kwargs": {"add_vision_id": True}})
+    assert asked.usage.prompt_tokens == numbered["count"]
+    unread = chat(client, parts[:1], max_tokens=1,
+                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert unread.usage.prompt_tokens == plain["count"]
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, parts[:1], extra_body={"chat_template_kwargs": {"messages": []}})
+    assert info.value.body["param"] == "chat_template_kwargs"
+    assert "'messages' is set by the server" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny-qwen2_5_vl", prompt="hi", max_tokens=1,
+                                  extra_body={"chat_template_kwargs": {"a": 1}})
+    assert info.value.body["param"] == "chat_template_kwargs"
 
 
 @pytest.mark.parametrize(("path", "body", "param"), [

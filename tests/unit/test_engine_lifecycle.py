@@ -95,6 +95,12 @@ def test_check_stop_decides_from_the_row_alone_in_its_order() -> None:
     assert check_stop(_row(), EOS, eos_ids={EOS}) == Stop("stop")
     assert check_stop(_row(ignore_eos=True), EOS, eos_ids={EOS}) is None
     assert check_stop(_row(), 3, eos_ids={EOS}, grammar_complete=True) == Stop("stop")
+    # vLLM's stop_reason: a stop token's id; EOS (checked first) has none
+    assert check_stop(_row(stop_token_ids=[3]), 3, eos_ids={EOS}) == Stop(
+        "stop", stop_reason=3)
+    assert check_stop(_row(stop_token_ids=[EOS]), EOS, eos_ids={EOS}).stop_reason is None
+    assert check_stop(_row(stop_token_ids=[EOS], ignore_eos=True), EOS,
+                      eos_ids={EOS}).stop_reason == EOS
     # the max_tokens-th token ends the row and is part of its output
     assert check_stop(_row(2, max_tokens=3), 3, eos_ids={EOS}) == Stop("length", True)
     assert check_stop(_row(1, max_tokens=3), 3, eos_ids={EOS}) is None
@@ -147,6 +153,20 @@ def test_a_stop_string_across_tokens_ends_the_row_and_is_never_streamed(start) -
     assert (flushed.outputs[0].text, flushed.outputs[0].finish_reason) == ("aST", "stop")
     assert streamed(flushed) == "aST"
     assert flushed.extra["events"][-1].token_id is None  # the end event carries the held text
+    # vLLM's stop_reason: the stop string that ended the row, on its output and end event
+    assert (cut.outputs[0].stop_reason, cut.extra["events"][-1].stop_reason) == ("STOP",) * 2
+    assert kept.outputs[0].stop_reason is flushed.outputs[0].stop_reason is None
+
+
+def test_stop_reason_names_the_stop_token_or_the_first_stop_string(start) -> None:
+    engine, _ = start()
+    token = engine.submit(request(script=[0, 1, 2, 3], max_tokens=10, stop_token_ids=[2]))
+    # "b" is listed first, " " starts first: the text is cut at the first to start
+    string = engine.submit(request(script=[0, SPACE, 1, 2], max_tokens=10, stop=["b", " "]))
+    finished(token, string)
+    assert (token.outputs[0].token_ids, token.outputs[0].stop_reason) == ([0, 1], 2)
+    assert token.extra["events"][-1].stop_reason == 2
+    assert (string.outputs[0].text, string.outputs[0].stop_reason) == ("a", " ")
 
 
 def test_n_rows_of_a_request_prefill_together_and_end_on_their_own(start) -> None:

@@ -47,3 +47,26 @@ def test_one_pass_is_one_message_and_a_done_follows_its_events():
     assert [(d.rid, d.token_id) for d in got[2].deltas] == [("a", 4)]
     assert [(d.rid, d.token_id) for d in got[3].deltas] == [("a", 5)]
     assert not reader.poll(0.1)  # nothing else: no empty Events
+
+
+def test_vllms_stop_reason_reaches_the_wire_with_the_end():
+    """vLLM's ``CompletionOutput.stop_reason`` (a stop string or token id) travels on the
+    Delta that ends its row and on the row's Output; null before the end."""
+    from types import SimpleNamespace
+
+    from engine.vllm_bridge.serve import Bridge
+
+    def step(text, tokens, finish=None, stop=None):
+        return SimpleNamespace(outputs=[SimpleNamespace(
+            index=0, text=text, token_ids=tokens, logprobs=None, finish_reason=finish,
+            stop_reason=stop)])
+
+    texts, ids, reasons = {}, {}, {}
+    params = SimpleNamespace(logprobs=None)
+    first = Bridge.deltas("r", step("ab", [1, 2]), texts, ids, reasons, params, 0)
+    last = Bridge.deltas("r", step("c", [3], "stop", "STOP"), texts, ids, reasons, params, 0)
+    assert [d.stop_reason for d in first + last] == [None, None, "STOP"]
+    assert reasons == {0: ("stop", "STOP")}
+    ended = Bridge.deltas("s", step("", [], "stop", 7), {}, {}, {}, params, 0)
+    assert [(d.token_id, d.finish_reason, d.stop_reason) for d in ended] == [
+        (None, "stop", 7)]
