@@ -360,6 +360,37 @@ def test_t_interval_and_runs_combined_into_one_result():
     assert cold["samples"] == {"ttft_ms": [10.0] * 2 + [20.0] * 2 + [30.0] * 2,
                                "stages_ms": {"fetch_s": [1.0, 1.0, 1.0]}}
     assert [r["run"] for r in rows["cold"]] == [1, 2, 3]
+    assert "per_run" not in cold  # nothing per run to keep
+
+
+def test_each_runs_turn_table_and_telemetry_are_kept_and_reported(tmp_path):
+    """--num-runs: a per-turn table and a telemetry series have no pooled form, so every
+    run's is kept (``per_run``) and the report draws each, not the first run's alone."""
+    from aphrodite_cli.bench.results.report_serve_extras import serve_markdown
+    from aphrodite_cli.bench.results.runs import combine
+
+    def doc(ttft: float, queue: float) -> dict:
+        turn = {"turn": 1, "requests": 2, "completed": 2, "failed": 0, "cancelled": 0,
+                "ttft_ms": {"count": 2, "p50": ttft, "p90": ttft, "mean": ttft},
+                "prompt_tokens": {"mean": 10, "total": 20},
+                "output_tokens": {"mean": 3, "total": 6}, "cached_tokens": 0,
+                "prefix_hit_rate": 0.0}
+        return {"phases": {"cold": {
+            "request_throughput": 1.0, "ttft_ms": {"median": ttft},
+            "per_turn": {"turns": [turn], "prefix_cache_server": None,
+                         "sessions": {"started": 2, "planned": 2, "completed": 2,
+                                      "turns_sent": 2}},
+            "telemetry": {"interval_s": 0.5, "metrics": {
+                "available": True, "samples": [{"t_s": 0.0, "num_requests_waiting": queue}]}}}}}
+
+    out, _ = combine([doc(11.0, 4.0), doc(22.0, 7.0)], [{}, {}])
+    cold = out["phases"]["cold"]
+    assert [p["per_turn"]["turns"][0]["ttft_ms"]["p50"] for p in cold["per_run"]] == [11, 22]
+    assert [p["telemetry"]["metrics"]["samples"][0]["num_requests_waiting"]
+            for p in cold["per_run"]] == [4.0, 7.0]
+    text = "\n".join(serve_markdown({"phases": {"cold": cold}}))
+    assert "cold run 1 of 2: per turn" in text and "cold run 2 of 2: per turn" in text
+    assert "cold run 2 of 2: telemetry" in text
 
 
 def test_num_runs_gives_intervals_that_gate_and_report_use(mock_port, tmp_path):

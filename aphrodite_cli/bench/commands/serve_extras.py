@@ -85,11 +85,14 @@ def print_phase_extras(doc: dict[str, Any], fmt: str, say: Any) -> None:
                           f"{_p(s['ttft_ms'], 'p50')}/{_p(s['ttft_ms'], 'p99')}",
                           f"{_p(s['tpot_ms'], 'p50')}/{_p(s['tpot_ms'], 'p99')}"]
                          for s in slices["intervals"]], fmt)
-        if phase.get("per_turn") and tables:
+        turns = [(p or {}).get("per_turn") for p in phase.get("per_run") or []]
+        turns = [(f"{mode} run {k} of {len(turns)}", t) for k, t in enumerate(turns, 1)
+                 if t] if len(turns) > 1 else [(mode, phase.get("per_turn"))]
+        for label, section in turns if tables else ():
             from aphrodite_cli.bench.results.serve_text import TURN_COLUMNS, turn_rows, turn_title
 
-            print_table(turn_title(mode, phase["per_turn"]), TURN_COLUMNS,
-                        turn_rows(phase["per_turn"]), fmt)
+            if section:
+                print_table(turn_title(label, section), TURN_COLUMNS, turn_rows(section), fmt)
         ci = phase.get("ci95")
         if ci and tables:
             print_table(f"{mode}: over {len(phase.get('runs') or [])} runs (95% interval of "

@@ -12,6 +12,15 @@ from aphrodite_cli.bench.results.escape import markdown_safe as _md
 from aphrodite_cli.bench.results.report_telemetry import telemetry_markdown, telemetry_plot
 
 
+def _each_run(phase: str, r: dict[str, Any], key: str) -> list[tuple[str, Any]]:
+    """``r[key]`` with its label: the one run's, or with --num-runs each run's (``per_run``,
+    labelled "run k of N")."""
+    runs = [(p or {}).get(key) for p in r.get("per_run") or [] if isinstance(p, dict)]
+    if len(runs) > 1:
+        return [(f"{_md(phase)} run {k} of {len(runs)}", section)
+                for k, section in enumerate(runs, 1) if section]
+    return [(_md(phase), r[key])] if r.get(key) else []
+
 def _n(value: Any, spec: str = ".1f") -> str:
     if value is None:
         return "-"
@@ -93,12 +102,12 @@ def serve_markdown(doc: dict[str, Any]) -> list[str]:
             lines += _groups(f"{_md(phase)}: per kind", r["by_kind"])
         if len(r.get("by_modality") or {}) > 1:
             lines += _groups(f"{_md(phase)}: per modality", r["by_modality"])
-        if r.get("per_turn"):
+        for label, section in _each_run(phase, r, "per_turn"):
             from aphrodite_cli.bench.results.serve_text import TURN_COLUMNS, turn_rows, turn_title
 
-            lines += [f"**{turn_title(phase, r['per_turn'])}**", "",
+            lines += [f"**{turn_title(label, section)}**", "",
                       "| " + " | ".join(TURN_COLUMNS) + " |", "|---" * len(TURN_COLUMNS) + "|",
-                      *("| " + " | ".join(row) + " |" for row in turn_rows(r["per_turn"])),
+                      *("| " + " | ".join(row) + " |" for row in turn_rows(section)),
                       ""]
         slices = r.get("slices")
         if slices and slices.get("intervals"):
@@ -110,7 +119,8 @@ def serve_markdown(doc: dict[str, Any]) -> list[str]:
                       f"{_n(s['rps'], '.2f')} | {_pp(s.get('ttft_ms'))} | "
                       f"{_pp(s.get('tpot_ms'), '.2f')} |" for s in slices["intervals"]]
             lines.append("")
-        lines += telemetry_markdown(phase, r.get("telemetry"))
+        for label, section in _each_run(phase, r, "telemetry"):
+            lines += telemetry_markdown(label, section)
         ci = r.get("ci95")
         if ci:
             lines += [f"**{_md(phase)}: over {len(r.get('runs') or [])} runs** "

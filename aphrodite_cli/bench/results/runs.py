@@ -57,14 +57,23 @@ def _pool(into: dict[str, Any], more: dict[str, Any]) -> None:
             _pool(into.setdefault(key, {}), values)
 
 
+#: A phase's sections kept per run with --num-runs (a time series or a table per turn has no
+#: pooled form: each run's is kept, the first run's also where one run's would be)
+PER_RUN = ("per_turn", "telemetry")
+
+
 def combine(docs: list[dict[str, Any]], rows: list[dict[str, list[dict[str, Any]]]]
             ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """N runs' (result, rows) -> one result: the first run's, with ``runs``, ``ci95`` and
-    pooled ``samples`` per phase, and every run's rows (each with its ``run``)."""
+    pooled ``samples`` per phase, every run's own series (``per_run``: each run's
+    :data:`PER_RUN` sections, which do not pool: per-turn tables, telemetry over time), and
+    every run's rows (each with its ``run``)."""
     doc = docs[0]
     for mode, phase in doc["phases"].items():
         per_run = [d["phases"][mode] for d in docs if mode in d["phases"]]
         phase["runs"] = [headline(p) for p in per_run]
+        if any(p.get(key) for p in per_run for key in PER_RUN):
+            phase["per_run"] = [{key: p.get(key) for key in PER_RUN} for p in per_run]
         phase["ci95"] = {name: t_interval([v for r in phase["runs"]
                                            if (v := r[name]) is not None])
                          for name in HEADLINE}
