@@ -34,7 +34,7 @@ MODELS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aphro
 #: vLLM's KV cache on the CPU, by this server's flag (vLLM's own name and units): 1 GiB
 #: rather than the default 4, beside the other engineers' tests
 VLLM_KV = ("--kv-cache-memory-bytes", "1G")
-#: a vLLM engine takes 40-60 s to start on 2 quiet cores (140 s seen beside other work)
+#: a vLLM engine takes 40-60 s to start on 2 quiet cores (100-170 s seen beside other work)
 VLLM_START_S = 480
 
 
