@@ -190,6 +190,18 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=why))
 
 
+def pytest_generate_tests(metafunc):
+    """``engine`` (tests/engines.py): a module-scoped parameter, "ours" unless the test is
+    marked ``@pytest.mark.engines(...)`` with the engines it runs on."""
+    if "engine" in metafunc.fixturenames:
+        from tests.engines import engine_params
+
+        marker = metafunc.definition.get_closest_marker("engines")
+        params = engine_params()
+        metafunc.parametrize("engine", [params[e] for e in (marker.args if marker else
+                                                              ("ours",))], scope="module")
+
+
 @pytest.fixture
 def media_server():
     """A real HTTP media server on 127.0.0.1 with a hit counter (tests/media_server.py)."""

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.errors import AphroditeError, internal_error_body
+from engine.executor.grammar import bounded_strings
 from engine.executor.sampling import MAX_TOKENS_CAP
 from engine.server import vllm_media
 from engine.server.prepare import preprocess_slot
@@ -108,10 +109,18 @@ def _sampling(params: Any, fields: Any, vllm: bool) -> dict[str, Any]:
     """The engine's sampling fields. vLLM counts the prompt after its processor expanded the
     placeholders, so for a request without ``max_tokens`` the room left is vLLM's to find: it
     gets the server's max-tokens cap and stops at the model length if that comes first (its
-    scheduler ends a sequence there), as this engine's requests are capped."""
+    scheduler ends a sequence there), as this engine's requests are capped. A JSON schema
+    goes to vLLM with its bounded strings rewritten as this engine compiles them
+    (:func:`~engine.executor.grammar.bounded_strings`)."""
     sampling = dict(params.__dict__)
     if vllm and fields.max_tokens is None:
         sampling["max_tokens"] = min(fields.max_tokens_cap, MAX_TOKENS_CAP)
+    spec = sampling.get("structured_outputs")
+    if vllm and spec is not None and spec.kind == "json":
+        # vLLM's xgrammar (0.2.8, as ours) lets a length-bounded JSON string hold raw control
+        # characters, which JSON forbids: the schema goes as this engine compiles it
+        sampling["structured_outputs"] = spec._replace(text=json.dumps(
+            bounded_strings(json.loads(spec.text)), separators=(",", ":")))
     return sampling
 
 

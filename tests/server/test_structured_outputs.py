@@ -2,7 +2,8 @@
 model would say, the grammar engine's mask leaves only what the constraint allows, so every
 finished answer parses and validates (the validator below shares no code with the engine);
 a row that reaches max_tokens first ends with "length". Offline (``LLM``, one batch of 100
-rows) and served (a real `aphrodite serve` and the `openai` client, streaming and not)."""
+rows) and served (a real `aphrodite serve` and the `openai` client, streaming and not), on
+this project's engine and on vLLM's (``--engine vllm``: vLLM's own structured output)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ from engine.models.templates_path import template_path
 from tests.engine.test_structured_fields import deep as nested
 from tests.engine_fixtures import llm as shared_llm
 from tests.engine_fixtures import loaded
-from tests.server_harness import openai_client, running
+from tests.engines import ENGINES, serve
+from tests.server_harness import openai_client
 
-pytestmark = pytest.mark.timeout(300)
+#: the served tests run on both engines (vLLM's under this server's front door)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.engines(*ENGINES)]
 MODEL = "tiny-qwen2_5_vl"
 README = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 
@@ -178,10 +181,14 @@ def test_compiles_are_bounded_in_time_cached_and_evicted():
 # -- served ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def server():
-    with running("--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                 "--chat-template", str(template_path("qwen2_5_vl_tools"))) as proc:
-        yield proc
+def server(engine):
+    """Ours, or vLLM's engine under this server's front door (tests/engines.py): the
+    constraint goes to vLLM's own structured output (StructuredOutputsParams on xgrammar),
+    the tools template and the hermes parser stay this server's."""
+    proc = serve(engine, "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                 "--chat-template", str(template_path("qwen2_5_vl_tools")))
+    yield proc
+    assert proc.stop() == 0
 
 
 @pytest.fixture
