@@ -343,7 +343,7 @@ def test_the_mask_covers_padded_logits_and_leaves_plain_rows_alone():
 
         class Row:
             def __init__(self, grammar, done=False):
-                self.request = type("Request", (), {"grammar": grammar})()
+                self.request = type("Request", (), {"grammar": grammar, "error": None})()
                 self.done, self.matcher = done, None
 
         for dtype in (torch.float32, torch.bfloat16):
@@ -355,6 +355,52 @@ def test_the_mask_covers_padded_logits_and_leaves_plain_rows_alone():
                 "yes".startswith(tokenizer.decode([t])) for t in allowed)
             assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[2]).all()
             assert rows[1].matcher is not None and rows[2].matcher is None
+    finally:
+        grammars.close()
+
+
+def test_a_constraint_whose_masks_grow_costly_fails_its_request_alone(monkeypatch):
+    """``(.{0,100}){0,100}`` compiles at once, but its matcher tracks ever more ways to have
+    matched as the text grows: unchecked, its mask took 0.2 s a step by step 100 and 2 s by
+    step 400, every batch-mate waiting. Charged its own time on slow steps, the row fails its
+    request with a 400 naming the field once over the budget (lowered here, so the test is
+    short), its other row ends with it, and a plain constrained row in the same steps goes on."""
+    import random
+    from types import SimpleNamespace
+
+    import torch
+
+    from engine.executor import grammar
+    from engine.executor.row import Row
+
+    monkeypatch.setattr(grammar, "MAX_ROW_FILL_S", 0.3, raising=False)
+    tokenizer = loaded("qwen2_5_vl").tokenizer
+    grammars = Grammars(tokenizer, len(tokenizer), [tokenizer.eos_token_id], threads=1)
+    try:
+        def request(kind, text, param):
+            spec = GrammarSpec(kind, text, param)
+            return SimpleNamespace(grammar=grammars.check(spec), error=None, cancelled=None,
+                                   params=SimpleNamespace(structured_outputs=spec))
+
+        bomb = request("regex", "(.{0,100}){0,100}", "guided_regex")
+        plain = request("regex", "[a-z ]{0,4000}", "structured_outputs.regex")
+        rows = [Row(bomb, 0, None), Row(bomb, 1, None), Row(plain, 0, None)]
+        rng = random.Random(0)
+        for _ in range(400):
+            logits = torch.zeros(len(rows), len(tokenizer))
+            grammar.mask_logits(rows, logits, grammars)
+            if bomb.error is not None:
+                break
+            for i, row in enumerate(rows):
+                allowed = [t for t in torch.isfinite(logits[i]).nonzero().flatten().tolist()
+                           if t != tokenizer.eos_token_id]
+                assert not row.done and grammar.accept(row, rng.choice(allowed)) is False
+        error = bomb.error
+        assert isinstance(error, InvalidRequestError) and error.status == 400
+        assert error.param == "guided_regex" and error.code == "invalid_structured_output"
+        assert "grammar work" in error.message and "(.{0,9}){0,9}" in error.hint
+        assert rows[0].done and rows[1].done and not rows[2].done and plain.error is None
+        assert max(rows[0].grammar_s, rows[1].grammar_s) > 0.3 > rows[2].grammar_s
     finally:
         grammars.close()
 
