@@ -272,7 +272,10 @@ def test_served_schema_bombs_are_refused_in_bounded_time(client, extra, param):
 
 @pytest.mark.parametrize(("schema", "says"), [
     ({"type": "string", "pattern": '[^"]{0,5000}'}, "spells out 5000 characters"),
-    ({"type": "string", "pattern": "([a-z]{0,100}x){0,100}"}, "spells out 10100 characters"),
+    ({"type": "string", "pattern": "([a-z]{0,100}x){0,100}"}, "spells out 1010000 characters"),
+    # a repetition of a part of varying length: 1600 characters, 22 s to compile
+    ({"type": "string", "pattern": '([^"]{0,40}){40}'}, "spells out 64000 characters"),
+    ({"type": "string", "pattern": '([^"]{0,10}){0,100}'}, "spells out 100000 characters"),
     ({"type": "string", "maxLength": 3000}, "spells out 3000 characters"),
     ({"type": "array", "items": [{"type": "string", "minLength": 1500, "maxLength": 1500}] * 3},
      "more than 4096 characters together"),
@@ -291,7 +294,10 @@ def test_bounded_strings_and_plain_regexes_within_the_caps_are_taken():
     assert schema_spec({"type": "string", "maxLength": 2048}, "p").kind == "json"
     assert schema_spec({"type": "string", "pattern": "[a-z]{3}-[0-9]{4}"}, "p").kind == "json"
     assert regex_spec('[^"]{0,5000}', "p").kind == "regex"  # a plain regex is not expanded
-    assert pattern_repeats("(ab{0,9}){10}") == 100 and pattern_repeats("a*b+") == 2
+    assert pattern_repeats("(ab{9}){10}") == 100 and pattern_repeats("a*b+") == 2
+    assert pattern_repeats("(ab{0,9}){10}") == 1000  # varying parts: repetitions squared
+    ip = r"(\d{1,3}\.){3}\d{1,3}"  # (a common shape stays small)
+    assert pattern_repeats(ip) == 39 and schema_spec({"type": "string", "pattern": ip}, "p")
 
 
 def test_readme_structured_outputs_example_runs(server):

@@ -349,6 +349,8 @@ def request_features(model: str, jpeg: bytes) -> list[HostileCase]:
             "required": [f"p{i}" for i in range(2500)]}), bad),
         ("pattern-huge-repetition", schema({"type": "string", "pattern": "a{1000000}"}), bad),
         ("pattern-long-class", schema({"type": "string", "pattern": '[^"]{0,5000}'}), bad),
+        ("pattern-nested-ranges", schema({"type": "string", "pattern": '([^"]{0,40}){40}'}),
+         bad),
         ("schema-ref-cycle", schema({"$defs": {"a": {"$ref": "#/$defs/a"}},
                                      "$ref": "#/$defs/a"}), bad),
         ("schema-ref-self", {"guided_json": {"$ref": "#"}}, bad),
