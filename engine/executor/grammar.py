@@ -19,9 +19,9 @@ A mask's cost is bounded too: a constraint can compile at once and still make ea
 mask slow, its matcher tracking more ways to have matched as the text grows (a regex of
 nested ranged repetitions, ``(.{0,100}){0,100}``: 0.2 s a step on the 449-token tiny model
 by step 100, 2 s by step 400, every batch-mate waiting). A step whose masks took over
-:data:`SLOW_FILL_S` is timed again row by row and each row charged its own time; a row
-charged over :data:`MAX_ROW_FILL_S` in all fails its request with a 400 naming the field
-(its other rows end with it), and the batch goes on.
+:data:`SLOW_FILL_S` is timed again row by row and each request charged its rows' time
+(when over :data:`SLOW_REQUEST_S`); a request charged over :data:`MAX_REQUEST_MASK_S` in all
+fails with a 400 naming the field (all its rows end), and the batch goes on.
 """
 
 from __future__ import annotations
@@ -50,8 +50,11 @@ MAX_QUEUED_COMPILES = 32
 #: a step's masks that took longer (s) are timed row by row (a normal step's take well
 #: under a millisecond a row, 152k-token vocabularies included)
 SLOW_FILL_S = 0.05
-#: mask time (s) one row may be charged in all before its request fails
-MAX_ROW_FILL_S = 2.0
+#: a request's rows' masks that took longer (s) in a slow step are charged to it (a mask of
+#: a 152k-token vocabulary takes about 0.4 ms)
+SLOW_REQUEST_S = 0.01
+#: mask time (s) one request may be charged in all before it fails
+MAX_REQUEST_MASK_S = 2.0
 
 #: xgrammar's messages start with a time and its source file: "[12:00:00] /x/y.cc:12: ..."
 _SOURCE = re.compile(r"^\s*\[[^\]]*\]\s*\S+:\d+:\s*(Check failed: \([^)]*\) is false:\s*)?")
@@ -296,18 +299,25 @@ def mask_logits(rows: Sequence[Any], logits: Any, grammars: Grammars | None) -> 
 
 
 def _charge(rows: Sequence[Any], live: list[int], bitmask: Any) -> list[int]:
-    """After a slow step: each of ``live`` rows' masks filled again alone, timed, and the row
-    charged its time (``row.grammar_s``); a row over :data:`MAX_ROW_FILL_S` fails its request
-    (all its rows end). The rows still live."""
+    """After a slow step: each of ``live`` rows' masks filled again alone, timed; a request
+    whose rows took over :data:`SLOW_REQUEST_S` together is charged that time
+    (``request.grammar_s``), and fails once charged over :data:`MAX_REQUEST_MASK_S` (all its
+    rows end). The rows still live."""
+    spent: dict[int, tuple[Any, float]] = {}
     for i in live:
         row = rows[i]
         start = time.perf_counter()
         row.matcher.fill_next_token_bitmask(bitmask, i)
-        row.grammar_s += time.perf_counter() - start
-        if row.grammar_s > MAX_ROW_FILL_S and row.request.error is None:
-            param = row.request.params.structured_outputs.param
-            row.request.error = InvalidRequestError(
-                f"{param} took over {MAX_ROW_FILL_S:g} s of grammar work while generating "
+        req, total = spent.get(id(row.request), (row.request, 0.0))
+        spent[id(row.request)] = req, total + time.perf_counter() - start
+    for req, total in spent.values():
+        if total <= SLOW_REQUEST_S:  # (an ordinary mask, even of a large vocabulary)
+            continue
+        req.grammar_s += total
+        if req.grammar_s > MAX_REQUEST_MASK_S and req.error is None:
+            param = req.params.structured_outputs.param
+            req.error = InvalidRequestError(
+                f"{param} took over {MAX_REQUEST_MASK_S:g} s of grammar work while generating "
                 "(its matches grow ambiguous as the text grows)", param=param,
                 code="invalid_structured_output",
                 hint="simplify the constraint (no repetition of a part that itself "

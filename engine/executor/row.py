@@ -29,7 +29,5 @@ class Row:
     rope_delta: int = 0
     #: the row's grammar matcher (structured outputs), made on its first step
     matcher: Any = None
-    #: mask time charged to it on slow steps (s; see ``grammar.mask_logits``)
-    grammar_s: float = 0.0
     #: its logits processors' state (penalties, logit_bias, ...), made on its first step
     logits_state: Any = None
