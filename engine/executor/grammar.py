@@ -14,6 +14,14 @@ its own ``GrammarMatcher``) and sets every token the grammar forbids to -inf in 
 only; :func:`accept` advances a row's matcher by the token it sampled. The grammar ends with
 the model's end-of-sequence tokens, so a row whose grammar is complete can only sample one
 and ends ("stop").
+
+A mask's cost is bounded too: a constraint can compile at once and still make each step's
+mask slow, its matcher tracking more ways to have matched as the text grows (a regex of
+nested ranged repetitions, ``(.{0,100}){0,100}``: 0.2 s a step on the 449-token tiny model
+by step 100, 2 s by step 400, every batch-mate waiting). A step whose masks took over
+:data:`SLOW_FILL_S` is timed again row by row and each request charged its rows' time
+(when over :data:`SLOW_REQUEST_S`); a request charged over :data:`MAX_REQUEST_MASK_S` in all
+fails with a 400 naming the field (all its rows end), and the batch goes on.
 """
 
 from __future__ import annotations
@@ -39,6 +47,14 @@ COMPILE_THREADS = 2
 #: compiles waiting for a thread at most: past it a new constraint is a 503 at once (many
 #: distinct slow schemas must not queue without bound and starve everyone's constraints)
 MAX_QUEUED_COMPILES = 32
+#: a step's masks that took longer (s) are timed row by row (a normal step's take well
+#: under a millisecond a row, 152k-token vocabularies included)
+SLOW_FILL_S = 0.05
+#: a request's rows' masks that took longer (s) in a slow step are charged to it (a mask of
+#: a 152k-token vocabulary takes about 0.4 ms)
+SLOW_REQUEST_S = 0.01
+#: mask time (s) one request may be charged in all before it fails
+MAX_REQUEST_MASK_S = 2.0
 
 #: xgrammar's messages start with a time and its source file: "[12:00:00] /x/y.cc:12: ..."
 _SOURCE = re.compile(r"^\s*\[[^\]]*\]\s*\S+:\d+:\s*(Check failed: \([^)]*\) is false:\s*)?")
@@ -236,6 +252,9 @@ def mask_logits(rows: Sequence[Any], logits: Any, grammars: Grammars | None) -> 
     """Set the tokens each constrained row's grammar forbids to -inf in ``logits`` (rows,
     vocabulary), in place; a row without a grammar (``row.request.grammar`` None) or done
     is left as it is. A row's matcher is made on its first step. Returns ``logits``."""
+    for row in rows:  # a request failed by its grammar's cost: its other rows end too
+        if row.request.grammar is not None and row.request.error is not None:
+            row.done = True
     constrained = [i for i, r in enumerate(rows)
                    if r.request.grammar is not None and not r.done]
     if not constrained or grammars is None:
@@ -250,8 +269,11 @@ def mask_logits(rows: Sequence[Any], logits: Any, grammars: Grammars | None) -> 
             row.matcher = grammars.matcher(row.request.grammar)
     live = [i for i in constrained if not rows[i].matcher.is_terminated()]
     if live:  # one call fills them all
+        start = time.perf_counter()
         grammars.batch.batch_fill_next_token_bitmask([rows[i].matcher for i in live], bitmask,
                                                      live)
+        if time.perf_counter() - start > SLOW_FILL_S:
+            live = _charge(rows, live, bitmask)
     alive = bitmask.numpy()[live].any(axis=1) if live else ()  # (one reduction for all)
     for i in (i for i, ok in zip(live, alive, strict=True) if not ok):
         # a dead end the grammar engine let in: the row may only end
@@ -274,6 +296,36 @@ def mask_logits(rows: Sequence[Any], logits: Any, grammars: Grammars | None) -> 
     if target is not logits:
         logits.copy_(target)
     return logits
+
+
+def _charge(rows: Sequence[Any], live: list[int], bitmask: Any) -> list[int]:
+    """After a slow step: each of ``live`` rows' masks filled again alone, timed; a request
+    whose rows took over :data:`SLOW_REQUEST_S` together is charged that time
+    (``request.grammar_s``), and fails once charged over :data:`MAX_REQUEST_MASK_S` (all its
+    rows end). The rows still live."""
+    spent: dict[int, tuple[Any, float]] = {}
+    for i in live:
+        row = rows[i]
+        start = time.perf_counter()
+        row.matcher.fill_next_token_bitmask(bitmask, i)
+        req, total = spent.get(id(row.request), (row.request, 0.0))
+        spent[id(row.request)] = req, total + time.perf_counter() - start
+    for req, total in spent.values():
+        if total <= SLOW_REQUEST_S:  # (an ordinary mask, even of a large vocabulary)
+            continue
+        req.grammar_s += total
+        if req.grammar_s > MAX_REQUEST_MASK_S and req.error is None:
+            param = req.params.structured_outputs.param
+            req.error = InvalidRequestError(
+                f"{param} took over {MAX_REQUEST_MASK_S:g} s of grammar work while generating "
+                "(its matches grow ambiguous as the text grows)", param=param,
+                code="invalid_structured_output",
+                hint="simplify the constraint (no repetition of a part that itself "
+                     "repeats a variable number of times, such as (.{0,9}){0,9})")
+    for row in rows:
+        if row.request.grammar is not None and row.request.error is not None:
+            row.done = True
+    return [i for i in live if not rows[i].done]
 
 
 def _allow(bitmask: Any, row: int, tokens: Iterable[int]) -> None:

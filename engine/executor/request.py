@@ -107,6 +107,8 @@ class EngineRequest:
     inputs: Any = None
     #: the compiled grammar of ``params.structured_outputs`` (set before the request queues)
     grammar: Any = None
+    #: mask time charged to its rows on slow steps (s; see ``grammar.mask_logits``)
+    grammar_s: float = 0.0
 
     @property
     def fair_group(self) -> str:

@@ -12,9 +12,13 @@ once, naming the field it came in. So is a schema whose string ``pattern`` s and
 (:func:`pattern_repeats`, nested repetitions multiplied): inside a JSON string xgrammar
 expands each repetition, in time that grows with its square (``[^"]{0,5000}``: 15 s on
 these CPUs, ten strings of 1000 to 2000 characters: 19 s), and a compile past its deadline
-goes on holding a compile thread. A plain regex constraint is not expanded that way
-(``[^"]{0,5000}`` compiles in 0.1 s) and has no such cap. OpenAI's own limits for strict
-schemas are of the same order (10 levels of nesting, 1000 enum values, every property required).
+goes on holding a compile thread. A repetition of a part whose own length varies counts its
+repetitions squared: the ways to split the text among them multiply (``([^"]{0,40}){40}``,
+1600 characters, took 22 s, ``([^"]{0,10}){0,100}`` 24 s, against 2 s for a flat 2048).
+A plain regex constraint is not expanded that way (``[^"]{0,5000}`` compiles in 0.1 s) and
+has no such cap (what its matcher costs a step is bounded in :mod:`engine.executor.grammar`).
+OpenAI's own limits for strict schemas are of the same order (10 levels of nesting, 1000 enum
+values, every property required).
 
 The grammar engine's side (compiling, the per-row matchers) is
 :mod:`engine.executor.grammar`; the request fields that carry a constraint under OpenAI's and
@@ -154,8 +158,9 @@ def _check_lengths(node: dict[str, Any], param: str) -> None:
 
 def pattern_repeats(pattern: str) -> int:
     """How many characters ``pattern`` spells out once its counted repetitions are expanded
-    (``a{3}b`` 4, ``(ab{0,9}){10}`` 100, ``a*`` 1): what xgrammar's compile of a JSON
-    string pattern grows with. A pattern Python's parser does not read counts its
+    (``a{3}b`` 4, ``(ab{9}){10}`` 100, ``a*`` 1), a repetition of a part of varying length
+    counting its repetitions squared (``(ab{0,9}){10}`` 1000): what xgrammar's compile of a
+    JSON string pattern grows with. A pattern Python's parser does not read counts its
     repetition bounds added up."""
     import re._parser as sre  # (the stdlib's own parser; no public name)
 
@@ -166,13 +171,31 @@ def pattern_repeats(pattern: str) -> int:
         return sum(max(int(low), int(high or 0)) for low, high in counts) + len(pattern)
 
 
+def _varies(items: Any, sre: Any) -> bool:
+    """Whether a parsed pattern holds a repetition of varying count (its length varies)."""
+    for op, arg in items:
+        if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+            parts, varies = [arg[2]], arg[0] != arg[1]
+        elif op in (sre.SUBPATTERN, sre.ATOMIC_GROUP):
+            parts, varies = [arg[-1]], False
+        elif op == sre.BRANCH:
+            parts, varies = list(arg[1]), False
+        else:
+            continue
+        if varies or any(_varies(part, sre) for part in parts):
+            return True
+    return False
+
+
 def _expanded(items: Any, sre: Any) -> int:
     total = 0
     for op, arg in items:
         if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
             low, high, sub = arg
-            times = low if high == sre.MAXREPEAT else high
-            total += max(times, 1) * _expanded(sub, sre)
+            times = max(low if high == sre.MAXREPEAT else high, 1)
+            if times > 1 and _varies(sub, sre):  # the ways to split the text multiply
+                times *= times
+            total += times * _expanded(sub, sre)
         elif op in (sre.SUBPATTERN, sre.ATOMIC_GROUP):
             total += _expanded(arg[-1], sre)
         elif op == sre.BRANCH:

@@ -5,6 +5,7 @@ answered with a 5xx, and the server healthy afterwards with no segment or temp f
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +57,67 @@ def test_the_catalogue_holds_the_decoder_and_text_kinds_with_their_rules():
     assert len(catalogue["many-scan-jpeg"].body) < 100_000
 
 
+#: issue 47's kinds: the request features past plain chat, served or refused by their rule,
+#: and the schema bombs, each refused at once naming its field or served in bounded time
+BAD = "invalid_structured_output"
+FEATURE_KINDS = {
+    "json-schema": (200, None), "structured-outputs-json": (200, None),
+    "guided-json": (200, None), "guided-regex": (200, None), "guided-choice": (200, None),
+    "tool-choice-named": (200, None), "tool-choice-required": (200, None),
+    "tool-choice-auto": (400, "unsupported_parameter"), "cache-salt": (200, None),
+    "cache-salt-not-a-string": (400, None),
+    "uuid-with-media": (200, None), "uuid-known": (200, None),
+    "uuid-unknown": (400, "unknown_media_uuid"), "uuid-other-tenant": (400, "unknown_media_uuid"),
+    "regex-backtracking": (200, None), "pattern-backtracking": (200, None),
+    "regex-huge-repetition": (200, None), "schema-recursive-ref": (200, None),
+    "schema-huge-min-items": (200, None), "schema-huge-required": (200, None),
+    "schema-deep": (400, BAD), "schema-deep-in-body": (400, "invalid_json"),
+    "schema-huge-enum": (400, BAD), "schema-huge-properties": (400, BAD),
+    "schema-huge-required-properties": (400, BAD), "pattern-huge-repetition": (400, BAD),
+    "pattern-long-class": (400, BAD), "pattern-nested-ranges": (400, BAD),
+    "schema-ref-cycle": (400, BAD),
+    "schema-ref-self": (400, BAD), "schema-ref-missing": (400, BAD),
+    "schema-huge-max-length": (400, BAD), "schema-huge-min-length": (400, BAD),
+    "choice-too-many": (400, BAD), "tool-parameters-bomb": (400, BAD),
+    "regex-nested-ranges": (400, BAD),
+    "tool-arguments-deep": (400, "invalid_tool_message"),
+    "tool-arguments-deep-template": (400, "chat_template_error"),
+}
+
+
+def test_the_catalogue_holds_the_request_features_and_schema_bombs():
+    """Built without a server: each with its status and rule, each body under the soak's
+    2 MB cap; the case that gives the uuid its media is sent first (``first``) and comes
+    before the one naming it."""
+    cases = hostile_catalogue("tiny-qwen2_5_vl", "http://127.0.0.1:1")
+    catalogue = {c.name: c for c in cases}
+    assert {name: (catalogue[name].status, catalogue[name].code) for name in FEATURE_KINDS} \
+        == FEATURE_KINDS
+    assert all(len(catalogue[name].body) < 2 << 20 for name in FEATURE_KINDS)
+    assert [c.name for c in cases if c.first] == ["uuid-with-media"]
+    names = [c.name for c in cases]
+    assert names.index("uuid-with-media") < names.index("uuid-known")
+
+
+def test_schema_bombs_are_answered_in_bounded_time_and_the_server_keeps_serving(attacked):
+    """Each bomb alone, timed: refused naming its field (or served) within 30 s, never a
+    5xx; a plain request is served after each. (The nested ranges, ``(.{0,100}){0,100}``
+    with 1000 tokens, ran 57 s for 300 tokens before its grammar time was bounded, every
+    batch-mate's step waiting on its mask.)"""
+    server, host = attacked
+    control = next(c for c in hostile_catalogue("tiny-qwen2_5_vl", host.base)
+                   if c.name == "one-by-one-image")
+    for case in hostile_catalogue("tiny-qwen2_5_vl", host.base):
+        if case.name not in FEATURE_KINDS or case.name.startswith(("uuid", "cache-salt")):
+            continue
+        start = time.monotonic()
+        status, code = send(server, case)
+        took = time.monotonic() - start
+        assert (status, code if case.code else None) == FEATURE_KINDS[case.name], case.name
+        assert took < 30, (case.name, took)
+        assert send(server, control) == (200, None), case.name
+
+
 def test_every_hostile_request_is_refused_by_its_rule(attacked):
     server, host = attacked
     catalogue = hostile_catalogue("tiny-qwen2_5_vl", host.base)
@@ -67,6 +129,8 @@ def test_every_hostile_request_is_refused_by_its_rule(attacked):
     assert wrong == {}
     assert all(0 < status < 500 for status, _ in outcomes.values())
     assert {name: outcomes[name] for name in NEW_KINDS} == NEW_KINDS
+    assert {name: (outcomes[name][0], outcomes[name][1] if FEATURE_KINDS[name][1] else None)
+            for name in FEATURE_KINDS} == FEATURE_KINDS
 
 
 def test_a_decoder_failure_names_its_item_and_costs_no_worker(attacked):
@@ -88,7 +152,9 @@ def test_a_decoder_failure_names_its_item_and_costs_no_worker(attacked):
 
 def test_hostile_traffic_all_at_once_leaves_the_server_healthy(attacked):
     server, host = attacked
-    catalogue = hostile_catalogue("tiny-qwen2_5_vl", host.base) * 2
+    catalogue = hostile_catalogue("tiny-qwen2_5_vl", host.base)
+    assert [send(server, c)[0] for c in catalogue if c.first] == [200]  # the uuid's media
+    catalogue *= 2
     with ThreadPoolExecutor(8) as pool:
         outcomes = list(pool.map(lambda c: send(server, c), catalogue))
     assert [s for s, _ in outcomes] == [c.status for c in catalogue]

@@ -279,7 +279,10 @@ def test_served_schema_bombs_are_refused_in_bounded_time(client, extra, param):
 
 @pytest.mark.parametrize(("schema", "says"), [
     ({"type": "string", "pattern": '[^"]{0,5000}'}, "spells out 5000 characters"),
-    ({"type": "string", "pattern": "([a-z]{0,100}x){0,100}"}, "spells out 10100 characters"),
+    ({"type": "string", "pattern": "([a-z]{0,100}x){0,100}"}, "spells out 1010000 characters"),
+    # a repetition of a part of varying length: 1600 characters, 22 s to compile
+    ({"type": "string", "pattern": '([^"]{0,40}){40}'}, "spells out 64000 characters"),
+    ({"type": "string", "pattern": '([^"]{0,10}){0,100}'}, "spells out 100000 characters"),
     ({"type": "string", "maxLength": 3000}, "spells out 3000 characters"),
     ({"type": "array", "items": [{"type": "string", "minLength": 1500, "maxLength": 1500}] * 3},
      "more than 4096 characters together"),
@@ -298,7 +301,10 @@ def test_bounded_strings_and_plain_regexes_within_the_caps_are_taken():
     assert schema_spec({"type": "string", "maxLength": 2048}, "p").kind == "json"
     assert schema_spec({"type": "string", "pattern": "[a-z]{3}-[0-9]{4}"}, "p").kind == "json"
     assert regex_spec('[^"]{0,5000}', "p").kind == "regex"  # a plain regex is not expanded
-    assert pattern_repeats("(ab{0,9}){10}") == 100 and pattern_repeats("a*b+") == 2
+    assert pattern_repeats("(ab{9}){10}") == 100 and pattern_repeats("a*b+") == 2
+    assert pattern_repeats("(ab{0,9}){10}") == 1000  # varying parts: repetitions squared
+    ip = r"(\d{1,3}\.){3}\d{1,3}"  # (a common shape stays small)
+    assert pattern_repeats(ip) == 39 and schema_spec({"type": "string", "pattern": ip}, "p")
 
 
 def test_readme_structured_outputs_example_runs(server):
@@ -350,7 +356,7 @@ def test_the_mask_covers_padded_logits_and_leaves_plain_rows_alone():
 
         class Row:
             def __init__(self, grammar, done=False):
-                self.request = type("Request", (), {"grammar": grammar})()
+                self.request = type("Request", (), {"grammar": grammar, "error": None})()
                 self.done, self.matcher = done, None
 
         for dtype in (torch.float32, torch.bfloat16):
@@ -362,6 +368,53 @@ def test_the_mask_covers_padded_logits_and_leaves_plain_rows_alone():
                 "yes".startswith(tokenizer.decode([t])) for t in allowed)
             assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[2]).all()
             assert rows[1].matcher is not None and rows[2].matcher is None
+    finally:
+        grammars.close()
+
+
+def test_a_constraint_whose_masks_grow_costly_fails_its_request_alone(monkeypatch):
+    """``(.{0,100}){0,100}`` compiles at once, but its matcher tracks ever more ways to have
+    matched as the text grows: unchecked, its mask took 0.2 s a step by step 100 and 2 s by
+    step 400, every batch-mate waiting. Charged its own time on slow steps, the row fails its
+    request with a 400 naming the field once over the budget (lowered here, so the test is
+    short), its other row ends with it, and a plain constrained row in the same steps goes on,
+    charged nothing."""
+    import random
+    from types import SimpleNamespace
+
+    import torch
+
+    from engine.executor import grammar
+    from engine.executor.row import Row
+
+    monkeypatch.setattr(grammar, "MAX_REQUEST_MASK_S", 0.3, raising=False)
+    tokenizer = loaded("qwen2_5_vl").tokenizer
+    grammars = Grammars(tokenizer, len(tokenizer), [tokenizer.eos_token_id], threads=1)
+    try:
+        def request(kind, text, param):
+            spec = GrammarSpec(kind, text, param)
+            return SimpleNamespace(grammar=grammars.check(spec), error=None, cancelled=None,
+                                   grammar_s=0.0, params=SimpleNamespace(structured_outputs=spec))
+
+        bomb = request("regex", "(.{0,100}){0,100}", "guided_regex")
+        plain = request("regex", "[a-z ]{0,4000}", "structured_outputs.regex")
+        rows = [Row(bomb, 0, None), Row(bomb, 1, None), Row(plain, 0, None)]
+        rng = random.Random(0)
+        for _ in range(400):
+            logits = torch.zeros(len(rows), len(tokenizer))
+            grammar.mask_logits(rows, logits, grammars)
+            if bomb.error is not None:
+                break
+            for i, row in enumerate(rows):
+                allowed = [t for t in torch.isfinite(logits[i]).nonzero().flatten().tolist()
+                           if t != tokenizer.eos_token_id]
+                assert not row.done and grammar.accept(row, rng.choice(allowed)) is False
+        error = bomb.error
+        assert isinstance(error, InvalidRequestError) and error.status == 400
+        assert error.param == "guided_regex" and error.code == "invalid_structured_output"
+        assert "grammar work" in error.message and "(.{0,9}){0,9}" in error.hint
+        assert rows[0].done and rows[1].done and not rows[2].done and plain.error is None
+        assert bomb.grammar_s > 0.3 and plain.grammar_s == 0  # (its masks take microseconds)
     finally:
         grammars.close()
 

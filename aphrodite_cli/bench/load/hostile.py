@@ -40,6 +40,8 @@ class HostileCase:
     code: str | None  # the error code (rule) it must be refused by; None: any with the status
     content_type: str = "application/json"
     path: str = "/chat/completions"  # under the server's /v1
+    #: sent once before the traffic (a later case needs what it leaves: a uuid's media)
+    first: bool = False
 
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:
@@ -238,6 +240,7 @@ def hostile_catalogue(model: str, host: str) -> list[HostileCase]:
     out = []
     for name, parts, status, code, *extra in cases:
         out.append(HostileCase(name, chat(parts, **(extra[0] if extra else {})), status, code))
+    out += request_features(model, jpeg)
     out += [
         HostileCase("malformed-json", b'{"messages": [', 400, "invalid_json"),
         HostileCase("not-an-object", b"[1, 2]", 400, "invalid_json"),
@@ -263,5 +266,124 @@ def hostile_catalogue(model: str, host: str) -> list[HostileCase]:
         HostileCase("huge-prompt-completions", json.dumps({
             "model": model, "max_tokens": 2, "prompt": "word " * 300_000}).encode(), 400,
             "prompt_too_long", path="/completions"),
+    ]
+    return out
+
+
+#: the tenant (``cache_salt``) and uuid of the catalogue's uuid cases
+UUID_SALT, KNOWN_UUID = "hostile-soak", "hostile-known-image"
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"x": schema}, "required": ["x"]}
+    return schema
+
+
+def request_features(model: str, jpeg: bytes) -> list[HostileCase]:
+    """The request features past plain chat: constraints (``response_format``,
+    ``structured_outputs``, ``guided_*``), tools, media uuids and ``cache_salt``, each served
+    (200) or refused by its rule; and schema bombs (deep, wide, huge enums, long or
+    pathological patterns, ``$ref`` cycles, huge lengths, deep tool arguments), each
+    refused at once naming its field, or served in bounded time (SERVER_ARGS has no tool-call
+    parser: ``tool_choice`` auto is refused)."""
+    image = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()
+
+    def chat(content: Any = "hi", **extra: Any) -> bytes:
+        return json.dumps({"model": model, "max_tokens": 2, **extra, "messages": [
+            {"role": "user", "content": content}]}).encode()
+
+    def tools(parameters: dict[str, Any] | None = None, choice: Any = None) -> dict[str, Any]:
+        params = parameters or {"type": "object", "properties": {"a": {"type": "integer"}},
+                                "required": ["a"]}
+        return {"tools": [{"type": "function", "function": {"name": "f", "parameters": params}},
+                          {"type": "function", "function": {"name": "g"}}],
+                "tool_choice": choice or {"type": "function", "function": {"name": "f"}}}
+
+    def schema(value: Any) -> dict[str, Any]:
+        return {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "bomb", "schema": value}}}
+
+    def tool_history(arguments: str) -> bytes:
+        return json.dumps({"model": model, "max_tokens": 2, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "f", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}).encode()
+
+    bad = "invalid_structured_output"
+    uuid_part = {"type": "image_url", "uuid": KNOWN_UUID}
+    served = [
+        ("json-schema", schema({"type": "object", "properties": {"a": {"type": "integer"}},
+                                "required": ["a"]})),
+        ("structured-outputs-json", {"structured_outputs": {"json": {"type": "object"}}}),
+        ("guided-json", {"guided_json": {"type": "array", "items": {"type": "boolean"}}}),
+        ("guided-regex", {"guided_regex": "[a-z]{1,4}"}),
+        ("guided-choice", {"guided_choice": ["yes", "no"]}),
+        ("tool-choice-named", tools()),
+        ("tool-choice-required", tools(choice="required")),
+        ("cache-salt", {"cache_salt": "tenant-a"}),
+        # what looks like a bomb and is not one for this grammar engine: served, at once
+        ("regex-backtracking", {"guided_regex": "(a+)+$"}),
+        ("pattern-backtracking", schema({"type": "string", "pattern": "(a+)+$"})),
+        ("regex-huge-repetition", {"guided_regex": "a{1000000}"}),
+        ("schema-recursive-ref", schema({"type": "object", "properties": {"x": {"$ref": "#"}}})),
+        ("schema-huge-min-items", schema({"type": "array", "items": {"type": "integer"},
+                                          "minItems": 10**9})),
+        ("schema-huge-required", schema({"type": "object",
+                                         "required": [f"p{i}" for i in range(4000)]})),
+    ]
+    refused = [
+        ("tool-choice-auto", tools(choice="auto"), "unsupported_parameter"),
+        ("cache-salt-not-a-string", {"cache_salt": 12}, None),
+        ("schema-deep", {"structured_outputs": {"json": '{"a":' * 5000 + "1" + "}" * 5000}},
+         bad),
+        ("schema-deep-in-body", schema(_nested(40)), "invalid_json"),
+        ("schema-huge-enum", schema({"enum": list(range(50_000))}), bad),
+        ("schema-huge-properties", schema({"type": "object", "properties": {
+            f"p{i}": {"type": "integer"} for i in range(2500)}}), bad),
+        ("schema-huge-required-properties", schema({"type": "object", "properties": {
+            f"p{i}": {"type": "integer"} for i in range(2500)},
+            "required": [f"p{i}" for i in range(2500)]}), bad),
+        ("pattern-huge-repetition", schema({"type": "string", "pattern": "a{1000000}"}), bad),
+        ("pattern-long-class", schema({"type": "string", "pattern": '[^"]{0,5000}'}), bad),
+        ("pattern-nested-ranges", schema({"type": "string", "pattern": '([^"]{0,40}){40}'}),
+         bad),
+        ("schema-ref-cycle", schema({"$defs": {"a": {"$ref": "#/$defs/a"}},
+                                     "$ref": "#/$defs/a"}), bad),
+        ("schema-ref-self", {"guided_json": {"$ref": "#"}}, bad),
+        ("schema-ref-missing", schema({"$ref": "#/$defs/missing"}), bad),
+        ("schema-huge-max-length", schema({"type": "string", "maxLength": 10**9}), bad),
+        ("schema-huge-min-length", {"guided_json": {"type": "string", "minLength": 10**9}},
+         bad),
+        ("choice-too-many", {"guided_choice": [f"c{i}" for i in range(5000)]}, bad),
+        ("tool-parameters-bomb", tools({"type": "object", "properties": {
+            "s": {"type": "string", "maxLength": 10**6}}}), bad),
+        # grows ambiguous as the text grows: each step's mask slower (2 s a step by step
+        # 400), until the row's grammar time is over its budget
+        ("regex-nested-ranges", {"guided_regex": "(.{0,100}){0,100}", "max_tokens": 1000,
+                                 "temperature": 0}, bad),
+    ]
+    out = [HostileCase(name, chat(**extra), 200, None) for name, extra in served]
+    out += [HostileCase(name, chat(**extra), 400, code) for name, extra, code in refused]
+    out += [
+        HostileCase("uuid-with-media", chat([{"type": "image_url", "image_url": {"url": image},
+                                              "uuid": KNOWN_UUID}, {"type": "text", "text": "hi"}],
+                                            cache_salt=UUID_SALT), 200, None, first=True),
+        HostileCase("uuid-known", chat([uuid_part, {"type": "text", "text": "hi"}],
+                                       cache_salt=UUID_SALT), 200, None),
+        HostileCase("uuid-unknown", chat([{"type": "image_url", "uuid": "never-sent"},
+                                          {"type": "text", "text": "hi"}]), 400,
+                    "unknown_media_uuid"),
+        HostileCase("uuid-other-tenant", chat([uuid_part, {"type": "text", "text": "hi"}],
+                                              cache_salt="another-tenant"), 400,
+                    "unknown_media_uuid"),
+        HostileCase("tool-arguments-deep", tool_history('{"a":' + "[" * 5000 + "]" * 5000 + "}"),
+                    400, "invalid_tool_message"),
+        HostileCase("tool-arguments-deep-template",
+                    tool_history('{"a":' + "[" * 800 + "]" * 800 + "}"), 400,
+                    "chat_template_error"),
     ]
     return out
