@@ -8,6 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from engine import envs
+from engine.cpus import (
+    MAX_AUTO_ENGINES,
+    MAX_REPLICA_PARAMETERS,
+    MIN_REPLICA_PARAMETERS,
+    ONE_THREAD_PARAMETERS,
+)
 from engine.errors import ConfigError
 from engine.settings import check, setting
 
@@ -293,7 +299,7 @@ class EngineConfig:
              "which pins one core; default: the CPUs the process may use (its affinity and "
              "cgroup quota; torch's own default counts every core) over --data-parallel-size; "
              f"1 with --data-parallel-size auto on a model below "
-             f"{MIN_OVERLAP_PARAMETERS // 1_000_000} M parameters. API servers use "
+             f"{ONE_THREAD_PARAMETERS // 1_000_000} M parameters. API servers use "
              "APHRODITE_API_SERVER_TORCH_THREADS.")
     decode_threads: int | None = setting(
         None, ge=1, example="1",
@@ -424,6 +430,11 @@ VLLM_CPU_KV_CACHE_DEFAULT_BYTES = 4 << 30
 BALANCE_SLACK = 4
 
 
+def _m(parameters: int) -> str:
+    """A parameter count as help writes it: 10 M."""
+    return f"{parameters // 1_000_000} M"
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """How many copies of the model run and how each is split, for both engines (vLLM's
@@ -444,8 +455,10 @@ class ParallelConfig:
     data_parallel_size: int | Literal["auto"] = setting(
         1, metavar="N|auto",
         help="Model replicas, e.g. 2 (default 1), or auto: this project's engine decides "
-             "from the model's parameters and the CPUs: below 10 M one engine on one thread, "
-             "10-100 M an engine per core (at most 2) on one thread each, larger one engine "
+             f"from the model's parameters and the CPUs: below {_m(ONE_THREAD_PARAMETERS)} "
+             f"one engine on one thread, {_m(MIN_REPLICA_PARAMETERS)[:-2]}-"
+             f"{_m(MAX_REPLICA_PARAMETERS)} an engine per core (at most {MAX_AUTO_ENGINES}) "
+             "on one thread each, larger one engine "
              "on every CPU (measured in docs/performance.md, 'Engines and threads by "
              "default'); --num-threads, if given, stays. A count: that many engine processes "
              "on this machine's CPUs, each with its own copy of the model and its own caches "
