@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from engine import envs
+from engine.cpus import (
+    MAX_AUTO_ENGINES,
+    MAX_REPLICA_PARAMETERS,
+    MIN_REPLICA_PARAMETERS,
+    ONE_THREAD_PARAMETERS,
+)
 from engine.errors import ConfigError
+from engine.settings import check, setting
 
 if TYPE_CHECKING:
     from engine.media.video.options import VideoLoadSpec
@@ -26,6 +33,12 @@ def normalize_host(host: str) -> str:
         return host
 
 
+def _env(name: str) -> Any:
+    """A field whose default is the ``APHRODITE_*`` variable ``name``'s (declared once, in
+    :mod:`engine.envs`); ``from_env`` reads the variable itself."""
+    return field(default=envs.default(name), metadata={"env": name})
+
+
 @dataclass(frozen=True)
 class MediaPolicy:
     """Where media may come from: the operator's allow-lists.
@@ -38,7 +51,7 @@ class MediaPolicy:
 
     allowed_domains: frozenset[str] = frozenset()
     allowed_local_path: Path | None = None
-    max_redirects: int = 3
+    max_redirects: int = _env("APHRODITE_MEDIA_MAX_REDIRECTS")
 
     @classmethod
     def create(
@@ -83,15 +96,15 @@ class MediaLimits:
     image: ModalityLimits
     video: ModalityLimits
     audio: ModalityLimits
-    max_image_pixels: int
-    max_audio_seconds: float
-    max_video_frame_pixels: int = 4096 * 2304
-    max_video_frames: int = 100_000
-    max_video_decoded_bytes: int = 2 << 30
-    fetch_retries: int = 2
-    max_jpeg_scan_pixels: int = 16 * 40_000_000
-    max_audio_decode_samples: int = 600 * 48_000 * 2
-    image_background: tuple[int, int, int] = field(default=(255, 255, 255))
+    max_image_pixels: int = _env("APHRODITE_MAX_IMAGE_PIXELS")
+    max_audio_seconds: float = _env("APHRODITE_MAX_AUDIO_SECONDS")
+    max_video_frame_pixels: int = _env("APHRODITE_MAX_VIDEO_FRAME_PIXELS")
+    max_video_frames: int = _env("APHRODITE_MAX_VIDEO_FRAMES")
+    max_video_decoded_bytes: int = _env("APHRODITE_MAX_VIDEO_DECODED_BYTES")
+    fetch_retries: int = _env("APHRODITE_MEDIA_FETCH_RETRIES")
+    max_jpeg_scan_pixels: int = _env("APHRODITE_MAX_JPEG_SCAN_PIXELS")
+    max_audio_decode_samples: int = _env("APHRODITE_MAX_AUDIO_DECODE_SAMPLES")
+    image_background: tuple[int, int, int] = _env("APHRODITE_IMAGE_BACKGROUND")
 
     def for_modality(self, modality: Modality) -> ModalityLimits:
         return getattr(self, modality)
@@ -104,18 +117,8 @@ class MediaLimits:
                               envs.get(f"APHRODITE_{m.upper()}_FETCH_TIMEOUT"))
             for m in MODALITIES
         }
-        limits = cls(
-            **per_modality,
-            max_image_pixels=envs.APHRODITE_MAX_IMAGE_PIXELS,
-            max_audio_seconds=envs.APHRODITE_MAX_AUDIO_SECONDS,
-            max_video_frame_pixels=envs.APHRODITE_MAX_VIDEO_FRAME_PIXELS,
-            max_video_frames=envs.APHRODITE_MAX_VIDEO_FRAMES,
-            max_video_decoded_bytes=envs.APHRODITE_MAX_VIDEO_DECODED_BYTES,
-            fetch_retries=envs.APHRODITE_MEDIA_FETCH_RETRIES,
-            max_jpeg_scan_pixels=envs.APHRODITE_MAX_JPEG_SCAN_PIXELS,
-            max_audio_decode_samples=envs.APHRODITE_MAX_AUDIO_DECODE_SAMPLES,
-            image_background=envs.APHRODITE_IMAGE_BACKGROUND,
-        )
+        limits = cls(**per_modality, **{f.name: envs.get(f.metadata["env"])
+                                        for f in fields(cls) if "env" in f.metadata})
         return replace(limits, **overrides) if overrides else limits  # type: ignore[arg-type]
 
 
@@ -142,13 +145,28 @@ class PipelineConfig:
     video: VideoLoadSpec | None = None
     limit_mm_per_prompt: dict[str, int] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
-    mm_processor_cache_gb: float = 4.0
+    mm_processor_cache_gb: float = setting(
+        4.0, ge=0, example="4",
+        help="Processor cache size per API server in GB (0 disables), e.g. 4; with "
+             "--engine vllm, vLLM's processor cache (its flag).")
     #: encoded media kept per client media ``uuid`` (engine.processing.media_uuids), in GB
-    mm_uuid_cache_gb: float = 1.0
+    mm_uuid_cache_gb: float = setting(
+        1.0, ge=0, example="1",
+        help="Media kept per client media uuid, per API server, in GB (0: none), e.g. "
+             "1: a content part may then send its uuid alone (\"image_url\": null) to "
+             "reuse media it sent before with that uuid.")
     request_kwargs: RequestKwargs = "any"
     #: rescale + normalize pixels on the model's device where the family allows (vLLM's
     #: --mm-device-do-normalize, on by default as there)
-    mm_device_do_normalize: bool = True
+    mm_device_do_normalize: bool = setting(
+        True, help="Rescale and normalize pixels on the model's device, not in the API server "
+                   "(vLLM's flag; Qwen2/2.5/3-VL): a quarter of the bytes through the cache "
+                   "and to the engine.")
+
+    PANEL: ClassVar[str] = "Media and processing"
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
 #: How rows join a running batch: between decode steps ("continuous"), or only once the
@@ -175,21 +193,6 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: at load as int8 rows with a scale each, dequantized in the product (weight-only; a CPU
 #: device); unset: the weights as loaded
 QUANTIZATIONS = ("int8",)
-
-
-def _check_count(flag: str, value: object, *, optional: bool, example: str) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{flag} must be a whole number of at least 1, not {value!r}",
-                          hint=f"e.g. {flag} {example}"
-                          + (" (or leave it out)" if optional else ""), code="invalid_flag")
-
-
-def _check_size(flag: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1 << 20:
-        raise ConfigError(f"{flag} must be a size in GB of 0 or more, not {value!r}",
-                          hint=f"e.g. {flag} 0.5 (0 turns the cache off)", code="invalid_flag")
 
 
 #: ``max_num_batched_tokens`` when none is given, per device kind: vLLM's defaults for its
@@ -257,22 +260,86 @@ class EngineConfig:
     ``quantization``: see :data:`QUANTIZATIONS`; ``None``: off.
     """
 
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int | None = None
-    prefill_pass_tokens: int | None = None
-    scheduling: Scheduling = "continuous"
-    scheduling_policy: SchedulingPolicy = "fcfs"
-    device: str = "cpu"
-    dtype: str = "auto"
-    num_threads: int | None = None
-    decode_threads: int | None = None
-    reserved_gpu_bytes: int = 0
-    enable_prefix_caching: bool = True
-    prefix_cache_gb: float = 0.5
-    encoder_cache_gb: float = 0.25
-    block_size: int = 16
-    overlap_prefill: bool | None = None
-    quantization: str | None = None
+    PANEL: ClassVar[str] = "Engine"
+
+    max_num_seqs: int = setting(
+        8, ge=1, example="8",
+        help="Sequences in the running batch (a request's n counts n), e.g. 8: between "
+             "decode steps finished ones leave and waiting ones join.")
+    max_num_batched_tokens: int | None = setting(
+        None, ge=1, example="8192",
+        help="Prompt tokens prefilled in one step when requests join the running "
+             "batch, e.g. 8192 (a longer prompt is prefilled alone, a chunk per step); "
+             f"default: vLLM's, {DEFAULT_BATCHED_TOKENS['cpu']} on a CPU and "
+             f"{DEFAULT_BATCHED_TOKENS['cuda']} on a GPU.")
+    prefill_pass_tokens: int | None = setting(
+        None, ge=1, example="512",
+        help="Most tokens (padding included) one prefill forward pass of several requests "
+             "holds, e.g. 512; a step's requests beyond it go in further passes, and each "
+             f"pass sends its first tokens as it ends. Default: {DEFAULT_PASS_TOKENS['cpu']} "
+             "on a CPU (a pass that size already runs at full speed), no bound on a GPU.")
+    scheduling: Scheduling = setting("continuous", choices=SCHEDULING, flag="scheduling",
+                                     cli=False, help="How rows join a running batch.")
+    scheduling_policy: SchedulingPolicy = setting(
+        "fcfs", choices=SCHEDULING_POLICIES,
+        help="Which waiting requests join the running batch first (vLLM's flag): fcfs, the "
+             "oldest; priority, the lowest request 'priority' field (vLLM's; other values "
+             "are refused under fcfs), then the oldest; shortest (ours), the fewest prompt "
+             "tokens left to prefill after the prefix cache, so a video prompt does not hold "
+             "up the image and text prompts that came after it. Under each a request "
+             f"passed over {MAX_OVERTAKES} times goes first (priority's bound on waiting), "
+             "and the sequences of one request (prompts x n) take turns with other "
+             "requests'.")
+    device: str = setting("cpu", help="cpu or cuda.")
+    dtype: str = setting("auto", choices=DTYPES, code="invalid_dtype",
+                         help=f"{', '.join(DTYPES[:-1])} or {DTYPES[-1]}.")
+    num_threads: int | None = setting(
+        None, ge=1, example="4",
+        help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "
+             "which pins one core; default: the CPUs the process may use (its affinity and "
+             "cgroup quota; torch's own default counts every core) over --data-parallel-size; "
+             f"1 with --data-parallel-size auto on a model below "
+             f"{ONE_THREAD_PARAMETERS // 1_000_000} M parameters. API servers use "
+             "APHRODITE_API_SERVER_TORCH_THREADS.")
+    decode_threads: int | None = setting(
+        None, ge=1, example="1",
+        help="torch threads of the decode steps, e.g. 1 (llama.cpp's --threads beside "
+             "--threads-batch); prefills and encoders keep --num-threads. A decode step "
+             "multiplies a few rows by every weight: on a small model and few cores more "
+             "threads cost more than they save (the 43 M-parameter Qwen2.5-VL on 2 cores: "
+             "--num-threads 2 --decode-threads 1 served 1.2-1.4x the cold requests/s of 1 or "
+             "2 threads throughout). Beside --overlap-prefill a prefill keeps --num-threads. "
+             "Default: --num-threads.")
+    reserved_gpu_bytes: int = setting(0, ge=0, flag="--mm-ipc-gpu-memory-gb", cli=False,
+                                      example="4", help="GPU memory left to others, in bytes.")
+    enable_prefix_caching: bool = setting(
+        True, help="Keep the keys and values of prompts' leading blocks (text, and media by "
+                   "their content) and reuse them for later prompts that start the same way "
+                   "(vLLM's flag and default).")
+    prefix_cache_gb: float = setting(
+        0.5, ge=0, le=1 << 20, example="0.5 (0 turns the cache off)",
+        help="Prefix cache size in GB, on the model's device, e.g. 4.")
+    encoder_cache_gb: float = setting(
+        0.25, ge=0, le=1 << 20, example="0.5 (0 turns the cache off)",
+        help="Encoder output cache size in GB (0 disables), on the model's device: a media "
+             "item seen before skips the encoder when its prefix misses, e.g. 1.")
+    block_size: int = setting(
+        16, ge=1, example="16",
+        help="Tokens per prefix-cache block (vLLM's flag): prompts share cached keys and "
+             "values a whole block at a time, e.g. 16.")
+    overlap_prefill: bool | None = setting(
+        None, help="Prefill the requests that join on a second thread while the running ones "
+                   "keep decoding (a CPU's matrix products run beside each other on two "
+                   "cores); default: on a CPU when --num-threads plus --decode-threads is at "
+                   "most the CPUs the process may use.")
+    quantization: str | None = setting(
+        None, choices=QUANTIZATIONS, aliases=("-q",),
+        help="int8: the language model's linear weights as int8 rows with a scale each "
+             "(weight-only, packed at load, dequantized in the product through PyTorch's "
+             "int8 kernel with bfloat16 activations; a CPU device): a quarter of float32's "
+             "weight bytes per decode step. Its speed and quality cost (greedy agreement, KL "
+             "against float32): aphrodite bench decode-step --quantization int8. Default: "
+             "off.")
 
     def overlaps_prefill(self, cpus: int, parameters: int) -> bool:
         """Whether the engine prefills beside its decode steps (on a process that may use
@@ -311,52 +378,15 @@ class EngineConfig:
         return DEFAULT_PASS_TOKENS[str(self.device).partition(":")[0]]
 
     def __post_init__(self) -> None:
-        _check_count("--max-num-seqs", self.max_num_seqs, optional=False, example="8")
-        _check_count("--max-num-batched-tokens", self.max_num_batched_tokens, optional=True,
-                     example="8192")
-        _check_count("--prefill-pass-tokens", self.prefill_pass_tokens, optional=True,
-                     example="512")
-        _check_count("--num-threads", self.num_threads, optional=True, example="4")
-        _check_count("--block-size", self.block_size, optional=False, example="16")
-        if self.scheduling not in SCHEDULING:
-            raise ConfigError(f"scheduling {self.scheduling!r} is not supported",
-                              hint=f"use one of {', '.join(SCHEDULING)}", code="invalid_flag")
-        if self.scheduling_policy not in SCHEDULING_POLICIES:
-            raise ConfigError(f"--scheduling-policy {self.scheduling_policy!r} is not supported",
-                              hint=f"use one of {', '.join(SCHEDULING_POLICIES)}",
-                              code="invalid_flag")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"--dtype {self.dtype!r} is not supported",
-                              hint=f"use one of {', '.join(DTYPES)}", code="invalid_dtype")
+        check(self)  # each field's bounds and choices, declared on it
         kind, _, index = str(self.device).partition(":")
         if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
             raise ConfigError(f"--device {self.device!r} is not supported",
                               hint="use cpu, cuda or cuda:N", code="invalid_device")
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise ConfigError(f"--quantization {self.quantization!r} is not supported",
-                              hint=f"use one of {', '.join(QUANTIZATIONS)}, or leave it unset "
-                                   "for the weights as loaded", code="invalid_flag")
         if self.quantization is not None and kind != "cpu":
             raise ConfigError(f"--quantization {self.quantization} runs on a CPU device, not "
                               f"{self.device}", hint="pass --device cpu, or leave "
                               "--quantization unset", code="invalid_flag")
-        if isinstance(self.reserved_gpu_bytes, bool) or not isinstance(
-                self.reserved_gpu_bytes, int) or self.reserved_gpu_bytes < 0:
-            raise ConfigError(f"reserved GPU memory must be a byte count of 0 or more, not "
-                              f"{self.reserved_gpu_bytes!r}",
-                              hint="set it with --mm-ipc-gpu-memory-gb", code="invalid_flag")
-        _check_size("--prefix-cache-gb", self.prefix_cache_gb)
-        _check_size("--encoder-cache-gb", self.encoder_cache_gb)
-        if self.overlap_prefill is not None and not isinstance(self.overlap_prefill, bool):
-            raise ConfigError(f"--overlap-prefill must be true, false or unset, not "
-                              f"{self.overlap_prefill!r}", code="invalid_flag",
-                              hint="pass --overlap-prefill or --no-overlap-prefill")
-        _check_count("--decode-threads", self.decode_threads, optional=True, example="1")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ConfigError(f"--enable-prefix-caching must be true or false, not "
-                              f"{self.enable_prefix_caching!r}",
-                              hint="pass --enable-prefix-caching or --no-enable-prefix-caching",
-                              code="invalid_flag")
 
     @property
     def prefix_cache_bytes(self) -> int:
@@ -393,26 +423,54 @@ DISTRIBUTED_BACKENDS = ("mp", "ray", "uni", "external_launcher")
 VLLM_CPU_KV_CACHE_DEFAULT_BYTES = 4 << 30
 
 
-@dataclass(frozen=True)
-class VllmConfig:
-    """vLLM's engine settings for ``serve --engine vllm``, by vLLM's flag names (the shared
-    ones, ``--max-num-seqs``, ``--max-model-len``, ``--enable-prefix-caching``, ``--dtype``,
-    are :class:`EngineConfig`'s and the server's). ``python``: the interpreter of vLLM's
-    environment; None: the project's ``.venv-vllm`` (``make setup-vllm``)."""
+#: requests in flight the engine holding a key's prefix may have over the least busy one and
+#: still be chosen (engine/server/engine_pool.py; with 2, a warm phase at concurrency 8 over 2
+#: engines found 66-75% of its prompt tokens cached, against 98% on one engine: each diverted
+#: request prefilled anew)
+BALANCE_SLACK = 4
 
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
+
+def _m(parameters: int) -> str:
+    """A parameter count as help writes it: 10 M."""
+    return f"{parameters // 1_000_000} M"
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How many copies of the model run and how each is split, for both engines (vLLM's
+    ``ParallelConfig`` names): this project's engine runs ``data_parallel_size`` processes on
+    one machine's CPUs and refuses model splits; vLLM's takes them all."""
+
+    PANEL: ClassVar[str] = "Parallelism"
+
+    tensor_parallel_size: int = setting(
+        1, ge=1, example="2", help="--engine vllm: GPUs each model replica is split across, "
+                                   "e.g. 8.")
+    pipeline_parallel_size: int = setting(
+        1, ge=1, example="2", help="--engine vllm: pipeline stages (across nodes with Ray), "
+                                   "e.g. 2.")
     #: a count, or "auto": this project's engine decides from the model's size and the CPUs
     #: (:func:`engine.cpus.auto_parallel`); vLLM's engine runs one rank. The default stays 1
     #: until a quiet machine confirms the rule (the README's "Engines and threads by default")
-    data_parallel_size: int | Literal["auto"] = 1
-    distributed_executor_backend: str | None = None
-    gpu_memory_utilization: float = 0.9
-    #: vLLM's --kv-cache-memory-bytes: its KV cache's size (per GPU; on a CPU, of the
-    #: machine's memory); None: vLLM's own rule on a GPU (from gpu_memory_utilization), and on
-    #: a CPU :data:`VLLM_CPU_KV_CACHE_DEFAULT_BYTES` (vLLM would want 90% of the memory free)
-    kv_cache_memory_bytes: int | None = None
-    python: str | None = None
+    data_parallel_size: int | Literal["auto"] = setting(
+        1, metavar="N|auto",
+        help="Model replicas, e.g. 2 (default 1), or auto: this project's engine decides "
+             f"from the model's parameters and the CPUs: below {_m(ONE_THREAD_PARAMETERS)} "
+             f"one engine on one thread, {_m(MIN_REPLICA_PARAMETERS)[:-2]}-"
+             f"{_m(MAX_REPLICA_PARAMETERS)} an engine per core (at most {MAX_AUTO_ENGINES}) "
+             "on one thread each, larger one engine "
+             "on every CPU (measured in docs/performance.md, 'Engines and threads by "
+             "default'); --num-threads, if given, stays. A count: that many engine processes "
+             "on this machine's CPUs, each with its own copy of the model and its own caches "
+             "(N times the memory), each pinned to its own share of them with an even share "
+             "of --num-threads by default; each request goes to one: where its first image "
+             "(or its prompt's start) went before, while that one is at most "
+             f"{BALANCE_SLACK} requests busier than another (each engine's prefix and "
+             "encoder caches are its own), else the least busy. --engine vllm: vLLM's data "
+             "parallel ranks.")
+    distributed_executor_backend: str | None = setting(
+        None, choices=DISTRIBUTED_BACKENDS,
+        help="--engine vllm: mp (one node) or ray (several nodes); default: vLLM's choice.")
 
     @property
     def data_parallel_count(self) -> int | None:
@@ -420,24 +478,40 @@ class VllmConfig:
         return None if self.data_parallel_size == "auto" else int(self.data_parallel_size)
 
     def __post_init__(self) -> None:
-        for flag, value in (("--tensor-parallel-size", self.tensor_parallel_size),
-                            ("--pipeline-parallel-size", self.pipeline_parallel_size)):
-            _check_count(flag, value, optional=False, example="2")
-        if self.data_parallel_size != "auto":
-            _check_count("--data-parallel-size", self.data_parallel_size, optional=False,
-                         example="2 (or auto)")
-        if self.distributed_executor_backend is not None and \
-                self.distributed_executor_backend not in DISTRIBUTED_BACKENDS:
-            raise ConfigError(f"--distributed-executor-backend "
-                              f"{self.distributed_executor_backend!r} is not supported",
-                              hint=f"use one of {', '.join(DISTRIBUTED_BACKENDS)} (ray for "
-                                   "several nodes)", code="invalid_flag")
-        kv = self.kv_cache_memory_bytes
-        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1):
-            raise ConfigError(f"--kv-cache-memory-bytes must be a positive number of bytes, "
-                              f"not {kv!r}", hint="e.g. --kv-cache-memory-bytes 4G",
-                              code="invalid_flag")
-        value = self.gpu_memory_utilization
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], not {value!r}",
-                              hint="e.g. --gpu-memory-utilization 0.9", code="invalid_flag")
+        check(self)
+        value = self.data_parallel_size
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)
+                                or value < 1):
+            raise ConfigError(f"--data-parallel-size must be a whole number of at least 1 or "
+                              f"auto, not {value!r}", hint="e.g. --data-parallel-size 2 "
+                              "(or auto)", code="invalid_flag")
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """vLLM's own engine settings for ``serve --engine vllm``, by vLLM's flag names (the
+    shared ones are :class:`EngineConfig`'s, :class:`ParallelConfig`'s and the server's)."""
+
+    PANEL: ClassVar[str] = "vLLM engine (--engine vllm)"
+
+    gpu_memory_utilization: float = setting(
+        0.9, gt=0, le=1, example="0.9",
+        help="--engine vllm: fraction of each GPU vLLM plans for, e.g. 0.9; "
+             "--mm-ipc-gpu-memory-gb comes out of it (out of the KV cache).")
+    #: vLLM's --kv-cache-memory-bytes: its KV cache's size (per GPU; on a CPU, of the
+    #: machine's memory); None: vLLM's own rule on a GPU (from gpu_memory_utilization), and on
+    #: a CPU :data:`VLLM_CPU_KV_CACHE_DEFAULT_BYTES` (vLLM would want 90% of the memory free)
+    kv_cache_memory_bytes: int | None = setting(
+        None, ge=1, example="4G", metavar="SIZE",
+        help="--engine vllm: vLLM's KV cache size (its flag; per GPU, or of the memory on a "
+             "CPU), e.g. 4G (GiB) or 4g (GB). Default: from --gpu-memory-utilization on a "
+             f"GPU; {VLLM_CPU_KV_CACHE_DEFAULT_BYTES >> 30}G on a CPU, where vLLM would "
+             "otherwise want 90% of the memory free to start (VLLM_CPU_KVCACHE_SPACE, when "
+             "set, wins over both).")
+    #: the interpreter of vLLM's environment; None: the project's ``.venv-vllm``
+    python: str | None = setting(
+        None, flag="--vllm-python",
+        help="--engine vllm: the Python of vLLM's environment; default .venv-vllm/bin/python.")
+
+    def __post_init__(self) -> None:
+        check(self)

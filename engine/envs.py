@@ -179,6 +179,12 @@ _DECLARED: tuple[EnvVar, ...] = (
 DECLARED: dict[str, EnvVar] = {var.name: var for var in _DECLARED}
 
 
+def default(name: str) -> Any:
+    """A declared variable's default: the value a setting it overrides starts from (written
+    once, here)."""
+    return DECLARED[name].default
+
+
 def get(name: str) -> Any:
     """The parsed value of a declared variable (its default when unset or empty)."""
     try:

@@ -56,10 +56,11 @@ def pipeline_config(*, allowed_media_domains: tuple[str, ...] | list[str] | None
                     media_io_kwargs: dict[str, Any] | None = None,
                     limit_mm_per_prompt: dict[str, int] | None = None,
                     mm_processor_kwargs: dict[str, Any] | None = None,
-                    mm_processor_cache_gb: float = 4.0,
+                    mm_processor_cache_gb: float = PipelineConfig.mm_processor_cache_gb,
                     mm_uuid_cache_gb: float = PipelineConfig.mm_uuid_cache_gb,
                     request_kwargs: RequestKwargs = "any",
-                    mm_device_do_normalize: bool = True) -> PipelineConfig:
+                    mm_device_do_normalize: bool = PipelineConfig.mm_device_do_normalize
+                    ) -> PipelineConfig:
     """A :class:`PipelineConfig` from the flags' values, each checked once here; a bad one is
     a :class:`ConfigError` naming its flag."""
     check_limit_flag(limit_mm_per_prompt)

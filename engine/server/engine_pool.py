@@ -26,14 +26,11 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
+from engine.config import BALANCE_SLACK  # (--data-parallel-size's help reads it)
 from engine.server.engine_client import EngineClient
 
 #: prompt tokens a text-only prompt's affinity key covers
 AFFINITY_TOKENS = 64
-#: requests in flight the engine holding a key's prefix may have over the least busy one and
-#: still be chosen (with 2, a warm phase at concurrency 8 over 2 engines found 66-75% of its
-#: prompt tokens cached, against 98% on one engine: each diverted request prefilled anew)
-BALANCE_SLACK = 4
 #: affinity keys an API server remembers the engine of (the least recently used go first;
 #: about 100 bytes each)
 AFFINITY_MEMORY = 1 << 16

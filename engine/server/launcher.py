@@ -281,7 +281,7 @@ def _start_engines(config: ServerConfig, ctx: Any, model_path: str, name: str,
 
     engine_config = replace(config.engine,
                             reserved_gpu_bytes=int(config.mm_ipc_gpu_memory_gb * (1 << 30)))
-    count, engine_config = engines_and_threads(config.vllm, engine_config, Path(model_path))
+    count, engine_config = engines_and_threads(config.parallel, engine_config, Path(model_path))
     started = []
     for index in range(count):
         cpus = engine_share(index, count)
@@ -318,12 +318,8 @@ def _join_all(procs: list[Any], timeout: float) -> None:
 def check_flags(config: ServerConfig) -> None:
     """The checks that need no model (and no torch): a bad flag is reported as such (exit 2)
     before the port is bound, whatever holds the port. (The media policy and video options
-    were checked when the flags became ``config.pipeline``.)"""
-    if config.api_server_count < 1:
-        raise ConfigError("--api-server-count must be at least 1")
-    if config.decode_isolation not in ("thread", "process"):
-        raise ConfigError(f"--decode-isolation {config.decode_isolation!r} must be thread or "
-                          "process")
+    were checked when the flags became ``config.pipeline``; each field's own bounds and
+    choices when the config was built.)"""
     if config.engine_kind == "vllm":
         from engine.server.vllm_spec import find_python, ours_only_flags
 
@@ -332,25 +328,22 @@ def check_flags(config: ServerConfig) -> None:
                               f"--engine vllm", hint=f"leave it out; {instead}",
                               code="invalid_flag")
         find_python(config.vllm.python)  # vLLM's environment is there, or how to build it
-    elif config.engine_kind == "aphrodite":
-        _check_ours_parallel(config)
     else:
-        raise ConfigError(f"--engine {config.engine_kind!r} is not supported",
-                          hint="use aphrodite or vllm", code="invalid_flag")
+        _check_ours_parallel(config)
 
 
 def _check_ours_parallel(config: ServerConfig) -> None:
     """This project's engine runs data-parallel copies on one machine's CPUs; model sharding
     and several copies on one GPU are vLLM's."""
-    vllm = config.vllm
-    for flag, value in (("--tensor-parallel-size", vllm.tensor_parallel_size),
-                        ("--pipeline-parallel-size", vllm.pipeline_parallel_size)):
+    parallel = config.parallel
+    for flag, value in (("--tensor-parallel-size", parallel.tensor_parallel_size),
+                        ("--pipeline-parallel-size", parallel.pipeline_parallel_size)):
         if value != 1:
             raise ConfigError(f"{flag} {value}: this project's engine runs the whole model in "
                               "one process", hint="add --engine vllm to split the model "
                               "across GPUs", code="invalid_flag")
-    if (vllm.data_parallel_count or 1) > 1 and str(config.engine.device) != "cpu":
-        raise ConfigError(f"--data-parallel-size {vllm.data_parallel_size} on "
+    if (parallel.data_parallel_count or 1) > 1 and str(config.engine.device) != "cpu":
+        raise ConfigError(f"--data-parallel-size {parallel.data_parallel_size} on "
                           f"--device {config.engine.device}: this project's engine runs its "
                           "copies on the CPU", hint="add --engine vllm for model replicas on "
                           "GPUs, or serve with --device cpu", code="invalid_flag")

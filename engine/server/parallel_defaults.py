@@ -9,19 +9,19 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from engine.config import EngineConfig, VllmConfig
+from engine.config import EngineConfig, ParallelConfig
 from engine.cpus import auto_parallel, engine_threads, usable_cpus
 from engine.models.checkpoint import parameters
 
 
-def engines_and_threads(vllm: VllmConfig, engine: EngineConfig, model: Path,
+def engines_and_threads(parallel: ParallelConfig, engine: EngineConfig, model: Path,
                         cpus: int | None = None) -> tuple[int, EngineConfig]:
     """The engine count and the engine settings each starts with: a count given stays, with
     an even share of the CPUs as threads unless ``--num-threads`` is given; "auto" on a CPU
     device follows :func:`engine.cpus.auto_parallel` (threads too, unless given), elsewhere
     one engine."""
     cpus = usable_cpus() if cpus is None else cpus
-    count = vllm.data_parallel_count
+    count = parallel.data_parallel_count
     threads: int | None = None
     if count is None:
         count, threads = auto_parallel(parameters(model), cpus) \

@@ -73,15 +73,15 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
     ``--dtype``, ``--max-num-batched-tokens``, ``--limit-mm-per-prompt``,
     ``--mm-processor-cache-gb``) and vLLM's own (``--kv-cache-memory-bytes`` when given; on
     a CPU the bridge sets the default, ``spec["cpu_kv_cache_bytes"]``)."""
-    vllm, engine = config.vllm, config.engine
+    vllm, engine, parallel = config.vllm, config.engine, config.parallel
     args: dict[str, Any] = {
         "model": model_path, "served_model_name": [served_name],
         "dtype": engine.dtype, "max_model_len": config.max_model_len,
         "max_num_seqs": engine.max_num_seqs,
         "enable_prefix_caching": engine.enable_prefix_caching,
-        "tensor_parallel_size": vllm.tensor_parallel_size,
-        "pipeline_parallel_size": vllm.pipeline_parallel_size,
-        "data_parallel_size": vllm.data_parallel_count or 1,  # (auto: vLLM's default)
+        "tensor_parallel_size": parallel.tensor_parallel_size,
+        "pipeline_parallel_size": parallel.pipeline_parallel_size,
+        "data_parallel_size": parallel.data_parallel_count or 1,  # (auto: vLLM's default)
         "gpu_memory_utilization": vllm.gpu_memory_utilization,
         "disable_log_stats": False,  # per-request timestamps: the stage timings
         # vLLM's flag and default (4): the API servers' ledgers of what it holds are sized
@@ -95,8 +95,8 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
     }
     if vllm.kv_cache_memory_bytes is not None:
         args["kv_cache_memory_bytes"] = vllm.kv_cache_memory_bytes
-    if vllm.distributed_executor_backend is not None:
-        args["distributed_executor_backend"] = vllm.distributed_executor_backend
+    if parallel.distributed_executor_backend is not None:
+        args["distributed_executor_backend"] = parallel.distributed_executor_backend
     if engine.max_num_batched_tokens is not None:
         args["max_num_batched_tokens"] = engine.max_num_batched_tokens
     if engine.scheduling_policy != "fcfs":  # vLLM's --scheduling-policy ("priority")
@@ -108,24 +108,23 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
     return args
 
 
-#: our engine's own settings: flag, how to read it from an EngineConfig, its default, and
-#: what to use with vLLM instead (``serve --engine vllm`` refuses them rather than ignore them)
-_OURS_ONLY = (
-    ("--num-threads", lambda e: e.num_threads, None,
-     "vLLM's CPU worker binds its own threads: VLLM_CPU_OMP_THREADS_BIND"),
-    ("--decode-threads", lambda e: e.decode_threads, None,
-     "vLLM's CPU worker binds its own threads: VLLM_CPU_OMP_THREADS_BIND"),
-    ("--device", lambda e: e.device, "cpu", "vLLM runs on the device of its build"),
-    ("--prefix-cache-gb", lambda e: e.prefix_cache_gb, 0.5,
-     "vLLM's prefix cache lives in its KV cache: --gpu-memory-utilization, or "
-     "VLLM_CPU_KVCACHE_SPACE on a CPU"),
-    ("--encoder-cache-gb", lambda e: e.encoder_cache_gb, 0.25,
-     "vLLM sizes its encoder cache itself"),
-    ("--scheduling-policy shortest", lambda e: e.scheduling_policy == "shortest", False,
+#: our engine's own settings (EngineConfig fields), each with what to use with vLLM instead
+#: (``serve --engine vllm`` refuses them, set to other than their defaults, rather than
+#: ignore them); the defaults are EngineConfig's own
+_OURS_ONLY = {
+    "num_threads": "vLLM's CPU worker binds its own threads: VLLM_CPU_OMP_THREADS_BIND",
+    "decode_threads": "vLLM's CPU worker binds its own threads: VLLM_CPU_OMP_THREADS_BIND",
+    "device": "vLLM runs on the device of its build",
+    "prefix_cache_gb": "vLLM's prefix cache lives in its KV cache: --gpu-memory-utilization, "
+                       "or VLLM_CPU_KVCACHE_SPACE on a CPU",
+    "encoder_cache_gb": "vLLM sizes its encoder cache itself",
+    "quantization": "vLLM's --quantization methods read a quantized checkpoint; serve one "
+                    "with --engine vllm and vLLM finds its method in the checkpoint's config",
+}
+#: values vLLM's engine does not have, of settings it shares: (field, value, instead)
+_OURS_ONLY_VALUES = (
+    ("scheduling_policy", "shortest",
      "vLLM schedules fcfs or priority: --scheduling-policy priority with request priorities"),
-    ("--quantization", lambda e: e.quantization, None,
-     "vLLM's --quantization methods read a quantized checkpoint; serve one with --engine vllm "
-     "and vLLM finds its method in the checkpoint's config"),
 )
 
 
@@ -152,9 +151,18 @@ def byte_count(flag: str, text: str) -> int:
 
 def ours_only_flags(engine: Any) -> list[tuple[str, str]]:
     """The flags of this project's engine that an :class:`~engine.config.EngineConfig` sets
-    to something other than their defaults, each with what to use with vLLM instead."""
-    return [(flag, instead) for flag, read, default, instead in _OURS_ONLY
-            if read(engine) != default]
+    to something other than their defaults (``EngineConfig()``'s), each with what to use
+    with vLLM instead."""
+    from engine.config import EngineConfig
+    from engine.settings import field_of, flag_of
+
+    default = EngineConfig()
+    found = [(flag_of(field_of(EngineConfig, name)), instead)
+             for name, instead in _OURS_ONLY.items()
+             if getattr(engine, name) != getattr(default, name)]
+    return found + [(f"{flag_of(field_of(EngineConfig, name))} {value}", instead)
+                    for name, value, instead in _OURS_ONLY_VALUES
+                    if getattr(engine, name) == value]
 
 
 def carve_utilization(utilization: float, reserved_bytes: int, total_bytes: int) -> float:

@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 
-from engine.config import EngineConfig, PipelineConfig, VllmConfig
+from engine.config import EngineConfig, ParallelConfig, PipelineConfig, VllmConfig
 from engine.errors import ConfigError
 from engine.server.config import ServerConfig
 
@@ -69,7 +69,7 @@ def test_serve_flag_defaults_are_the_config_defaults():
     from aphrodite_cli.serve import serve
 
     owners = {f.name: (cls, f) for cls in (ServerConfig, PipelineConfig, EngineConfig,
-                                           VllmConfig)
+                                           ParallelConfig, VllmConfig)
               for f in dataclasses.fields(cls)}
     checked = 0
     for name, param in inspect.signature(serve).parameters.items():

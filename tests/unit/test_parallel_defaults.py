@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from engine.config import EngineConfig, VllmConfig
+from engine.config import EngineConfig, ParallelConfig
 from engine.cpus import (
     MAX_AUTO_ENGINES,
     MAX_REPLICA_PARAMETERS,
@@ -70,15 +70,15 @@ def test_auto_starts_what_the_rule_says_and_given_settings_stay(tmp_path):
     small = tmp_path / "small"
     small.mkdir()
     _safetensors(small / "model.safetensors", {"w": [40_000_000]})
-    auto, plain = VllmConfig(data_parallel_size="auto"), EngineConfig()
-    assert auto.data_parallel_count is None and VllmConfig().data_parallel_count == 1
+    auto, plain = ParallelConfig(data_parallel_size="auto"), EngineConfig()
+    assert auto.data_parallel_count is None and ParallelConfig().data_parallel_count == 1
     count, engine = engines_and_threads(auto, plain, small, cpus=2)
     assert (count, engine.num_threads) == (2, 1)
     count, engine = engines_and_threads(auto, EngineConfig(num_threads=2), small, cpus=2)
     assert (count, engine.num_threads) == (2, 2)  # --num-threads given: it stays
-    count, engine = engines_and_threads(VllmConfig(data_parallel_size=1), plain, small, cpus=2)
+    count, engine = engines_and_threads(ParallelConfig(data_parallel_size=1), plain, small, cpus=2)
     assert (count, engine.num_threads) == (1, None)  # a count given: as before
-    count, engine = engines_and_threads(VllmConfig(data_parallel_size=2), plain, small, cpus=4)
+    count, engine = engines_and_threads(ParallelConfig(data_parallel_size=2), plain, small, cpus=4)
     assert (count, engine.num_threads) == (2, 2)
     count, engine = engines_and_threads(auto, EngineConfig(device="cuda"), small, cpus=2)
     assert (count, engine.num_threads) == (1, None)  # a GPU: one engine
@@ -89,7 +89,7 @@ def test_auto_starts_what_the_rule_says_and_given_settings_stay(tmp_path):
 @pytest.mark.parametrize("value", [0, -1, 2.5, True, "two", "AUTO"])
 def test_a_bad_data_parallel_size_is_a_config_error_naming_auto(value):
     with pytest.raises(ConfigError) as info:
-        VllmConfig(data_parallel_size=value)
+        ParallelConfig(data_parallel_size=value)
     assert "--data-parallel-size" in info.value.message and "auto" in info.value.hint
 
 
@@ -108,6 +108,6 @@ def test_vllm_runs_one_rank_for_auto():
     from engine.server.config import ServerConfig
     from engine.server.vllm_spec import engine_args
 
-    args = engine_args(ServerConfig(engine_kind="vllm", vllm=VllmConfig(
+    args = engine_args(ServerConfig(engine_kind="vllm", parallel=ParallelConfig(
         data_parallel_size="auto")), "/models/m", "m")
     assert args["data_parallel_size"] == 1

@@ -359,7 +359,7 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
 
 
 def test_vllm_flags_pass_through_by_vllms_names():
-    from engine.config import EngineConfig, PipelineConfig, VllmConfig
+    from engine.config import EngineConfig, ParallelConfig, PipelineConfig, VllmConfig
     from engine.server.config import ServerConfig
     from engine.server.vllm_spec import engine_args
 
@@ -368,9 +368,9 @@ def test_vllm_flags_pass_through_by_vllms_names():
         engine=EngineConfig(max_num_seqs=32, enable_prefix_caching=False, dtype="bfloat16",
                             max_num_batched_tokens=8192),
         pipeline=PipelineConfig(limit_mm_per_prompt={"image": 2}, mm_processor_cache_gb=2.5),
-        vllm=VllmConfig(tensor_parallel_size=4, pipeline_parallel_size=2,
-                        data_parallel_size=2, distributed_executor_backend="ray",
-                        gpu_memory_utilization=0.8))
+        parallel=ParallelConfig(tensor_parallel_size=4, pipeline_parallel_size=2,
+                                data_parallel_size=2, distributed_executor_backend="ray"),
+        vllm=VllmConfig(gpu_memory_utilization=0.8))
     args = engine_args(config, "/models/m", "m")
     assert {k: args[k] for k in ("tensor_parallel_size", "pipeline_parallel_size",
                                  "data_parallel_size", "distributed_executor_backend",
@@ -396,9 +396,9 @@ def test_vllm_flags_pass_through_by_vllms_names():
     assert [flag for flag, _ in ours_only_flags(dataclasses.replace(
         config.engine, scheduling_policy="shortest"))] == ["--scheduling-policy shortest"]
     with pytest.raises(ConfigError, match="--distributed-executor-backend"):
-        VllmConfig(distributed_executor_backend="slurm")
+        ParallelConfig(distributed_executor_backend="slurm")
     with pytest.raises(ConfigError, match="--tensor-parallel-size"):
-        VllmConfig(tensor_parallel_size=0)
+        ParallelConfig(tensor_parallel_size=0)
 
 
 def test_max_model_len_over_the_models_is_capped_for_vllm(tmp_path):

@@ -1,0 +1,143 @@
+"""One source per configuration fact: each ``serve`` flag's help, default, panel and rule are
+its config field's (engine/settings.py), the rule is checked once where the config is built
+(an error naming the flag), and the defaults other modules compare against are read, not
+repeated."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from engine.config import (
+    BALANCE_SLACK,
+    EngineConfig,
+    MediaLimits,
+    MediaPolicy,
+    ParallelConfig,
+    PipelineConfig,
+    VllmConfig,
+)
+from engine.errors import ConfigError
+from engine.server.config import ServerConfig
+from engine.settings import flag_of, settings
+
+CLASSES = (ServerConfig, PipelineConfig, EngineConfig, ParallelConfig, VllmConfig)
+
+
+def _serve_options():
+    from aphrodite_cli.main import app
+
+    command = typer.main.get_command(app).commands["serve"]
+    return {p.name: p for p in command.params if isinstance(p, typer.core.TyperOption)}
+
+
+def test_every_flag_setting_is_a_serve_option_with_the_fields_help_and_default():
+    options = _serve_options()
+    by_flag = {opt: p for p in options.values() for opt in p.opts}
+    seen = 0
+    for cls in CLASSES:
+        for f in settings(cls):
+            if not f.metadata["cli"]:
+                continue
+            option = by_flag[flag_of(f)]
+            assert option.help == f.metadata["help"], f.name
+            if f.name in ("model", "api_key", "chat_template", "trusted_proxies",
+                          "kv_cache_memory_bytes"):  # parsed from text by serve itself
+                continue
+            assert option.default == f.default, f.name
+            seen += 1
+    assert seen >= 50
+    assert by_flag["-q"] is by_flag["--quantization"]  # an alias declared on the field
+    assert "--no-enable-auto-tool-choice" not in by_flag  # negatable=False
+
+
+def test_serve_help_has_a_panel_per_config_class():
+    from aphrodite_cli.serve import PANELS
+
+    panels: dict[str, list[str]] = {}
+    for p in _serve_options().values():
+        panels.setdefault(p.rich_help_panel or "Options", []).append(p.opts[0])
+    assert "Options" not in panels  # (Typer's own panel holds --help alone)
+    assert list(panels) == list(PANELS)  # in the declared order, none empty
+    assert "--data-parallel-size" in panels[ParallelConfig.PANEL]
+    assert "--max-num-seqs" in panels[EngineConfig.PANEL]
+    assert "--gpu-memory-utilization" in panels[VllmConfig.PANEL]
+
+
+@pytest.mark.parametrize(("cls", "settings_", "message"), [
+    (ServerConfig, {"port": 0}, "--port must be a whole number of at least 1 and at most "
+                                "65535, not 0"),
+    (ServerConfig, {"port": 70000}, "--port must be"),
+    (ServerConfig, {"api_server_count": 65}, "--api-server-count must be"),
+    (ServerConfig, {"decode_isolation": "fork"}, "--decode-isolation 'fork' is not supported"),
+    (ServerConfig, {"engine_kind": "tgi"}, "--engine 'tgi' is not supported"),
+    (ServerConfig, {"max_model_len": 8}, "--max-model-len must be a whole number of at least 16"),
+    (ServerConfig, {"decode_timeout_s": float("nan")}, "--decode-timeout-s must be a number"),
+    (ServerConfig, {"metrics_without_auth": "yes"}, "--metrics-without-auth must be true or"),
+    (ServerConfig, {"tool_call_parser": "mistral"}, "--tool-call-parser 'mistral'"),
+    (ServerConfig, {"enable_auto_tool_choice": True}, "needs --tool-call-parser"),
+    (PipelineConfig, {"mm_processor_cache_gb": -1}, "--mm-processor-cache-gb must be"),
+    (VllmConfig, {"gpu_memory_utilization": 0}, "--gpu-memory-utilization must be a number "
+                                                "greater than 0 and at most 1, not 0"),
+    (VllmConfig, {"gpu_memory_utilization": 1.5}, "--gpu-memory-utilization must be"),
+    (ParallelConfig, {"pipeline_parallel_size": 0}, "--pipeline-parallel-size must be"),
+    (EngineConfig, {"quantization": "int4"}, "--quantization 'int4' is not supported"),
+])
+def test_a_value_that_breaks_its_fields_rule_is_a_config_error_naming_the_flag(
+        cls, settings_, message):
+    with pytest.raises(ConfigError) as info:
+        cls(**settings_)
+    assert message in info.value.message
+    assert info.value.hint
+
+
+def test_the_cli_reports_a_broken_rule_as_the_config_error():
+    """No Typer min/max: ``serve --port 0`` reaches the config, whose check names the flag."""
+    from aphrodite_cli.main import app
+
+    result = CliRunner().invoke(app, ["serve", "--port", "0"])
+    assert isinstance(result.exception, ConfigError), result.output
+    assert "--port must be a whole number of at least 1" in result.exception.message
+
+
+def test_defaults_that_other_places_compare_against_are_read_not_repeated(monkeypatch):
+    from engine import envs
+    from engine.server.vllm_spec import _OURS_ONLY, ours_only_flags
+
+    # vLLM's refusals: every default of our engine passes, any change of one is named
+    assert ours_only_flags(EngineConfig()) == []
+    for name in _OURS_ONLY:
+        f = next(f for f in dataclasses.fields(EngineConfig) if f.name == name)
+        changed = {"device": "cuda", "num_threads": 3, "decode_threads": 1,
+                   "prefix_cache_gb": 1.0, "encoder_cache_gb": 0.0}.get(name)
+        if changed is None:
+            continue
+        flags = [flag for flag, _ in ours_only_flags(EngineConfig(**{name: changed}))]
+        assert flags == [flag_of(f)], name
+    # media caps: the environment variables' defaults, declared once in engine/envs.py
+    limits = MediaLimits.from_env()
+    for f in dataclasses.fields(MediaLimits):
+        if "env" in f.metadata:
+            assert f.default == envs.default(f.metadata["env"]) == getattr(limits, f.name)
+    assert MediaPolicy().max_redirects == envs.default("APHRODITE_MEDIA_MAX_REDIRECTS")
+    monkeypatch.setenv("APHRODITE_MAX_VIDEO_FRAMES", "7")
+    assert MediaLimits.from_env().max_video_frames == 7
+    # a help string naming a constant reads it
+    help_ = _serve_options()["data_parallel_size"].help
+    assert f"at most {BALANCE_SLACK} requests busier" in help_
+
+
+def test_both_engines_read_one_parallel_config():
+    from engine.server.engine_pool import BALANCE_SLACK as pool_slack
+    from engine.server.vllm_spec import engine_args
+
+    assert pool_slack == BALANCE_SLACK
+    config = ServerConfig(engine_kind="vllm", parallel=ParallelConfig(
+        tensor_parallel_size=2, data_parallel_size=3))
+    args = engine_args(config, "/m", "m")
+    assert (args["tensor_parallel_size"], args["data_parallel_size"]) == (2, 3)
+    assert not {f.name for f in dataclasses.fields(ParallelConfig)} & {
+        f.name for f in dataclasses.fields(VllmConfig)}
