@@ -18,7 +18,7 @@ and ends ("stop").
 A mask's cost is bounded too: a constraint can compile at once and still make each step's
 mask slow, its matcher tracking more ways to have matched as the text grows (a regex of
 nested ranged repetitions, ``(.{0,100}){0,100}``: 0.2 s a step on the 449-token tiny model
-by step 100, 2 s by step 400, every batch-mate waiting). A step whose masks took over
+after 100 tokens, 2 s after 400, every batch-mate waiting). A step whose masks took over
 :data:`SLOW_FILL_S` is timed again row by row and each request charged its rows' time
 (when over :data:`SLOW_REQUEST_S`); a request charged over :data:`MAX_REQUEST_MASK_S` in all
 fails with a 400 naming the field (all its rows end), and the batch goes on.
