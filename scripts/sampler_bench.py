@@ -1,13 +1,16 @@
 """Per-step cost of the sampler (engine/executor/sampler.py) over a synthetic
 ``--vocab-size`` vocabulary (Qwen2.5's 152064 by default), at each batch size of ``--rows``
-(1 and 8 by default): ``sample`` (the rows of a step together) beside ``sample_per_row``
-(one row at a time: the reference it is held to, and the sampler before it), the two
-interleaved step by step so a busy machine slows both alike, in the cases of :data:`CASES`
+(1 and 8 by default): ``sample`` (the rows of a step together, in chunks that fit
+``CPU_CHUNK_BYTES``) beside ``one_chunk`` (the same with every row in one chunk: what the
+chunk size saves) and ``per_row`` (``sample_per_row``, one row at a time: the reference it
+is held to, and the sampler before it), the three interleaved step by step so a busy
+machine slows them alike, in the cases of :data:`CASES`
 (every row alike) and ``mixed`` (a batch of all of them: greedy, unseeded and seeded rows
 with each filter).
 
 Writes ``results/sampler-<UTC time>.json`` (``--label`` names the run) and prints
-milliseconds per step (median and minimum) and the ratio per_row/sample of the medians.
+milliseconds per step (median and minimum) and the ratios per_row/sample and
+one_chunk/sample of the medians.
 
     .venv/bin/python scripts/sampler_bench.py --rows 1 8 --steps 40
 """
@@ -54,11 +57,19 @@ def time_case(n: int, vocab: int, case: str, steps: int) -> dict:
 
     from engine.executor import sampler
 
-    rows = {"sample": _rows(n, case), "per_row": _rows(n, case)}
+    def one_chunk(rows: list, logits: object) -> list[int]:
+        chunk, sampler.CPU_CHUNK_BYTES = sampler.CPU_CHUNK_BYTES, 1 << 62
+        try:
+            return sampler.sample(rows, logits)
+        finally:
+            sampler.CPU_CHUNK_BYTES = chunk
+
+    fns = {"sample": sampler.sample, "one_chunk": one_chunk, "per_row": sampler.sample_per_row}
+    rows = {name: _rows(n, case) for name in fns}
     logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(0)) * 3
-    times: dict[str, list[float]] = {"sample": [], "per_row": []}
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for step in range(steps + 1):
-        for name, fn in (("sample", sampler.sample), ("per_row", sampler.sample_per_row)):
+        for name, fn in fns.items():
             start = time.perf_counter()
             fn(rows[name], logits)
             if step:  # (the first builds the allocator's pools)
@@ -67,7 +78,8 @@ def time_case(n: int, vocab: int, case: str, steps: int) -> dict:
     for name, ts in times.items():
         out[f"{name}_ms_p50"] = round(statistics.median(ts) * 1e3, 3)
         out[f"{name}_ms_min"] = round(min(ts) * 1e3, 3)
-    out["per_row_over_sample"] = round(out["per_row_ms_p50"] / out["sample_ms_p50"], 2)
+    for name in ("per_row", "one_chunk"):
+        out[f"{name}_over_sample"] = round(out[f"{name}_ms_p50"] / out["sample_ms_p50"], 2)
     return out
 
 
@@ -99,9 +111,10 @@ def main() -> None:
         for case in [*CASES, "mixed"]:
             run = time_case(n, args.vocab_size, case, args.steps)
             result["runs"].append(run)
-            print(f"rows={n:<3} {case:<12} sample {run['sample_ms_p50']:8.3f} ms "
-                  f"(min {run['sample_ms_min']:.3f})  per_row {run['per_row_ms_p50']:8.3f} ms "
-                  f"(min {run['per_row_ms_min']:.3f})  x{run['per_row_over_sample']}")
+            print(f"rows={n:<3} {case:<12}" + "".join(
+                f"  {name} {run[name + '_ms_p50']:7.3f} (min {run[name + '_ms_min']:.3f})"
+                for name in ("sample", "one_chunk", "per_row")) + " ms; per_row/sample "
+                f"x{run['per_row_over_sample']}, one_chunk/sample x{run['one_chunk_over_sample']}")
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out = ROOT / "results" / f"sampler-{stamp}.json"
     out.parent.mkdir(exist_ok=True)

@@ -45,15 +45,19 @@ def test_a_batchs_filtered_distributions_are_each_rows_alone_bit_for_bit(scale):
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 1 << 40])  # one row per chunk; all in one
-def test_seeded_rows_draw_the_same_tokens_together_as_alone(monkeypatch, chunk_bytes):
+@pytest.mark.parametrize("blocks_min", [2, 64])  # unseeded rows: by blocks; one cumsum
+def test_seeded_rows_draw_the_same_tokens_together_as_alone(monkeypatch, chunk_bytes,
+                                                             blocks_min):
     """Over steps of changing logits, the rows of a batch take the tokens the per-row
     sampler gives them: seeded rows from their own streams, greedy rows their argmax (and
-    with torch's global stream reseeded alike, the unseeded rows too)."""
+    with torch's global stream reseeded alike, the unseeded rows too: their search by
+    blocks finds the cumulative sum's token short of a draw within rounding of an edge)."""
     import torch
 
     from engine.executor import sampler
 
     monkeypatch.setattr(sampler, "CPU_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(sampler, "DRAW_BLOCKS_MIN", blocks_min)
     together, alone = _rows(), _rows()
     gen = torch.Generator().manual_seed(1)
     seen = set()
@@ -63,7 +67,7 @@ def test_seeded_rows_draw_the_same_tokens_together_as_alone(monkeypatch, chunk_b
         got = sampler.sample(together, logits)
         torch.manual_seed(step)
         assert got == sampler.sample_per_row(alone, logits)
-        seen.update(zip(range(len(got)), got))
+        seen.update(enumerate(got))
     assert len(seen) > 3 * len(KINDS)  # (the draws did vary)
 
 
@@ -90,7 +94,7 @@ def test_unseeded_rows_drawn_together_follow_each_rows_distribution():
     assert draws() == got  # (torch.manual_seed repeats the unseeded rows)
 
 
-def test_the_unseeded_search_by_blocks_finds_the_cumulative_sums_token():
+def test_the_unseeded_search_by_blocks_finds_the_cumulative_sums_token(monkeypatch):
     """The unseeded rows' two-level search (blocks of DRAW_BLOCK tokens, a last block
     shorter) takes the token the cumulative sum over the whole row does, never one without
     mass, at the edges of the draw too."""
@@ -98,6 +102,7 @@ def test_the_unseeded_search_by_blocks_finds_the_cumulative_sums_token():
 
     from engine.executor import sampler
 
+    monkeypatch.setattr(sampler, "DRAW_BLOCKS_MIN", 2)  # (4 blocks of 1024 and one of 4)
     gen = torch.Generator().manual_seed(2)
     probs = torch.softmax(torch.randn(6, 4100, generator=gen) * 4, dim=-1)
     probs[torch.rand(6, 4100, generator=gen) < 0.5] = 0.0
