@@ -295,21 +295,27 @@ def top_p_filter(probs: Any, top_p: Any) -> Any:
     pending = [j for j, v in enumerate(limits[:, 0].tolist()) if v < 1.0]
     if not pending:
         return probs
-    keep_all = torch.ones_like(probs, dtype=torch.bool)
+    keep_all = torch.zeros_like(probs, dtype=torch.bool)
+    for j in set(range(count)) - set(pending):  # (rows left whole)
+        keep_all[j] = True
     k = min(n, TOP_P_FIRST)
     while pending:
+        every = len(pending) == count  # (then no copies of the rows: the usual case)
         index = torch.tensor(pending, dtype=torch.long, device=probs.device)
-        part = probs.index_select(0, index)
+        part = probs if every else probs.index_select(0, index)
         if k < n:
             head, order = torch.topk(part, k)
         else:
             head, order = torch.sort(part, descending=True)
-        keep = torch.cumsum(head, 1) - head < limits.index_select(0, index)
+        keep = torch.cumsum(head, 1) - head < (limits if every else limits.index_select(0, index))
         # (a head ending in a token of no mass holds every token with any: min-p or top-k
         # took the rest out, and those zeros stay zeros whatever the rule says of them)
         grow = [False] * len(pending) if k == n else (keep[:, -1] & (head[:, -1] > 0)).tolist()
         done = [m for m, g in enumerate(grow) if not g]
-        if done:
+        if every and len(done) == count:
+            keep[:, 0] = True
+            keep_all.scatter_(1, order, keep)
+        elif done:
             at = torch.tensor(done, dtype=torch.long, device=probs.device)
             kept = keep.index_select(0, at)
             kept[:, 0] = True
@@ -318,7 +324,7 @@ def top_p_filter(probs: Any, top_p: Any) -> Any:
             keep_all.index_copy_(0, index.index_select(0, at), mask)
         pending = [pending[m] for m, g in enumerate(grow) if g]
         k = min(n, k * 16)
-    return probs.masked_fill(~keep_all, 0.0)
+    return probs.masked_fill(keep_all.logical_not_(), 0.0)
 
 
 def _top_p_filter_row(probs: Any, top_p: float) -> Any:
