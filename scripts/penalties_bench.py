@@ -7,8 +7,9 @@ synthetic ``--vocab-size`` vocabulary (Qwen2.5's 152064 by default), at each bat
 - ``all``: those plus a logit_bias of 300 entries, 8 bad words and min_tokens.
 
 and the sampler after them (engine/executor/sampler.py: temperature, min_p, top-k, top-p and
-the draw, one row at a time) in the cases of :data:`SAMPLER_CASES`, ``--sampler-steps``
-steps each, so the processors' cost can be read beside the rest of choosing a token.
+the draw; scripts/sampler_bench.py sets it beside the per-row sampler) in the cases of
+:data:`SAMPLER_CASES`, ``--sampler-steps`` steps each, so the processors' cost can be read
+beside the rest of choosing a token.
 
 Each row has a ``--prompt-tokens`` prompt (distinct ids: the repetition penalty's work) and
 ``--history`` tokens already generated before the timed steps; each of the ``--steps`` steps
