@@ -333,9 +333,9 @@ def serve(
     """Serve a multimodal model with an OpenAI-compatible API (alias: aphrodite run)."""
     from engine import envs
     from engine.processing.pipeline import pipeline_config
-    from engine.server.forwarded import TrustedProxies
+    from engine.server.api.forwarded import TrustedProxies
     from engine.server.launcher import run
-    from engine.server.vllm_spec import byte_count
+    from engine.server.vllm_adapter.vllm_spec import byte_count
 
     limits = parse_json_flag("--limit-mm-per-prompt", limit_mm_per_prompt)
     if enable_auto_tool_choice and tool_call_parser is None:

@@ -19,7 +19,7 @@ schemas are of the same order (10 levels of nesting, 1000 enum values, every pro
 The grammar engine's side (compiling, the per-row matchers) is
 :mod:`engine.executor.grammar`; the request fields that carry a constraint under OpenAI's and
 vLLM's other names (``response_format``, ``guided_json``...) are the server's
-(:mod:`engine.server.structured_fields`).
+(:mod:`engine.server.api.structured_fields`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ class ServerConfig:
     chat_template: str | None = None
     #: the keys a client may send (vLLM's --api-key takes several too); None: no key
     api_key: tuple[str, ...] | None = None
-    #: salt each request's cached work by its API key (engine.server.tenants)
+    #: salt each request's cached work by its API key (engine.server.api.tenants)
     cache_salt_per_api_key: bool = False
     #: the key of the admin routes (the cache resets), apart from the users' --api-key;
     #: without it (or server_dev_mode) those routes are off
@@ -52,7 +52,7 @@ class ServerConfig:
     #: that watch its processes: the benchmarks, the soak, the tests), removed at exit
     process_file: str | None = None
     #: vLLM's tool-calling flags: tool_choice "auto" reads the calls a model writes in
-    #: ``tool_call_parser``'s format (engine/server/tool_parsers.py)
+    #: ``tool_call_parser``'s format (engine/server/api/tool_parsers.py)
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     #: vLLM's ``--generation-config``: "auto" (the model's generation_config.json), "vllm"

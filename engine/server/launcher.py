@@ -47,7 +47,7 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
     from engine.processing.pipeline import Pipeline
 
     check_flags(config)
-    from engine.server.connections import raise_open_file_limit
+    from engine.server.api.connections import raise_open_file_limit
 
     raise_open_file_limit()  # the API servers inherit it
     if config.engine_kind == "aphrodite":  # vLLM places its model itself
@@ -142,8 +142,8 @@ def api_server_main(config: ServerConfig, model_path: str, name: str, addresses:
     from engine.lifetime import exit_with_parent, name_process
     from engine.memory import tune_allocator
     from engine.models.loader import load_model
-    from engine.server.app import create_app
-    from engine.server.engine_client import EngineClient
+    from engine.server.api.app import create_app
+    from engine.server.process.engine_client import EngineClient
 
     name_process("api")
     exit_with_parent()
@@ -157,7 +157,7 @@ def api_server_main(config: ServerConfig, model_path: str, name: str, addresses:
     clients = [EngineClient(address, authkey) for address in addresses]
     engine: Any = clients[0]
     if len(clients) > 1:  # data-parallel engines: each request to one of them
-        from engine.server.engine_pool import EnginePool
+        from engine.server.process.engine_pool import EnginePool
 
         engine = EnginePool(clients)
     try:
@@ -180,13 +180,13 @@ def _leave_metrics_dir(path: str) -> None:
 async def _serve_app(app: Any, sock: socket.socket, ready: Any, config: ServerConfig
                      ) -> None:
     """Serve ``app`` until SIGTERM/SIGINT, then stop accepting and drain (up to DRAIN_S).
-    Connections are limited first (engine.server.connections): keep-alive and header-read
+    Connections are limited first (engine.server.api.connections): keep-alive and header-read
     timeouts, a per-client and a total cap, accept errors logged once."""
     import asyncio
 
     from aiohttp import web
 
-    from engine.server.connections import (
+    from engine.server.api.connections import (
         AcceptErrorLog,
         ConnectionGuard,
         raise_open_file_limit,
@@ -241,7 +241,7 @@ def _fit_vllm_length(config: ServerConfig, model_path: str, announce) -> ServerC
     default 8192 included) is capped there, for vLLM and the API servers alike, and said so."""
     from dataclasses import replace
 
-    from engine.server.vllm_spec import model_max_len
+    from engine.server.vllm_adapter.vllm_spec import model_max_len
 
     limit = model_max_len(model_path)
     if limit is None or config.max_model_len <= limit:
@@ -253,11 +253,12 @@ def _fit_vllm_length(config: ServerConfig, model_path: str, announce) -> ServerC
 
 def _start_vllm(config: ServerConfig, ctx: Any, model_path: str, name: str, address: str,
                   authkey: bytes) -> tuple[Any, Any]:
-    """vLLM's engine process (``--engine vllm``, :mod:`engine.server.vllm_process`: AsyncLLM
+    """vLLM's engine process (``--engine vllm``, :mod:`engine.server.vllm_adapter.vllm_process`:
+    AsyncLLM
     in vLLM's own environment) and the pipe it sends its pid down once it accepts API
     servers; it leaves the API servers' video decode budget (``--mm-ipc-gpu-memory-gb``) free
     on the GPU."""
-    from engine.server.vllm_process import VllmEngineProcess
+    from engine.server.vllm_adapter.vllm_process import VllmEngineProcess
 
     engine = VllmEngineProcess(config, model_path, name, address, authkey)
     return engine, engine.ready
@@ -276,8 +277,8 @@ def _start_engines(config: ServerConfig, ctx: Any, model_path: str, name: str,
     from dataclasses import replace
 
     from engine.cpus import engine_share
-    from engine.server.engine_proc import serve_engine
-    from engine.server.parallel_defaults import engines_and_threads
+    from engine.server.process.engine_proc import serve_engine
+    from engine.server.process.parallel_defaults import engines_and_threads
 
     engine_config = replace(config.engine,
                             reserved_gpu_bytes=int(config.mm_ipc_gpu_memory_gb * (1 << 30)))
@@ -325,7 +326,7 @@ def check_flags(config: ServerConfig) -> None:
         raise ConfigError(f"--decode-isolation {config.decode_isolation!r} must be thread or "
                           "process")
     if config.engine_kind == "vllm":
-        from engine.server.vllm_spec import find_python, ours_only_flags
+        from engine.server.vllm_adapter.vllm_spec import find_python, ours_only_flags
 
         for flag, instead in ours_only_flags(config.engine):
             raise ConfigError(f"{flag} sets this project's engine and has no effect with "

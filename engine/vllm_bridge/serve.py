@@ -1,11 +1,13 @@
 """vLLM's ``AsyncLLM`` served over this server's engine wire.
 
 One asyncio loop runs vLLM's engine client; one thread per API server connection reads its
-messages and hands them to the loop. A :class:`~engine.server.wire.Submit` becomes one
+messages and hands them to the loop. A :class:`~engine.server.process.wire.Submit` becomes one
 ``AsyncLLM.generate`` task: the prompt text (or token ids), the decoded media
-(:func:`engine.server.vllm_inputs.unpack`) and the request's processor kwargs go to vLLM's
+(:func:`engine.server.vllm_adapter.vllm_inputs.unpack`) and the request's processor kwargs go to
+vLLM's
 processor, caches and scheduler; each output step becomes one
-:class:`~engine.server.wire.Events`, the end a :class:`~engine.server.wire.Done` with the
+:class:`~engine.server.process.wire.Events`, the end a :class:`~engine.server.process.wire.Done`
+with the
 prompt as vLLM tokenized it. vLLM's refusals (a prompt over the model length, bad kwargs)
 come back as this server's 4xx errors; nothing vLLM raises reaches a client as a traceback.
 """
@@ -25,11 +27,9 @@ import time
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
-from engine.server import shared_inputs, vllm_inputs
-from engine.server.outbox import Outbox
-from engine.server.vllm_inputs import DATA_NEEDED
-from engine.server.vllm_spec import carve_utilization
-from engine.server.wire import (
+from engine.server.process import shared_inputs
+from engine.server.process.outbox import Outbox
+from engine.server.process.wire import (
     Cancel,
     Delta,
     Done,
@@ -43,6 +43,9 @@ from engine.server.wire import (
     StatsQuery,
     Submit,
 )
+from engine.server.vllm_adapter import vllm_inputs
+from engine.server.vllm_adapter.vllm_inputs import DATA_NEEDED
+from engine.server.vllm_adapter.vllm_spec import carve_utilization
 
 logger = logging.getLogger("aphrodite.vllm_bridge")
 #: how much of an error message from vLLM a client sees
@@ -261,7 +264,7 @@ class Bridge:
                 isinstance(e, ValueError) and CACHE_MISS in str(e))), None)
             if why is not None and not any(ids.values()) and vllm_inputs.left_out(message.mm):
                 # vLLM's processor cache no longer holds an item the API server left out
-                # (engine.server.vllm_media): it sends the data, once
+                # (engine.server.vllm_adapter.vllm_media): it sends the data, once
                 logger.info("request %s: vLLM lacks a left-out item (%s)", rid, why)
                 send(Done(rid, [], {}, failure(str(why), 503, DATA_NEEDED, "internal_error")))
                 return

@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 
 from engine.errors import ConfigError
-from engine.server import vllm_inputs
-from engine.server.vllm_spec import BUILD_ERROR, VENV, bridge_env, carve_utilization
+from engine.server.vllm_adapter import vllm_inputs
+from engine.server.vllm_adapter.vllm_spec import BUILD_ERROR, VENV, bridge_env, carve_utilization
 from tests.fixtures import synthetic
 from tests.media_server import MediaServer
 from tests.server_harness import ServerProcess, free_port, wait_exit
@@ -221,7 +221,7 @@ def test_a_left_out_item_reaches_vllm_as_none_under_its_uuid():
     ``multi_modal_uuids``, which its processor takes instead of hashing): the list form even
     for one item (vLLM drops a modality whose data is a bare None); a named item with data
     keeps it; an item with neither is refused before it is sent."""
-    from engine.server.wire import Submit
+    from engine.server.process.wire import Submit
     from engine.vllm_bridge.serve import vllm_prompt
 
     left_out = vllm_inputs.left_out
@@ -256,7 +256,7 @@ def test_vllms_item_names_are_salted_per_tenant():
     what vLLM holds); unsalted names stay the content key."""
     from engine.processing.cache import content_hash, item_key
     from engine.processing.preprocess import MediaItem
-    from engine.server.vllm_media import item_uuid
+    from engine.server.vllm_adapter.vllm_media import item_uuid
 
     item = MediaItem("image", encoded=b"pixels", media_kwargs={"background": "white"})
     plain = item_uuid("m", item, {"fps": 2})
@@ -268,7 +268,7 @@ def test_vllms_item_names_are_salted_per_tenant():
 
 
 def test_the_ledger_forgets_by_its_byte_bound_and_on_reset():
-    from engine.server.vllm_media import Ledger, estimate
+    from engine.server.vllm_adapter.vllm_media import Ledger, estimate
 
     k = 1 << 14
     ledger = Ledger(3 * k)
@@ -309,8 +309,8 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
 
     from engine.errors import EngineError
     from engine.processing.preprocess import ProcessedPrompt
-    from engine.server.vllm_media import DATA_NEEDED, Ledger, generate
-    from engine.server.wire import Delta, Done
+    from engine.server.process.wire import Delta, Done
+    from engine.server.vllm_adapter.vllm_media import DATA_NEEDED, Ledger, generate
 
     class Bridge:
         def __init__(self, refusals: int, token_first: bool = False) -> None:
@@ -358,7 +358,7 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
     from types import SimpleNamespace
 
     from engine.errors import OverloadedError
-    from engine.server.prepare import preprocess_slot
+    from engine.server.api.prepare import preprocess_slot
 
     state = SimpleNamespace(preprocessing=2, config=SimpleNamespace(max_decode_queue=2))
     decoded = []
@@ -385,7 +385,7 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
 def test_vllm_flags_pass_through_by_vllms_names():
     from engine.config import EngineConfig, PipelineConfig, VllmConfig
     from engine.server.config import ServerConfig
-    from engine.server.vllm_spec import engine_args
+    from engine.server.vllm_adapter.vllm_spec import engine_args
 
     config = ServerConfig(
         engine_kind="vllm", max_model_len=4096,
@@ -414,7 +414,7 @@ def test_vllm_flags_pass_through_by_vllms_names():
     config = dataclasses.replace(config, engine=dataclasses.replace(
         config.engine, scheduling_policy="priority"))
     assert engine_args(config, "/models/m", "m")["scheduling_policy"] == "priority"
-    from engine.server.vllm_spec import ours_only_flags
+    from engine.server.vllm_adapter.vllm_spec import ours_only_flags
 
     assert ours_only_flags(config.engine) == []
     assert [flag for flag, _ in ours_only_flags(dataclasses.replace(
@@ -430,7 +430,7 @@ def test_max_model_len_over_the_models_is_capped_for_vllm(tmp_path):
     4096-position model): the server serves with the model's and says so."""
     from engine.server.config import ServerConfig
     from engine.server.launcher import _fit_vllm_length
-    from engine.server.vllm_spec import model_max_len
+    from engine.server.vllm_adapter.vllm_spec import model_max_len
 
     (tmp_path / "config.json").write_text(json.dumps(
         {"text_config": {"max_position_embeddings": 4096}, "max_position_embeddings": 128}))
@@ -465,8 +465,8 @@ def test_bench_embedded_engine_flags_are_checked_before_anything_starts():
 def test_a_request_without_max_tokens_is_capped_for_vllm_as_for_ours():
     """vLLM would otherwise generate up to the model length (32k on a large model); it gets
     the server's cap, and its scheduler stops at the model length if that comes first."""
-    from engine.server.protocol import parse_generation_fields
-    from engine.server.respond import _sampling
+    from engine.server.api.protocol import parse_generation_fields
+    from engine.server.api.respond import _sampling
 
     fields = parse_generation_fields({"messages": []}, max_tokens_cap=300)
     params = fields.sampling_for(10, 32768, "messages")
@@ -520,7 +520,7 @@ def test_vllms_memory_refusals_become_one_line_naming_our_flag():
     """vLLM's CPU worker refuses to start unless 90% of the memory is free (without a KV
     cache size), or when the KV cache does not fit: each is a one-line error naming
     --kv-cache-memory-bytes and the memory free; other lines are no refusal."""
-    from engine.server.vllm_startup import RefusalWatch, startup_refusal
+    from engine.server.vllm_adapter.vllm_startup import RefusalWatch, startup_refusal
 
     wants, too_big = (startup_refusal(line) for line in REFUSALS)
     assert wants is not None and too_big is not None
@@ -547,7 +547,7 @@ def test_kv_cache_size_by_vllms_flag_and_its_refusal_from_serve(tmp_path):
     vLLM's words) is a one-line error naming the flag, exit 2, no traceback."""
     from engine.config import VllmConfig
     from engine.server.config import ServerConfig
-    from engine.server.vllm_spec import byte_count, engine_args
+    from engine.server.vllm_adapter.vllm_spec import byte_count, engine_args
 
     assert byte_count("--f", "4G") == 4 << 30 and byte_count("--f", "1.5g") == 1_500_000_000
     assert byte_count("--f", " 2048 ") == 2048
@@ -585,8 +585,10 @@ def test_bridge_imports_no_torch_nor_our_engine_in_vllms_environment():
                             env=bridge_env(python), cwd="/", timeout=120, check=True)
     loaded = set(json.loads(result.stdout))
     allowed = {"engine", "engine.version", "engine.errors", "engine.server",
-               "engine.server.wire", "engine.server.shared_inputs", "engine.server.outbox",
-               "engine.server.vllm_inputs", "engine.server.vllm_spec", "engine.media",
+               "engine.server.process", "engine.server.process.wire",
+               "engine.server.process.shared_inputs", "engine.server.process.outbox",
+               "engine.server.vllm_adapter", "engine.server.vllm_adapter.vllm_inputs",
+               "engine.server.vllm_adapter.vllm_spec", "engine.media",
                "engine.media.frame_memory", "engine.vllm_bridge", "engine.vllm_bridge.serve"}
     assert loaded <= allowed, loaded - allowed  # vllm (and its torch) load only in main()
 
@@ -771,7 +773,7 @@ def scrape(base: str) -> dict[str, float]:
 
 class TestLeftOutMedia:
     """Media vLLM's processor cache holds is left out, undecoded, and sent again when vLLM has
-    evicted it (engine.server.vllm_media). The cache is small (--mm-processor-cache-gb
+    evicted it (engine.server.vllm_adapter.vllm_media). The cache is small (--mm-processor-cache-gb
     0.0004, 429 KB, passed to vLLM and sizing the ledger): 16x16 images, which the processor
     scales up to its minimum of 56x56 (16 patches of 1,176 values), are counted at the
     ledger's floor of 16 KiB each and take vLLM 19-75 KB (uint8 or float32 patches), so after

@@ -3,11 +3,11 @@
 Work inside one request, in the steps of CONTRIBUTING.md's "One request, as folders" (nothing
 is fetched before steps 1-3 pass):
   1 auth from the headers (401), admission (503), the body under a deadline and size cap
-    (408/413, JSON only: 415), its JSON shape (400): see :mod:`engine.server.front_door`;
+    (408/413, JSON only: 415), its JSON shape (400): see :mod:`engine.server.api.front_door`;
     model (404), fields (400)
   2-7 parts, item limits, options, media URL policy (400), fetch (bounded), decode + HF
-    processor (cache): :mod:`engine.server.prepare`
-  8 engine, tokens back as JSON or SSE: :mod:`engine.server.respond`.
+    processor (cache): :mod:`engine.server.api.prepare`
+  8 engine, tokens back as JSON or SSE: :mod:`engine.server.api.respond`.
 Every error is the OpenAI shape; a bad item in a streaming request fails before the first SSE
 byte. With ``--expose-request-timings`` each response carries the server-side stage timings and
 cache hits: the header ``x-aphrodite-timings`` (JSON) and the body field ``aphrodite`` (for
@@ -42,25 +42,25 @@ from engine.media.video.budget import GpuDecodeBudget
 from engine.models.loader import LoadedModel
 from engine.processing.media_items import InProcessDecoders
 from engine.processing.pipeline import Pipeline
-from engine.server import vllm_media
-from engine.server.admin_routes import ADMIN_PATHS, Access, add_admin_routes
-from engine.server.config import ServerConfig
-from engine.server.engine_client import EngineClient
-from engine.server.fetch_slots import FetchSlots, client_key
-from engine.server.forwarded import TrustedProxies
-from engine.server.front_door import (
+from engine.server.api.admin_routes import ADMIN_PATHS, Access, add_admin_routes
+from engine.server.api.fetch_slots import FetchSlots, client_key
+from engine.server.api.forwarded import TrustedProxies
+from engine.server.api.front_door import (
     auth_middleware,
     check_declared_length,
     parse_body,
     read_body,
 )
-from engine.server.logprobs import TokenStrings
-from engine.server.metrics import REFRESH_S, Metrics
-from engine.server.prepare import prepare_chat, prepare_prompts
-from engine.server.request_ids import add_request_id_header, request_id_middleware
-from engine.server.respond import respond
-from engine.server.tenants import KEY_SALT
-from engine.server.text_limits import TextLimits
+from engine.server.api.logprobs import TokenStrings
+from engine.server.api.metrics import REFRESH_S, Metrics
+from engine.server.api.prepare import prepare_chat, prepare_prompts
+from engine.server.api.request_ids import add_request_id_header, request_id_middleware
+from engine.server.api.respond import respond
+from engine.server.api.tenants import KEY_SALT
+from engine.server.api.text_limits import TextLimits
+from engine.server.config import ServerConfig
+from engine.server.process.engine_client import EngineClient
+from engine.server.vllm_adapter import vllm_media
 from engine.version import __version__
 
 logger = logging.getLogger("aphrodite.server")
@@ -82,7 +82,8 @@ class State:
         self.pipeline = Pipeline(loaded, config.pipeline)
         self.preprocessor = self.pipeline.preprocessor
         #: --engine vllm: the items vLLM's processor cache holds, by this server's account
-        #: (its share of that cache, --mm-processor-cache-gb; see engine.server.vllm_media)
+        #: (its share of that cache, --mm-processor-cache-gb; see
+        #: engine.server.vllm_adapter.vllm_media)
         self.vllm_ledger = vllm_media.Ledger.from_gb(
             config.pipeline.mm_processor_cache_gb / max(config.api_server_count, 1)
             if config.engine_kind == "vllm" else 0)
@@ -267,7 +268,7 @@ async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamRe
 @admitted
 async def completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
     """``prompt``: a string, a list of strings, a list of token ids or a list of lists of
-    token ids; one engine request per prompt (see :mod:`engine.server.reply`)."""
+    token ids; one engine request per prompt (see :mod:`engine.server.api.reply`)."""
     state: State = request.app[STATE]
     data = await read_json(request, ticket, lambda body: state.text_limits.check_prompt(
         body.get("prompt"), state.config.max_model_len))

@@ -1,5 +1,6 @@
 """The engine process: owns the model and the batching engine; API server processes talk to
-it over local connections (one per API server), in the messages of :mod:`engine.server.wire`.
+it over local connections (one per API server), in the messages of
+:mod:`engine.server.process.wire`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.errors import AphroditeError, internal_error_body
-from engine.server import shared_inputs
-from engine.server.outbox import Outbox
-from engine.server.wire import (
+from engine.server.process import shared_inputs
+from engine.server.process.outbox import Outbox
+from engine.server.process.wire import (
     Cancel,
     Delta,
     Done,
@@ -190,7 +191,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                 send(Stats(message.rid, process_stats(sum(map(len, lives)),
                                                       engine.scheduler_stats())))
             elif isinstance(message, ResetQuery):
-                from engine.server.cache_reset import engine_answer
+                from engine.server.process.cache_reset import engine_answer
 
                 send(ResetAnswer(message.rid, engine_answer(engine, message.what, senders)))
 

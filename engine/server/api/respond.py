@@ -1,6 +1,6 @@
 """Step 8 of a request (CONTRIBUTING.md's "One request, as folders"): its prompts through the
 engine, answered as OpenAI's JSON (:func:`respond_json`) or SSE (:func:`respond_stream`); the
-two build their choices, usage and extension with one :class:`~engine.server.reply.Reply`.
+two build their choices, usage and extension with one :class:`~engine.server.api.reply.Reply`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from aiohttp import web
 
 from engine.errors import AphroditeError, internal_error_body
 from engine.executor.sampling import MAX_TOKENS_CAP
-from engine.server import vllm_media
-from engine.server.prepare import preprocess_slot
-from engine.server.reply import Reply
-from engine.server.request_ids import request_id
-from engine.server.sequence_admission import sequences_charged
-from engine.server.wire import Done
+from engine.server.api.prepare import preprocess_slot
+from engine.server.api.reply import Reply
+from engine.server.api.request_ids import request_id
+from engine.server.api.sequence_admission import sequences_charged
+from engine.server.process.wire import Done
+from engine.server.vllm_adapter import vllm_media
 
 logger = logging.getLogger("aphrodite.server")
 

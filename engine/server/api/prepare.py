@@ -23,13 +23,13 @@ from engine.media.video.backend_info import BACKENDS
 from engine.processing.chat_parts import parse_messages
 from engine.processing.media_items import use_frames
 from engine.processing.preprocess import ProcessedPrompt
-from engine.server import vllm_inputs, vllm_media
-from engine.server.protocol import GenerationFields, parse_generation_fields, parse_prompts
-from engine.server.tenants import effective_salt
+from engine.server.api.protocol import GenerationFields, parse_generation_fields, parse_prompts
+from engine.server.api.tenants import effective_salt
+from engine.server.vllm_adapter import vllm_inputs, vllm_media
 from engine.timings import zero_preprocess_timings
 
 if TYPE_CHECKING:
-    from engine.server.app import State
+    from engine.server.api.app import State
 
 
 async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, client: str = "",
@@ -123,7 +123,8 @@ def decoded_prompt(state: State, text: str, items: list, kwargs: dict[str, Any] 
     text's tokens (placeholders not expanded) for the length checks before the engine,
     which reports the real prompt back. Each item is named by its content key, and one that
     vLLM holds by the ledger's account is left out, undecoded (``item_hits``; see
-    :mod:`engine.server.vllm_media`). ``salt``: the request's cache salt, for vLLM's prefix
+    :mod:`engine.server.vllm_adapter.vllm_media`). ``salt``: the request's cache salt, for vLLM's
+    prefix
     cache and in every item's name."""
     timings = zero_preprocess_timings()
     start = time.perf_counter()
