@@ -29,7 +29,7 @@ from engine.server.vllm_adapter import vllm_inputs, vllm_media
 from engine.timings import zero_preprocess_timings
 
 if TYPE_CHECKING:
-    from engine.server.api.app import State
+    from engine.server.api.state import State
 
 
 async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, client: str = "",

@@ -23,7 +23,7 @@ from engine.server.process.wire import Done
 from engine.timings import SERVED_STAGES
 
 if TYPE_CHECKING:
-    from engine.server.api.app import State
+    from engine.server.api.state import State
 
 
 def finish_reason(reason: str | None) -> str | None:
