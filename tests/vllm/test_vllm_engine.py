@@ -466,15 +466,15 @@ def test_a_request_without_max_tokens_is_capped_for_vllm_as_for_ours():
     """vLLM would otherwise generate up to the model length (32k on a large model); it gets
     the server's cap, and its scheduler stops at the model length if that comes first."""
     from engine.server.api.protocol import parse_generation_fields
-    from engine.server.api.respond import _sampling
+    from engine.server.api.respond import sampling_for_engine
 
     fields = parse_generation_fields({"messages": []}, max_tokens_cap=300)
     params = fields.sampling_for(10, 32768, "messages")
-    assert _sampling(params, fields, vllm=True)["max_tokens"] == 300
-    assert _sampling(params, fields, vllm=False)["max_tokens"] == 300
+    assert sampling_for_engine(params, fields, vllm=True)["max_tokens"] == 300
+    assert sampling_for_engine(params, fields, vllm=False)["max_tokens"] == 300
     given = parse_generation_fields({"messages": [], "max_tokens": 7}, max_tokens_cap=300)
-    assert _sampling(given.sampling_for(10, 32768, "messages"), given,
-                     vllm=True)["max_tokens"] == 7
+    assert sampling_for_engine(given.sampling_for(10, 32768, "messages"), given,
+                               vllm=True)["max_tokens"] == 7
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--num-threads", "2"), ("--decode-threads", "1"),

@@ -39,6 +39,7 @@ from engine.media.pool import decode_executor
 from engine.models.loader import LoadedModel
 from engine.processing.media_items import InProcessDecoders
 from engine.server.api.admin_routes import ADMIN_PATHS, Access, add_admin_routes
+from engine.server.api.backend import backend_for
 from engine.server.api.fetch_slots import client_key
 from engine.server.api.front_door import (
     auth_middleware,
@@ -320,7 +321,7 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
                           client_max_size=int(config.max_request_body_mb * 1024 * 1024))
 
     async def lifecycle(app: web.Application):
-        app[STATE] = State(config, loaded, engine)
+        app[STATE] = State(config, loaded, engine, backend_for(config))
         refresher = (asyncio.create_task(_refresh_metrics(app[STATE].metrics))
                      if app[STATE].metrics.multiprocess else None)
         yield

@@ -77,18 +77,9 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
             items = pipeline.place(parsed.refs, items, held, video, decoders)
             if state.gpu_budget is not None and BACKENDS[video.backend].gpu:
                 await decode_gpu_videos(state, items, video)
-        loop = asyncio.get_running_loop()
-        if state.config.engine_kind == "vllm":  # vLLM runs its own processor
-            processed = await loop.run_in_executor(
-                decode_executor(), decoded_prompt, state, text, items,
-                vllm_processor_kwargs(state, fields.mm_processor_kwargs), fields.cache_salt)
-        else:
-            processed = await loop.run_in_executor(decode_executor(), pipeline.process,
-                                                   text, items, kwargs, fields.cache_salt)
+        processed = await state.backend.process(state, text, items, kwargs, fields)
     pipeline.uuids.remember(parsed.refs, items, fields.cache_salt)  # (once it processed)
     processed.timings["fetch_s"] = fetch_s
-    if state.config.engine_kind != "vllm":  # (vLLM's: counted once it ran, vllm_media)
-        state.metrics.count_items(processed.item_hits)
     if counts.get("video") and processed.timings["media_decode_s"]:
         state.metrics.video_decode.labels(video.backend).observe(
             processed.timings["media_decode_s"])

@@ -24,25 +24,25 @@ from engine.server.api.metrics import Metrics
 from engine.server.api.text_limits import TextLimits
 from engine.server.config import ServerConfig
 from engine.server.process.engine_client import EngineClient
-from engine.server.vllm_adapter import vllm_media
 
 
 class State:
     """Everything a handler needs, built once per API server process."""
 
-    def __init__(self, config: ServerConfig, loaded: LoadedModel, engine: EngineClient) -> None:
+    def __init__(self, config: ServerConfig, loaded: LoadedModel, engine: EngineClient,
+                 backend: Any) -> None:
         self.config = config
         self.loaded = loaded
         self.engine = engine
+        #: what differs by --engine, chosen once (engine.server.api.backend)
+        self.backend = backend
         self.name = config.served_model_name or loaded.name
         self.pipeline = Pipeline(loaded, config.pipeline)
         self.preprocessor = self.pipeline.preprocessor
         #: --engine vllm: the items vLLM's processor cache holds, by this server's account
         #: (its share of that cache, --mm-processor-cache-gb; see
         #: engine.server.vllm_adapter.vllm_media)
-        self.vllm_ledger = vllm_media.Ledger.from_gb(
-            config.pipeline.mm_processor_cache_gb / max(config.api_server_count, 1)
-            if config.engine_kind == "vllm" else 0)
+        self.vllm_ledger = backend.ledger(config)
         self.token_strings = TokenStrings(loaded.tokenizer)
         #: token ids a prompt may hold: the tokenizer's and the model's vocabulary
         self.vocab_size = min(len(loaded.tokenizer), loaded.config.get("vocab_size") or (
