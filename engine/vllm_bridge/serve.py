@@ -22,15 +22,14 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from engine.server.process import shared_inputs
+from engine.server.process.engine_side import accept_api_servers, read_messages
 from engine.server.process.outbox import Outbox
 from engine.server.process.wire import (
-    Cancel,
     Delta,
     Done,
     Events,
@@ -356,40 +355,44 @@ class Bridge:
         send = sender.send
         self.senders.append(send)
 
-        def dispatch(message: Any) -> None:  # on the loop
-            if isinstance(message, Submit):
-                task = self.loop.create_task(self.run(message, send))
-                self.tasks[message.rid] = task
+        bridge = self
+
+        class OnTheLoop:  # engine_side.Handlers, each called on the loop
+            @staticmethod
+            def submit(message: Submit) -> None:
+                task = bridge.loop.create_task(bridge.run(message, send))
+                bridge.tasks[message.rid] = task
                 mine.add(message.rid)
                 task.add_done_callback(lambda _t, rid=message.rid: (
-                    self.tasks.pop(rid, None), mine.discard(rid)))
-            elif isinstance(message, Cancel):
-                task = self.tasks.get(message.rid)
+                    bridge.tasks.pop(rid, None), mine.discard(rid)))
+
+            @staticmethod
+            def cancel(rid: str) -> None:
+                task = bridge.tasks.get(rid)
                 if task is not None:
                     task.cancel()
-            elif isinstance(message, StatsQuery):
-                send(Stats(message.rid, self.stats()))
-            elif isinstance(message, ResetQuery):
+
+            @staticmethod
+            def stats(message: StatsQuery) -> None:
+                send(Stats(message.rid, bridge.stats()))
+
+            @staticmethod
+            def reset(message: ResetQuery) -> None:
                 async def answer(q: ResetQuery = message) -> None:
-                    send(ResetAnswer(q.rid, await self.reset(q.what)))
-                self.loop.create_task(answer())
+                    send(ResetAnswer(q.rid, await bridge.reset(q.what)))
+                bridge.loop.create_task(answer())
 
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                break
-            self.loop.call_soon_threadsafe(dispatch, message)
+            @staticmethod
+            def leave() -> None:
+                for rid in list(mine):
+                    task = bridge.tasks.get(rid)
+                    if task is not None:
+                        task.cancel()
+                with contextlib.suppress(ValueError):
+                    bridge.senders.remove(send)
+                sender.outbox.close(timeout=0.0)  # nobody reads what is left
 
-        def leave() -> None:
-            for rid in list(mine):
-                task = self.tasks.get(rid)
-                if task is not None:
-                    task.cancel()
-            with contextlib.suppress(ValueError):
-                self.senders.remove(send)
-            sender.outbox.close(timeout=0.0)  # nobody reads what is left
-        self.loop.call_soon_threadsafe(leave)
+        read_messages(conn, OnTheLoop, self.loop.call_soon_threadsafe)
 
 
 def _exit_with_parent() -> None:
@@ -433,17 +436,8 @@ async def serve(spec: dict[str, Any]) -> None:
     try:
         os.write(spec["ready_fd"], f"{os.getpid()}\n".encode())
         os.close(spec["ready_fd"])
-        threads = []
-        for _ in range(int(spec["api_servers"])):
-            conn = await loop.run_in_executor(None, listener.accept)
-            thread = threading.Thread(target=bridge.serve_connection, args=(conn,),
-                                      daemon=True, name="api-server-connection")
-            thread.start()
-            threads.append(thread)
-        folder = os.path.dirname(spec["address"])
-        listener.close()
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
+        threads = await loop.run_in_executor(None, accept_api_servers, listener,
+                                             int(spec["api_servers"]), bridge.serve_connection)
         everyone_left = loop.run_in_executor(None, lambda: [t.join() for t in threads])
         await asyncio.wait([everyone_left, asyncio.ensure_future(stop.wait())],
                            return_when=asyncio.FIRST_COMPLETED)

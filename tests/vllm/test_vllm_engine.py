@@ -586,6 +586,7 @@ def test_bridge_imports_no_torch_nor_our_engine_in_vllms_environment():
     loaded = set(json.loads(result.stdout))
     allowed = {"engine", "engine.version", "engine.errors", "engine.server",
                "engine.server.process", "engine.server.process.wire",
+               "engine.server.process.engine_side",
                "engine.server.process.shared_inputs", "engine.server.process.outbox",
                "engine.server.vllm_adapter", "engine.server.vllm_adapter.vllm_inputs",
                "engine.server.vllm_adapter.vllm_spec", "engine.media",
