@@ -36,6 +36,7 @@ from engine.errors import ConfigError, StartupError
 from engine.models.generation_config import bad_file, describe, sampling_defaults
 from engine.server.api.serve import DRAIN_S, api_server_main
 from engine.server.config import ServerConfig
+from engine.server.engines import engines_for
 
 logger = logging.getLogger("aphrodite.server")
 
@@ -51,8 +52,7 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
     from engine.server.api.connections import raise_open_file_limit
 
     raise_open_file_limit()  # the API servers inherit it
-    if config.engine_kind == "aphrodite":  # vLLM places its model itself
-        check_device(config.engine.device)
+    engines_for(config).check_device(config)
     loaded = load_model(config.model, chat_template=config.chat_template,
                         served_name=config.served_model_name, revision=config.revision,
                         download_dir=config.download_dir)
@@ -66,21 +66,6 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
     pipeline = Pipeline(loaded, config.pipeline)
     check_gpu_backend_startup(pipeline.video, config.mm_ipc_gpu_memory_gb)
     return loaded, loaded.name
-
-
-def check_device(device: str) -> None:
-    """``--device`` cuda or cuda:N exists here (its form and ``--dtype`` were checked when the
-    flags became an :class:`~engine.config.EngineConfig`)."""
-    kind, _, index = device.partition(":")
-    if kind == "cuda":
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if int(index or 0) >= count:
-            raise ConfigError(f"--device {device}: this machine has "
-                              f"{count or 'no'} CUDA device{'s' if count != 1 else ''}",
-                              hint="use --device cpu, or run on a machine with an NVIDIA GPU",
-                              code="invalid_device")
 
 
 def _validated_model(config: ServerConfig) -> tuple[str, str]:
@@ -143,70 +128,6 @@ def _wait_ready(host: str, port: int, procs: list[Any], events: list[Any],
                        + (f" ({', '.join(waiting)} not listening)" if waiting else ""))
 
 
-def _fit_vllm_length(config: ServerConfig, model_path: str, announce) -> ServerConfig:
-    """vLLM refuses a --max-model-len over the model's own limit: the server's length (the
-    default 8192 included) is capped there, for vLLM and the API servers alike, and said so."""
-    from dataclasses import replace
-
-    from engine.server.vllm_adapter.vllm_spec import model_max_len
-
-    limit = model_max_len(model_path)
-    if limit is None or config.max_model_len <= limit:
-        return config
-    announce(f"--max-model-len {config.max_model_len} is over the model's "
-             f"max_position_embeddings {limit}: serving with --max-model-len {limit}")
-    return replace(config, max_model_len=limit)
-
-
-def _start_vllm(config: ServerConfig, ctx: Any, model_path: str, name: str, address: str,
-                  authkey: bytes) -> tuple[Any, Any]:
-    """vLLM's engine process (``--engine vllm``, :mod:`engine.server.vllm_adapter.vllm_process`:
-    AsyncLLM
-    in vLLM's own environment) and the pipe it sends its pid down once it accepts API
-    servers; it leaves the API servers' video decode budget (``--mm-ipc-gpu-memory-gb``) free
-    on the GPU."""
-    from engine.server.vllm_adapter.vllm_process import VllmEngineProcess
-
-    engine = VllmEngineProcess(config, model_path, name, address, authkey)
-    return engine, engine.ready
-
-
-def _start_engines(config: ServerConfig, ctx: Any, model_path: str, name: str,
-                   folder: Path, authkey: bytes) -> list[tuple[Any, Any, str, list[int] | None]]:
-    """The engine processes, each with the pipe it sends ``(pid, its settings line)`` down
-    once it accepts API servers, its socket's path and the CPUs it is pinned to (None: not):
-    vLLM's one engine (which runs its own data-parallel ranks), or ``--data-parallel-size``
-    of ours, each on its own slice of the CPUs (:func:`engine.cpus.engine_share`) with an
-    even share of torch threads by default."""
-    if config.engine_kind == "vllm":
-        address = str(folder / "engine.sock")
-        return [(*_start_vllm(config, ctx, model_path, name, address, authkey), address, None)]
-    from dataclasses import replace
-
-    from engine.cpus import engine_share
-    from engine.server.process.engine_proc import serve_engine
-    from engine.server.process.parallel_defaults import engines_and_threads
-
-    engine_config = replace(config.engine,
-                            reserved_gpu_bytes=int(config.mm_ipc_gpu_memory_gb * (1 << 30)))
-    count, engine_config = engines_and_threads(config.vllm, engine_config, Path(model_path))
-    started = []
-    for index in range(count):
-        cpus = engine_share(index, count)
-        address = str(folder / (f"engine-{index}.sock" if count > 1 else "engine.sock"))
-        ready, ready_child = ctx.Pipe(duplex=False)
-        engine = ctx.Process(
-            target=serve_engine, name=f"engine process {index}" if count > 1
-            else "engine process", daemon=False, kwargs=dict(
-                address=address, authkey=authkey, model=model_path,
-                chat_template=config.chat_template, config=engine_config, ready=ready_child,
-                api_servers=config.api_server_count, cpus=cpus))
-        engine.start()
-        ready_child.close()
-        started.append((engine, ready, address, cpus))
-    return started
-
-
 def publish_processes(path: str, roles: dict[str, Any]) -> None:
     """``--process-file``: the pids by role as JSON, replaced whole (a reader never sees
     half a file)."""
@@ -232,36 +153,7 @@ def check_flags(config: ServerConfig) -> None:
     if config.decode_isolation not in ("thread", "process"):
         raise ConfigError(f"--decode-isolation {config.decode_isolation!r} must be thread or "
                           "process")
-    if config.engine_kind == "vllm":
-        from engine.server.vllm_adapter.vllm_spec import find_python, ours_only_flags
-
-        for flag, instead in ours_only_flags(config.engine):
-            raise ConfigError(f"{flag} sets this project's engine and has no effect with "
-                              f"--engine vllm", hint=f"leave it out; {instead}",
-                              code="invalid_flag")
-        find_python(config.vllm.python)  # vLLM's environment is there, or how to build it
-    elif config.engine_kind == "aphrodite":
-        _check_ours_parallel(config)
-    else:
-        raise ConfigError(f"--engine {config.engine_kind!r} is not supported",
-                          hint="use aphrodite or vllm", code="invalid_flag")
-
-
-def _check_ours_parallel(config: ServerConfig) -> None:
-    """This project's engine runs data-parallel copies on one machine's CPUs; model sharding
-    and several copies on one GPU are vLLM's."""
-    vllm = config.vllm
-    for flag, value in (("--tensor-parallel-size", vllm.tensor_parallel_size),
-                        ("--pipeline-parallel-size", vllm.pipeline_parallel_size)):
-        if value != 1:
-            raise ConfigError(f"{flag} {value}: this project's engine runs the whole model in "
-                              "one process", hint="add --engine vllm to split the model "
-                              "across GPUs", code="invalid_flag")
-    if (vllm.data_parallel_count or 1) > 1 and str(config.engine.device) != "cpu":
-        raise ConfigError(f"--data-parallel-size {vllm.data_parallel_size} on "
-                          f"--device {config.engine.device}: this project's engine runs its "
-                          "copies on the CPU", hint="add --engine vllm for model replicas on "
-                          "GPUs, or serve with --device cpu", code="invalid_flag")
+    engines_for(config).check_flags(config)
 
 
 def checked_defaults(mode: str, model_path: str) -> dict[str, Any]:
@@ -301,12 +193,13 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     if defaults:  # once, as vLLM does
         announce(describe(defaults, config.generation_config))
         config = dataclasses.replace(config, sampling_defaults=defaults)
-    if config.engine_kind == "vllm":
-        config = _fit_vllm_length(config, model_path, announce)
+    backend = engines_for(config)
+    config = backend.fit(config, model_path, announce)
     ctx = multiprocessing.get_context("spawn")
     folder = Path(tempfile.mkdtemp(prefix="aphrodite-"))
     authkey = secrets.token_bytes(32)
-    started = _start_engines(config, ctx, model_path, name, folder, authkey)
+    started = backend.start(config, ctx, model_path, name, folder, authkey)
+    grace_s = backend.stop_grace_s
     engines = [engine for engine, _, _, _ in started]
     addresses = [address for _, _, address, _ in started]
     stopping = {"flag": False}
@@ -385,7 +278,7 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
         for engine in engines:
             if engine.exitcode is None:
                 engine.terminate()
-        _join_all(engines, 20 if config.engine_kind == "vllm" else 5)
+        _join_all(engines, grace_s)
         for engine in engines:
             if engine.exitcode is None:
                 engine.kill()

@@ -429,17 +429,17 @@ def test_max_model_len_over_the_models_is_capped_for_vllm(tmp_path):
     """vLLM refuses a --max-model-len over the model's limit (the server's default 8192 on a
     4096-position model): the server serves with the model's and says so."""
     from engine.server.config import ServerConfig
-    from engine.server.launcher import _fit_vllm_length
+    from engine.server.engines import VllmEngines
     from engine.server.vllm_adapter.vllm_spec import model_max_len
 
     (tmp_path / "config.json").write_text(json.dumps(
         {"text_config": {"max_position_embeddings": 4096}, "max_position_embeddings": 128}))
     assert model_max_len(str(tmp_path)) == 4096
     said = []
-    fitted = _fit_vllm_length(ServerConfig(engine_kind="vllm"), str(tmp_path), said.append)
+    fitted = VllmEngines().fit(ServerConfig(engine_kind="vllm"), str(tmp_path), said.append)
     assert fitted.max_model_len == 4096 and "8192" in said[0]
-    kept = _fit_vllm_length(ServerConfig(engine_kind="vllm", max_model_len=2048),
-                            str(tmp_path), said.append)
+    kept = VllmEngines().fit(ServerConfig(engine_kind="vllm", max_model_len=2048),
+                             str(tmp_path), said.append)
     assert kept.max_model_len == 2048 and len(said) == 1
 
 
