@@ -11,7 +11,9 @@ its old path (git's rename detection carries the edit across; this rewrites the 
     python scripts/server_moves.py          # moves + rewrites, then `ruff --select I --fix`
     python scripts/server_moves.py --check  # lists what it would change, changes nothing
 
-Module names stay the same: only the folder changes.
+Module names stay the same: only the folder changes. A moved module that finds the repository
+from its own path (``Path(__file__).parents[N]``) is one folder deeper: check such lines by hand
+(vllm_adapter/vllm_spec.py's ROOT was the one).
 """
 
 from __future__ import annotations
