@@ -92,10 +92,14 @@ def main(check: bool) -> int:
                 git("add", str(init))
         for module in modules:
             old = SERVER / f"{module}.py"
-            if old.exists():
+            new = folder / f"{module}.py"
+            if old.exists() and new.exists():  # a merge left both: which to keep is a person's
+                changed.append(f"BOTH {old.relative_to(ROOT)} and {new.relative_to(ROOT)}: "
+                               "merge the old one's changes into the new by hand, delete it")
+            elif old.exists():
                 changed.append(f"{old.relative_to(ROOT)} -> {package}/{module}.py")
                 if not check:
-                    git("mv", str(old), str(folder / f"{module}.py"))
+                    git("mv", str(old), str(new))
     this = Path(__file__).resolve()
     rewritten: list[Path] = []
     for name in git("ls-files", "-co", "--exclude-standard").splitlines():
