@@ -81,7 +81,7 @@ SweepProfile = Literal["sweep"]
 RampUpStrategy = Literal["linear", "exponential"]
 BatchingWorkload = Literal["uniform", "mixed"]
 OutputFormat = Literal["table", "markdown", "json"]
-#: vLLM's --tool-call-parser names this server has (engine/server/tool_parsers.py PARSERS)
+#: vLLM's --tool-call-parser names this server has (engine/server/api/tool_parsers.py PARSERS)
 ToolCallParser = Literal["hermes"]
 ModelSizeName = Literal["tiny", "small", "medium"]  # engine.models.sizes.SIZES
 OUTPUT_FORMAT_HELP = ("How results are printed: table, markdown (for pull requests and CI "

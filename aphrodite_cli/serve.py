@@ -82,9 +82,9 @@ def serve(
     """Serve a multimodal model with an OpenAI-compatible API (alias: aphrodite run)."""
     from engine import envs
     from engine.processing.pipeline import pipeline_config
-    from engine.server.forwarded import TrustedProxies
+    from engine.server.api.forwarded import TrustedProxies
     from engine.server.launcher import run
-    from engine.server.vllm_spec import byte_count
+    from engine.server.vllm_adapter.vllm_spec import byte_count
 
     server = flags[ServerConfig]
     config = ServerConfig(

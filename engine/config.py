@@ -424,9 +424,9 @@ VLLM_CPU_KV_CACHE_DEFAULT_BYTES = 4 << 30
 
 
 #: requests in flight the engine holding a key's prefix may have over the least busy one and
-#: still be chosen (engine/server/engine_pool.py; with 2, a warm phase at concurrency 8 over 2
-#: engines found 66-75% of its prompt tokens cached, against 98% on one engine: each diverted
-#: request prefilled anew)
+#: still be chosen (engine/server/process/engine_pool.py; with 2, a warm phase at
+#: concurrency 8 over 2 engines found 66-75% of its prompt tokens cached, against 98% on
+#: one engine: each diverted request prefilled anew)
 BALANCE_SLACK = 4
 
 

@@ -46,7 +46,7 @@ def _serve_with_heap_stats(stats_path: str, trim_every_s: float, trace_after_s: 
         Path(stats_path + ".trace").write_text("\n".join(lines))
 
     from engine.memory import trim
-    from engine.server.engine_proc import serve_engine
+    from engine.server.process.engine_proc import serve_engine
 
     def report() -> None:
         last_trim = started = last_trace = time.monotonic()
@@ -72,7 +72,7 @@ async def main(requests: int, every: int, trim_every_s: float, trace_after_s: fl
     from engine import LLM
     from engine.config import EngineConfig
     from engine.processing.preprocess import MediaItem
-    from engine.server.engine_client import EngineClient
+    from engine.server.process.engine_client import EngineClient
 
     llm = LLM(mm_processor_cache_gb=0)
     prompts = [llm.prepare("<|vision_start|><|image_pad|><|vision_end|>Describe.", [MediaItem(

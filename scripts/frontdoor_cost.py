@@ -79,7 +79,7 @@ def cpu_ms(pid: int) -> float:
 def micro() -> dict[str, float]:
     from engine.media.image import count_jpeg_scans
     from engine.media.isolation import _cpu_seconds
-    from engine.server.text_limits import TextLimits
+    from engine.server.api.text_limits import TextLimits
 
     out = io.BytesIO()
     Image.new("RGB", (6000, 6000), (10, 20, 30)).save(out, "JPEG", progressive=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.server.vllm_spec import BUILD_ERROR, VENV
+from engine.server.vllm_adapter.vllm_spec import BUILD_ERROR, VENV
 from tests.server_harness import ServerProcess
 
 ENGINES = ("ours", "vllm")

@@ -23,7 +23,7 @@ values, every property required).
 The grammar engine's side (compiling, the per-row matchers) is
 :mod:`engine.executor.grammar`; the request fields that carry a constraint under OpenAI's and
 vLLM's other names (``response_format``, ``guided_json``...) are the server's
-(:mod:`engine.server.structured_fields`).
+(:mod:`engine.server.api.structured_fields`).
 """
 
 from __future__ import annotations

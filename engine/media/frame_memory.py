@@ -14,7 +14,8 @@ next one to start (:func:`remove_orphans`).
 An API server that passes decoded media on to an engine process unchanged (``--engine vllm``)
 hands the worker's segment over instead of copying it (:func:`hand_over`): renamed out of its
 worker's names into the server's own inputs (``<server pid>-in-...``, as
-:mod:`engine.server.shared_inputs` names its copies), the engine maps it and removes the name;
+:mod:`engine.server.process.shared_inputs` names its copies), the engine maps it and removes the
+name;
 the memory goes when both let go of it. It never returns to the worker: nobody writes into
 it again while the server or the engine still reads it.
 

@@ -23,7 +23,7 @@ def item_key(model: str, modality: str, content_hash: str, processor_kwargs: dic
 
 def salted_key(key: str, salt: str | None) -> str:
     """An item's key under a request's cache salt (vLLM's ``cache_salt``, or a tenant's, see
-    engine.server.tenants): no entry is shared across salts; unsalted, the key itself."""
+    engine.server.api.tenants): no entry is shared across salts; unsalted, the key itself."""
     if salt is None:
         return key
     return key + "|salt:" + hashlib.sha256(salt.encode()).hexdigest()[:32]

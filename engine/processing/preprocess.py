@@ -98,7 +98,8 @@ class ProcessedPrompt:
     #: items) and the request's processor kwargs
     text: str | None = None
     processor_kwargs: dict[str, Any] | None = None
-    #: ``--engine vllm`` (see :mod:`engine.server.vllm_media`): ``item_hits`` marks the items
+    #: ``--engine vllm`` (see :mod:`engine.server.vllm_adapter.vllm_media`): ``item_hits`` marks
+    #: the items
     #: left out because vLLM holds them; ``refill`` decodes every item again (``(mm,
     #: mm_sent)``), for when it does not; ``mm_sent`` the content keys and estimated
     #: processed bytes of the items sent with data

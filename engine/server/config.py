@@ -16,9 +16,10 @@ from engine.config import (
     VllmConfig,
 )
 from engine.errors import ConfigError
-from engine.server.tool_parsers import PARSERS
 from engine.settings import check, setting
 
+#: the tool-call formats --tool-call-parser takes (each read by engine/server/api/tool_parsers.py)
+PARSERS = ("hermes",)
 _LIMITS = "Requests and connections"
 _DECODE = "Media fetch and decode"
 
@@ -42,7 +43,7 @@ class ServerConfig:
         None, metavar="KEY",
         help="Require 'Authorization: Bearer KEY' (or set APHRODITE_API_KEY); repeat it to "
              "accept several keys, e.g. --api-key team-a --api-key team-b.")
-    #: salt each request's cached work by its API key (engine.server.tenants)
+    #: salt each request's cached work by its API key (engine.server.api.tenants)
     cache_salt_per_api_key: bool = setting(
         False, help="Salt each request's cached work by its API key (combined with any "
                     "cache_salt it sends): the holders of different keys share no cached "
@@ -114,7 +115,7 @@ class ServerConfig:
                    "({\"supervisor\": PID, \"engines\": [...], \"api_servers\": [...]}), "
                    "for tools that watch its processes; removed at exit.")
     #: vLLM's tool-calling flags: tool_choice "auto" reads the calls a model writes in
-    #: ``tool_call_parser``'s format (engine/server/tool_parsers.py)
+    #: ``tool_call_parser``'s format (engine/server/api/tool_parsers.py)
     enable_auto_tool_choice: bool = setting(
         False, negatable=False, panel="Requests",
         help="Let tool_choice \"auto\" (the default when a request sends tools) through: "

@@ -1,5 +1,6 @@
-"""``aphrodite serve``: validate everything, start one engine process and N API server
-processes on one listening socket, supervise them.
+"""``aphrodite serve``'s supervisor: validate everything, start one engine process and N API
+server processes on one listening socket, supervise them (an API server process itself:
+:mod:`engine.server.api.serve`).
 
 The supervisor binds the port itself, first (a port in use is a one-line error and exit 1
 before anything loads), and hands that one socket to every API server process, as gunicorn,
@@ -33,10 +34,11 @@ from typing import Any
 
 from engine.errors import ConfigError, StartupError
 from engine.models.generation_config import bad_file, describe, sampling_defaults
+from engine.server.api.serve import DRAIN_S, api_server_main
 from engine.server.config import ServerConfig
+from engine.server.engines import engines_for
 
 logger = logging.getLogger("aphrodite.server")
-DRAIN_S = 30.0
 
 
 def validate(config: ServerConfig) -> tuple[Any, str]:
@@ -47,11 +49,10 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
     from engine.processing.pipeline import Pipeline
 
     check_flags(config)
-    from engine.server.connections import raise_open_file_limit
+    from engine.server.api.connections import raise_open_file_limit
 
     raise_open_file_limit()  # the API servers inherit it
-    if config.engine_kind == "aphrodite":  # vLLM places its model itself
-        check_device(config.engine.device)
+    engines_for(config).check_device(config)
     loaded = load_model(config.model, chat_template=config.chat_template,
                         served_name=config.served_model_name, revision=config.revision,
                         download_dir=config.download_dir)
@@ -65,21 +66,6 @@ def validate(config: ServerConfig) -> tuple[Any, str]:
     pipeline = Pipeline(loaded, config.pipeline)
     check_gpu_backend_startup(pipeline.video, config.mm_ipc_gpu_memory_gb)
     return loaded, loaded.name
-
-
-def check_device(device: str) -> None:
-    """``--device`` cuda or cuda:N exists here (its form and ``--dtype`` were checked when the
-    flags became an :class:`~engine.config.EngineConfig`)."""
-    kind, _, index = device.partition(":")
-    if kind == "cuda":
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if int(index or 0) >= count:
-            raise ConfigError(f"--device {device}: this machine has "
-                              f"{count or 'no'} CUDA device{'s' if count != 1 else ''}",
-                              hint="use --device cpu, or run on a machine with an NVIDIA GPU",
-                              code="invalid_device")
 
 
 def _validated_model(config: ServerConfig) -> tuple[str, str]:
@@ -118,100 +104,6 @@ def bind_listener(host: str, port: int) -> socket.socket:
                            code="port_unavailable") from None
 
 
-def api_server_main(config: ServerConfig, model_path: str, name: str, addresses: list[str],
-                    authkey: bytes, ready: Any, sock: socket.socket,
-                    metrics_dir: str | None = None) -> None:
-    """Entry point of one API server process: serves on the supervisor's listening socket
-    and sets ``ready`` once it accepts connections; ``addresses``: the engine processes'
-    sockets (several: ``--data-parallel-size``). With ``metrics_dir`` (several API
-    servers) its metrics go to that shared folder, which prometheus_client reads from the
-    environment when it is first imported: set here, before anything imports it."""
-    for variable in ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir"):
-        os.environ.pop(variable, None)  # one inherited from the environment is not ours
-    if metrics_dir is not None:
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    from prometheus_client import values
-
-    # prometheus_client picks its value class when first imported; a wrapper script may
-    # have imported it before this ran (spawn re-imports the parent's main module). Only a
-    # wrong one is replaced: two multiprocess classes would each map the same file.
-    if (metrics_dir is not None) == (values.ValueClass is values.MutexValue):
-        values.ValueClass = values.get_value_class()
-    import asyncio
-
-    from engine.lifetime import exit_with_parent, name_process
-    from engine.memory import tune_allocator
-    from engine.models.loader import load_model
-    from engine.server.app import create_app
-    from engine.server.engine_client import EngineClient
-
-    name_process("api")
-    exit_with_parent()
-    tune_allocator()
-    import torch
-
-    from engine import envs
-
-    torch.set_num_threads(envs.APHRODITE_API_SERVER_TORCH_THREADS)
-    loaded = load_model(model_path, chat_template=config.chat_template, served_name=name)
-    clients = [EngineClient(address, authkey) for address in addresses]
-    engine: Any = clients[0]
-    if len(clients) > 1:  # data-parallel engines: each request to one of them
-        from engine.server.engine_pool import EnginePool
-
-        engine = EnginePool(clients)
-    try:
-        asyncio.run(_serve_app(create_app(config, loaded, engine), sock, ready, config))
-    finally:
-        engine.close()
-        if metrics_dir is not None:
-            _leave_metrics_dir(metrics_dir)
-
-
-def _leave_metrics_dir(path: str) -> None:
-    """This API server's metric files go with it; the last one out removes the folder (also
-    when the supervisor was killed outright and cannot)."""
-    for file in Path(path).glob(f"*_{os.getpid()}.db"):
-        file.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        os.rmdir(path)
-
-
-async def _serve_app(app: Any, sock: socket.socket, ready: Any, config: ServerConfig
-                     ) -> None:
-    """Serve ``app`` until SIGTERM/SIGINT, then stop accepting and drain (up to DRAIN_S).
-    Connections are limited first (engine.server.connections): keep-alive and header-read
-    timeouts, a per-client and a total cap, accept errors logged once."""
-    import asyncio
-
-    from aiohttp import web
-
-    from engine.server.connections import (
-        AcceptErrorLog,
-        ConnectionGuard,
-        raise_open_file_limit,
-        total_connection_cap,
-    )
-
-    asyncio.get_running_loop().set_exception_handler(AcceptErrorLog())
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S,
-                           keepalive_timeout=config.keep_alive_timeout_s)
-    await runner.setup()
-    ConnectionGuard(per_client=config.max_connections_per_client,
-                    total=total_connection_cap(raise_open_file_limit()),
-                    header_timeout_s=config.header_read_timeout_s).install(runner.server)
-    try:
-        await web.SockSite(runner, sock).start()
-        ready.set()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
 def _wait_ready(host: str, port: int, procs: list[Any], events: list[Any],
                 timeout: float) -> None:
     """Wait until every API server listens (each sets its event once its socket accepts)
@@ -236,69 +128,6 @@ def _wait_ready(host: str, port: int, procs: list[Any], events: list[Any],
                        + (f" ({', '.join(waiting)} not listening)" if waiting else ""))
 
 
-def _fit_vllm_length(config: ServerConfig, model_path: str, announce) -> ServerConfig:
-    """vLLM refuses a --max-model-len over the model's own limit: the server's length (the
-    default 8192 included) is capped there, for vLLM and the API servers alike, and said so."""
-    from dataclasses import replace
-
-    from engine.server.vllm_spec import model_max_len
-
-    limit = model_max_len(model_path)
-    if limit is None or config.max_model_len <= limit:
-        return config
-    announce(f"--max-model-len {config.max_model_len} is over the model's "
-             f"max_position_embeddings {limit}: serving with --max-model-len {limit}")
-    return replace(config, max_model_len=limit)
-
-
-def _start_vllm(config: ServerConfig, ctx: Any, model_path: str, name: str, address: str,
-                  authkey: bytes) -> tuple[Any, Any]:
-    """vLLM's engine process (``--engine vllm``, :mod:`engine.server.vllm_process`: AsyncLLM
-    in vLLM's own environment) and the pipe it sends its pid down once it accepts API
-    servers; it leaves the API servers' video decode budget (``--mm-ipc-gpu-memory-gb``) free
-    on the GPU."""
-    from engine.server.vllm_process import VllmEngineProcess
-
-    engine = VllmEngineProcess(config, model_path, name, address, authkey)
-    return engine, engine.ready
-
-
-def _start_engines(config: ServerConfig, ctx: Any, model_path: str, name: str,
-                   folder: Path, authkey: bytes) -> list[tuple[Any, Any, str, list[int] | None]]:
-    """The engine processes, each with the pipe it sends ``(pid, its settings line)`` down
-    once it accepts API servers, its socket's path and the CPUs it is pinned to (None: not):
-    vLLM's one engine (which runs its own data-parallel ranks), or ``--data-parallel-size``
-    of ours, each on its own slice of the CPUs (:func:`engine.cpus.engine_share`) with an
-    even share of torch threads by default."""
-    if config.engine_kind == "vllm":
-        address = str(folder / "engine.sock")
-        return [(*_start_vllm(config, ctx, model_path, name, address, authkey), address, None)]
-    from dataclasses import replace
-
-    from engine.cpus import engine_share
-    from engine.server.engine_proc import serve_engine
-    from engine.server.parallel_defaults import engines_and_threads
-
-    engine_config = replace(config.engine,
-                            reserved_gpu_bytes=int(config.mm_ipc_gpu_memory_gb * (1 << 30)))
-    count, engine_config = engines_and_threads(config.parallel, engine_config, Path(model_path))
-    started = []
-    for index in range(count):
-        cpus = engine_share(index, count)
-        address = str(folder / (f"engine-{index}.sock" if count > 1 else "engine.sock"))
-        ready, ready_child = ctx.Pipe(duplex=False)
-        engine = ctx.Process(
-            target=serve_engine, name=f"engine process {index}" if count > 1
-            else "engine process", daemon=False, kwargs=dict(
-                address=address, authkey=authkey, model=model_path,
-                chat_template=config.chat_template, config=engine_config, ready=ready_child,
-                api_servers=config.api_server_count, cpus=cpus))
-        engine.start()
-        ready_child.close()
-        started.append((engine, ready, address, cpus))
-    return started
-
-
 def publish_processes(path: str, roles: dict[str, Any]) -> None:
     """``--process-file``: the pids by role as JSON, replaced whole (a reader never sees
     half a file)."""
@@ -320,33 +149,7 @@ def check_flags(config: ServerConfig) -> None:
     before the port is bound, whatever holds the port. (The media policy and video options
     were checked when the flags became ``config.pipeline``; each field's own bounds and
     choices when the config was built.)"""
-    if config.engine_kind == "vllm":
-        from engine.server.vllm_spec import find_python, ours_only_flags
-
-        for flag, instead in ours_only_flags(config.engine):
-            raise ConfigError(f"{flag} sets this project's engine and has no effect with "
-                              f"--engine vllm", hint=f"leave it out; {instead}",
-                              code="invalid_flag")
-        find_python(config.vllm.python)  # vLLM's environment is there, or how to build it
-    else:
-        _check_ours_parallel(config)
-
-
-def _check_ours_parallel(config: ServerConfig) -> None:
-    """This project's engine runs data-parallel copies on one machine's CPUs; model sharding
-    and several copies on one GPU are vLLM's."""
-    parallel = config.parallel
-    for flag, value in (("--tensor-parallel-size", parallel.tensor_parallel_size),
-                        ("--pipeline-parallel-size", parallel.pipeline_parallel_size)):
-        if value != 1:
-            raise ConfigError(f"{flag} {value}: this project's engine runs the whole model in "
-                              "one process", hint="add --engine vllm to split the model "
-                              "across GPUs", code="invalid_flag")
-    if (parallel.data_parallel_count or 1) > 1 and str(config.engine.device) != "cpu":
-        raise ConfigError(f"--data-parallel-size {parallel.data_parallel_size} on "
-                          f"--device {config.engine.device}: this project's engine runs its "
-                          "copies on the CPU", hint="add --engine vllm for model replicas on "
-                          "GPUs, or serve with --device cpu", code="invalid_flag")
+    engines_for(config).check_flags(config)
 
 
 def checked_defaults(mode: str, model_path: str) -> dict[str, Any]:
@@ -386,12 +189,13 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     if defaults:  # once, as vLLM does
         announce(describe(defaults, config.generation_config))
         config = dataclasses.replace(config, sampling_defaults=defaults)
-    if config.engine_kind == "vllm":
-        config = _fit_vllm_length(config, model_path, announce)
+    backend = engines_for(config)
+    config = backend.fit(config, model_path, announce)
     ctx = multiprocessing.get_context("spawn")
     folder = Path(tempfile.mkdtemp(prefix="aphrodite-"))
     authkey = secrets.token_bytes(32)
-    started = _start_engines(config, ctx, model_path, name, folder, authkey)
+    started = backend.start(config, ctx, model_path, name, folder, authkey)
+    grace_s = backend.stop_grace_s
     engines = [engine for engine, _, _, _ in started]
     addresses = [address for _, _, address, _ in started]
     stopping = {"flag": False}
@@ -470,7 +274,7 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
         for engine in engines:
             if engine.exitcode is None:
                 engine.terminate()
-        _join_all(engines, 20 if config.engine_kind == "vllm" else 5)
+        _join_all(engines, grace_s)
         for engine in engines:
             if engine.exitcode is None:
                 engine.kill()

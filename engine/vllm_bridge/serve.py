@@ -1,11 +1,13 @@
 """vLLM's ``AsyncLLM`` served over this server's engine wire.
 
 One asyncio loop runs vLLM's engine client; one thread per API server connection reads its
-messages and hands them to the loop. A :class:`~engine.server.wire.Submit` becomes one
+messages and hands them to the loop. A :class:`~engine.server.process.wire.Submit` becomes one
 ``AsyncLLM.generate`` task: the prompt text (or token ids), the decoded media
-(:func:`engine.server.vllm_inputs.unpack`) and the request's processor kwargs go to vLLM's
+(:func:`engine.server.vllm_adapter.vllm_inputs.unpack`) and the request's processor kwargs go to
+vLLM's
 processor, caches and scheduler; each output step becomes one
-:class:`~engine.server.wire.Events`, the end a :class:`~engine.server.wire.Done` with the
+:class:`~engine.server.process.wire.Events`, the end a :class:`~engine.server.process.wire.Done`
+with the
 prompt as vLLM tokenized it. vLLM's refusals (a prompt over the model length, bad kwargs)
 come back as this server's 4xx errors; nothing vLLM raises reaches a client as a traceback.
 """
@@ -20,17 +22,14 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
-from engine.server import shared_inputs, vllm_inputs
-from engine.server.outbox import Outbox
-from engine.server.vllm_inputs import DATA_NEEDED
-from engine.server.vllm_spec import carve_utilization
-from engine.server.wire import (
-    Cancel,
+from engine.server.process import shared_inputs
+from engine.server.process.engine_side import accept_api_servers, read_messages
+from engine.server.process.outbox import Outbox
+from engine.server.process.wire import (
     Delta,
     Done,
     Events,
@@ -43,6 +42,9 @@ from engine.server.wire import (
     StatsQuery,
     Submit,
 )
+from engine.server.vllm_adapter import vllm_inputs
+from engine.server.vllm_adapter.vllm_inputs import DATA_NEEDED
+from engine.server.vllm_adapter.vllm_spec import carve_utilization
 
 logger = logging.getLogger("aphrodite.vllm_bridge")
 #: how much of an error message from vLLM a client sees
@@ -262,7 +264,7 @@ class Bridge:
                 isinstance(e, ValueError) and CACHE_MISS in str(e))), None)
             if why is not None and not any(ids.values()) and vllm_inputs.left_out(message.mm):
                 # vLLM's processor cache no longer holds an item the API server left out
-                # (engine.server.vllm_media): it sends the data, once
+                # (engine.server.vllm_adapter.vllm_media): it sends the data, once
                 logger.info("request %s: vLLM lacks a left-out item (%s)", rid, why)
                 send(Done(rid, [], {}, failure(str(why), 503, DATA_NEEDED, "internal_error")))
                 return
@@ -357,40 +359,44 @@ class Bridge:
         send = sender.send
         self.senders.append(send)
 
-        def dispatch(message: Any) -> None:  # on the loop
-            if isinstance(message, Submit):
-                task = self.loop.create_task(self.run(message, send))
-                self.tasks[message.rid] = task
+        bridge = self
+
+        class OnTheLoop:  # engine_side.Handlers, each called on the loop
+            @staticmethod
+            def submit(message: Submit) -> None:
+                task = bridge.loop.create_task(bridge.run(message, send))
+                bridge.tasks[message.rid] = task
                 mine.add(message.rid)
                 task.add_done_callback(lambda _t, rid=message.rid: (
-                    self.tasks.pop(rid, None), mine.discard(rid)))
-            elif isinstance(message, Cancel):
-                task = self.tasks.get(message.rid)
+                    bridge.tasks.pop(rid, None), mine.discard(rid)))
+
+            @staticmethod
+            def cancel(rid: str) -> None:
+                task = bridge.tasks.get(rid)
                 if task is not None:
                     task.cancel()
-            elif isinstance(message, StatsQuery):
-                send(Stats(message.rid, self.stats()))
-            elif isinstance(message, ResetQuery):
+
+            @staticmethod
+            def stats(message: StatsQuery) -> None:
+                send(Stats(message.rid, bridge.stats()))
+
+            @staticmethod
+            def reset(message: ResetQuery) -> None:
                 async def answer(q: ResetQuery = message) -> None:
-                    send(ResetAnswer(q.rid, await self.reset(q.what)))
-                self.loop.create_task(answer())
+                    send(ResetAnswer(q.rid, await bridge.reset(q.what)))
+                bridge.loop.create_task(answer())
 
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                break
-            self.loop.call_soon_threadsafe(dispatch, message)
+            @staticmethod
+            def leave() -> None:
+                for rid in list(mine):
+                    task = bridge.tasks.get(rid)
+                    if task is not None:
+                        task.cancel()
+                with contextlib.suppress(ValueError):
+                    bridge.senders.remove(send)
+                sender.outbox.close(timeout=0.0)  # nobody reads what is left
 
-        def leave() -> None:
-            for rid in list(mine):
-                task = self.tasks.get(rid)
-                if task is not None:
-                    task.cancel()
-            with contextlib.suppress(ValueError):
-                self.senders.remove(send)
-            sender.outbox.close(timeout=0.0)  # nobody reads what is left
-        self.loop.call_soon_threadsafe(leave)
+        read_messages(conn, OnTheLoop, self.loop.call_soon_threadsafe)
 
 
 def _exit_with_parent() -> None:
@@ -434,17 +440,8 @@ async def serve(spec: dict[str, Any]) -> None:
     try:
         os.write(spec["ready_fd"], f"{os.getpid()}\n".encode())
         os.close(spec["ready_fd"])
-        threads = []
-        for _ in range(int(spec["api_servers"])):
-            conn = await loop.run_in_executor(None, listener.accept)
-            thread = threading.Thread(target=bridge.serve_connection, args=(conn,),
-                                      daemon=True, name="api-server-connection")
-            thread.start()
-            threads.append(thread)
-        folder = os.path.dirname(spec["address"])
-        listener.close()
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
+        threads = await loop.run_in_executor(None, accept_api_servers, listener,
+                                             int(spec["api_servers"]), bridge.serve_connection)
         everyone_left = loop.run_in_executor(None, lambda: [t.join() for t in threads])
         await asyncio.wait([everyone_left, asyncio.ensure_future(stop.wait())],
                            return_when=asyncio.FIRST_COMPLETED)

@@ -127,7 +127,7 @@ def test_serve_refuses_an_unknown_method_in_one_line():
 
 
 def test_vllm_is_not_handed_our_int8():
-    from engine.server.vllm_spec import ours_only_flags
+    from engine.server.vllm_adapter.vllm_spec import ours_only_flags
 
     assert [flag for flag, _ in ours_only_flags(EngineConfig(quantization="int8"))] == \
         ["--quantization"]

@@ -13,7 +13,7 @@ import pytest
 from engine import SamplingParams
 from engine.errors import InvalidRequestError
 from engine.executor import logits_processors
-from engine.server.protocol import parse_generation_fields
+from engine.server.api.protocol import parse_generation_fields
 from tests.engine_fixtures import llm
 
 pytestmark = pytest.mark.timeout(300)

@@ -13,8 +13,8 @@ from engine.errors import InvalidRequestError
 from engine.executor import structured
 from engine.executor.grammar import bounded_strings
 from engine.executor.sampling import SamplingParams
-from engine.server.structured_fields import constraint
-from engine.server.tool_fields import tool_choice
+from engine.server.api.structured_fields import constraint
+from engine.server.api.tool_fields import tool_choice
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
@@ -257,7 +257,7 @@ def test_malformed_tool_fields_are_a_400_naming_the_field(body, param):
 
 
 def test_a_forced_call_and_another_constraint_are_refused_together():
-    from engine.server.protocol import parse_generation_fields
+    from engine.server.api.protocol import parse_generation_fields
 
     body = {"messages": [], "tools": [WEATHER], "tool_choice": "required"}
     fields = parse_generation_fields(body, max_tokens_cap=100)
@@ -348,13 +348,13 @@ def test_auto_reads_calls_with_the_servers_parser_only():
      '<tool_call>{"name": "delete_all", "arguments": {}}</tool_call>', []),
 ])
 def test_the_hermes_parser(text, content, calls):
-    from engine.server.tool_parsers import hermes
+    from engine.server.api.tool_parsers import hermes
 
     assert hermes(text, ("f", "g")) == (content, calls)
 
 
 def test_a_hermes_stream_sends_content_until_a_call_begins():
-    from engine.server.tool_parsers import HermesStream
+    from engine.server.api.tool_parsers import HermesStream
 
     stream = HermesStream()
     text = 'Sure <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'

@@ -19,7 +19,7 @@ from engine.processing.template_kwargs import (
     parse_template_kwargs,
     template_variables,
 )
-from engine.server.protocol import parse_generation_fields
+from engine.server.api.protocol import parse_generation_fields
 from tests.engine_fixtures import llm, loaded
 from tests.fixtures import synthetic
 

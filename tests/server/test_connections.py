@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.server.connections import RESERVED_FDS, ConnectionGuard, total_connection_cap
+from engine.server.api.connections import RESERVED_FDS, ConnectionGuard, total_connection_cap
 
 pytestmark = pytest.mark.timeout(120)
 
 CHILD = r"""
 import asyncio, logging, os, resource, sys
-from engine.server.connections import AcceptErrorLog
+from engine.server.api.connections import AcceptErrorLog
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 resource.setrlimit(resource.RLIMIT_NOFILE, (48, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 async def main():

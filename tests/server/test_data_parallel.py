@@ -1,6 +1,6 @@
 """``serve --data-parallel-size N`` with this project's engine: N engine processes, each pinned
 to its own CPUs with an even share of threads; requests routed by cache affinity within a
-load bound (engine.server.engine_pool); /metrics and the cache resets over all of them."""
+load bound (engine.server.process.engine_pool); /metrics and the cache resets over all of them."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from engine.cpus import engine_share, engine_threads
-from engine.server.engine_pool import (
+from engine.server.process.engine_pool import (
     AFFINITY_TOKENS,
     BALANCE_SLACK,
     affinity_key,
@@ -93,7 +93,7 @@ def test_a_diverted_key_is_followed_to_its_new_engine(monkeypatch):
     keys is bounded (the least recently used are forgotten)."""
     import types
 
-    from engine.server import engine_pool
+    from engine.server.process import engine_pool
 
     pool = engine_pool.EnginePool([types.SimpleNamespace(on_reset_mm_cache=[])
                                    for _ in range(2)])  # (choose never calls an engine)

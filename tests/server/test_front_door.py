@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import AphroditeError
-from engine.server.admin_routes import Access
-from engine.server.app import error_response
-from engine.server.front_door import MAX_DEPTH, auth_middleware, key_matches, parse_body
-from engine.server.tenants import KEY_SALT, key_salt
+from engine.server.api.admin_routes import Access
+from engine.server.api.app import error_response
+from engine.server.api.front_door import MAX_DEPTH, auth_middleware, key_matches, parse_body
+from engine.server.api.tenants import KEY_SALT, key_salt
 from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
@@ -191,13 +191,13 @@ def test_the_cache_resets_take_the_admin_key_alone(server):
 
 
 def test_the_engine_process_side_of_a_reset_needs_no_web_framework():
-    """The engine process carries resets out (engine.server.cache_reset): importing it and
+    """The engine process carries resets out (engine.server.process.cache_reset): importing it and
     the engine process's module brings in no aiohttp (its import held the engine's GIL for
     half a second at the first reset of a run)."""
     import subprocess
     import sys
 
-    code = ("import sys, engine.server.engine_proc, engine.server.cache_reset; "
+    code = ("import sys, engine.server.process.engine_proc, engine.server.process.cache_reset; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'aiohttp'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
@@ -393,7 +393,7 @@ async def admin_client(aiohttp_client, access: Access):
     engine that answers every reset)."""
     import types
 
-    from engine.server.admin_routes import ADMIN_PATHS, add_admin_routes
+    from engine.server.api.admin_routes import ADMIN_PATHS, add_admin_routes
 
     async def reset(what):
         return {"reset": True, "what": what}

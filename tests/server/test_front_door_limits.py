@@ -15,10 +15,10 @@ import pytest
 from PIL import Image
 
 from engine.errors import AphroditeError, InvalidRequestError
-from engine.server import front_door, text_limits
-from engine.server.app import error_response
-from engine.server.connections import ACTIVE_GRACE_S
-from engine.server.text_limits import TextLimits
+from engine.server.api import front_door, text_limits
+from engine.server.api.app import error_response
+from engine.server.api.connections import ACTIVE_GRACE_S
+from engine.server.api.text_limits import TextLimits
 from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)

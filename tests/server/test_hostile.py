@@ -163,7 +163,7 @@ def test_hostile_traffic_all_at_once_leaves_the_server_healthy(attacked):
     metrics = urllib.request.urlopen(f"{server.base}/metrics", timeout=30).read().decode()
     assert "aphrodite_media_bytes_in_flight 0.0" in metrics
     assert "aphrodite_decode_worker_restarts_total 0.0" in metrics
-    pid = server.pid_of("API server")  # "API server pids N"
+    pid = server.pid_of("API server")  # (from its --process-file)
     held = [p for p in frame_memory.SHM_DIR.glob(f"{frame_memory.PREFIX}{pid}-*")
             if not p.name.endswith(frame_memory.FREE)]  # free ones wait for their worker
     assert not held

@@ -8,8 +8,8 @@ from __future__ import annotations
 import threading
 from multiprocessing import Pipe
 
-from engine.server.outbox import Outbox
-from engine.server.wire import Delta, Events
+from engine.server.process.outbox import Outbox
+from engine.server.process.wire import Delta, Events
 
 #: messages of ~1 KB: 2 MB is far more than a socket pair's buffers on Linux (a few hundred KB),
 #: so a writer without the outbox would block in its write until the reader starts, and

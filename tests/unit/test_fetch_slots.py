@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from engine.errors import OverloadedError
-from engine.server.fetch_slots import FetchSlots
+from engine.server.api.fetch_slots import FetchSlots
 
 
 async def hold_until(slots: FetchSlots, client: str, release: asyncio.Event,
@@ -105,6 +105,6 @@ async def test_a_client_waits_for_at_most_its_share_then_is_refused_at_once():
     ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"), ("2001:db8:1:2:bbbb::9", "2001:db8:1:2::/64"),
     ("fe80::1%eth0", "fe80::/64"), (None, ""), ("unix", "unix")])
 def test_an_ipv6_client_is_its_64(peer, key):
-    from engine.server.fetch_slots import client_key
+    from engine.server.api.fetch_slots import client_key
 
     assert client_key(peer) == key

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from engine.errors import ConfigError
-from engine.server.forwarded import TrustedProxies
+from engine.server.api.forwarded import TrustedProxies
 from tests.server_harness import BIN
 
 

@@ -10,9 +10,9 @@ from engine.errors import ConfigError, InvalidRequestError
 from engine.processing.chat_parts import MAX_UUID_CHARS, parse_messages
 from engine.processing.media_uuids import MediaUuids
 from engine.processing.preprocess import MediaItem
+from engine.server.api.front_door import matching_key
+from engine.server.api.tenants import effective_salt, key_salt
 from engine.server.config import ServerConfig
-from engine.server.front_door import matching_key
-from engine.server.tenants import effective_salt, key_salt
 
 
 def user(*parts: dict) -> list[dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from engine.server.metrics import Metrics
+from engine.server.api.metrics import Metrics
 
 
 def test_engine_numbers_are_nan_not_stale_when_the_engine_does_not_answer():
@@ -37,7 +37,7 @@ def test_restarts_are_a_counter_that_follows_the_pools_count():
 
 _ONE_API_SERVER = """
 import sys
-from engine.server.metrics import Metrics
+from engine.server.api.metrics import Metrics
 m = Metrics()
 requests, running, engine_rss = (int(a) for a in sys.argv[1:4])
 for _ in range(requests):

@@ -19,7 +19,7 @@ from engine.cpus import (
 )
 from engine.errors import ConfigError
 from engine.models.checkpoint import parameters
-from engine.server.parallel_defaults import engines_and_threads
+from engine.server.process.parallel_defaults import engines_and_threads
 
 
 @pytest.mark.parametrize(("params", "cpus", "want"), [
@@ -106,7 +106,7 @@ def test_the_flag_takes_a_count_or_auto():
 
 def test_vllm_runs_one_rank_for_auto():
     from engine.server.config import ServerConfig
-    from engine.server.vllm_spec import engine_args
+    from engine.server.vllm_adapter.vllm_spec import engine_args
 
     args = engine_args(ServerConfig(engine_kind="vllm", parallel=ParallelConfig(
         data_parallel_size="auto")), "/models/m", "m")

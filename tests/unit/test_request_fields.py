@@ -1,6 +1,6 @@
 """No request field silently ignored: every field of vLLM's and OpenAI's chat/completions
 request lists (tests/request_fields.json, with their source and version) is honoured, a label,
-or a 400 naming it (engine/server/request_fields.py), walked model-free and against a live
+or a 400 naming it (engine/server/api/request_fields.py), walked model-free and against a live
 server; unknown fields are ignored and logged once per name. And ``--generation-config``:
 the model's sampling defaults for what a request leaves out (vLLM's flag)."""
 
@@ -13,9 +13,9 @@ import pytest
 
 from engine.errors import ConfigError, InvalidRequestError
 from engine.models.generation_config import sampling_defaults
-from engine.server import request_fields
+from engine.server.api import request_fields
+from engine.server.api.protocol import parse_generation_fields
 from engine.server.launcher import checked_defaults
-from engine.server.protocol import parse_generation_fields
 from tests.server_harness import running
 
 pytestmark = pytest.mark.timeout(300)

@@ -9,7 +9,7 @@ import types
 import pytest
 
 from engine.errors import OverloadedError
-from engine.server.sequence_admission import extra_charge, request_share, sequences_charged
+from engine.server.api.sequence_admission import extra_charge, request_share, sequences_charged
 
 
 def test_a_requests_sequences_are_charged_up_to_half_the_limit():

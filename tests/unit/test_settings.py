@@ -105,7 +105,7 @@ def test_the_cli_reports_a_broken_rule_as_the_config_error():
 
 def test_defaults_that_other_places_compare_against_are_read_not_repeated(monkeypatch):
     from engine import envs
-    from engine.server.vllm_spec import _OURS_ONLY, ours_only_flags
+    from engine.server.vllm_adapter.vllm_spec import _OURS_ONLY, ours_only_flags
 
     # vLLM's refusals: every default of our engine passes, any change of one is named
     assert ours_only_flags(EngineConfig()) == []
@@ -131,8 +131,8 @@ def test_defaults_that_other_places_compare_against_are_read_not_repeated(monkey
 
 
 def test_both_engines_read_one_parallel_config():
-    from engine.server.engine_pool import BALANCE_SLACK as pool_slack
-    from engine.server.vllm_spec import engine_args
+    from engine.server.process.engine_pool import BALANCE_SLACK as pool_slack
+    from engine.server.vllm_adapter.vllm_spec import engine_args
 
     assert pool_slack == BALANCE_SLACK
     config = ServerConfig(engine_kind="vllm", parallel=ParallelConfig(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.media import frame_memory
-from engine.server import shared_inputs
+from engine.server.process import shared_inputs
 
 
 def segments() -> set[str]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from multiprocessing import Pipe
 
-from engine.server.outbox import Outbox
-from engine.server.wire import Delta, Done, Events, Output
+from engine.server.process.outbox import Outbox
+from engine.server.process.wire import Delta, Done, Events, Output
 from engine.vllm_bridge.serve import PassSender
 
 

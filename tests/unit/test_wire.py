@@ -1,4 +1,4 @@
-"""The engine socket's messages (engine/server/wire.py): each kind crosses a real
+"""The engine socket's messages (engine/server/process/wire.py): each kind crosses a real
 ``multiprocessing`` connection as the type it left as, and a step's batch of deltas costs
 about what the bare tuples it replaced cost (the class is written once per message)."""
 
@@ -10,7 +10,7 @@ from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 
-from engine.server import wire
+from engine.server.process import wire
 
 
 def dumps(message: object) -> bytes:

@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 
 from engine.errors import ConfigError
-from engine.server import vllm_inputs
-from engine.server.vllm_spec import bridge_env, carve_utilization
+from engine.server.vllm_adapter import vllm_inputs
+from engine.server.vllm_adapter.vllm_spec import bridge_env, carve_utilization
 from tests.engines import VLLM_KV, tiny_model, vllm_python
 from tests.fixtures import synthetic
 from tests.media_server import MediaServer
@@ -197,7 +197,7 @@ def test_a_left_out_item_reaches_vllm_as_none_under_its_uuid():
     ``multi_modal_uuids``, which its processor takes instead of hashing): the list form even
     for one item (vLLM drops a modality whose data is a bare None); a named item with data
     keeps it; an item with neither is refused before it is sent."""
-    from engine.server.wire import Submit
+    from engine.server.process.wire import Submit
     from engine.vllm_bridge.serve import vllm_prompt
 
     left_out = vllm_inputs.left_out
@@ -232,7 +232,7 @@ def test_vllms_item_names_are_salted_per_tenant():
     what vLLM holds); unsalted names stay the content key."""
     from engine.processing.cache import content_hash, item_key
     from engine.processing.preprocess import MediaItem
-    from engine.server.vllm_media import item_uuid
+    from engine.server.vllm_adapter.vllm_media import item_uuid
 
     item = MediaItem("image", encoded=b"pixels", media_kwargs={"background": "white"})
     plain = item_uuid("m", item, {"fps": 2})
@@ -244,7 +244,7 @@ def test_vllms_item_names_are_salted_per_tenant():
 
 
 def test_the_ledger_forgets_by_its_byte_bound_and_on_reset():
-    from engine.server.vllm_media import Ledger, estimate
+    from engine.server.vllm_adapter.vllm_media import Ledger, estimate
 
     k = 1 << 14
     ledger = Ledger(3 * k)
@@ -285,8 +285,8 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
 
     from engine.errors import EngineError
     from engine.processing.preprocess import ProcessedPrompt
-    from engine.server.vllm_media import DATA_NEEDED, Ledger, generate
-    from engine.server.wire import Delta, Done
+    from engine.server.process.wire import Delta, Done
+    from engine.server.vllm_adapter.vllm_media import DATA_NEEDED, Ledger, generate
 
     class Bridge:
         def __init__(self, refusals: int, token_first: bool = False) -> None:
@@ -334,7 +334,7 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
     from types import SimpleNamespace
 
     from engine.errors import OverloadedError
-    from engine.server.prepare import preprocess_slot
+    from engine.server.api.prepare import preprocess_slot
 
     state = SimpleNamespace(preprocessing=2, config=SimpleNamespace(max_decode_queue=2))
     decoded = []
@@ -361,7 +361,7 @@ def test_a_request_vllm_lacks_a_left_out_item_of_goes_once_more_with_the_data():
 def test_vllm_flags_pass_through_by_vllms_names():
     from engine.config import EngineConfig, ParallelConfig, PipelineConfig, VllmConfig
     from engine.server.config import ServerConfig
-    from engine.server.vllm_spec import engine_args
+    from engine.server.vllm_adapter.vllm_spec import engine_args
 
     config = ServerConfig(
         engine_kind="vllm", max_model_len=4096,
@@ -390,7 +390,7 @@ def test_vllm_flags_pass_through_by_vllms_names():
     config = dataclasses.replace(config, engine=dataclasses.replace(
         config.engine, scheduling_policy="priority"))
     assert engine_args(config, "/models/m", "m")["scheduling_policy"] == "priority"
-    from engine.server.vllm_spec import ours_only_flags
+    from engine.server.vllm_adapter.vllm_spec import ours_only_flags
 
     assert ours_only_flags(config.engine) == []
     assert [flag for flag, _ in ours_only_flags(dataclasses.replace(
@@ -405,17 +405,17 @@ def test_max_model_len_over_the_models_is_capped_for_vllm(tmp_path):
     """vLLM refuses a --max-model-len over the model's limit (the server's default 8192 on a
     4096-position model): the server serves with the model's and says so."""
     from engine.server.config import ServerConfig
-    from engine.server.launcher import _fit_vllm_length
-    from engine.server.vllm_spec import model_max_len
+    from engine.server.engines import VllmEngines
+    from engine.server.vllm_adapter.vllm_spec import model_max_len
 
     (tmp_path / "config.json").write_text(json.dumps(
         {"text_config": {"max_position_embeddings": 4096}, "max_position_embeddings": 128}))
     assert model_max_len(str(tmp_path)) == 4096
     said = []
-    fitted = _fit_vllm_length(ServerConfig(engine_kind="vllm"), str(tmp_path), said.append)
+    fitted = VllmEngines().fit(ServerConfig(engine_kind="vllm"), str(tmp_path), said.append)
     assert fitted.max_model_len == 4096 and "8192" in said[0]
-    kept = _fit_vllm_length(ServerConfig(engine_kind="vllm", max_model_len=2048),
-                            str(tmp_path), said.append)
+    kept = VllmEngines().fit(ServerConfig(engine_kind="vllm", max_model_len=2048),
+                             str(tmp_path), said.append)
     assert kept.max_model_len == 2048 and len(said) == 1
 
 
@@ -441,16 +441,16 @@ def test_bench_embedded_engine_flags_are_checked_before_anything_starts():
 def test_a_request_without_max_tokens_is_capped_for_vllm_as_for_ours():
     """vLLM would otherwise generate up to the model length (32k on a large model); it gets
     the server's cap, and its scheduler stops at the model length if that comes first."""
-    from engine.server.protocol import parse_generation_fields
-    from engine.server.respond import _sampling
+    from engine.server.api.protocol import parse_generation_fields
+    from engine.server.api.respond import sampling_for_engine
 
     fields = parse_generation_fields({"messages": []}, max_tokens_cap=300)
     params = fields.sampling_for(10, 32768, "messages")
-    assert _sampling(params, fields, vllm=True)["max_tokens"] == 300
-    assert _sampling(params, fields, vllm=False)["max_tokens"] == 300
+    assert sampling_for_engine(params, fields, vllm=True)["max_tokens"] == 300
+    assert sampling_for_engine(params, fields, vllm=False)["max_tokens"] == 300
     given = parse_generation_fields({"messages": [], "max_tokens": 7}, max_tokens_cap=300)
-    assert _sampling(given.sampling_for(10, 32768, "messages"), given,
-                     vllm=True)["max_tokens"] == 7
+    assert sampling_for_engine(given.sampling_for(10, 32768, "messages"), given,
+                               vllm=True)["max_tokens"] == 7
 
 
 
@@ -458,8 +458,8 @@ def test_a_json_schema_goes_to_vllm_as_our_engine_compiles_it():
     """vLLM's xgrammar (0.2.8) let a length-bounded string hold a raw control character
     (``"nm":"P/\x14"``: no JSON); the schema reaches vLLM with such strings as the pattern
     our engine compiles them with; other constraints go as they came."""
-    from engine.server.protocol import parse_generation_fields
-    from engine.server.respond import _sampling
+    from engine.server.api.protocol import parse_generation_fields
+    from engine.server.api.respond import _sampling
 
     schema = {"type": "object", "properties": {"nm": {"type": "string", "maxLength": 3}}}
     fields = parse_generation_fields({"messages": [], "structured_outputs": {"json": schema}},
@@ -520,7 +520,7 @@ def test_vllms_memory_refusals_become_one_line_naming_our_flag():
     """vLLM's CPU worker refuses to start unless 90% of the memory is free (without a KV
     cache size), or when the KV cache does not fit: each is a one-line error naming
     --kv-cache-memory-bytes and the memory free; other lines are no refusal."""
-    from engine.server.vllm_startup import RefusalWatch, startup_refusal
+    from engine.server.vllm_adapter.vllm_startup import RefusalWatch, startup_refusal
 
     wants, too_big = (startup_refusal(line) for line in REFUSALS)
     assert wants is not None and too_big is not None
@@ -547,7 +547,7 @@ def test_kv_cache_size_by_vllms_flag_and_its_refusal_from_serve(tmp_path):
     vLLM's words) is a one-line error naming the flag, exit 2, no traceback."""
     from engine.config import VllmConfig
     from engine.server.config import ServerConfig
-    from engine.server.vllm_spec import byte_count, engine_args
+    from engine.server.vllm_adapter.vllm_spec import byte_count, engine_args
 
     assert byte_count("--f", "4G") == 4 << 30 and byte_count("--f", "1.5g") == 1_500_000_000
     assert byte_count("--f", " 2048 ") == 2048
@@ -603,8 +603,11 @@ def test_bridge_imports_no_torch_nor_our_engine_in_vllms_environment():
                             env=bridge_env(python), cwd="/", timeout=120, check=True)
     loaded = set(json.loads(result.stdout))
     allowed = {"engine", "engine.version", "engine.errors", "engine.server",
-               "engine.server.wire", "engine.server.shared_inputs", "engine.server.outbox",
-               "engine.server.vllm_inputs", "engine.server.vllm_spec", "engine.media",
+               "engine.server.process", "engine.server.process.wire",
+               "engine.server.process.engine_side",
+               "engine.server.process.shared_inputs", "engine.server.process.outbox",
+               "engine.server.vllm_adapter", "engine.server.vllm_adapter.vllm_inputs",
+               "engine.server.vllm_adapter.vllm_spec", "engine.media",
                "engine.media.frame_memory", "engine.vllm_bridge", "engine.vllm_bridge.serve"}
     assert loaded <= allowed, loaded - allowed  # vllm (and its torch) load only in main()
 
@@ -762,7 +765,7 @@ def scrape(base: str) -> dict[str, float]:
 
 class TestLeftOutMedia:
     """Media vLLM's processor cache holds is left out, undecoded, and sent again when vLLM has
-    evicted it (engine.server.vllm_media). The cache is small (--mm-processor-cache-gb
+    evicted it (engine.server.vllm_adapter.vllm_media). The cache is small (--mm-processor-cache-gb
     0.0004, 429 KB, passed to vLLM and sizing the ledger): 16x16 images, which the processor
     scales up to its minimum of 56x56 (16 patches of 1,176 values), are counted at the
     ledger's floor of 16 KiB each and take vLLM 19-75 KB (uint8 or float32 patches), so after

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from engine.server.connections import ACTIVE_GRACE_S
+from engine.server.api.connections import ACTIVE_GRACE_S
 
 #: kind -> the (status, code) answers each attack may get.
 EXPECTED: dict[str, set[tuple[int, str]]] = {

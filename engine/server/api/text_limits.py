@@ -5,7 +5,7 @@ the vocabulary stands for; so a text over ``max_model_len x L`` bytes cannot fit
 is refused from its length alone (``--max-prompt-bytes`` sets another bound). Every message of
 a chat renders to at least one token (its role's marker), so more messages than
 ``max_model_len`` cannot fit either (``--max-messages``). Both run on the parsed body before
-its shape is walked (engine/server/front_door.py): a count costs nothing, the byte bound one
+its shape is walked (engine/server/api/front_door.py): a count costs nothing, the byte bound one
 pass over at most that many messages, where walking, templating and tokenizing a 5 MB prompt
 or 300,000 messages cost seconds and hundreds of MB.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from engine.server.protocol import MAX_PROMPTS, too_many_prompts
+from engine.server.api.protocol import MAX_PROMPTS, too_many_prompts
 
 
 def longest_token_bytes(tokenizer: Any) -> int:

@@ -35,7 +35,7 @@ import time
 from collections import Counter, OrderedDict
 from typing import Any
 
-from engine.server.fetch_slots import client_key
+from engine.server.api.fetch_slots import client_key
 
 logger = logging.getLogger("aphrodite.server")
 

@@ -6,7 +6,7 @@ cache); after both, a request is cold. Behind the same API key as every other ro
 How a reset reaches every API server (``--api-server-count N``: each has its own processor
 cache): the API server that took the request asks the engine process, which holds one
 connection to every API server, and the engine sends
-:class:`~engine.server.wire.ResetMmCache` down each of them before it answers. Each API
+:class:`~engine.server.process.wire.ResetMmCache` down each of them before it answers. Each API
 server's engine reader clears its cache when that message arrives, and the asking server's
 own copy comes down its connection before the answer, so the 200 means: this server's cache
 is empty, and every sibling has been told (it clears as soon as its reader reads the
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from engine.errors import AuthenticationError, PermissionDeniedError, RouteDisabledError
-from engine.server.front_door import (
+from engine.server.api.front_door import (
     api_keys,
     check_content_type,
     check_same_origin,

@@ -1,11 +1,12 @@
 """The messages between an API server and the engine process, one type per kind.
 
 They travel pickled over a ``multiprocessing.connection`` (one connection per API server,
-:mod:`engine.server.engine_client` on one end, :mod:`engine.server.engine_proc` on the
+:mod:`engine.server.process.engine_client` on one end, :mod:`engine.server.process.engine_proc` on
+the
 other). Each is a ``NamedTuple``: fields by name in the code, and on the wire a class
 reference (written once per pickle) and a tuple, as cheap as the bare tuples they replace.
 Only plain values travel: ids, numbers, strings, numpy arrays or shared-memory references
-(:mod:`engine.server.shared_inputs`); token strings for logprobs are decoded by the API
+(:mod:`engine.server.process.shared_inputs`); token strings for logprobs are decoded by the API
 server.
 
 API server -> engine: :class:`Submit`, :class:`Cancel`, :class:`StatsQuery`,
@@ -13,7 +14,7 @@ API server -> engine: :class:`Submit`, :class:`Cancel`, :class:`StatsQuery`,
 Engine -> API server: :class:`Events` (one engine step's :class:`Delta` s, one message per
 step), :class:`Done` (a request's end: its :class:`Output` s, timings, or its
 :class:`Failure`), :class:`Stats`, :class:`ResetAnswer`, and :class:`ResetMmCache` to every
-API server (see :mod:`engine.server.admin_routes`).
+API server (see :mod:`engine.server.api.admin_routes`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 #: A token's logprobs, when the request asked: ``(logprob, rank, top_ids, top_logprobs)``
-#: from the model's raw distribution (see :mod:`engine.server.logprobs`).
+#: from the model's raw distribution (see :mod:`engine.server.api.logprobs`).
 Logprobs = tuple[float, int, list[int], list[float]]
 
 
@@ -41,7 +42,7 @@ class Submit(NamedTuple):
     mm_positions: tuple[tuple[int, int], ...] | list[tuple[int, int]] = ()
     #: for an engine that runs its own processor (``--engine vllm``): the chat-templated
     #: prompt text with one placeholder per item (None: ``input_ids`` is the prompt), ``mm``
-    #: then holds the decoded items (see :mod:`engine.server.vllm_inputs`), and the
+    #: then holds the decoded items (see :mod:`engine.server.vllm_adapter.vllm_inputs`), and the
     #: request's processor kwargs travel here
     prompt: str | None = None
     mm_processor_kwargs: dict[str, Any] | None = None

@@ -1,5 +1,6 @@
 """An API server's connections to several data-parallel engine processes
-(``serve --data-parallel-size N``), behind :class:`~engine.server.engine_client.EngineClient`'s
+(``serve --data-parallel-size N``), behind
+:class:`~engine.server.process.engine_client.EngineClient`'s
 interface: each request goes to one engine, chosen by cache affinity within a load bound.
 
 Each engine keeps its own prefix and encoder caches, so a request should go where its prefix
@@ -27,7 +28,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from engine.config import BALANCE_SLACK  # (--data-parallel-size's help reads it)
-from engine.server.engine_client import EngineClient
+from engine.server.process.engine_client import EngineClient
 
 #: prompt tokens a text-only prompt's affinity key covers
 AFFINITY_TOKENS = 64

@@ -3,7 +3,7 @@ request's prompts times its ``n`` (as vLLM counts a request of ``n`` samples as 
 requests), not one per HTTP request.
 
 A request takes one slot when its headers arrive (before its body is read: see
-:func:`engine.server.app.admitted`); once its body is parsed, its other sequences are
+:func:`engine.server.api.app.admitted`); once its body is parsed, its other sequences are
 charged here. One request is charged at most half the limit (at least one), so the largest
 request never locks every other client out; past the limit it is a 503 with Retry-After
 naming the flag, like any request that finds no room."""

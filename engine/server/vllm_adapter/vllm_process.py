@@ -1,5 +1,6 @@
 """The engine process of ``serve --engine vllm``: :mod:`engine.vllm_bridge` run by vLLM's
-own interpreter (see :mod:`engine.server.vllm_spec`), looking to the supervisor like the
+own interpreter (see :mod:`engine.server.vllm_adapter.vllm_spec`), looking to the supervisor like
+the
 ``multiprocessing.Process`` of ``--engine aphrodite``: ``exitcode``, ``join``,
 ``terminate``, ``kill``, and a ready pipe that yields its pid once it accepts API servers."""
 
@@ -15,8 +16,8 @@ from typing import Any
 
 from engine.config import VLLM_CPU_KV_CACHE_DEFAULT_BYTES
 from engine.errors import ConfigError
-from engine.server.vllm_spec import bridge_env, engine_args, find_python
-from engine.server.vllm_startup import RefusalWatch
+from engine.server.vllm_adapter.vllm_spec import bridge_env, engine_args, find_python
+from engine.server.vllm_adapter.vllm_startup import RefusalWatch
 
 
 class ReadyPipe:

@@ -23,13 +23,13 @@ from engine.media.video.backend_info import BACKENDS
 from engine.processing.chat_parts import parse_messages
 from engine.processing.media_items import use_frames
 from engine.processing.preprocess import ProcessedPrompt
-from engine.server import vllm_inputs, vllm_media
-from engine.server.protocol import GenerationFields, parse_generation_fields, parse_prompts
-from engine.server.tenants import effective_salt
+from engine.server.api.protocol import GenerationFields, parse_generation_fields, parse_prompts
+from engine.server.api.tenants import effective_salt
+from engine.server.vllm_adapter import vllm_inputs, vllm_media
 from engine.timings import zero_preprocess_timings
 
 if TYPE_CHECKING:
-    from engine.server.app import State
+    from engine.server.api.state import State
 
 
 async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, client: str = "",
@@ -78,18 +78,9 @@ async def prepare_chat(state: State, data: dict[str, Any], ticket: Ticket, clien
             items = pipeline.place(parsed.refs, items, held, video, decoders)
             if state.gpu_budget is not None and BACKENDS[video.backend].gpu:
                 await decode_gpu_videos(state, items, video)
-        loop = asyncio.get_running_loop()
-        if state.config.engine_kind == "vllm":  # vLLM runs its own processor
-            processed = await loop.run_in_executor(
-                decode_executor(), decoded_prompt, state, text, items,
-                vllm_processor_kwargs(state, fields.mm_processor_kwargs), fields.cache_salt)
-        else:
-            processed = await loop.run_in_executor(decode_executor(), pipeline.process,
-                                                   text, items, kwargs, fields.cache_salt)
+        processed = await state.backend.process(state, text, items, kwargs, fields)
     pipeline.uuids.remember(parsed.refs, items, fields.cache_salt)  # (once it processed)
     processed.timings["fetch_s"] = fetch_s
-    if state.config.engine_kind != "vllm":  # (vLLM's: counted once it ran, vllm_media)
-        state.metrics.count_items(processed.item_hits)
     if counts.get("video") and processed.timings["media_decode_s"]:
         state.metrics.video_decode.labels(video.backend).observe(
             processed.timings["media_decode_s"])
@@ -124,7 +115,8 @@ def decoded_prompt(state: State, text: str, items: list, kwargs: dict[str, Any] 
     text's tokens (placeholders not expanded) for the length checks before the engine,
     which reports the real prompt back. Each item is named by its content key, and one that
     vLLM holds by the ledger's account is left out, undecoded (``item_hits``; see
-    :mod:`engine.server.vllm_media`). ``salt``: the request's cache salt, for vLLM's prefix
+    :mod:`engine.server.vllm_adapter.vllm_media`). ``salt``: the request's cache salt, for vLLM's
+    prefix
     cache and in every item's name."""
     timings = zero_preprocess_timings()
     start = time.perf_counter()

@@ -11,9 +11,9 @@ from engine.executor.logits_processors import check_token_ids
 from engine.executor.request import checked_priority
 from engine.executor.sampling import MAX_LOGPROBS, MAX_TOKENS_CAP, SamplingParams
 from engine.processing.template_kwargs import parse_template_kwargs
-from engine.server import request_fields
-from engine.server.structured_fields import constraint
-from engine.server.tool_fields import ToolChoice, tool_choice
+from engine.server.api import request_fields
+from engine.server.api.structured_fields import constraint
+from engine.server.api.tool_fields import ToolChoice, tool_choice
 
 
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = None
@@ -97,7 +97,7 @@ class GenerationFields:
 
 def refuse_unsupported(body: dict[str, Any],
                        table: dict[str, tuple[Any, ...]] = request_fields.REFUSED) -> None:
-    """A 400 naming the first field of ``table`` (see engine/server/request_fields.py) that
+    """A 400 naming the first field of ``table`` (see engine/server/api/request_fields.py) that
     ``body`` sets to a value other than its "unused" ones."""
     for name, unused in table.items():
         value = body.get(name)

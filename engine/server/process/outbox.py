@@ -1,6 +1,6 @@
 """Messages to one API server, pickled and written by a thread of their own.
 
-Used by both engine processes (this project's engine, :mod:`engine.server.engine_proc`, and
+Used by both engine processes (this project's engine, :mod:`engine.server.process.engine_proc`, and
 vLLM's behind ``--engine vllm``, :mod:`engine.vllm_bridge.serve`): the thread that produces
 the messages hands them over and goes on. Standard library only (the vLLM bridge imports it
 in vLLM's environment).

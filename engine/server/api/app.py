@@ -3,11 +3,11 @@
 Work inside one request, in the steps of CONTRIBUTING.md's "One request, as folders" (nothing
 is fetched before steps 1-3 pass):
   1 auth from the headers (401), admission (503), the body under a deadline and size cap
-    (408/413, JSON only: 415), its JSON shape (400): see :mod:`engine.server.front_door`;
+    (408/413, JSON only: 415), its JSON shape (400): see :mod:`engine.server.api.front_door`;
     model (404), fields (400)
   2-7 parts, item limits, options, media URL policy (400), fetch (bounded), decode + HF
-    processor (cache): :mod:`engine.server.prepare`
-  8 engine, tokens back as JSON or SSE: :mod:`engine.server.respond`.
+    processor (cache): :mod:`engine.server.api.prepare`
+  8 engine, tokens back as JSON or SSE: :mod:`engine.server.api.respond`.
 Every error is the OpenAI shape; a bad item in a streaming request fails before the first SSE
 byte. With ``--expose-request-timings`` each response carries the server-side stage timings and
 cache hits: the header ``x-aphrodite-timings`` (JSON) and the body field ``aphrodite`` (for
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,32 +34,27 @@ from engine.errors import (
     RequestTooLargeError,
     internal_error_body,
 )
-from engine.executor.grammar import Grammars, logits_vocab
-from engine.media.inflight import InflightBytes, Ticket
+from engine.media.inflight import Ticket
 from engine.media.pool import decode_executor
-from engine.media.video.budget import GpuDecodeBudget
 from engine.models.loader import LoadedModel
 from engine.processing.media_items import InProcessDecoders
-from engine.processing.pipeline import Pipeline
-from engine.server import vllm_media
-from engine.server.admin_routes import ADMIN_PATHS, Access, add_admin_routes
-from engine.server.config import ServerConfig
-from engine.server.engine_client import EngineClient
-from engine.server.fetch_slots import FetchSlots, client_key
-from engine.server.forwarded import TrustedProxies
-from engine.server.front_door import (
+from engine.server.api.admin_routes import ADMIN_PATHS, Access, add_admin_routes
+from engine.server.api.backend import backend_for
+from engine.server.api.fetch_slots import client_key
+from engine.server.api.front_door import (
     auth_middleware,
     check_declared_length,
     parse_body,
     read_body,
 )
-from engine.server.logprobs import TokenStrings
-from engine.server.metrics import REFRESH_S, Metrics
-from engine.server.prepare import prepare_chat, prepare_prompts
-from engine.server.request_ids import add_request_id_header, request_id_middleware
-from engine.server.respond import respond
-from engine.server.tenants import KEY_SALT
-from engine.server.text_limits import TextLimits
+from engine.server.api.metrics import REFRESH_S, Metrics
+from engine.server.api.prepare import prepare_chat, prepare_prompts
+from engine.server.api.request_ids import add_request_id_header, request_id_middleware
+from engine.server.api.respond import respond
+from engine.server.api.state import State
+from engine.server.api.tenants import KEY_SALT
+from engine.server.config import ServerConfig
+from engine.server.process.engine_client import EngineClient
 from engine.version import __version__
 
 logger = logging.getLogger("aphrodite.server")
@@ -69,84 +63,6 @@ logger = logging.getLogger("aphrodite.server")
 STATE = web.AppKey("state", object)
 #: bodies larger than this are parsed on a worker thread, not on the event loop
 OFF_LOOP_BYTES = 64 << 10
-
-
-class State:
-    """Everything a handler needs, built once per API server process."""
-
-    def __init__(self, config: ServerConfig, loaded: LoadedModel, engine: EngineClient) -> None:
-        self.config = config
-        self.loaded = loaded
-        self.engine = engine
-        self.name = config.served_model_name or loaded.name
-        self.pipeline = Pipeline(loaded, config.pipeline)
-        self.preprocessor = self.pipeline.preprocessor
-        #: --engine vllm: the items vLLM's processor cache holds, by this server's account
-        #: (its share of that cache, --mm-processor-cache-gb; see engine.server.vllm_media)
-        self.vllm_ledger = vllm_media.Ledger.from_gb(
-            config.pipeline.mm_processor_cache_gb / max(config.api_server_count, 1)
-            if config.engine_kind == "vllm" else 0)
-        self.token_strings = TokenStrings(loaded.tokenizer)
-        #: token ids a prompt may hold: the tokenizer's and the model's vocabulary
-        self.vocab_size = min(len(loaded.tokenizer), loaded.config.get("vocab_size") or (
-            loaded.config.get("text_config") or {}).get("vocab_size") or 1 << 62)
-        self.media_limits = self.pipeline.media_limits
-        #: compiled structured-output constraints (made on the first request with one)
-        self._grammars: Grammars | None = None
-        self._grammars_lock = threading.Lock()
-        self.text_limits = TextLimits.derive(loaded.tokenizer, config.max_model_len,
-                                             config.max_prompt_bytes, config.max_messages)
-        self.connector = self.pipeline.connector()
-        self.fetch_slots = FetchSlots(config.max_concurrent_fetches,
-                                      config.max_fetches_per_client)
-        self.trusted_proxies = TrustedProxies(config.trusted_proxies)
-        self.metrics = Metrics(model_name=self.name)
-        self.pending = 0
-        # in this process's threads, checked between frames against the same budget
-        self.decoders: Any = InProcessDecoders(config.decode_cpu_budget_s)
-        if config.decode_isolation == "process":
-            from engine.media.isolation import DecodeWorkers
-
-            self.decoders = DecodeWorkers(
-                config.decode_workers, timeout_s=config.decode_timeout_s,
-                memory_limit_bytes=int(config.decode_memory_gb * (1 << 30)),
-                max_waiting=config.max_decode_queue, cpu_budget_s=config.decode_cpu_budget_s)
-        self.inflight = InflightBytes(int(config.max_inflight_media_mb * (1 << 20)))
-        self.preprocessing = 0  # requests fetching, decoding or in the HF processor
-        self.metrics.sample(self.metrics.inflight_bytes, lambda: self.inflight.in_use)
-        decoders = self.decoders
-        if not isinstance(decoders, InProcessDecoders):  # workers restart; threads do not
-            self.metrics.follow(self.metrics.decode_restarts, lambda: decoders.restarts)
-        self.count()
-        routed = getattr(engine, "routed", None)  # data-parallel engines (EnginePool)
-        for index in range(len(routed or ())):
-            self.metrics.follow(self.metrics.engine_routed.labels(engine=str(index)),
-                                lambda index=index: routed[index])  # type: ignore[index]
-        # This process's share of --mm-ipc-gpu-memory-gb, for GPU video backends.
-        self.gpu_budget = (GpuDecodeBudget.from_gb(config.mm_ipc_gpu_memory_gb,
-                                                   config.api_server_count)
-                           if config.mm_ipc_gpu_memory_gb > 0 else None)
-
-    def grammars(self) -> Grammars:
-        """This process's compiled constraints for the model's tokenizer (xgrammar imported
-        on the first call: call it off the event loop)."""
-        with self._grammars_lock:
-            if self._grammars is None:
-                tokenizer = self.loaded.tokenizer
-                self._grammars = Grammars(tokenizer, logits_vocab(self.loaded.config,
-                                                                  tokenizer),
-                                          [tokenizer.eos_token_id]
-                                          if tokenizer.eos_token_id is not None else [])
-            return self._grammars
-
-    def count(self, *, pending: int = 0, preprocessing: int = 0) -> None:
-        """Requests in flight / preprocessing change here, and vLLM's running and waiting
-        gauges with them (written at once: a sibling API server's scrape reads them)."""
-        self.pending += pending
-        self.preprocessing += preprocessing
-        self.metrics.vllm_waiting.labels(self.name).set(self.preprocessing)
-        self.metrics.vllm_running.labels(self.name).set(max(self.pending - self.preprocessing,
-                                                            0))
 
 
 def body_cap(config: ServerConfig) -> int:
@@ -267,7 +183,7 @@ async def chat_completions(request: web.Request, ticket: Ticket) -> web.StreamRe
 @admitted
 async def completions(request: web.Request, ticket: Ticket) -> web.StreamResponse:
     """``prompt``: a string, a list of strings, a list of token ids or a list of lists of
-    token ids; one engine request per prompt (see :mod:`engine.server.reply`)."""
+    token ids; one engine request per prompt (see :mod:`engine.server.api.reply`)."""
     state: State = request.app[STATE]
     data = await read_json(request, ticket, lambda body: state.text_limits.check_prompt(
         body.get("prompt"), state.config.max_model_len))
@@ -405,7 +321,7 @@ def create_app(config: ServerConfig, loaded: LoadedModel, engine: EngineClient
                           client_max_size=int(config.max_request_body_mb * 1024 * 1024))
 
     async def lifecycle(app: web.Application):
-        app[STATE] = State(config, loaded, engine)
+        app[STATE] = State(config, loaded, engine, backend_for(config))
         refresher = (asyncio.create_task(_refresh_metrics(app[STATE].metrics))
                      if app[STATE].metrics.multiprocess else None)
         yield

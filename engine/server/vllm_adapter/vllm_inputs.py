@@ -1,12 +1,13 @@
 """Decoded media for ``--engine vllm``: how an API server packs a request's items into
-:class:`~engine.server.wire.Submit`'s ``mm`` and how the vLLM bridge unpacks them into vLLM's
+:class:`~engine.server.process.wire.Submit`'s ``mm`` and how the vLLM bridge unpacks them into
+vLLM's
 ``multi_modal_data``.
 
 vLLM runs its own processor, so the engine gets the decoded items, not processed tensors:
 images as ``(H, W, 3)`` uint8 RGB arrays, videos as ``(T, H, W, 3)`` uint8 frames with the
 metadata vLLM's video loaders attach (the sampled indices, fps, duration; Hugging Face's
 ``video_metadata``), audio as float32 samples with their rate. Arrays go through shared memory
-(:mod:`engine.server.shared_inputs`) like any large input. Stdlib and numpy only: the bridge
+(:mod:`engine.server.process.shared_inputs`) like any large input. Stdlib and numpy only: the bridge
 imports this in vLLM's environment.
 """
 
@@ -18,7 +19,7 @@ import numpy as np
 
 MODALITIES = ("image", "video", "audio")
 #: the bridge's error code for a request with a left-out item that vLLM no longer holds
-#: (see :mod:`engine.server.vllm_media`)
+#: (see :mod:`engine.server.vllm_adapter.vllm_media`)
 DATA_NEEDED = "mm_data_needed"
 
 
@@ -37,7 +38,8 @@ def video_metadata(metadata: dict[str, Any] | None, num_frames: int) -> dict[str
 def pack(items: list[tuple[str, Any, dict[str, Any] | None, str | None]]) -> dict[str, Any]:
     """``(modality, decoded, metadata, uuid)`` per item, in prompt order -> ``Submit.mm``:
     keys ``image.0``, ``video.0`` (+ ``video.0.meta``), ``audio.0`` (+ ``audio.0.rate``), and
-    ``<key>.uuid`` for an item with a name (see :mod:`engine.server.vllm_media`). ``decoded``
+    ``<key>.uuid`` for an item with a name (see :mod:`engine.server.vllm_adapter.vllm_media`).
+    ``decoded``
     None: the item is left out (vLLM holds it under its uuid)."""
     out: dict[str, Any] = {}
     seen = dict.fromkeys(MODALITIES, 0)

@@ -1,6 +1,6 @@
 """Step 8 of a request (CONTRIBUTING.md's "One request, as folders"): its prompts through the
 engine, answered as OpenAI's JSON (:func:`respond_json`) or SSE (:func:`respond_stream`); the
-two build their choices, usage and extension with one :class:`~engine.server.reply.Reply`.
+two build their choices, usage and extension with one :class:`~engine.server.api.reply.Reply`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import asyncio
 import json
 import logging
 import os
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,12 +17,10 @@ from aiohttp import web
 from engine.errors import AphroditeError, internal_error_body
 from engine.executor.grammar import bounded_strings
 from engine.executor.sampling import MAX_TOKENS_CAP
-from engine.server import vllm_media
-from engine.server.prepare import preprocess_slot
-from engine.server.reply import Reply
-from engine.server.request_ids import request_id
-from engine.server.sequence_admission import sequences_charged
-from engine.server.wire import Done
+from engine.server.api.reply import Reply
+from engine.server.api.request_ids import request_id
+from engine.server.api.sequence_admission import sequences_charged
+from engine.server.process.wire import Done
 
 logger = logging.getLogger("aphrodite.server")
 
@@ -84,28 +81,14 @@ async def respond(request: web.Request, state, fields, prompts: list, start: flo
 
 async def _respond(request: web.Request, state, fields, prompts: list, params: list,
                    start: float, *, chat: bool) -> web.StreamResponse:
-    if state.config.engine_kind == "vllm":
-        generations = [vllm_media.generate(state.engine, state.vllm_ledger, p,
-                                           _sampling(sp, fields, True),
-                                           state.metrics.vllm_media_resent.inc,
-                                           lambda: preprocess_slot(state),
-                                           state.metrics.count_items,
-                                           priority=fields.priority)
-                       for p, sp in zip(prompts, params, strict=True)]
-    else:
-        group = uuid.uuid4().hex  # the engine interleaves this request's rows with others'
-        generations = [state.engine.generate(p.input_ids, p.mm, _sampling(sp, fields, False),
-                                             (p.mm_hashes, p.mm_positions),
-                                             priority=fields.priority,
-                                             cache_salt=p.cache_salt, group=group)
-                       for p, sp in zip(prompts, params, strict=True)]
+    generations = state.backend.generate(state, fields, prompts, params)
     reply = Reply(state, fields, prompts, start, chat=chat, request_id=request_id(request))
     if fields.stream:
         return await respond_stream(request, reply, generations)
     return await respond_json(request, reply, generations)
 
 
-def _sampling(params: Any, fields: Any, vllm: bool) -> dict[str, Any]:
+def sampling_for_engine(params: Any, fields: Any, vllm: bool) -> dict[str, Any]:
     """The engine's sampling fields. vLLM counts the prompt after its processor expanded the
     placeholders, so for a request without ``max_tokens`` the room left is vLLM's to find: it
     gets the server's max-tokens cap and stops at the model length if that comes first (its

@@ -8,7 +8,7 @@ arguments under its ``parameters`` schema; ``required`` generates a JSON list of
 under its own function's schema, as vLLM does. ``none`` generates text. ``auto`` (the default
 when ``tools`` are given) needs a tool-call parser reading the model's own call format, which
 the server must be started with (vLLM's flags ``--enable-auto-tool-choice --tool-call-parser
-hermes``; :mod:`engine.server.tool_parsers`): without them a 400 naming ``tool_choice``,
+hermes``; :mod:`engine.server.api.tool_parsers`): without them a 400 naming ``tool_choice``,
 never text as if the tools had been offered.
 """
 

@@ -7,7 +7,7 @@ network is counted as the right-most address of its ``X-Forwarded-For`` that is 
 trusted: each proxy appends the address it received the request from, so what a client wrote
 further left is never believed. Any other request, or one without a usable header, is its
 peer's (a client cannot claim another address by sending the header itself). Connection caps
-(:mod:`engine.server.connections`) still count peers: a connection is the proxy's.
+(:mod:`engine.server.api.connections`) still count peers: a connection is the proxy's.
 """
 
 from __future__ import annotations

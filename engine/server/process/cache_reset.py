@@ -1,5 +1,5 @@
 """The engine process's side of a cache reset (``POST /reset_mm_cache``,
-``POST /reset_prefix_cache``; the routes are in :mod:`engine.server.admin_routes`): carried
+``POST /reset_prefix_cache``; the routes are in :mod:`engine.server.api.admin_routes`): carried
 out on the engine's connection thread. Apart from the routes, so the engine process never
 imports the web framework (an import of aiohttp there took half a second of the engine's
 GIL at the first reset)."""
@@ -16,7 +16,7 @@ def engine_answer(engine: Any, what: str, senders: list[Callable[[Any], None]]
     cache and tell every API server to clear its processor cache; ``prefix``: reset the
     prefix cache) and say what was done."""
     if what == "mm":
-        from engine.server.wire import ResetMmCache
+        from engine.server.process.wire import ResetMmCache
 
         reset_encoder = getattr(engine, "reset_encoder_cache", None)
         encoder = reset_encoder() if reset_encoder is not None else {}

@@ -49,7 +49,7 @@ class Metrics:
         self.multiprocess = multiprocess_dir() is not None
         if self.multiprocess and values.ValueClass is values.MutexValue:
             raise RuntimeError("PROMETHEUS_MULTIPROC_DIR was set after prometheus_client was "
-                               "imported; set it before (see launcher.api_server_main)")
+                               "imported; set it before (see engine.server.api.serve)")
         # Gauges read from a function: set at each scrape (and every REFRESH_S in
         # multiprocess mode, where a function gauge would not reach the shared files).
         self._sampled: list[tuple[Gauge, Callable[[], float]]] = []

@@ -14,7 +14,6 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-PARSERS = ("hermes",)
 START, END = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(START) + r"\s*(.*?)\s*(?:" + re.escape(END) + r"|$)", re.S)
 

@@ -1,5 +1,6 @@
 """The engine process: owns the model and the batching engine; API server processes talk to
-it over local connections (one per API server), in the messages of :mod:`engine.server.wire`.
+it over local connections (one per API server), in the messages of
+:mod:`engine.server.process.wire`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.errors import AphroditeError, internal_error_body
-from engine.server import shared_inputs
-from engine.server.outbox import Outbox
-from engine.server.wire import (
-    Cancel,
+from engine.server.process import shared_inputs
+from engine.server.process.engine_side import accept_api_servers, read_messages
+from engine.server.process.outbox import Outbox
+from engine.server.process.wire import (
     Delta,
     Done,
     Events,
@@ -29,7 +30,6 @@ from engine.server.wire import (
     Stats,
     StatsQuery,
     Submit,
-    ToEngine,
 )
 
 logger = logging.getLogger("aphrodite.engine")
@@ -149,7 +149,7 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                        for o in req.outputs]
             send(Done(rid, outputs, req.timings, error, req.num_cached_tokens))
 
-        def submit(message: Submit) -> None:
+        def submit_one(message: Submit) -> None:
             rid = message.rid
             try:
                 mm = shared_inputs.attach(message.mm)
@@ -180,27 +180,28 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
             live[rid] = req
             engine.submit(req)
 
-        def dispatch(message: ToEngine) -> None:
-            if isinstance(message, Submit):
-                submit(message)
-            elif isinstance(message, Cancel):
-                req = live.get(message.rid)
+        class Ours:  # engine_side.Handlers
+            submit = staticmethod(submit_one)
+
+            @staticmethod
+            def cancel(rid: str) -> None:
+                req = live.get(rid)
                 if req is not None:
                     req.cancel()
-            elif isinstance(message, StatsQuery):
+
+            @staticmethod
+            def stats(message: StatsQuery) -> None:
                 send(Stats(message.rid, process_stats(sum(map(len, lives)),
                                                       engine.scheduler_stats())))
-            elif isinstance(message, ResetQuery):
-                from engine.server.cache_reset import engine_answer
+
+            @staticmethod
+            def reset(message: ResetQuery) -> None:
+                from engine.server.process.cache_reset import engine_answer
 
                 send(ResetAnswer(message.rid, engine_answer(engine, message.what, senders)))
 
-        # One call per message: nothing of the last request stays bound to this loop while
-        # it waits for the next message.
-        while True:
-            try:
-                dispatch(conn.recv())
-            except (EOFError, OSError):
+            @staticmethod
+            def leave() -> None:
                 with contextlib.suppress(ValueError):
                     engine.on_step.remove(flush)
                 with contextlib.suppress(ValueError):  # (cache resets no longer reach it)
@@ -208,17 +209,9 @@ def _serve_connections(listener: Listener, engine: Any, api_servers: int) -> Non
                 for req in list(live.values()):  # the engine thread pops
                     req.cancel()
                 outbox.close()
-                return
 
-    threads = []
-    for _ in range(api_servers):
-        conn = listener.accept()
-        thread = threading.Thread(target=handle, args=(conn,), daemon=True)
-        thread.start()
-        threads.append(thread)
-    folder = os.path.dirname(listener.address)
-    listener.close()  # nobody else may connect; this also removes the socket file ...
-    with contextlib.suppress(OSError):  # ... and its private folder: nothing stays on disk
-        os.rmdir(folder)
+        read_messages(conn, Ours)
+
+    threads = accept_api_servers(listener, api_servers, handle)
     for thread in threads:
         thread.join()

@@ -18,7 +18,7 @@ from typing import Any
 from engine.errors import ConfigError
 
 #: the repository (the bridge imports ``engine.vllm_bridge`` from here)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VENV = ROOT / ".venv-vllm"
 #: where scripts/vllm_env.sh leaves its last failure (read by the tests)
 BUILD_ERROR = ROOT / ".venv-vllm.error"
@@ -85,7 +85,7 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
         "gpu_memory_utilization": vllm.gpu_memory_utilization,
         "disable_log_stats": False,  # per-request timestamps: the stage timings
         # vLLM's flag and default (4): the API servers' ledgers of what it holds are sized
-        # by it too (engine.server.vllm_media)
+        # by it too (engine.server.vllm_adapter.vllm_media)
         "mm_processor_cache_gb": config.pipeline.mm_processor_cache_gb,
         # the grammar engine this server checks constraints with before they queue; compact
         # JSON as ours writes it (vLLM 0.32's xgrammar backend takes the whitespace rule

@@ -1,7 +1,7 @@
 """Every request field OpenAI's and vLLM's chat/completions APIs define, and what this server
 does with it: honoured, accepted as a label (it asks nothing of the answer), or refused with a
 400 naming it unless it holds its "unused" value (:data:`REFUSED`, checked by
-engine/server/protocol.py). Any other field is ignored, as vLLM ignores it, and logged once per
+engine/server/api/protocol.py). Any other field is ignored, as vLLM ignores it, and logged once per
 name, so a misspelt or new field is seen in the log and never silently taken as honoured.
 
 tests/unit/test_request_fields.py walks the field lists of vLLM's ``ChatCompletionRequest`` and

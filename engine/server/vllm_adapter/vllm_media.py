@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import EngineError
 from engine.media.pool import decode_executor
 from engine.processing.cache import GIB, ProcessorCache, content_hash, item_key, salted_key
-from engine.server.vllm_inputs import DATA_NEEDED
-from engine.server.wire import Done
+from engine.server.process.wire import Done
+from engine.server.vllm_adapter.vllm_inputs import DATA_NEEDED
 
 if TYPE_CHECKING:
     from engine.processing.preprocess import MediaItem, ProcessedPrompt

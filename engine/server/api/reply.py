@@ -14,16 +14,16 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from engine.processing.preprocess import ProcessedPrompt
-from engine.server.logprobs import ChatLogprobs, CompletionLogprobs
-from engine.server.protocol import GenerationFields
-from engine.server.token_counts import mm_token_counts
-from engine.server.tool_fields import openai_calls
-from engine.server.tool_parsers import HermesStream, hermes
-from engine.server.wire import Done
+from engine.server.api.logprobs import ChatLogprobs, CompletionLogprobs
+from engine.server.api.protocol import GenerationFields
+from engine.server.api.token_counts import mm_token_counts
+from engine.server.api.tool_fields import openai_calls
+from engine.server.api.tool_parsers import HermesStream, hermes
+from engine.server.process.wire import Done
 from engine.timings import SERVED_STAGES
 
 if TYPE_CHECKING:
-    from engine.server.app import State
+    from engine.server.api.state import State
 
 
 def finish_reason(reason: str | None) -> str | None:

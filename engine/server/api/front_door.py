@@ -42,7 +42,7 @@ from engine.errors import (
     UnsupportedContentTypeError,
 )
 from engine.media.inflight import Ticket
-from engine.server.tenants import KEY_SALT, key_salt
+from engine.server.api.tenants import KEY_SALT, key_salt
 
 MAX_DEPTH = 64
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
@@ -77,7 +77,7 @@ def auth_middleware(api_key: str | Sequence[str] | None, metrics_without_auth: b
     """Refuse requests without one of the keys before any handler (and so any slot) runs.
     ``own_checks``: paths whose handlers check their own key (the admin routes);
     ``salt_per_key`` (``--cache-salt-per-api-key``): leave the matched key's salt under
-    :data:`~engine.server.tenants.KEY_SALT` on the request."""
+    :data:`~engine.server.api.tenants.KEY_SALT` on the request."""
     open_paths = {"/health", "/ping"} | ({"/metrics"} if metrics_without_auth else set()) \
         | own_checks
     keys = api_keys(api_key)

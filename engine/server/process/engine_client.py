@@ -11,8 +11,8 @@ from multiprocessing.connection import Client
 from typing import Any
 
 from engine.errors import EngineError, ServiceUnavailableError
-from engine.server import shared_inputs
-from engine.server.wire import (
+from engine.server.process import shared_inputs
+from engine.server.process.wire import (
     Cancel,
     Delta,
     Done,
@@ -59,7 +59,7 @@ class EngineClient:
             self._route(message)
 
     def _route(self, message: FromEngine) -> None:
-        if isinstance(message, ResetMmCache):  # see engine.server.admin_routes
+        if isinstance(message, ResetMmCache):  # see engine.server.api.admin_routes
             for clear in list(self.on_reset_mm_cache):
                 clear()
             return
@@ -107,12 +107,13 @@ class EngineClient:
                        prompt: str | None = None,
                        mm_processor_kwargs: dict[str, Any] | None = None, priority: int = 0,
                        cache_salt: str | None = None, group: str | None = None):
-        """Yields the request's :class:`~engine.server.wire.Delta` s as the engine makes
-        them, then its :class:`~engine.server.wire.Done` (a failed request raises instead).
+        """Yields the request's :class:`~engine.server.process.wire.Delta` s as the engine makes
+        them, then its :class:`~engine.server.process.wire.Done` (a failed request raises instead).
         ``mm_items``: the prompt's items' content keys and token ranges
         (``ProcessedPrompt.mm_hashes``, ``mm_positions``), which the engine's prefix cache
         names the media by. ``prompt``, ``mm_processor_kwargs``: for an engine that runs its
-        own processor (see :class:`~engine.server.wire.Submit`); ``priority``: vLLM's request
+        own processor (see :class:`~engine.server.process.wire.Submit`); ``priority``: vLLM's
+        request
         priority; ``group``: the client request it is a prompt of (the engine shares its
         batch fairly between groups)."""
         if not self.alive:
@@ -167,7 +168,7 @@ class EngineClient:
 
     async def reset(self, what: str, timeout_s: float = 40.0) -> dict[str, Any] | None:
         """Ask the engine to reset a cache (``mm`` or ``prefix``, see
-        :mod:`engine.server.admin_routes`); its answer, or None when it is gone or silent."""
+        :mod:`engine.server.api.admin_routes`); its answer, or None when it is gone or silent."""
         if not self.alive:
             return None
         rid = f"{self._prefix}reset-{next(self._ids)}"
