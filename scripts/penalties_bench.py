@@ -26,11 +26,12 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
+
+from aphrodite_cli.bench.results.environment import git_revision
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("none", "penalties", "all")
@@ -118,13 +119,6 @@ def time_sampler(n: int, vocab: int, params: dict, steps: int, device: str) -> l
     return out
 
 
-def _git_revision() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -144,7 +138,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     result: dict = {"kind": "logits-processors", "label": args.label,
                     "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "git_revision": _git_revision(), "vocab_size": args.vocab_size,
+                    "git_revision": git_revision(), "vocab_size": args.vocab_size,
                     "prompt_tokens": args.prompt_tokens, "history": args.history,
                     "steps": args.steps, "device": args.device, "threads": args.threads,
                     "torch": torch.__version__,

@@ -21,11 +21,12 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
+
+from aphrodite_cli.bench.results.environment import git_revision
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {"greedy": dict(temperature=0), "temperature": dict(temperature=1.0),
@@ -83,13 +84,6 @@ def time_case(n: int, vocab: int, case: str, steps: int) -> dict:
     return out
 
 
-def _git_revision() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -104,7 +98,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     result: dict = {"kind": "sampler", "label": args.label,
                     "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "git_revision": _git_revision(), "vocab_size": args.vocab_size,
+                    "git_revision": git_revision(), "vocab_size": args.vocab_size,
                     "steps": args.steps, "threads": args.threads, "torch": torch.__version__,
                     "cpu": platform.processor() or platform.machine(), "runs": []}
     for n in args.rows:
