@@ -243,7 +243,7 @@ async def test_an_endless_model_list_is_an_error_not_a_hang(aiohttp_server):
     root = f"http://127.0.0.1:{server.port}"
     with pytest.raises(ConfigError, match="more than 1048576 bytes"):
         await asyncio.to_thread(first_model, f"{root}/endless", None)
-    assert await asyncio.to_thread(first_model, root, None) == NASTY  # sent back as it is
+    assert await asyncio.to_thread(first_model, root, None) == (NASTY, None)  # as sent; no root
 
 
 async def test_what_the_target_says_is_stored_escaped(aiohttp_server):
