@@ -353,7 +353,7 @@ def test_decoded_frames_passed_on_unchanged_are_handed_to_the_engine_not_copied(
 
     from engine.server.process import shared_inputs
 
-    engine = ("import sys, pickle, numpy as np; from engine.server import shared_inputs; "
+    engine = ("import sys, pickle, numpy as np; from engine.server.process import shared_inputs; "
               "mm = shared_inputs.attach(pickle.loads(sys.stdin.buffer.read())); "
               "sys.stdout.buffer.write(np.ascontiguousarray(mm['video.0']).tobytes())")
     pool = DecodeWorkers(1, timeout_s=20)
