@@ -459,22 +459,22 @@ def test_a_json_schema_goes_to_vllm_as_our_engine_compiles_it():
     (``"nm":"P/\x14"``: no JSON); the schema reaches vLLM with such strings as the pattern
     our engine compiles them with; other constraints go as they came."""
     from engine.server.api.protocol import parse_generation_fields
-    from engine.server.api.respond import _sampling
+    from engine.server.api.respond import sampling_for_engine
 
     schema = {"type": "object", "properties": {"nm": {"type": "string", "maxLength": 3}}}
     fields = parse_generation_fields({"messages": [], "structured_outputs": {"json": schema}},
                                      max_tokens_cap=64)
     params = fields.sampling_for(10, 2048, "messages")
-    sent = _sampling(params, fields, vllm=True)["structured_outputs"]
+    sent = sampling_for_engine(params, fields, vllm=True)["structured_outputs"]
     assert json.loads(sent.text)["properties"]["nm"] == {"type": "string",
                                                          "pattern": "[^\\x00-\\x1f]{0,3}"}
     assert sent.param == "structured_outputs.json"
-    assert _sampling(params, fields, vllm=False)["structured_outputs"] == \
+    assert sampling_for_engine(params, fields, vllm=False)["structured_outputs"] == \
         params.structured_outputs  # (our engine rewrites it when it compiles)
     regex = parse_generation_fields({"messages": [], "guided_regex": "[a-z]{3}"},
                                     max_tokens_cap=64)
     spec = regex.sampling_for(10, 2048, "messages").structured_outputs
-    assert _sampling(regex.sampling_for(10, 2048, "messages"), regex,
+    assert sampling_for_engine(regex.sampling_for(10, 2048, "messages"), regex,
                      vllm=True)["structured_outputs"] == spec
 
 @pytest.mark.parametrize(("flag", "value"), [("--num-threads", "2"), ("--decode-threads", "1"),
