@@ -19,7 +19,7 @@ import pytest
 
 from tests.server_harness import ServerProcess
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.alone]  # see docs/testing.md
 MODEL = "tiny-qwen2_5_vl"
 
 
