@@ -66,3 +66,25 @@ def wait_listening(port: int, timeout: float = 60) -> bool:
                 return True
         time.sleep(0.1)
     return False
+
+
+def situation(server: ServerProcess) -> str:
+    """What a failed served test should show besides its assertion: the server's last output
+    lines, its queue gauges, the machine's load and the busiest processes (a test that waits
+    for the server to be in some state says why it never was)."""
+    import os
+    import re
+    import urllib.request
+
+    try:
+        text = urllib.request.urlopen(f"{server.base}/metrics", timeout=10).read().decode()
+        gauges = "\n".join(line for line in text.splitlines() if re.match(
+            r"(vllm:num_requests_|aphrodite_engine_num_rows_|vllm:request_success)", line))
+    except OSError as e:
+        gauges = f"(no /metrics: {e})"
+    top = subprocess.run(["ps", "-eo", "pid,ppid,pcpu,rss,etimes,args", "--sort=-pcpu"],
+                         capture_output=True, text=True).stdout.splitlines()[:8]
+    return ("\n--- load average: " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+            + "\n--- queue gauges:\n" + gauges + "\n--- busiest processes:\n"
+            + "\n".join(line[:160] for line in top)
+            + "\n--- server's last lines:\n" + "".join(server.lines[-25:]))

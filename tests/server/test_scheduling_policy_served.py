@@ -17,7 +17,7 @@ import urllib.request
 import openai
 import pytest
 
-from tests.server_harness import ServerProcess
+from tests.server_harness import ServerProcess, situation
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.alone]  # see docs/testing.md
 MODEL = "tiny-qwen2_5_vl"
@@ -71,6 +71,8 @@ def queue_behind_a_holder(server, client, priorities: list[int]) -> list[int] | 
             time.sleep(0.05)
         if waiting(server) < i + 1:
             queued = False
+            print(f"try: request {i} never seen queued; ended so far {ended}, "
+                  f"errors {errors}{situation(server)}")
             break
     holder.close()  # the client goes away: its row leaves, the waiting ones join one by one
     for t in threads:
