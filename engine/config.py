@@ -189,6 +189,8 @@ MAX_OVERTAKES = 4
 #: request cannot send a megabyte-long number)
 PRIORITY_RANGE = (-(1 << 31), (1 << 31) - 1)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: ``--device``'s forms: the CPU, the first GPU, or GPU N (N a whole number)
+DEVICES = ("cpu", "cuda", "cuda:N")
 #: ``--quantization`` methods (vLLM's flag): "int8" packs the language model's linear weights
 #: at load as int8 rows with a scale each, dequantized in the product (weight-only; a CPU
 #: device); unset: the weights as loaded
@@ -290,9 +292,11 @@ class EngineConfig:
              f"passed over {MAX_OVERTAKES} times goes first (priority's bound on waiting), "
              "and the sequences of one request (prompts x n) take turns with other "
              "requests'.")
-    device: str = setting("cpu", help="cpu or cuda.")
+    device: str = setting("cpu", metavar=f"<{'|'.join(DEVICES)}>",  # (a choice's look)
+                          help="cpu, cuda (the first GPU) or cuda:N (GPU N).")
     dtype: str = setting("auto", choices=DTYPES, code="invalid_dtype",
-                         help=f"{', '.join(DTYPES[:-1])} or {DTYPES[-1]}.")
+                         help="The weights' type; auto: the checkpoint's own (its config's "
+                              "torch_dtype).")
     num_threads: int | None = setting(
         None, ge=1, example="4",
         help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "
@@ -382,7 +386,8 @@ class EngineConfig:
         kind, _, index = str(self.device).partition(":")
         if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
             raise ConfigError(f"--device {self.device!r} is not supported",
-                              hint="use cpu, cuda or cuda:N", code="invalid_device")
+                              hint=f"use {', '.join(DEVICES[:-1])} or {DEVICES[-1]}",
+                              code="invalid_device")
         if self.quantization is not None and kind != "cpu":
             raise ConfigError(f"--quantization {self.quantization} runs on a CPU device, not "
                               f"{self.device}", hint="pass --device cpu, or leave "

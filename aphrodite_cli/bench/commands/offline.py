@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from aphrodite_cli.config_flags import choices_metavar
 from aphrodite_cli.options import (
     OUTPUT_FORMAT_HELP,
     BatchingWorkload,
@@ -18,6 +19,7 @@ from aphrodite_cli.options import (
     OutputFormat,
 )
 from aphrodite_cli.output import err, out, print_table
+from engine.config import QUANTIZATIONS
 from engine.media.video.options import parse_backend_choices
 
 DEFAULT_BACKENDS = \
@@ -323,8 +325,9 @@ def decode_step(
         min=1, help="MiB the bandwidth probe reads (default: 4x the last-level cache, at "
                     "least 256).")] = None,
     quantization: Annotated[str | None, typer.Option(
-        help="Also time the model quantized by this method (serve's --quantization: int8) "
-             "beside the float one, and report its quality cost against it.")] = None,
+        metavar=choices_metavar(QUANTIZATIONS),
+        help="Also time the model quantized by this method (serve's --quantization) beside "
+             "the float one, and report its quality cost against it.")] = None,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
     output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
 ) -> None:
