@@ -41,7 +41,9 @@ def _env(name: str) -> Any:
 
 @dataclass(frozen=True)
 class MediaPolicy:
-    """Where media may come from: the operator's allow-lists.
+    """Where media may come from: the operator's allow-lists. Their flags' help is on the
+    fields: every command that fetches media (``serve``, ``media probe``, ``media decode``)
+    shows it (``aphrodite_cli/options.py``).
 
     ``allowed_domains``: exact host names (after :func:`normalize_host`). When non-empty only
     these hosts are fetched; a listed host may also resolve to private addresses. When empty
@@ -49,8 +51,15 @@ class MediaPolicy:
     ``allowed_local_path``: the only folder ``file://`` URLs may read; ``None`` refuses them.
     """
 
-    allowed_domains: frozenset[str] = frozenset()
-    allowed_local_path: Path | None = None
+    allowed_domains: frozenset[str] = setting(
+        frozenset(), flag="--allowed-media-domains", metavar="HOST",
+        help="Only fetch media from these exact hosts (repeat the flag or separate with "
+             "commas). A listed host may resolve to private addresses; unlisted hosts on "
+             "private addresses are always refused.")
+    allowed_local_path: Path | None = setting(
+        None, flag="--allowed-local-media-path", metavar="DIR",
+        help="Folder that file:// media URLs may read from (no symlinks followed). Without "
+             "it file:// URLs are refused.")
     max_redirects: int = _env("APHRODITE_MEDIA_MAX_REDIRECTS")
 
     @classmethod
@@ -143,8 +152,10 @@ class PipelineConfig:
     #: None: the server-wide default (``APHRODITE_VIDEO_LOADER_BACKEND``), which the
     #: Pipeline resolves
     video: VideoLoadSpec | None = None
-    limit_mm_per_prompt: dict[str, int] | None = None
-    mm_processor_kwargs: dict[str, Any] | None = None
+    limit_mm_per_prompt: dict[str, int] | None = setting(
+        None, metavar="JSON", help='Items per prompt, e.g. \'{"image": 4, "video": 1}\'.')
+    mm_processor_kwargs: dict[str, Any] | None = setting(
+        None, metavar="JSON", help='Processor settings, e.g. \'{"max_pixels": 802816}\'.')
     mm_processor_cache_gb: float = setting(
         4.0, ge=0, example="4",
         help="Processor cache size per API server in GB (0 disables), e.g. 4; with "

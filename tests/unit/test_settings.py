@@ -239,3 +239,37 @@ def test_the_command_line_prints_a_bad_choice_as_one_line_and_its_hint(monkeypat
     assert lines == ["Error: --scheduling-policy 'lifo' is not supported",
                      "  hint: use one of fcfs, priority, shortest"], lines
 
+
+def test_the_media_flags_every_command_shares_read_the_fields_help_and_defaults():
+    """``--allowed-media-domains`` and ``--allowed-local-media-path`` in ``serve``, ``media
+    probe`` and ``media decode``: the help and metavar of MediaPolicy's fields; the video
+    backend and frame count named in help are the declared defaults."""
+    from aphrodite_cli.main import app
+    from engine import envs
+    from engine.media.video.sampling import DEFAULT_NUM_FRAMES
+    from engine.settings import field_of
+
+    root = typer.main.get_command(app)
+    commands = {"serve": root.commands["serve"],
+                "media probe": root.commands["media"].commands["probe"],
+                "media decode": root.commands["media"].commands["decode"]}
+    backend = envs.default("APHRODITE_VIDEO_LOADER_BACKEND")
+    for name, command in commands.items():
+        by_flag = {opt: p for p in command.params for opt in p.opts}
+        for field_name in ("allowed_domains", "allowed_local_path"):
+            f = field_of(MediaPolicy, field_name)
+            option = by_flag[flag_of(f)]
+            assert option.help == f.metadata["help"], (name, field_name)
+            assert option.metavar == f.metadata["metavar"], (name, field_name)
+            assert option.default is None  # unset: the field's default (no host, no folder)
+        if "--media-io-kwargs" in by_flag:
+            assert f"or {backend} when unset" in by_flag["--media-io-kwargs"].help, name
+    decode = {opt: p for p in commands["media decode"].params for opt in p.opts}
+    assert f"or {backend} when unset" in decode["--backend"].help
+    assert f"default {DEFAULT_NUM_FRAMES}" in decode["--num-frames"].help
+    serve = {opt: p for p in commands["serve"].params for opt in p.opts}
+    for field_name in ("limit_mm_per_prompt", "mm_processor_kwargs"):
+        f = field_of(PipelineConfig, field_name)
+        assert serve[flag_of(f)].help == f.metadata["help"]
+        assert serve[flag_of(f)].rich_help_panel == PipelineConfig.PANEL
+

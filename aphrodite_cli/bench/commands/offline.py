@@ -21,6 +21,7 @@ from aphrodite_cli.options import (
 from aphrodite_cli.output import err, out, print_table
 from engine.config import QUANTIZATIONS
 from engine.media.video.options import parse_backend_choices
+from engine.media.video.sampling import DEFAULT_NUM_FRAMES
 
 DEFAULT_BACKENDS = \
     "opencv,pyav,pyav:isolation=process,pyav:skip_nonref=false,torchcodec,deepstream"
@@ -43,7 +44,9 @@ def video_decode(
                                                 "generated once into the cache.")] = None,
     backends: Annotated[str, typer.Option(help="Comma-separated backends with options.")
                         ] = DEFAULT_BACKENDS,
-    num_frames: Annotated[int, typer.Option(min=1, help="Frames sampled per decode.")] = 32,
+    num_frames: Annotated[int, typer.Option(
+        min=1, help="Frames sampled per decode (as the server samples a video by default).")
+    ] = DEFAULT_NUM_FRAMES,
     repeats: Annotated[int, typer.Option(min=1, help="Timed repeats of everything.")] = 5,
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Where the result JSON goes.")
                        ] = Path("results"),
