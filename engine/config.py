@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -97,14 +99,31 @@ class ModalityLimits:
     max_bytes: int
     fetch_timeout_s: float
 
+    #: the ``APHRODITE_*`` variables of a modality's caps, by field (``{M}``: its name)
+    ENV: ClassVar[dict[str, str]] = {"max_bytes": "APHRODITE_MAX_{M}_BYTES",
+                                     "fetch_timeout_s": "APHRODITE_{M}_FETCH_TIMEOUT"}
+
+    @classmethod
+    def of(cls, modality: Modality, read: Callable[[str], Any] = envs.default
+           ) -> ModalityLimits:
+        """``modality``'s caps from its variables (declared once, in :mod:`engine.envs`):
+        their defaults, or with ``read=envs.get`` their values."""
+        return cls(**{name: read(env.format(M=modality.upper()))
+                      for name, env in cls.ENV.items()})
+
 
 @dataclass(frozen=True)
 class MediaLimits:
-    """Byte, time, pixel and duration caps for media, per modality."""
+    """Byte, time, pixel and duration caps for media, per modality. Every default is an
+    ``APHRODITE_*`` variable's (:mod:`engine.envs`); :meth:`from_env` reads their values."""
 
-    image: ModalityLimits
-    video: ModalityLimits
-    audio: ModalityLimits
+    #: each modality's caps: by default its variables' defaults (``ModalityLimits.of``)
+    image: ModalityLimits = field(default_factory=partial(ModalityLimits.of, "image"),
+                                  metadata={"modality": "image"})
+    video: ModalityLimits = field(default_factory=partial(ModalityLimits.of, "video"),
+                                  metadata={"modality": "video"})
+    audio: ModalityLimits = field(default_factory=partial(ModalityLimits.of, "audio"),
+                                  metadata={"modality": "audio"})
     max_image_pixels: int = _env("APHRODITE_MAX_IMAGE_PIXELS")
     max_audio_seconds: float = _env("APHRODITE_MAX_AUDIO_SECONDS")
     max_video_frame_pixels: int = _env("APHRODITE_MAX_VIDEO_FRAME_PIXELS")
@@ -121,13 +140,9 @@ class MediaLimits:
     @classmethod
     def from_env(cls, **overrides: object) -> MediaLimits:
         """Defaults from the ``APHRODITE_*`` variables; keyword overrides win."""
-        per_modality = {
-            m: ModalityLimits(envs.get(f"APHRODITE_MAX_{m.upper()}_BYTES"),
-                              envs.get(f"APHRODITE_{m.upper()}_FETCH_TIMEOUT"))
-            for m in MODALITIES
-        }
-        limits = cls(**per_modality, **{f.name: envs.get(f.metadata["env"])
-                                        for f in fields(cls) if "env" in f.metadata})
+        limits = cls(**{f.name: ModalityLimits.of(f.metadata["modality"], envs.get)
+                        if "modality" in f.metadata else envs.get(f.metadata["env"])
+                        for f in fields(cls) if {"modality", "env"} & set(f.metadata)})
         return replace(limits, **overrides) if overrides else limits  # type: ignore[arg-type]
 
 

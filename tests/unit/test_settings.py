@@ -273,3 +273,22 @@ def test_the_media_flags_every_command_shares_read_the_fields_help_and_defaults(
         assert serve[flag_of(f)].help == f.metadata["help"]
         assert serve[flag_of(f)].rich_help_panel == PipelineConfig.PANEL
 
+
+def test_each_modalitys_caps_default_to_its_declared_variables(monkeypatch):
+    """``MediaLimits()`` holds the defaults declared in engine/envs.py, per modality too;
+    ``from_env`` reads the variables."""
+    from engine import envs
+    from engine.config import MODALITIES, ModalityLimits
+
+    for modality in MODALITIES:
+        M = modality.upper()
+        expected = ModalityLimits(envs.default(f"APHRODITE_MAX_{M}_BYTES"),
+                                  envs.default(f"APHRODITE_{M}_FETCH_TIMEOUT"))
+        assert getattr(MediaLimits(), modality) == expected == \
+            getattr(MediaLimits.from_env(), modality)
+    monkeypatch.setenv("APHRODITE_MAX_VIDEO_BYTES", "5")
+    monkeypatch.setenv("APHRODITE_AUDIO_FETCH_TIMEOUT", "2.5")
+    limits = MediaLimits.from_env()
+    assert (limits.video.max_bytes, limits.audio.fetch_timeout_s) == (5, 2.5)
+    assert limits.image == MediaLimits().image
+    assert MediaLimits().video.max_bytes == envs.default("APHRODITE_MAX_VIDEO_BYTES")
