@@ -2,6 +2,9 @@
 field's flag, help, default and ``--help`` panel are read from the field, so a new setting is
 one field (and the code that uses it). Values are checked by the config object itself when it
 is built (:func:`engine.settings.check`), not by Typer: one rule, one error, naming the flag.
+A field with ``choices`` shows them as Typer shows a choice (``<auto|float32|...>``) and is
+read as text, so a bad value is that same error (the flag, the value and the choices), not
+Typer's own.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import functools
 import inspect
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import typer
@@ -24,13 +27,23 @@ def _panel(cls: type, f: dataclasses.Field) -> str:
     return f.metadata.get("panel") or getattr(cls, "PANEL", "Options")
 
 
+def choices_metavar(choices: Sequence[Any]) -> str:
+    """How ``--help`` shows a choice flag's value: as Typer shows a ``Literal`` (``<a|b|c>``)."""
+    return "<" + "|".join(str(c) for c in choices) + ">"
+
+
 def option(cls: type, name: str, kind: Any = None, *decls: str, **overrides: Any) -> Any:
     """``Annotated[kind, typer.Option(...)]`` for the field ``name`` of ``cls``: its flag,
     help and panel from the field; ``kind`` (default: the field's type) and ``overrides``
-    (e.g. ``parser``) for a flag whose text becomes the value through parsing."""
+    (e.g. ``parser``) for a flag whose text becomes the value through parsing. A field with
+    text ``choices`` is read as text (checked by the config, not Typer) and shows them."""
     f = field_of(cls, name)
     meta = f.metadata
     flag = flag_of(f)
+    choices = meta.get("choices")
+    textual = choices is not None and all(isinstance(c, str) for c in choices)
+    if kind is None and textual:
+        kind = str | None if f.default is None else str
     if kind is None:
         kind = f.type if not isinstance(f.type, str) else \
             eval(f.type, vars(sys.modules[cls.__module__]))  # (the field's own annotation)
@@ -40,6 +53,8 @@ def option(cls: type, name: str, kind: Any = None, *decls: str, **overrides: Any
     settings_ = {"help": meta["help"], "rich_help_panel": _panel(cls, f)}
     if meta.get("metavar"):
         settings_["metavar"] = meta["metavar"]
+    elif textual:
+        settings_["metavar"] = choices_metavar(choices)
     settings_.update(overrides)
     return Annotated[kind, typer.Option(*decls, **settings_)]
 

@@ -9,6 +9,7 @@ import typer
 
 from aphrodite_cli.bench.harness.synthetic_caps import MAX_FPS, MAX_FRAMES, MAX_SECONDS, MAX_SIDE
 from aphrodite_cli.options import (
+    DEFAULT_VIDEO_BACKEND,
     AllowedLocalMediaPath,
     AllowedMediaDomains,
     MediaIoKwargs,
@@ -17,6 +18,7 @@ from aphrodite_cli.options import (
 )
 from aphrodite_cli.output import out, print_json
 from engine.media.video.backend_info import NAMES as VIDEO_BACKEND_NAMES
+from engine.media.video.sampling import DEFAULT_NUM_FRAMES
 
 app = typer.Typer(help="Inspect media exactly as `aphrodite serve` would fetch and decode it.",
                   no_args_is_help=True)
@@ -195,9 +197,9 @@ def decode(
     backend: Annotated[str, typer.Option(
         metavar="NAME[:KEY=VALUE...]", help=f"{', '.join(VIDEO_BACKEND_NAMES)}, with options "
         "after the name as in the benchmarks, e.g. pyav:threads=2 (default: "
-        "APHRODITE_VIDEO_LOADER_BACKEND)")] = "",
-    num_frames: Annotated[int | None, typer.Option(min=1, help="Frames to sample (32).")
-                          ] = None,
+        f"{DEFAULT_VIDEO_BACKEND})")] = "",
+    num_frames: Annotated[int | None, typer.Option(
+        min=1, help=f"Frames to sample (default {DEFAULT_NUM_FRAMES}).")] = None,
     fps: Annotated[float | None, typer.Option(min=0.001, help="Frames per second to sample.")
                    ] = None,
     max_duration: Annotated[float | None, typer.Option(

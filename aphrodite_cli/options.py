@@ -7,27 +7,20 @@ from typing import Annotated, Literal
 
 import typer
 
+from aphrodite_cli.config_flags import option
+from engine import envs
+from engine.config import MediaPolicy
 from engine.media.video.backend_info import NAMES as VIDEO_BACKEND_NAMES
 
-AllowedMediaDomains = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--allowed-media-domains",
-        help="Only fetch media from these exact hosts (repeat the flag or separate with commas). "
-        "A listed host may resolve to private addresses; unlisted hosts on private addresses "
-        "are always refused.",
-        metavar="HOST",
-    ),
-]
-AllowedLocalMediaPath = Annotated[
-    Path | None,
-    typer.Option(
-        "--allowed-local-media-path",
-        help="Folder that file:// media URLs may read from (no symlinks followed). "
-        "Without it file:// URLs are refused.",
-        metavar="DIR",
-    ),
-]
+_BACKEND_VAR = "APHRODITE_VIDEO_LOADER_BACKEND"
+
+# The media policy's flags: their help, flag and metavar are MediaPolicy's fields' (one source
+# for every command that fetches media)
+AllowedMediaDomains = option(MediaPolicy, "allowed_domains", list[str] | None)
+AllowedLocalMediaPath = option(MediaPolicy, "allowed_local_path", Path | None)
+#: the video backend when none is named: the variable's value, its default declared once
+#: (engine/envs.py)
+DEFAULT_VIDEO_BACKEND = (f"${_BACKEND_VAR}, or {envs.default(_BACKEND_VAR)} when unset")
 
 
 def split_hosts(values: list[str] | None) -> list[str]:
@@ -41,7 +34,7 @@ MediaIoKwargs = Annotated[
         "--media-io-kwargs",
         help='JSON of media loading options, e.g. \'{"video": {"backend": "torchcodec", '
         f'"num_frames": 16}}}}\'. Video backends: {", ".join(VIDEO_BACKEND_NAMES)} '
-        "(default: opencv).",
+        f"(default: {DEFAULT_VIDEO_BACKEND}).",
         metavar="JSON",
     ),
 ]

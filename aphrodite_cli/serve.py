@@ -67,12 +67,8 @@ def serve(
     trusted_proxies: option(ServerConfig, "trusted_proxies", str | None) = None,
     allowed_media_domains: in_panel(AllowedMediaDomains, MEDIA) = None,
     allowed_local_media_path: in_panel(AllowedLocalMediaPath, MEDIA) = None,
-    limit_mm_per_prompt: Annotated[str | None, typer.Option(
-        metavar="JSON", rich_help_panel=MEDIA,
-        help='Items per prompt, e.g. \'{"image": 4, "video": 1}\'.')] = None,
-    mm_processor_kwargs: Annotated[str | None, typer.Option(
-        metavar="JSON", rich_help_panel=MEDIA,
-        help='Processor settings, e.g. \'{"max_pixels": 802816}\'.')] = None,
+    limit_mm_per_prompt: option(PipelineConfig, "limit_mm_per_prompt", str | None) = None,
+    mm_processor_kwargs: option(PipelineConfig, "mm_processor_kwargs", str | None) = None,
     media_io_kwargs: in_panel(MediaIoKwargs, MEDIA) = None,
     data_parallel_size: option(ParallelConfig, "data_parallel_size", str,
                                parser=parse_data_parallel) = ParallelConfig.data_parallel_size,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -41,7 +43,9 @@ def _env(name: str) -> Any:
 
 @dataclass(frozen=True)
 class MediaPolicy:
-    """Where media may come from: the operator's allow-lists.
+    """Where media may come from: the operator's allow-lists. Their flags' help is on the
+    fields: every command that fetches media (``serve``, ``media probe``, ``media decode``)
+    shows it (``aphrodite_cli/options.py``).
 
     ``allowed_domains``: exact host names (after :func:`normalize_host`). When non-empty only
     these hosts are fetched; a listed host may also resolve to private addresses. When empty
@@ -49,8 +53,15 @@ class MediaPolicy:
     ``allowed_local_path``: the only folder ``file://`` URLs may read; ``None`` refuses them.
     """
 
-    allowed_domains: frozenset[str] = frozenset()
-    allowed_local_path: Path | None = None
+    allowed_domains: frozenset[str] = setting(
+        frozenset(), flag="--allowed-media-domains", metavar="HOST",
+        help="Only fetch media from these exact hosts (repeat the flag or separate with "
+             "commas). A listed host may resolve to private addresses; unlisted hosts on "
+             "private addresses are always refused.")
+    allowed_local_path: Path | None = setting(
+        None, flag="--allowed-local-media-path", metavar="DIR",
+        help="Folder that file:// media URLs may read from (no symlinks followed). Without "
+             "it file:// URLs are refused.")
     max_redirects: int = _env("APHRODITE_MEDIA_MAX_REDIRECTS")
 
     @classmethod
@@ -88,14 +99,31 @@ class ModalityLimits:
     max_bytes: int
     fetch_timeout_s: float
 
+    #: the ``APHRODITE_*`` variables of a modality's caps, by field (``{M}``: its name)
+    ENV: ClassVar[dict[str, str]] = {"max_bytes": "APHRODITE_MAX_{M}_BYTES",
+                                     "fetch_timeout_s": "APHRODITE_{M}_FETCH_TIMEOUT"}
+
+    @classmethod
+    def of(cls, modality: Modality, read: Callable[[str], Any] = envs.default
+           ) -> ModalityLimits:
+        """``modality``'s caps from its variables (declared once, in :mod:`engine.envs`):
+        their defaults, or with ``read=envs.get`` their values."""
+        return cls(**{name: read(env.format(M=modality.upper()))
+                      for name, env in cls.ENV.items()})
+
 
 @dataclass(frozen=True)
 class MediaLimits:
-    """Byte, time, pixel and duration caps for media, per modality."""
+    """Byte, time, pixel and duration caps for media, per modality. Every default is an
+    ``APHRODITE_*`` variable's (:mod:`engine.envs`); :meth:`from_env` reads their values."""
 
-    image: ModalityLimits
-    video: ModalityLimits
-    audio: ModalityLimits
+    #: each modality's caps: by default its variables' defaults (``ModalityLimits.of``)
+    image: ModalityLimits = field(default_factory=partial(ModalityLimits.of, "image"),
+                                  metadata={"modality": "image"})
+    video: ModalityLimits = field(default_factory=partial(ModalityLimits.of, "video"),
+                                  metadata={"modality": "video"})
+    audio: ModalityLimits = field(default_factory=partial(ModalityLimits.of, "audio"),
+                                  metadata={"modality": "audio"})
     max_image_pixels: int = _env("APHRODITE_MAX_IMAGE_PIXELS")
     max_audio_seconds: float = _env("APHRODITE_MAX_AUDIO_SECONDS")
     max_video_frame_pixels: int = _env("APHRODITE_MAX_VIDEO_FRAME_PIXELS")
@@ -112,13 +140,9 @@ class MediaLimits:
     @classmethod
     def from_env(cls, **overrides: object) -> MediaLimits:
         """Defaults from the ``APHRODITE_*`` variables; keyword overrides win."""
-        per_modality = {
-            m: ModalityLimits(envs.get(f"APHRODITE_MAX_{m.upper()}_BYTES"),
-                              envs.get(f"APHRODITE_{m.upper()}_FETCH_TIMEOUT"))
-            for m in MODALITIES
-        }
-        limits = cls(**per_modality, **{f.name: envs.get(f.metadata["env"])
-                                        for f in fields(cls) if "env" in f.metadata})
+        limits = cls(**{f.name: ModalityLimits.of(f.metadata["modality"], envs.get)
+                        if "modality" in f.metadata else envs.get(f.metadata["env"])
+                        for f in fields(cls) if {"modality", "env"} & set(f.metadata)})
         return replace(limits, **overrides) if overrides else limits  # type: ignore[arg-type]
 
 
@@ -143,8 +167,10 @@ class PipelineConfig:
     #: None: the server-wide default (``APHRODITE_VIDEO_LOADER_BACKEND``), which the
     #: Pipeline resolves
     video: VideoLoadSpec | None = None
-    limit_mm_per_prompt: dict[str, int] | None = None
-    mm_processor_kwargs: dict[str, Any] | None = None
+    limit_mm_per_prompt: dict[str, int] | None = setting(
+        None, metavar="JSON", help='Items per prompt, e.g. \'{"image": 4, "video": 1}\'.')
+    mm_processor_kwargs: dict[str, Any] | None = setting(
+        None, metavar="JSON", help='Processor settings, e.g. \'{"max_pixels": 802816}\'.')
     mm_processor_cache_gb: float = setting(
         4.0, ge=0, example="4",
         help="Processor cache size per API server in GB (0 disables), e.g. 4; with "
@@ -189,6 +215,8 @@ MAX_OVERTAKES = 4
 #: request cannot send a megabyte-long number)
 PRIORITY_RANGE = (-(1 << 31), (1 << 31) - 1)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: ``--device``'s forms: the CPU, the first GPU, or GPU N (N a whole number)
+DEVICES = ("cpu", "cuda", "cuda:N")
 #: ``--quantization`` methods (vLLM's flag): "int8" packs the language model's linear weights
 #: at load as int8 rows with a scale each, dequantized in the product (weight-only; a CPU
 #: device); unset: the weights as loaded
@@ -290,9 +318,11 @@ class EngineConfig:
              f"passed over {MAX_OVERTAKES} times goes first (priority's bound on waiting), "
              "and the sequences of one request (prompts x n) take turns with other "
              "requests'.")
-    device: str = setting("cpu", help="cpu or cuda.")
+    device: str = setting("cpu", metavar=f"<{'|'.join(DEVICES)}>",  # (a choice's look)
+                          help="cpu, cuda (the first GPU) or cuda:N (GPU N).")
     dtype: str = setting("auto", choices=DTYPES, code="invalid_dtype",
-                         help=f"{', '.join(DTYPES[:-1])} or {DTYPES[-1]}.")
+                         help="The weights' type; auto: the checkpoint's own (its config's "
+                              "torch_dtype).")
     num_threads: int | None = setting(
         None, ge=1, example="4",
         help="torch threads of the engine process, e.g. 1 to match vLLM's CPU worker, "
@@ -382,7 +412,8 @@ class EngineConfig:
         kind, _, index = str(self.device).partition(":")
         if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
             raise ConfigError(f"--device {self.device!r} is not supported",
-                              hint="use cpu, cuda or cuda:N", code="invalid_device")
+                              hint=f"use {', '.join(DEVICES[:-1])} or {DEVICES[-1]}",
+                              code="invalid_device")
         if self.quantization is not None and kind != "cpu":
             raise ConfigError(f"--quantization {self.quantization} runs on a CPU device, not "
                               f"{self.device}", hint="pass --device cpu, or leave "

@@ -32,8 +32,9 @@ def setting(default: Any = _MISSING, *, help: str, flag: str | None = None,
     ``choices``: the values accepted; ``None`` is accepted whenever the default is None
     (unset). ``example``: a value shown in the error's hint. ``panel``: the ``serve --help``
     panel when not the class's ``PANEL``. ``cli=False``: checked, but no flag (set by code).
-    ``negatable=False``: a boolean flag without its ``--no-`` form. ``aliases``: short
-    forms, e.g. ``("-q",)``. ``code``: the error's code."""
+    ``negatable=False``: a boolean flag without its ``--no-`` form. ``metavar``: the value
+    as ``--help`` shows it (default: the type's, or ``<a|b|c>`` for text ``choices``).
+    ``aliases``: short forms, e.g. ``("-q",)``. ``code``: the error's code."""
     metadata = {"help": help, "flag": flag, "ge": ge, "gt": gt, "le": le,
                 "choices": tuple(choices) if choices is not None else None,
                 "example": example, "panel": panel, "cli": cli, "negatable": negatable,

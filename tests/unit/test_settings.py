@@ -141,3 +141,154 @@ def test_both_engines_read_one_parallel_config():
     assert (args["tensor_parallel_size"], args["data_parallel_size"]) == (2, 3)
     assert not {f.name for f in dataclasses.fields(ParallelConfig)} & {
         f.name for f in dataclasses.fields(VllmConfig)}
+
+
+def _setting_type(cls: type, f: dataclasses.Field):
+    import sys
+
+    return f.type if not isinstance(f.type, str) else eval(f.type, vars(sys.modules[
+        cls.__module__]))
+
+
+def _choice_settings():
+    """(class, field) of every ``serve`` flag with choices."""
+    return [(cls, f) for cls in CLASSES for f in settings(cls)
+            if f.metadata["cli"] and f.metadata["choices"] is not None]
+
+
+def test_a_literal_typed_setting_declares_the_literals_values_as_its_choices():
+    """The choices ``serve`` shows and checks are the field's ``choices``: a field typed with a
+    ``Literal`` lists the same values, so the type and the flag cannot drift apart."""
+    import typing
+
+    literals = 0
+    for cls in (*CLASSES, MediaPolicy):
+        for f in settings(cls):
+            kind = _setting_type(cls, f)
+            literal = typing.get_origin(kind) is typing.Literal
+            args = (kind,) if literal else typing.get_args(kind)
+            for arg in args:
+                if typing.get_origin(arg) is typing.Literal:
+                    literals += 1
+                    values = tuple(v for v in typing.get_args(arg) if v is not None)
+                    if f.name == "data_parallel_size":  # a count or "auto" (serve parses it)
+                        continue
+                    assert f.metadata["choices"] == values, f.name
+    assert literals >= 4
+    names = {f.name for _, f in _choice_settings()}
+    assert {"dtype", "quantization", "scheduling_policy", "engine_kind", "decode_isolation",
+            "tool_call_parser", "distributed_executor_backend"} <= names
+
+
+def _serve_help() -> str:
+    from aphrodite_cli.main import app
+
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "250",
+                                                                "TERMINAL_WIDTH": "250"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_serve_help_shows_each_choice_flags_choices():
+    """As Typer shows a Literal: ``--dtype <auto|float32|bfloat16|float16>``, not ``<str>``."""
+    from engine.config import DEVICES
+
+    lines = {}
+    for line in _serve_help().splitlines():
+        words = line.strip("│ ").split()
+        if words and words[0].startswith("-"):
+            lines[words[0]] = line
+    for _, f in _choice_settings():
+        line = lines[flag_of(f)]
+        shown = "<" + "|".join(f.metadata["choices"]) + ">"
+        assert shown in line and "<str>" not in line, line
+    assert "<" + "|".join(DEVICES) + ">" in lines["--device"]
+    # bench decode-step's --quantization is serve's: the same methods
+    from aphrodite_cli.main import app
+    from engine.config import QUANTIZATIONS
+
+    bench = typer.main.get_command(app).commands["bench"].commands["decode-step"]
+    quantization = next(p for p in bench.params if "--quantization" in p.opts)
+    assert quantization.metavar == "<" + "|".join(QUANTIZATIONS) + ">"
+
+
+@pytest.mark.parametrize("cls_field", _choice_settings(), ids=lambda cf: flag_of(cf[1]))
+def test_a_bad_choice_is_the_config_error_naming_the_flag_and_the_choices(cls_field):
+    """Every choice flag, those typed with a Literal too: the config's one error (the flag,
+    the value, the choices), not Typer's usage box."""
+    from aphrodite_cli.main import app
+
+    _, f = cls_field
+    result = CliRunner().invoke(app, ["serve", flag_of(f), "bogus"])
+    assert isinstance(result.exception, ConfigError), result.output
+    assert result.exception.message == f"{flag_of(f)} 'bogus' is not supported"
+    assert result.exception.hint.startswith(
+        "use one of " + ", ".join(f.metadata["choices"])), result.exception.hint
+
+
+def test_the_command_line_prints_a_bad_choice_as_one_line_and_its_hint(monkeypatch, capsys):
+    import sys
+
+    from aphrodite_cli.main import main
+
+    monkeypatch.setattr(sys, "argv", ["aphrodite", "serve", "--scheduling-policy", "lifo"])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["Error: --scheduling-policy 'lifo' is not supported",
+                     "  hint: use one of fcfs, priority, shortest"], lines
+
+
+def test_the_media_flags_every_command_shares_read_the_fields_help_and_defaults():
+    """``--allowed-media-domains`` and ``--allowed-local-media-path`` in ``serve``, ``media
+    probe`` and ``media decode``: the help and metavar of MediaPolicy's fields; the video
+    backend and frame count named in help are the declared defaults."""
+    from aphrodite_cli.main import app
+    from engine import envs
+    from engine.media.video.sampling import DEFAULT_NUM_FRAMES
+    from engine.settings import field_of
+
+    root = typer.main.get_command(app)
+    commands = {"serve": root.commands["serve"],
+                "media probe": root.commands["media"].commands["probe"],
+                "media decode": root.commands["media"].commands["decode"]}
+    backend = envs.default("APHRODITE_VIDEO_LOADER_BACKEND")
+    for name, command in commands.items():
+        by_flag = {opt: p for p in command.params for opt in p.opts}
+        for field_name in ("allowed_domains", "allowed_local_path"):
+            f = field_of(MediaPolicy, field_name)
+            option = by_flag[flag_of(f)]
+            assert option.help == f.metadata["help"], (name, field_name)
+            assert option.metavar == f.metadata["metavar"], (name, field_name)
+            assert option.default is None  # unset: the field's default (no host, no folder)
+        if "--media-io-kwargs" in by_flag:
+            assert f"or {backend} when unset" in by_flag["--media-io-kwargs"].help, name
+    decode = {opt: p for p in commands["media decode"].params for opt in p.opts}
+    assert f"or {backend} when unset" in decode["--backend"].help
+    assert f"default {DEFAULT_NUM_FRAMES}" in decode["--num-frames"].help
+    serve = {opt: p for p in commands["serve"].params for opt in p.opts}
+    for field_name in ("limit_mm_per_prompt", "mm_processor_kwargs"):
+        f = field_of(PipelineConfig, field_name)
+        assert serve[flag_of(f)].help == f.metadata["help"]
+        assert serve[flag_of(f)].rich_help_panel == PipelineConfig.PANEL
+
+
+def test_each_modalitys_caps_default_to_its_declared_variables(monkeypatch):
+    """``MediaLimits()`` holds the defaults declared in engine/envs.py, per modality too;
+    ``from_env`` reads the variables."""
+    from engine import envs
+    from engine.config import MODALITIES, ModalityLimits
+
+    for modality in MODALITIES:
+        M = modality.upper()
+        expected = ModalityLimits(envs.default(f"APHRODITE_MAX_{M}_BYTES"),
+                                  envs.default(f"APHRODITE_{M}_FETCH_TIMEOUT"))
+        assert getattr(MediaLimits(), modality) == expected == \
+            getattr(MediaLimits.from_env(), modality)
+    monkeypatch.setenv("APHRODITE_MAX_VIDEO_BYTES", "5")
+    monkeypatch.setenv("APHRODITE_AUDIO_FETCH_TIMEOUT", "2.5")
+    limits = MediaLimits.from_env()
+    assert (limits.video.max_bytes, limits.audio.fetch_timeout_s) == (5, 2.5)
+    assert limits.image == MediaLimits().image
+    assert MediaLimits().video.max_bytes == envs.default("APHRODITE_MAX_VIDEO_BYTES")

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from aphrodite_cli.config_flags import choices_metavar
 from aphrodite_cli.options import (
     OUTPUT_FORMAT_HELP,
     BatchingWorkload,
@@ -18,7 +19,9 @@ from aphrodite_cli.options import (
     OutputFormat,
 )
 from aphrodite_cli.output import err, out, print_table
+from engine.config import QUANTIZATIONS
 from engine.media.video.options import parse_backend_choices
+from engine.media.video.sampling import DEFAULT_NUM_FRAMES
 
 DEFAULT_BACKENDS = \
     "opencv,pyav,pyav:isolation=process,pyav:skip_nonref=false,torchcodec,deepstream"
@@ -41,7 +44,9 @@ def video_decode(
                                                 "generated once into the cache.")] = None,
     backends: Annotated[str, typer.Option(help="Comma-separated backends with options.")
                         ] = DEFAULT_BACKENDS,
-    num_frames: Annotated[int, typer.Option(min=1, help="Frames sampled per decode.")] = 32,
+    num_frames: Annotated[int, typer.Option(
+        min=1, help="Frames sampled per decode (as the server samples a video by default).")
+    ] = DEFAULT_NUM_FRAMES,
     repeats: Annotated[int, typer.Option(min=1, help="Timed repeats of everything.")] = 5,
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Where the result JSON goes.")
                        ] = Path("results"),
@@ -323,8 +328,9 @@ def decode_step(
         min=1, help="MiB the bandwidth probe reads (default: 4x the last-level cache, at "
                     "least 256).")] = None,
     quantization: Annotated[str | None, typer.Option(
-        help="Also time the model quantized by this method (serve's --quantization: int8) "
-             "beside the float one, and report its quality cost against it.")] = None,
+        metavar=choices_metavar(QUANTIZATIONS),
+        help="Also time the model quantized by this method (serve's --quantization) beside "
+             "the float one, and report its quality cost against it.")] = None,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
     output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
 ) -> None:

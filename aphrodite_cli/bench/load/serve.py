@@ -208,7 +208,12 @@ def _embedded_server(args: ServeArgs) -> str | None:
         return None
     if args.embedded_engine == "vllm":
         return "aphrodite serve --engine vllm (vLLM's engine and processor behind this front door)"
-    return "aphrodite serve (tiny Qwen2.5-VL, video backend opencv, processor cache 4 GB)"
+    from engine import envs
+    from engine.config import PipelineConfig
+
+    return (f"aphrodite serve (tiny Qwen2.5-VL, video backend "
+            f"{envs.APHRODITE_VIDEO_LOADER_BACKEND}, processor cache "
+            f"{PipelineConfig.mm_processor_cache_gb:g} GB)")
 
 
 async def run_serve(cfg: LoadConfig, args: ServeArgs, progress: Any,

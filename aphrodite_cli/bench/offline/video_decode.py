@@ -31,6 +31,7 @@ from engine.config import MediaLimits
 from engine.errors import AphroditeError, ConfigError
 from engine.media.video.loader import load_video
 from engine.media.video.options import build_spec
+from engine.media.video.sampling import DEFAULT_NUM_FRAMES
 from engine.paths import cache_root
 
 SETTLE_S = 0.25  # pause after the ffmpeg subprocess before timing anything else
@@ -152,7 +153,7 @@ def run(
     clip: Path,
     backends: list[tuple[str, dict[str, Any]]],
     *,
-    num_frames: int = 32,
+    num_frames: int = DEFAULT_NUM_FRAMES,
     repeats: int = 5,
     seed: int = 0,
     progress=None,
