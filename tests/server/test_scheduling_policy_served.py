@@ -21,6 +21,10 @@ from tests.server_harness import ServerProcess, situation
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.alone]  # see docs/testing.md
 MODEL = "tiny-qwen2_5_vl"
+#: tokens in each queued request's answer: one row at a time, so consecutive answers end this
+#: many decode steps apart (32 was too few: at load average 6 the API server delivered
+#: answers out of the engine's order, [1, 3, 2, 0, 4], in a run of the server tier)
+ANSWER = 128
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +56,10 @@ def queue_behind_a_holder(server, client, priorities: list[int]) -> list[int] | 
 
     def send(i: int) -> None:
         try:
-            out = client.completions.create(model=MODEL, prompt=f"Request {i}", max_tokens=32,
+            out = client.completions.create(model=MODEL, prompt=f"Request {i}", max_tokens=ANSWER,
                                             temperature=0, extra_body={
                                                 "ignore_eos": True, "priority": priorities[i]})
-            assert out.usage.completion_tokens == 32
+            assert out.usage.completion_tokens == ANSWER
             with lock:
                 ended.append(i)
         except BaseException as exc:  # reported below, on the test's thread
@@ -89,7 +93,7 @@ def test_waiting_requests_join_lowest_priority_first(server):
         if ended is not None:
             break
     assert ended is not None, "the five requests were never all queued behind the holder"
-    # one row at a time: they end in the order they joined (the two 0s as they came); 32
+    # one row at a time: they end in the order they joined (the two 0s as they came); ANSWER
     # tokens each, so a loaded machine's late thread cannot reorder when the answers arrive
     assert ended == [2, 1, 3, 0, 4]
 
