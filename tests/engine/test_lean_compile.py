@@ -2,7 +2,8 @@
 bucket's logits are the eager lean step's within float rounding (inductor may sum in another
 order), rows padded up to the bucket included; a bucket not compiled yet runs the eager step
 bit for bit and compiles nothing inside the step; a compiled bucket runs without compiling
-again; an engine started with it answers while its compiles run in the background."""
+again; an engine started with it answers while its compiles run in the background and
+after them (compiled), with the model's own generate logits."""
 
 from __future__ import annotations
 
@@ -83,7 +84,10 @@ def test_a_bucket_not_compiled_runs_the_eager_step_and_compiles_nothing(monkeypa
     assert eager_step is not step and torch.equal(got, want)
 
 
-def test_an_engine_compiling_in_the_background_answers_meanwhile():
+def test_an_engine_compiling_in_the_background_answers_meanwhile_and_after():
+    """Requests sent while the compiles run are answered (by the eager step until a bucket
+    is ready), and those sent after by the compiled one without compiling: both keep the
+    model's own generate logits (within the engine tests' 1e-4)."""
     from engine.config import EngineConfig
     from engine.executor.engine import Engine
     from engine.executor.request import EngineRequest
@@ -92,18 +96,26 @@ def test_an_engine_compiling_in_the_background_answers_meanwhile():
     model = llm("qwen2_5_vl")
     engine = Engine(model.loaded, EngineConfig(max_num_seqs=1, compile_decode=True,
                                                num_threads=1))
+    prompts = prompts_of("qwen2_5_vl")[:2]
     try:
         step = engine.runner._lean_decode
         assert engine.runner.decode_path == "lean-compiled"
-        step.enabled = False  # (eager throughout: its logits are generate's within 1e-4)
         logits = record_logits(engine)
-        prompts = prompts_of("qwen2_5_vl")[:2]
-        reqs = [engine.submit(EngineRequest(p, greedy(4))) for p in prompts]
-        for req in reqs:
-            assert req.done.wait(120) and req.error is None, req.error
-        for req, prompt in zip(reqs, prompts, strict=True):
-            assert_generate_logits(engine, logits, req, prompt, 4)
+
+        def answered() -> None:
+            reqs = [engine.submit(EngineRequest(p, greedy(4))) for p in prompts]
+            for req in reqs:
+                assert req.done.wait(120) and req.error is None, req.error
+            for req, prompt in zip(reqs, prompts, strict=True):
+                assert_generate_logits(engine, logits, req, prompt, 4)
+
+        answered()  # (while bucket 1 compiles on the background thread)
         assert step.wait(600) and step.error is None and step.ready == {1}
+        before, runs = graphs_compiled(), []
+        compiled = step._compiled
+        step._compiled = lambda *args: runs.append(args[0]) or compiled(*args)
+        answered()  # (compiled)
+        assert graphs_compiled() == before and runs and set(runs) == {1}
     finally:
         engine.close()
     assert step._stop.is_set()  # (closing the engine stops further compiles)
