@@ -161,13 +161,19 @@ def _graphs_compiled() -> int:
 
 def _compiles(llm: Any, timeout_s: float) -> dict[str, Any]:
     """Wait for ``--compile-decode``'s compiles of ``llm``'s step; what they took."""
-    step = llm.engine.runner._lean_decode
+    from engine.errors import ConfigError
+
+    step, path = llm.engine.runner._lean_decode, llm.engine.runner.decode_path
     if not hasattr(step, "wait"):
-        raise RuntimeError(f"--compile-decode: this model's decode step is not compiled "
-                           f"({llm.engine.runner.decode_path}; the log says why)")
+        why = "the model's own forward runs it" if path == "forward" else "the log says why"
+        raise ConfigError(f"--compile-decode: this model's decode step is not compiled ({why})",
+                          hint="leave out --compile-decode for this model",
+                          code="invalid_flag")
     start = time.perf_counter()
     if not step.wait(timeout_s):
-        raise RuntimeError(f"--compile-decode: the compiles did not end in {timeout_s:.0f} s")
+        raise ConfigError(f"--compile-decode: the compiles did not end in {timeout_s:.0f} s",
+                          hint="run it on a less busy machine, or with fewer --batch-sizes",
+                          code="invalid_flag")
     return {"wait_s": time.perf_counter() - start, "buckets": sorted(step.ready),
             "error": step.error}
 
