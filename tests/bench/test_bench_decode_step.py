@@ -215,3 +215,13 @@ def test_compile_decode_beside_quantization_is_refused(tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert "leave out --quantization" in " ".join(result.stderr.split())
     assert not list(tmp_path.iterdir())
+
+
+def test_compile_decode_on_a_model_without_the_lean_step_is_a_one_line_error(tmp_path):
+    result = run("bench", "decode-step", "--model", "tiny:gemma3", "--compile-decode",
+                 "--batch-sizes", "1", "--context-lens", "24", "--warmups", "1", "--repeats",
+                 "2", "--out-dir", str(tmp_path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--compile-decode: this model's decode step is not compiled (the model's own " \
+        "forward runs it)" in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr and not list(tmp_path.iterdir())
