@@ -147,15 +147,23 @@ def _blocked(module: Any) -> Any:
     return module.__dict__.get("_onednn_blocked")
 
 
-def eligible(config: Any, layers: list[Any], fused: list[Any], head: Any) -> str | None:
+def eligible(text: Any, layers: list[Any], fused: list[Any], head: Any) -> str | None:
     """Why the compiled step cannot run this model (None: it can): every layer fused over
-    float weights, SiLU's MLP, no output-projection bias, a plain head."""
+    float weights and shaped alike (one graph serves them all), SiLU's MLP without a down
+    projection bias, one RMS epsilon, a float32 head."""
     import torch
 
     if any(f is None or f.qkv_weights is None for f in fused):
         return "a layer's products are not fused float32 ones"
-    if getattr(config, "hidden_act", None) != "silu":
-        return f"the MLP's activation is {getattr(config, 'hidden_act', None)!r}, not silu"
+    if any((f.splits, f.width) != (fused[0].splits, fused[0].width) for f in fused):
+        return "the layers' widths differ"
+    norms = [text.norm, *(n for layer in layers for n in (layer.input_layernorm,
+                                                          layer.post_attention_layernorm))]
+    if len({getattr(n, "variance_epsilon", None) for n in norms}) != 1:
+        return "the layers' RMS norms differ in epsilon"
+    act = getattr(text.config, "hidden_act", None)
+    if act != "silu":
+        return f"the MLP's activation is {act!r}, not silu"
     for layer in layers:
         down, o = layer.mlp.down_proj, layer.self_attn.o_proj
         if not all(isinstance(getattr(m, "weight", None), torch.Tensor) and
@@ -191,7 +199,6 @@ class CompiledStep:
         self._hidden = text.config.hidden_size
         self._dim = first_attn.head_dim
         self._heads = fused[0].splits[0] // self._dim
-        self._kv_heads = fused[0].splits[1] // self._dim
         self._scaling = [layer.self_attn.scaling for layer in layers]
         shape = dict(eps=float(layers[0].input_layernorm.variance_epsilon), dim=self._dim,
                      splits=list(fused[0].splits), width=fused[0].width)

@@ -184,7 +184,7 @@ def _step(text: Any, layers: list[Any], head: Any, compile_rows: int | None = No
         return step
     from engine.models import lean_compile
 
-    why = lean_compile.eligible(text.config, layers, fused, head)
+    why = lean_compile.eligible(text, layers, fused, head)
     if why is not None:
         logger.warning("--compile-decode: the eager decode step runs (%s)", why)
         return step

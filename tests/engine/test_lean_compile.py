@@ -121,10 +121,15 @@ def test_an_engine_compiling_in_the_background_answers_meanwhile_and_after():
     assert step._stop.is_set()  # (closing the engine stops further compiles)
 
 
-def test_a_model_the_compiled_step_cannot_run_keeps_the_eager_step(monkeypatch):
+@pytest.mark.parametrize("change", ["activation", "epsilon"])
+def test_a_model_the_compiled_step_cannot_run_keeps_the_eager_step(monkeypatch, caplog, change):
     runner = llm("qwen2_5_vl").engine.runner
     text = parts.language_model(runner.model)
-    monkeypatch.setattr(text.config, "hidden_act", "gelu")
+    if change == "activation":
+        monkeypatch.setattr(text.config, "hidden_act", "gelu")
+    else:  # (one graph serves every layer: their norms must agree)
+        monkeypatch.setattr(text.layers[-1].post_attention_layernorm, "variance_epsilon", 1e-3)
     step = lean_decode._step(text, list(text.layers), runner.model.get_output_embeddings(),
                              compile_rows=4)
     assert not isinstance(step, lean_compile.CompiledStep) and callable(step)
+    assert "--compile-decode: the eager decode step runs" in caplog.text
