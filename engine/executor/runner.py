@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.cpus import use_torch_threads
+from engine.cpus import usable_cpus, use_torch_threads
 from engine.executor import grammar, kv, logits_processors, media_embeds, sampler
 from engine.executor.detokenize import byte_tokens
 from engine.executor.outputs import add_token
@@ -151,7 +151,11 @@ class TransformersRunner:
         #: a prefill may start inside a prompt's media span (a cached prefix is not cut back)
         self.resumes_in_media = self._merged_embeds is not None
         #: the model's decode step without transformers' machinery, where it has one
-        self._lean_decode = lean_decode.for_model(self.model)
+        self._lean_decode = lean_decode.for_model(
+            self.model, config.max_num_seqs if config.compile_decode else None,
+            config.decode_threads or config.num_threads or usable_cpus())
+        if hasattr(self._lean_decode, "start"):  # (--compile-decode: in the background)
+            self._lean_decode.start()
         #: positions (and on a CPU normalized media) prepared for the next prefills
         self._rope_lock = threading.Lock()  # (the model keeps the last rope deltas it made)
         self.prefetcher = Prefetcher(self._positions, self._normalized
@@ -181,8 +185,10 @@ class TransformersRunner:
         self.prefetcher.schedule(requests)
 
     def close(self) -> None:
-        """Stop the prefetch and compile threads."""
+        """Stop the prefetch and compile threads (the decode step's compiles too)."""
         self.prefetcher.close()
+        if hasattr(self._lean_decode, "close"):  # (--compile-decode's background compiles)
+            self._lean_decode.close()
         self.close_grammars()
 
     def close_grammars(self) -> None:
@@ -193,9 +199,12 @@ class TransformersRunner:
 
     @property
     def decode_path(self) -> str:
-        """How decode steps run: "lean" (:mod:`engine.models.lean_decode`) or "forward" (the
-        model's own forward)."""
-        return "forward" if self._lean_decode is None else "lean"
+        """How decode steps run: "lean" (:mod:`engine.models.lean_decode`), "lean-compiled"
+        (with ``--compile-decode``'s graphs, bucket by bucket as they are compiled) or
+        "forward" (the model's own forward)."""
+        if self._lean_decode is None:
+            return "forward"
+        return "lean-compiled" if hasattr(self._lean_decode, "ready") else "lean"
 
     def _add_encoder_time(self, seconds: float) -> None:
         self.encoder_s += seconds

@@ -108,6 +108,7 @@ def prepared(weight: Any, bias: Any) -> Any:
             return F.linear(x, weight, bias)
         return packed_product(x.contiguous(), blocked, bias, "none", [], "")
 
+    product.blocked = blocked  # type: ignore[attr-defined]  # (the compiled step's operand)
     return product
 
 
@@ -117,6 +118,7 @@ def _packed_forward(module: Any) -> Any:
 
     with torch.no_grad():
         blocked = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None)
+    module.__dict__["_onednn_blocked"] = blocked  # (engine.models.lean_compile's operand)
 
     def forward(x: Any) -> Any:
         if x.dtype != torch.float32 or x.numel() < MIN_ROWS * x.shape[-1] or (

@@ -33,11 +33,14 @@ the runner starts.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from engine import envs
 from engine.models import attention, cpu_linear, parts
+
+logger = logging.getLogger(__name__)
 
 #: text models whose layers are the plain pre-norm decoder this step runs: their config's
 #: ``model_type`` (the text config's, for a multimodal model)
@@ -63,11 +66,14 @@ def _rotate(x: Any, cos: Any, sin: Any) -> Any:
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def for_model(model: Any) -> Step | None:
+def for_model(model: Any, compile_rows: int | None = None, threads: int = 1) -> Step | None:
     """The lean decode step for ``model`` (``step(ids, mask, positions, cache)``: ids
     ``(rows, 1)``, the rows' 2-D padding mask over the cache plus the new column, positions as
     the model's forward takes them; the last logits, ``(rows, vocab)``), or None where the
-    model's own forward must run."""
+    model's own forward must run. ``compile_rows``: batches of up to that many rows also get
+    compiled graphs (``--compile-decode``: a :class:`engine.models.lean_compile.CompiledStep`,
+    to compile on ``threads`` torch threads once its ``start`` is called) where the model
+    allows them (else the eager step, with a log line saying why)."""
     text = parts.language_model(model)
     config = getattr(text, "config", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -90,23 +96,27 @@ def for_model(model: Any) -> Step | None:
                 not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj",
                                                   "act_fn")):
             return None
-    return _step(text, layers, head)
+    return _step(text, layers, head, compile_rows, threads)
 
 
 class _Fused:
     """One layer's q/k/v products as one product and its gate/up products as one: their
     weights concatenated once (the layers' own weights become views of the concatenation,
     so nothing is held twice but a packed copy, see :func:`engine.models.cpu_linear.
-    prepared`)."""
+    prepared`). For the compiled step (:mod:`engine.models.lean_compile`) the float
+    concatenations and their packed copies are kept (``*_weights`` None for int8 rows)."""
 
     def __init__(self, layer: Any) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
         biases = [m.bias for m in qkv]
         self.splits = [m.out_features for m in qkv]
-        self._qkv = _product(qkv, None if biases[0] is None else _concatenated(biases))
+        self.qkv_bias = None if biases[0] is None else _concatenated(biases)
+        self._qkv, self.qkv_weights = _product(qkv, self.qkv_bias)
         self.width = mlp.gate_proj.out_features
-        self._gate_up = _product((mlp.gate_proj, mlp.up_proj), None)
+        self._gate_up, self.gate_up_weights = _product((mlp.gate_proj, mlp.up_proj), None)
+        self.qkv_blocked = getattr(self._qkv, "blocked", None)
+        self.gate_up_blocked = getattr(self._gate_up, "blocked", None)
 
     def qkv(self, x: Any) -> Any:
         return self._qkv(x).split(self.splits, dim=-1)
@@ -116,18 +126,19 @@ class _Fused:
         return out[..., :self.width], out[..., self.width:]
 
 
-def _product(linears: tuple[Any, ...], bias: Any) -> Callable[[Any], Any]:
-    """One product over ``linears``' weights concatenated (see :class:`_Fused`): float ones
-    through :func:`engine.models.cpu_linear.prepared`, int8 ones (``--quantization int8``,
-    rows and scales concatenated alike: a scale belongs to its row) through
-    :func:`engine.models.int8_linear.product`."""
+def _product(linears: tuple[Any, ...], bias: Any) -> tuple[Callable[[Any], Any], Any]:
+    """One product over ``linears``' weights concatenated (see :class:`_Fused`), and the
+    concatenated float weight (None for int8): float ones through :func:`engine.models.
+    cpu_linear.prepared`, int8 ones (``--quantization int8``, rows and scales concatenated
+    alike: a scale belongs to its row) through :func:`engine.models.int8_linear.product`."""
     if getattr(linears[0], "qweight", None) is None:
-        return cpu_linear.prepared(_concatenated([m.weight for m in linears]), bias)
+        weight = _concatenated([m.weight for m in linears])
+        return cpu_linear.prepared(weight, bias), weight
     from engine.models import int8_linear
 
     rows = _concatenated([m.qweight for m in linears])
     scales = _concatenated([m.scale for m in linears])
-    return lambda x: int8_linear.product(x, rows, scales, bias)
+    return (lambda x: int8_linear.product(x, rows, scales, bias)), None
 
 
 def _concatenated(tensors: list[Any]) -> Any:
@@ -164,10 +175,24 @@ def _fusable(layer: Any) -> bool:
         (all(b is None for b in biases) or all(b is not None for b in biases))
 
 
-def _step(text: Any, layers: list[Any], head: Any) -> Step:
-    embed, rotary, final_norm = text.embed_tokens, text.rotary_emb, text.norm
+def _step(text: Any, layers: list[Any], head: Any, compile_rows: int | None = None,
+          threads: int = 1) -> Step:
     fused = [_Fused(layer) if envs.APHRODITE_LEAN_DECODE_FUSED and _fusable(layer) else None
              for layer in layers]
+    step = _eager(text, layers, head, fused)
+    if compile_rows is None:
+        return step
+    from engine.models import lean_compile
+
+    why = lean_compile.eligible(text, layers, fused, head)
+    if why is not None:
+        logger.warning("--compile-decode: the eager decode step runs (%s)", why)
+        return step
+    return lean_compile.CompiledStep(text, layers, head, fused, step, compile_rows, threads)
+
+
+def _eager(text: Any, layers: list[Any], head: Any, fused: list[_Fused | None]) -> Step:
+    embed, rotary, final_norm = text.embed_tokens, text.rotary_emb, text.norm
 
     def step(ids: Any, mask: Any, positions: Any, cache: Any) -> Any:
         rows = ids.shape[0]

@@ -184,3 +184,44 @@ def test_the_quality_comparison_is_perfect_against_itself_and_kl_is_float_first(
     uniform = {**ref, "log_probs": [torch.full_like(p, -math.log(vocab)) for p in own]}
     want = float(torch.cat([-math.log(vocab) - p.mean(-1) for p in own]).mean())
     assert quant_quality.compare(model, uniform)["mean_kl"] == pytest.approx(want, rel=1e-4)
+
+
+def test_compile_decode_times_the_eager_and_the_compiled_step_in_turn(tmp_path):
+    """``--compile-decode``: the compiles are awaited, each configuration timed on both steps
+    (a step of each in turn), the compiled row's ratio to the eager one given, and no graph
+    compiled while the steps were timed."""
+    result = run("bench", "decode-step", "--batch-sizes", "1", "--context-lens", "24",
+                 "--warmups", "1", "--repeats", "4", "--num-threads", "1", "--read-mib", "16",
+                 "--compile-decode", "--out-dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "compiled buckets [1]" in result.stdout
+    [path] = tmp_path.glob("decode-step-*.json")
+    doc = load_result(path, ("decode-step",))
+    assert doc["decode_path"] == "lean-compiled"
+    assert doc["compile"]["buckets"] == [1] and doc["compile"]["error"] is None
+    assert doc["compile"]["graphs_compiled_in_steps"] == 0
+    eager, compiled = doc["rows"]
+    assert (eager["compiled"], compiled["compiled"]) == (False, True)
+    assert eager["step_ms"]["count"] == compiled["step_ms"]["count"] == 4
+    assert eager["bytes"] == compiled["bytes"]
+    assert compiled["vs_eager"] == pytest.approx(
+        compiled["step_ms"]["median"] / eager["step_ms"]["median"])
+    assert "| compiled | 1 | 24 |" in summary_markdown([(path, doc)])
+
+
+def test_compile_decode_beside_quantization_is_refused(tmp_path):
+    result = run("bench", "decode-step", "--compile-decode", "--quantization", "int8",
+                 "--out-dir", str(tmp_path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "leave out --quantization" in " ".join(result.stderr.split())
+    assert not list(tmp_path.iterdir())
+
+
+def test_compile_decode_on_a_model_without_the_lean_step_is_a_one_line_error(tmp_path):
+    result = run("bench", "decode-step", "--model", "tiny:gemma3", "--compile-decode",
+                 "--batch-sizes", "1", "--context-lens", "24", "--warmups", "1", "--repeats",
+                 "2", "--out-dir", str(tmp_path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--compile-decode: this model's decode step is not compiled (the model's own " \
+        "forward runs it)" in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr and not list(tmp_path.iterdir())

@@ -292,7 +292,25 @@ cache); x floor is the step over it.
 --quantization), times each configuration on both in turn (vs f32: the int8 step over the
 float one) and compares them on a fixed set of 8 text prompts: greedy token agreement
 (teacher-forced, and of int8's own greedy continuation) and the mean KL divergence of the
-next-token distributions, float32 against int8."""
+next-token distributions, float32 against int8.
+
+  aphrodite bench decode-step --size small --batch-sizes 1,8 --compile-decode --num-threads 1
+
+--compile-decode loads the model with serve's --compile-decode, waits for its background
+compiles, and times each configuration on the eager and the compiled step in turn (vs eager:
+the compiled step over the eager one)."""
+
+
+def _variant(row: dict) -> str:
+    """A decode-step row's weights and step: as loaded, the quantization, eager or compiled."""
+    if row.get("compiled") is not None:
+        return "compiled" if row["compiled"] else "eager"
+    return row["quantization"] if row["quantization"] != "none" else "as loaded"
+
+
+def _vs(row: dict) -> str:
+    ratio = row.get("vs_unquantized") or row.get("vs_eager")
+    return f"{ratio:.2f}" if ratio else "-"
 
 
 def _counts(text: str, flag: str) -> list[int]:
@@ -331,6 +349,10 @@ def decode_step(
         metavar=choices_metavar(QUANTIZATIONS),
         help="Also time the model quantized by this method (serve's --quantization) beside "
              "the float one, and report its quality cost against it.")] = None,
+    compile_decode: Annotated[bool, typer.Option(
+        "--compile-decode", help="Load the model with serve's --compile-decode, wait for its "
+                                 "compiles, and time each configuration on the eager and the "
+                                 "compiled step in turn.")] = False,
     out_dir: Annotated[Path, typer.Option("--out-dir")] = Path("results"),
     output_format: Annotated[OutputFormat, typer.Option(help=OUTPUT_FORMAT_HELP)] = "table",
 ) -> None:
@@ -342,14 +364,19 @@ def decode_step(
     from engine.cpus import usable_cpus
 
     EngineConfig(quantization=quantization)  # (an unknown method: refused before loading)
+    if compile_decode and quantization is not None:
+        raise typer.BadParameter("--compile-decode compiles float32 layers: leave out "
+                                 "--quantization", param_hint="--compile-decode")
     if size is not None and model is not None:
         raise typer.BadParameter("give --model or --size, not both", param_hint="--size")
     batches = _counts(batch_sizes, "--batch-sizes")
     contexts = _counts(context_lens, "--context-lens")
-    if min(contexts) <= warmups + repeats // 2:
+    before = (warmups + repeats // 2) * (2 if compile_decode else 1)
+    if min(contexts) <= before:
         raise typer.BadParameter(
-            f"each context length must exceed --warmups + --repeats / 2 "
-            f"({warmups + repeats // 2}): the steps before the middle one grow the cache",
+            f"each context length must exceed (--warmups + --repeats / 2)"
+            f"{' x 2 (--compile-decode)' if compile_decode else ''} ({before}): the steps "
+            "before the middle one grow the cache",
             param_hint="--context-lens")
     if size is not None:
         from engine.models.loader import tiny_model_dir
@@ -358,22 +385,26 @@ def decode_step(
     doc = run_decode_step(model, batch_sizes=batches, context_lens=contexts,
                           num_threads=num_threads or usable_cpus(), warmups=warmups,
                           repeats=repeats, read_bytes=read_mib << 20 if read_mib else None,
-                          quantization=quantization)
+                          quantization=quantization, compile_decode=compile_decode)
     if size is not None:
         doc["size"] = size
     path = write_result(doc, "decode-step", out_dir)
     bw = doc["bandwidth"]
     print_table(f"{size or doc['model']}: decode step ({doc['decode_path']}), {doc['num_threads']} "
                 f"threads, read bandwidth {bw['gb_s']['median']:.1f} GB/s",
-                ["weights", "batch", "context", "ms p50", "ms p90", "MB read", "GB/s",
-                 "floor ms", "x floor", "vs f32"],
-                [[r["quantization"] if r["quantization"] != "none" else "as loaded",
+                ["step", "batch", "context", "ms p50", "ms p90", "MB read", "GB/s",
+                 "floor ms", "x floor", "vs f32/eager"],
+                [[_variant(r),
                   r["batch_size"], r["context_len"], f"{r['step_ms']['median']:.2f}",
                   f"{r['step_ms']['p90']:.2f}", f"{r['bytes'] / 1e6:.1f}",
                   f"{r['achieved_gb_s']:.1f}", f"{r['floor_ms']:.2f}",
                   f"{r['ratio_to_floor']:.2f}",
-                  f"{r['vs_unquantized']:.2f}" if "vs_unquantized" in r else "-"]
-                 for r in doc["rows"]], output_format)
+                  _vs(r)] for r in doc["rows"]], output_format)
+    if doc.get("compile") and output_format != "json":
+        c = doc["compile"]
+        out.print(f"compiled buckets {c['buckets']} (waited {c['wait_s']:.0f} s for them; "
+                  f"graphs compiled during the steps: {c['graphs_compiled_in_steps']})"
+                  + (f"; compile error: {c['error']}" if c["error"] else ""), markup=False)
     for method, q in (doc.get("quality") or {}).items() if output_format != "json" else ():
         print_table(f"{method} against the weights as loaded: {q['prompts']} prompts x "
                     f"{q['tokens_per_prompt']} greedy tokens",

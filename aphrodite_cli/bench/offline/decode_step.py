@@ -17,6 +17,11 @@ and context length:
   configurations: a sum over a float32 tensor several times the last-level cache.
 
 ``floor_ms`` is bytes / bandwidth; ``ratio_to_floor`` the median step over it.
+
+With ``compile_decode`` the model is loaded with ``--compile-decode``, its compiles awaited
+(their time recorded), and each configuration timed twice in turn on the same model: the
+eager lean step (``compiled`` false) and the compiled one (``compiled`` true, ``vs_eager``
+its step over the eager one's), a step of each in turn on the same rows.
 """
 
 from __future__ import annotations
@@ -117,35 +122,73 @@ def _requests(llm: Any, rows: int, prompt_tokens: int, steps: int) -> list[Any]:
     return out
 
 
-def _one(llm: Any, rows: int, context: int, warmups: int, repeats: int) -> dict[str, Any]:
+def _one(llm: Any, rows: int, context: int, warmups: int, repeats: int,
+         variants: tuple[bool | None, ...] = (None,)) -> list[dict[str, Any]]:
+    """The configuration timed on each of ``variants`` (None: the step as loaded; False and
+    True: ``--compile-decode``'s step eager and compiled), one step of each in turn on the
+    same rows (each sees the same contexts and the same moments of the machine's load)."""
     from engine.executor.outputs import finish_row
 
     runner = llm.engine.runner
-    prompt_tokens = context - warmups - repeats // 2
-    batch = runner.prefill_requests(_requests(llm, rows, prompt_tokens, warmups + repeats))
-    times = []
+    steps = (warmups + repeats) * len(variants)
+    prompt_tokens = context - (warmups + repeats // 2) * len(variants)
+    batch = runner.prefill_requests(_requests(llm, rows, prompt_tokens, steps))
+    times: list[list[float]] = [[] for _ in variants]
     for n in range(warmups + repeats):
-        start = time.perf_counter()
-        runner.decode(batch)
-        if n >= warmups:
-            times.append((time.perf_counter() - start) * 1e3)
+        for i, on in enumerate(variants):
+            if on is not None:
+                runner._lean_decode.enabled = on
+            start = time.perf_counter()
+            runner.decode(batch)
+            if n >= warmups:
+                times[i].append((time.perf_counter() - start) * 1e3)
     weights = weight_bytes(runner.model, rows)
     kv = kv_bytes(batch.cache, context + 1)
     for row in batch.rows:
         finish_row(row, "abort")
-    return {"batch_size": rows, "context_len": context, "step_ms": summary(times),
-            "weight_bytes": weights, "kv_bytes": kv, "bytes": weights + kv}
+    return [{"batch_size": rows, "context_len": context, "step_ms": summary(t),
+             "weight_bytes": weights, "kv_bytes": kv, "bytes": weights + kv,
+             **({} if on is None else {"compiled": on})}
+            for on, t in zip(variants, times, strict=True)]
+
+
+def _graphs_compiled() -> int:
+    """Graphs ``torch.compile`` made so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _compiles(llm: Any, timeout_s: float) -> dict[str, Any]:
+    """Wait for ``--compile-decode``'s compiles of ``llm``'s step; what they took."""
+    from engine.errors import ConfigError
+
+    step, path = llm.engine.runner._lean_decode, llm.engine.runner.decode_path
+    if not hasattr(step, "wait"):
+        why = "the model's own forward runs it" if path == "forward" else "the log says why"
+        raise ConfigError(f"--compile-decode: this model's decode step is not compiled ({why})",
+                          hint="leave out --compile-decode for this model",
+                          code="invalid_flag")
+    start = time.perf_counter()
+    if not step.wait(timeout_s):
+        raise ConfigError(f"--compile-decode: the compiles did not end in {timeout_s:.0f} s",
+                          hint="run it on a less busy machine, or with fewer --batch-sizes",
+                          code="invalid_flag")
+    return {"wait_s": time.perf_counter() - start, "buckets": sorted(step.ready),
+            "error": step.error}
 
 
 def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: list[int],
                     num_threads: int, warmups: int, repeats: int,
                     read_bytes: int | None = None, quantization: str | None = None,
-                    quality_tokens: int = QUALITY_TOKENS) -> dict[str, Any]:
+                    quality_tokens: int = QUALITY_TOKENS, compile_decode: bool = False,
+                    compile_timeout_s: float = 1800) -> dict[str, Any]:
     """The result (see the module's text); with ``quantization``, the model loaded twice, as
     it is and quantized, each configuration timed on both in turn (rows carry
     ``quantization``: ``"none"`` or the method; the quantized ones ``vs_unquantized``, their
     step over the other's), and the quantized one's quality against the other's
-    (:mod:`aphrodite_cli.bench.offline.quant_quality`)."""
+    (:mod:`aphrodite_cli.bench.offline.quant_quality`); with ``compile_decode`` (not beside
+    ``quantization``) each configuration on the eager and the compiled step in turn."""
     import torch
 
     from engine import LLM
@@ -153,8 +196,9 @@ def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: 
 
     settings = dict(num_threads=num_threads, max_num_seqs=max(batch_sizes),
                     enable_prefix_caching=False, encoder_cache_gb=0, mm_processor_cache_gb=0)
-    llms = {"none": LLM(model, **settings)}
+    llms = {"none": LLM(model, compile_decode=compile_decode, **settings)}
     try:
+        compiled = _compiles(llms["none"], compile_timeout_s) if compile_decode else None
         if quantization is not None:
             llms[quantization] = LLM(model, quantization=quantization, **settings)
         use_torch_threads(num_threads)  # (the engine's own thread keeps its count)
@@ -163,16 +207,18 @@ def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: 
         buffer.sum()  # (its pages touched)
         rates = read_bandwidth(buffer, PROBE_SAMPLES)
         rows = []
+        graphs = _graphs_compiled()
         for context in context_lens:
             for size in batch_sizes:
                 for name, llm in llms.items():
-                    rows.append({"quantization": name, **_one(llm, size, context, warmups,
-                                                              repeats)})
+                    rows += [{"quantization": name, **r} for r in _one(
+                        llm, size, context, warmups, repeats,
+                        (False, True) if compiled is not None else (None,))]
                 rates += read_bandwidth(buffer, PROBE_SAMPLES)
         del buffer
         bandwidth = summary(rates)
         plain = {(r["batch_size"], r["context_len"]): r["step_ms"]["median"] for r in rows
-                 if r["quantization"] == "none"}
+                 if r["quantization"] == "none" and not r.get("compiled")}
         for row in rows:
             floor_ms = row["bytes"] / (bandwidth["median"] * 1e9) * 1e3
             step = row["step_ms"]["median"]
@@ -180,6 +226,8 @@ def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: 
                        achieved_gb_s=row["bytes"] / (step / 1e3) / 1e9)
             if row["quantization"] != "none":
                 row["vs_unquantized"] = step / plain[(row["batch_size"], row["context_len"])]
+            if row.get("compiled"):
+                row["vs_eager"] = step / plain[(row["batch_size"], row["context_len"])]
         runner = llms["none"].engine.runner
         doc = {"model": llms["none"].loaded.name, "num_threads": num_threads,
                "decode_path": runner.decode_path, "warmups": warmups, "repeats": repeats,
@@ -187,6 +235,9 @@ def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: 
                "bandwidth": {"gb_s": bandwidth, "read_bytes": nbytes,
                              "llc_bytes": llc_bytes(), "method": "float32 sum"},
                "rows": rows}
+        if compiled is not None:  # (a bucket compiled but compiling again in a step: a bug)
+            doc["compile"] = {**compiled,
+                              "graphs_compiled_in_steps": _graphs_compiled() - graphs}
         if quantization is not None:
             from aphrodite_cli.bench.offline import quant_quality
 

@@ -299,6 +299,10 @@ class DecodeStepRow(_Open):
     quantization: str = "none"
     #: a quantized row's step over the same configuration's unquantized one
     vs_unquantized: float | None = None
+    #: --compile-decode: whether the compiled step ran (None: not compared)
+    compiled: bool | None = None
+    #: a compiled row's step over the same configuration's eager one
+    vs_eager: float | None = None
 
 
 class QuantQuality(_Open):
@@ -324,6 +328,9 @@ class DecodeStepResult(_Result):
     bandwidth: ReadBandwidth
     rows: list[DecodeStepRow]
     quality: dict[str, QuantQuality] = {}
+    #: --compile-decode: the wait for the compiles (s), the buckets compiled, an error, and
+    #: the graphs compiled during the timed steps (0 unless a compiled bucket was guarded out)
+    compile: dict[str, Any] | None = None
 
 
 # --- bench video-decode -----------------------------------------------------------------------

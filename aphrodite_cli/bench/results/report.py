@@ -375,10 +375,12 @@ def _section(path: Path, doc: dict[str, Any]) -> list[str]:
         lines += [f"{_md(doc.get('model', '?'))}, {doc['num_threads']} threads, read bandwidth "
                   f"{bw:.1f} GB/s", "",
                   "| weights | batch | context | ms p50 | MB read | floor ms | x floor | "
-                  "vs as loaded |", "|---|---|---|---|---|---|---|---|"]
+                  "vs as loaded/eager |", "|---|---|---|---|---|---|---|---|"]
         for r in doc["rows"]:
-            ratio = r.get("vs_unquantized")
-            lines.append(f"| {_md(str(r.get('quantization', 'none')))} | {r['batch_size']} | "
+            ratio = r.get("vs_unquantized") or r.get("vs_eager")
+            what = str(r.get("quantization", "none")) if r.get("compiled") is None else \
+                ("compiled" if r["compiled"] else "eager")
+            lines.append(f"| {_md(what)} | {r['batch_size']} | "
                          f"{r['context_len']} | {r['step_ms']['median']:.2f} | "
                          f"{r['bytes'] / 1e6:.1f} | {r['floor_ms']:.2f} | "
                          f"{r['ratio_to_floor']:.2f} | {_num(ratio, '.2f')} |")
