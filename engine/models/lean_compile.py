@@ -102,7 +102,7 @@ def _segments(shape: dict[str, Any]) -> tuple[Callable, Callable, Callable]:
     import torch
     import torch.nn.functional as F
 
-    from engine.models.lean_decode import _rotate
+    from engine.models.rotary import rotate
 
     eps, dim, splits, width = shape["eps"], shape["dim"], shape["splits"], shape["width"]
 
@@ -112,7 +112,7 @@ def _segments(shape: dict[str, Any]) -> tuple[Callable, Callable, Callable]:
         q = q.view(rows, 1, -1, dim).transpose(1, 2)
         k = k.view(rows, 1, -1, dim).transpose(1, 2)
         v = v.view(rows, 1, -1, dim).transpose(1, 2)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
 
     def post(h: Any, out: Any, o: tuple, norm: Any, gate_up: tuple, down: tuple) -> Any:
         h = h + _linear(out, o)

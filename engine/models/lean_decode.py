@@ -39,6 +39,7 @@ from typing import Any
 
 from engine import envs
 from engine.models import attention, cpu_linear, parts
+from engine.models.rotary import rotate
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +58,6 @@ def _rms(norm: Any, x: Any) -> Any:
     x32 = x.to(torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * x32.to(dtype)
-
-
-def _rotate(x: Any, cos: Any, sin: Any) -> Any:
-    import torch
-
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def for_model(model: Any, compile_rows: int | None = None, threads: int = 1) -> Step | None:
@@ -211,8 +205,8 @@ def _eager(text: Any, layers: list[Any], head: Any, fused: list[_Fused | None]) 
             q = q.view(rows, 1, -1, dim).transpose(1, 2)
             k = k.view(rows, 1, -1, dim).transpose(1, 2)
             v = v.view(rows, 1, -1, dim).transpose(1, 2)
-            k, v = cache.update(_rotate(k, cos, sin), v, i)
-            out, _ = attention.attention(attn, _rotate(q, cos, sin), k, v, frame,
+            k, v = cache.update(rotate(k, cos, sin), v, i)
+            out, _ = attention.attention(attn, rotate(q, cos, sin), k, v, frame,
                                          scaling=attn.scaling)
             h = h + attn.o_proj.forward(out.reshape(rows, 1, -1).contiguous())
             x = _rms(layer.post_attention_layernorm, h)
