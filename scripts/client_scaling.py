@@ -64,7 +64,7 @@ def process_cpu_s(pid: int) -> float:
 
 
 def one_run(base: str, workers: int, args: argparse.Namespace, out: Path,
-            mocks: list[int]) -> dict:
+            mocks: list[int], env: dict[str, str]) -> dict:
     name = f"w{workers}-{time.monotonic_ns()}.json"
     argv = [str(EXE), "bench", "serve", "--base-url", base, "--dataset-name", "random",
             "--num-prompts", str(args.num_prompts), "--num-warmups", "0", "--mode", "cold",
@@ -74,7 +74,7 @@ def one_run(base: str, workers: int, args: argparse.Namespace, out: Path,
             "--output-format", "json"]
     load = os.getloadavg()[0]
     cpu, mock_cpu = children_cpu_s(), sum(map(process_cpu_s, mocks))
-    done = subprocess.run(argv, capture_output=True, text=True)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env)  # this tree's code
     cpu = children_cpu_s() - cpu  # the bench process and its workers (reaped with it)
     mock_cpu = sum(map(process_cpu_s, mocks)) - mock_cpu
     if done.returncode != 0:
@@ -112,7 +112,7 @@ def main() -> None:
             for _ in range(args.repeats):  # interleaved: a busy moment hits every value
                 for workers in counts:
                     row = one_run(f"http://127.0.0.1:{port}", workers, args, Path(tmp),
-                                  [m.pid for m in mocks])
+                                  [m.pid for m in mocks], env)
                     rows.append(row)
                     print(f"--num-workers {workers}: {row['request_throughput']:.0f} req/s "
                           f"({row['completed']}/{row['requests']}), client "

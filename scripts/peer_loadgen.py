@@ -32,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 EXE = Path(sys.executable).with_name("aphrodite")
+#: ours run this tree's code (the venv's console script may point at another checkout)
+ENV = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 #: Pinned peers (PyPI): bump deliberately, the venv's name carries the version.
 PEERS = {"aiperf": "0.13.0", "guidellm": "0.8.1"}
 #: Words per prompt in our random dataset (bench serve's --prompt-len default); the peers are
@@ -96,7 +98,7 @@ def ours(url: str, workers: int, args: argparse.Namespace, tmp: Path) -> dict:
             "--max-concurrency", str(args.max_concurrency), "--num-workers", str(workers),
             "--no-server-cpu", "--no-reset-caches", "--abort-after-failures", "0",
             "--out-dir", str(tmp), "--result-filename", name, "--output-format", "json"]
-    done = subprocess.run(argv, capture_output=True, text=True)
+    done = subprocess.run(argv, capture_output=True, text=True, env=ENV)
     if done.returncode != 0:
         raise RuntimeError(f"bench serve: {done.stderr[-800:]}")
     phase = json.loads((tmp / name).read_text())["phases"]["cold"]
@@ -182,7 +184,7 @@ def main() -> None:
                 print(f"{tool}: not measured ({problems[tool][:300]})", flush=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    mock = subprocess.Popen([str(EXE), "bench", "mock-server", "--port", str(port)],
+    mock = subprocess.Popen([str(EXE), "bench", "mock-server", "--port", str(port)], env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     runs = []
     try:
