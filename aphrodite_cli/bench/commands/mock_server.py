@@ -37,12 +37,20 @@ def mock_server(
              "report none).")] = True,
 ) -> None:
     """A mock OpenAI-compatible endpoint streaming tokens with a set TTFT and ITL."""
+    out.print(f"mock server on http://{host}:{port}/v1 (ttft {ttft_ms} ms, itl {itl_ms} ms)",
+              markup=False)
+    if not (ttft_ms or itl_ms or headers_ms or max_concurrency):
+        # no delay to keep: every answer built once and written in one piece, so the mock
+        # costs next to nothing beside the client it measures (load/instant_mock.py)
+        from aphrodite_cli.bench.load import instant_mock
+
+        instant_mock.run(host, port, model=model, output_tokens=output_tokens, usage=usage,
+                         require_model=require_model)
+        return
     from aiohttp import web
 
     from aphrodite_cli.bench.load.mock_server import create_app
 
-    out.print(f"mock server on http://{host}:{port}/v1 (ttft {ttft_ms} ms, itl {itl_ms} ms)",
-              markup=False)
     web.run_app(create_app(ttft_ms, itl_ms, output_tokens, headers_ms, model=model,
                            require_model=require_model, max_concurrency=max_concurrency,
                            usage=usage),

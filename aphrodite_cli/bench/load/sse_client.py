@@ -56,6 +56,20 @@ class ResponseProblem(Exception):
         self.kind, self.example = kind, printable(example, EXAMPLE_CHARS)
 
 
+#: ``json.loads`` less its per-call checks: a payload that is UTF-8 and one JSON value with
+#: nothing after it parses to what ``json.loads`` gives; anything else goes to :func:`_loads`.
+_raw_decode = json.JSONDecoder().raw_decode
+
+
+def _loads(payload: bytes) -> Any:
+    """``json.loads``: an SSE payload that is not JSON is the ``invalid_json`` failure."""
+    try:
+        return json.loads(payload)
+    except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
+        raise ResponseProblem("invalid_json", payload[:EXAMPLE_CHARS].decode(
+            "utf-8", "replace")) from None
+
+
 def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -74,18 +88,19 @@ class _Stream:
         self.kept = 0  # characters of text kept (keep_text)
 
     def line(self, raw: bytes) -> None:
-        line = raw.rstrip(b"\r")
-        if not line.startswith(b"data:"):
+        if not raw.startswith(b"data:"):
             return  # blank separators, comments (":"), event:/id:/retry: fields
-        payload = line[5:].strip()
+        payload = raw[5:].strip()  # a CRLF line's \r too
         if payload == b"[DONE]":
             self.done = True
             return
-        try:
-            chunk = json.loads(payload)
+        try:  # the common case in one C call: UTF-8 text that is one JSON value
+            text = payload.decode()
+            chunk, end = _raw_decode(text)
+            if end != len(text):
+                raise ValueError("extra data")
         except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
-            raise ResponseProblem("invalid_json", payload[:EXAMPLE_CHARS].decode(
-                "utf-8", "replace")) from None
+            chunk = _loads(payload)  # json.loads's own rules decide (UTF-16, a BOM)
         if not isinstance(chunk, dict):
             raise ResponseProblem("invalid_chunk", f"a chunk that is a {type(chunk).__name__}: "
                                   f"{payload[:200].decode('utf-8', 'replace')}")
@@ -107,15 +122,18 @@ class _Stream:
             if not isinstance(choice, dict):
                 raise ResponseProblem("invalid_chunk", f"a choice is a {type(choice).__name__}")
             delta = choice.get("delta")
-            if delta is not None and not isinstance(delta, dict):
+            if delta is None:
+                piece = choice.get("text")
+            elif isinstance(delta, dict):
+                piece = delta.get("content") or choice.get("text")
+            else:
                 raise ResponseProblem("invalid_chunk", f"delta is a {type(delta).__name__}")
-            piece = (delta or {}).get("content") or choice.get("text")
             if piece is not None and not isinstance(piece, str):
                 raise ResponseProblem("invalid_chunk", "the content is a "
                                       f"{type(piece).__name__}, not text: "
                                       f"{payload[:200].decode('utf-8', 'replace')}")
             reason = choice.get("finish_reason")
-            if isinstance(reason, str) and reason:
+            if reason and isinstance(reason, str):
                 record.finish_reason = reason[:40]
             # A chunk with no text (the role chunk many servers send first, an empty delta)
             # is not a token: it starts no TTFT and adds no ITL sample; with --ttft-from
@@ -203,7 +221,8 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord,
         pending += piece
         start = 0
         while (end := pending.find(b"\n", start)) >= 0:
-            stream.line(bytes(pending[start:end]))
+            if pending.startswith(b"data:", start, end):  # else nothing to read in it
+                stream.line(bytes(pending[start:end]))
             start = end + 1
             if stream.done:
                 record.itl = stream.itl.tolist()
