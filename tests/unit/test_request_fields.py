@@ -16,7 +16,6 @@ from engine.models.generation_config import sampling_defaults
 from engine.server.api import request_fields
 from engine.server.api.protocol import parse_generation_fields
 from engine.server.launcher import checked_defaults
-from tests.server_harness import running
 
 pytestmark = pytest.mark.timeout(300)
 LISTS = json.loads((Path(__file__).resolve().parents[1] / "request_fields.json").read_text())
@@ -164,13 +163,18 @@ def test_generation_defaults_apply_only_where_the_request_leaves_them_out():
     assert (sp.temperature, sp.repetition_penalty, sp.max_tokens) == (0.7, 1.3, 9)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    folder = write_config(tmp_path_factory.mktemp("genconfig"),
-                          {"temperature": 0, "max_new_tokens": 4, "eos_token_id": 2})
-    with running("--generation-config", str(folder), "--enable-auto-tool-choice",
-                 "--tool-call-parser", "hermes") as proc:
-        yield proc
+def served_generation_config(folder: Path) -> None:
+    write_config(folder, {"temperature": 0, "max_new_tokens": 4, "eos_token_id": 2})
+
+
+SERVED = pytest.mark.serve("--generation-config", "{scratch}", "--enable-auto-tool-choice",
+                           "--tool-call-parser", "hermes", prepare=served_generation_config)
+
+
+@pytest.fixture
+def server(served):
+    """The server of the tests marked ``SERVED`` (tests/served.py)."""
+    return served
 
 
 def post(server, path: str, body: dict) -> tuple[int, dict]:
@@ -187,6 +191,7 @@ def post(server, path: str, body: dict) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
+@SERVED
 def test_served_field_walk_and_unknown_fields_logged_once(server):
     """Each field of both lists, alone with its plausible value, on both endpoints: a 200
     (honoured or a label) or a 400 naming it (refused); never a 500."""
@@ -203,6 +208,7 @@ def test_served_field_walk_and_unknown_fields_logged_once(server):
     assert server.output.count("unknown request field 'frobnicate'") == 1
 
 
+@SERVED
 def test_served_generation_config_defaults(server):
     """The folder's temperature 0 and max_new_tokens 4 apply where a request leaves them
     out (logged at start-up); a request's own values win."""
