@@ -104,10 +104,17 @@ LAST: dict[Serve, str] = {}
 def plan(items: list[pytest.Item]) -> None:
     """Note each ask's last test, in the order the session runs them."""
     LAST.clear()
+    LAST.update(last_tests(items))
+
+
+def last_tests(items: list[pytest.Item]) -> dict[Serve, str]:
+    """Each ask's last test (node id) among ``items``, in their order."""
+    last = {}
     for item in items:
         ask = ask_of(item)
         if ask is not None:
-            LAST[ask] = item.nodeid
+            last[ask] = item.nodeid
+    return last
 
 
 def ask_of(item: pytest.Item) -> Serve | None:
