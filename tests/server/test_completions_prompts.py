@@ -15,18 +15,17 @@ import openai
 import pytest
 
 from tests.engine_fixtures import loaded
-from tests.server_harness import ServerProcess
 
-pytestmark = pytest.mark.timeout(300)
+#: the default server, shared with the other modules that ask for it (tests/served.py)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.serve()]
 MODEL = "tiny-qwen2_5_vl"
 PROMPTS = ["Once upon a time", "The quick brown fox", "Hello"]
 
 
-@pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess().wait_ready()
-    yield proc
-    assert proc.stop() == 0
+@pytest.fixture
+def server(served):
+    """The module's server (its ``serve`` mark, tests/served.py)."""
+    return served
 
 
 @pytest.fixture
@@ -41,9 +40,9 @@ def complete(client, prompt, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def alone(server):
+def alone(served):
     """Each prompt's greedy text and prompt tokens when sent alone."""
-    client = openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=f"{served.base}/v1", api_key="unused", max_retries=0)
     return {p: complete(client, p) for p in PROMPTS}
 
 

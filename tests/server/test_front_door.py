@@ -19,22 +19,19 @@ from engine.server.api.admin_routes import Access
 from engine.server.api.app import error_response
 from engine.server.api.front_door import MAX_DEPTH, auth_middleware, key_matches, parse_body
 from engine.server.api.tenants import KEY_SALT, key_salt
-from tests.server_harness import ServerProcess
 
-pytestmark = pytest.mark.timeout(300)
 KEY = "front-door-key"
 ADMIN_KEY = "front-door-admin-key"
 BODY_TIMEOUT_S = 2
+pytestmark = [pytest.mark.timeout(300), pytest.mark.serve(
+    "--api-key", KEY, "--admin-api-key", ADMIN_KEY, "--max-pending-requests", "2",
+    "--request-body-timeout-s", str(BODY_TIMEOUT_S), "--max-request-body-mb", "1")]
 
 
-@pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess("--api-key", KEY, "--admin-api-key", ADMIN_KEY,
-                         "--max-pending-requests", "2",
-                         "--request-body-timeout-s", str(BODY_TIMEOUT_S),
-                         "--max-request-body-mb", "1").wait_ready()
-    yield proc
-    assert proc.stop() == 0
+@pytest.fixture
+def server(served):
+    """The module's server (its ``serve`` mark, tests/served.py)."""
+    return served
 
 
 def call(server, path: str, body: bytes | None = None, headers: dict | None = None,

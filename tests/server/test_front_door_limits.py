@@ -19,20 +19,19 @@ from engine.server.api import front_door, text_limits
 from engine.server.api.app import error_response
 from engine.server.api.connections import ACTIVE_GRACE_S
 from engine.server.api.text_limits import TextLimits
-from tests.server_harness import ServerProcess
 
-pytestmark = pytest.mark.timeout(300)
 PER_CLIENT = 8
+pytestmark = [pytest.mark.timeout(300), pytest.mark.serve(
+    "--max-request-body-mb", "1", "--max-inflight-media-mb", "1.2",
+    "--request-body-timeout-s", "30", "--header-read-timeout-s", "2",
+    "--keep-alive-timeout-s", "2", "--max-messages", "100",
+    "--max-connections-per-client", str(PER_CLIENT))]
 
 
-@pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess("--max-request-body-mb", "1", "--max-inflight-media-mb", "1.2",
-                         "--request-body-timeout-s", "30", "--header-read-timeout-s", "2",
-                         "--keep-alive-timeout-s", "2", "--max-messages", "100",
-                         "--max-connections-per-client", str(PER_CLIENT)).wait_ready()
-    yield proc
-    assert proc.stop() == 0
+@pytest.fixture
+def server(served):
+    """The module's server (its ``serve`` mark, tests/served.py)."""
+    return served
 
 
 def connect(server, source: str = "127.0.0.1") -> socket.socket:

@@ -15,19 +15,22 @@ import pytest
 from aphrodite_cli.bench.load.hostile import SERVER_ARGS, SERVER_ENV, HostileHost, hostile_catalogue
 from aphrodite_cli.bench.load.soak import post
 from engine.media import frame_memory
-from tests.server_harness import ServerProcess
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.serve(
+    "--allowed-media-domains", "127.0.0.1", *SERVER_ARGS, env=SERVER_ENV)]
 
 
 @pytest.fixture(scope="module")
-def attacked():
+def host():
     host = HostileHost()
-    server = ServerProcess("--allowed-media-domains", "127.0.0.1", *SERVER_ARGS,
-                           env=SERVER_ENV).wait_ready()
-    yield server, host
-    assert server.stop() == 0
+    yield host
     host.close()
+
+
+@pytest.fixture
+def attacked(served, host):
+    """The module's server (its ``serve`` mark, tests/served.py) and the hostile host."""
+    return served, host
 
 
 def send(server, case):

@@ -10,19 +10,17 @@ import pytest
 import torch
 
 from tests.engine_fixtures import hf_prompt_ids, loaded
-from tests.server_harness import ServerProcess
 
-pytestmark = pytest.mark.timeout(300)
 MAX_MODEL_LEN = 64
+pytestmark = [pytest.mark.timeout(300), pytest.mark.serve("--max-model-len", str(MAX_MODEL_LEN))]
 MODEL = "tiny-qwen2_5_vl"
 MESSAGES = [{"role": "user", "content": [{"type": "text", "text": "Say something."}]}]
 
 
-@pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess("--max-model-len", str(MAX_MODEL_LEN)).wait_ready()
-    yield proc
-    assert proc.stop() == 0
+@pytest.fixture
+def server(served):
+    """The module's server (its ``serve`` mark, tests/served.py)."""
+    return served
 
 
 @pytest.fixture

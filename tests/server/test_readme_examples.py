@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.server_harness import ServerProcess
-
 README = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,30 +24,28 @@ def examples() -> tuple[list[str], str]:
     return commands, python
 
 
-def test_readme_examples_run():
+@pytest.mark.serve("--expose-request-timings")
+def test_readme_examples_run(served):
     commands, python = examples()
     assert len(commands) == 3
-    server = ServerProcess("--expose-request-timings").wait_ready()
-    try:
-        port = f"localhost:{server.port}"
-        outputs = []
-        for command in commands:
-            done = subprocess.run(["bash", "-c", command.replace("localhost:2242", port)],
-                                  capture_output=True, text=True, timeout=60)
-            assert done.returncode == 0, done.stderr
-            outputs.append(done.stdout)
-        assert json.loads(outputs[0])["data"][0]["id"] == "tiny-qwen2_5_vl"
-        assert json.loads(outputs[1])["usage"]["completion_tokens"] > 0
-        assert outputs[2].rstrip().endswith("data: [DONE]") and '"usage"' in outputs[2]
-        done = subprocess.run([sys.executable, "-c", python.replace("localhost:2242", port)],
+    port = f"localhost:{served.port}"
+    outputs = []
+    for command in commands:
+        done = subprocess.run(["bash", "-c", command.replace("localhost:2242", port)],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-        assert "prefill_s" in done.stdout and "same prompt: True" in done.stdout
-    finally:
-        assert server.stop() == 0
+        outputs.append(done.stdout)
+    assert json.loads(outputs[0])["data"][0]["id"] == "tiny-qwen2_5_vl"
+    assert json.loads(outputs[1])["usage"]["completion_tokens"] > 0
+    assert outputs[2].rstrip().endswith("data: [DONE]") and '"usage"' in outputs[2]
+    done = subprocess.run([sys.executable, "-c", python.replace("localhost:2242", port)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "prefill_s" in done.stdout and "same prompt: True" in done.stdout
 
 
-def test_the_endpoints_example_runs():
+@pytest.mark.serve()
+def test_the_endpoints_example_runs(served):
     """The endpoints example: /ping, /tokenize and /detokenize in vLLM's shapes, the client's
     X-Request-Id back (naming the answer), a salted chat with template variables, and usage
     on every streamed chunk (continuous_usage_stats)."""
@@ -59,17 +55,13 @@ def test_the_endpoints_example_runs():
     bash = re.search(r"```bash\n(.*?)```", block, re.S).group(1)
     commands = re.split(r"\n(?=curl )", bash.strip())
     assert len(commands) == 5
-    server = ServerProcess().wait_ready()
-    try:
-        outputs = []
-        for command in commands:
-            done = subprocess.run(
-                ["bash", "-c", command.replace("localhost:2242", f"localhost:{server.port}")],
-                capture_output=True, text=True, timeout=60)
-            assert done.returncode == 0, done.stderr
-            outputs.append(done.stdout)
-    finally:
-        assert server.stop() == 0
+    outputs = []
+    for command in commands:
+        done = subprocess.run(
+            ["bash", "-c", command.replace("localhost:2242", f"localhost:{served.port}")],
+            capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
     ping, tokenized, detokenized, chat, stream = outputs
     assert json.loads(ping) == {"status": "ok"}
     tokens = json.loads(tokenized)

@@ -10,17 +10,23 @@ import json
 
 import pytest
 
-from tests.server_harness import running
 from tests.unit.test_request_fields import base, walk, with_field, write_config
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    folder = write_config(tmp_path_factory.mktemp("genconfig"),
-                          {"temperature": 0, "max_new_tokens": 4, "eos_token_id": 2})
-    with running("--generation-config", str(folder), "--enable-auto-tool-choice",
-                 "--tool-call-parser", "hermes") as proc:
-        yield proc
+def generation_config(folder) -> None:
+    """The server's ``--generation-config`` folder: greedy, 4 new tokens."""
+    write_config(folder, {"temperature": 0, "max_new_tokens": 4, "eos_token_id": 2})
+
+
+#: a server of its own flags (tests/served.py), its folder written before it starts
+pytestmark = pytest.mark.serve("--generation-config", "{scratch}", "--enable-auto-tool-choice",
+                               "--tool-call-parser", "hermes", prepare=generation_config)
+
+
+@pytest.fixture
+def server(served):
+    """The module's server (its ``serve`` mark)."""
+    return served
 
 
 def post(server, path: str, body: dict) -> tuple[int, dict]:

@@ -19,12 +19,19 @@ from PIL import Image
 
 from engine.version import __version__
 from tests.engine_fixtures import hf_prompt_ids, loaded
-from tests.engines import ENGINES, serve
+from tests.engines import ENGINES
 from tests.fixtures import MediaHost, synthetic
 
-pytestmark = pytest.mark.timeout(300)
 KEY = "sekret"
 OTHER_KEY = "another-tenant"  # (the server salts each key's cached work apart)
+#: ours; for the tests marked ``engines``, vLLM's engine under this server's front door too
+#: (tests/engines.py). Local files: the server's own folder (``{scratch}``, tests/served.py).
+pytestmark = [pytest.mark.timeout(300), pytest.mark.serve(
+    "--allowed-media-domains", "127.0.0.1", "--allowed-local-media-path", "{scratch}",
+    "--api-key", KEY, "--api-key", OTHER_KEY, "--cache-salt-per-api-key",
+    "--limit-mm-per-prompt", '{"image": 2, "video": 1}',
+    "--media-io-kwargs", '{"video": {"backend": "pyav", "num_frames": 4}}',
+    "--max-request-body-mb", "2", "--expose-request-timings")]
 
 
 @pytest.fixture(scope="module")
@@ -39,26 +46,22 @@ def media():
 
 
 @pytest.fixture(scope="module")
-def local_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("local-media")
-    (folder / "local.png").write_bytes(synthetic.make_image(100, 80, fmt="PNG", seed=3))
+def outside(tmp_path_factory):
     (tmp_path_factory.mktemp("outside") / "secret.png").write_bytes(b"x")
-    return folder
 
 
-@pytest.fixture(scope="module")
-def server(local_dir, engine):
-    """Ours; for the tests marked ``engines``, vLLM's engine under this server's front door
-    too (tests/engines.py)."""
-    proc = serve(
-        engine,
-        "--allowed-media-domains", "127.0.0.1", "--allowed-local-media-path", str(local_dir),
-        "--api-key", KEY, "--api-key", OTHER_KEY, "--cache-salt-per-api-key",
-        "--limit-mm-per-prompt", '{"image": 2, "video": 1}',
-        "--media-io-kwargs", '{"video": {"backend": "pyav", "num_frames": 4}}',
-        "--max-request-body-mb", "2", "--expose-request-timings")
-    yield proc
-    assert proc.stop() == 0
+@pytest.fixture
+def local_dir(served, outside):
+    """The server's allowed local folder, with local.png (and a file outside it)."""
+    local = served.scratch / "local.png"
+    if not local.exists():
+        local.write_bytes(synthetic.make_image(100, 80, fmt="PNG", seed=3))
+    return served.scratch
+
+
+@pytest.fixture
+def server(served):
+    return served
 
 
 @pytest.fixture

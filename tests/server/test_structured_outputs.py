@@ -23,11 +23,12 @@ from engine.models.templates_path import template_path
 from tests.engine.test_structured_fields import deep as nested
 from tests.engine_fixtures import llm as shared_llm
 from tests.engine_fixtures import loaded
-from tests.engines import ENGINES, serve
+from tests.engines import ENGINES, TOOLS_SERVER
 from tests.server_harness import openai_client
 
 #: the served tests run on both engines (vLLM's under this server's front door)
-pytestmark = [pytest.mark.timeout(300), pytest.mark.engines(*ENGINES)]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.engines(*ENGINES),
+              pytest.mark.serve(*TOOLS_SERVER)]
 MODEL = "tiny-qwen2_5_vl"
 README = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 
@@ -180,15 +181,13 @@ def test_compiles_are_bounded_in_time_cached_and_evicted():
 
 # -- served ----------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def server(engine):
+@pytest.fixture
+def server(served):
     """Ours, or vLLM's engine under this server's front door (tests/engines.py): the
     constraint goes to vLLM's own structured output (StructuredOutputsParams on xgrammar),
-    the tools template and the hermes parser stay this server's."""
-    proc = serve(engine, "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                 "--chat-template", str(template_path("qwen2_5_vl_tools")))
-    yield proc
-    assert proc.stop() == 0
+    the tools template and the hermes parser stay this server's (the server of the module's
+    ``serve`` mark, shared with tests/vllm's TestQwen25VL)."""
+    return served
 
 
 @pytest.fixture

@@ -2,9 +2,10 @@
 ``.venv-vllm``, built by ``make setup-vllm``), over real HTTP with the ``openai`` client.
 
 Class-scoped servers, one family at a time (each vLLM engine takes ~40-60 s to start on 2
-cores and holds ~2 GB): ours on a tiny Qwen2.5-VL, then on a tiny Qwen2-Audio (head_dim 32:
-vLLM's CPU attention refuses 16), each beside vLLM's own OpenAI server on the same folder for
-the prompt-token comparison; then ours with ``--tensor-parallel-size 2``. Without
+cores and holds ~2 GB): ours on a tiny Qwen2.5-VL (the ``served`` server it shares with
+tests/server/test_structured_outputs.py, tests/served.py), then on a tiny Qwen2-Audio
+(head_dim 32: vLLM's CPU attention refuses 16), each beside vLLM's own OpenAI server on the
+same folder for the prompt-token comparison; then ours with ``--tensor-parallel-size 2``. Without
 ``.venv-vllm`` the end-to-end tests skip with the build command, or fail under ``CI=true``
 with the build's own error (``.venv-vllm.error``), so CI never passes by skipping them.
 """
@@ -29,7 +30,7 @@ import pytest
 from engine.errors import ConfigError
 from engine.server.vllm_adapter import vllm_inputs
 from engine.server.vllm_adapter.vllm_spec import bridge_env, carve_utilization
-from tests.engines import VLLM_KV, tiny_model, vllm_python
+from tests.engines import TOOLS_SERVER, VLLM_KV, tiny_model, vllm_python
 from tests.fixtures import synthetic
 from tests.media_server import MediaServer
 from tests.server_harness import ServerProcess, free_port, wait_exit
@@ -614,15 +615,23 @@ def test_bridge_imports_no_torch_nor_our_engine_in_vllms_environment():
 
 # -- end to end ---------------------------------------------------------------------------
 
+@pytest.mark.engines("vllm")
+@pytest.mark.serve(*TOOLS_SERVER)
 class TestQwen25VL:
     """Image and video through ``serve --engine vllm`` on a tiny Qwen2.5-VL, beside vLLM's own
-    server on the same folder."""
+    server on the same folder. Ours is the ``served`` server of
+    tests/server/test_structured_outputs.py (``TOOLS_SERVER``: one vLLM start-up for both;
+    its tools template renders a chat without tools as the model's own does)."""
 
     @pytest.fixture(scope="class")
     @classmethod
-    def servers(cls):
-        for ours, peer in server_pair("qwen2_5_vl"):
-            yield {"qwen": ours, "peer": peer}
+    def servers(cls, served):
+        peer = VllmServer(tiny_model("qwen2_5_vl"))
+        try:
+            peer.wait_ready(600)
+            yield {"qwen": served, "peer": peer}
+        finally:
+            peer.stop()
 
     @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
     @pytest.mark.parametrize("modality", ["image", "video"])
