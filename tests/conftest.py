@@ -157,6 +157,25 @@ def stops_its_servers():
             server.stop(timeout=30)
 
 
+@pytest.fixture(autouse=True)
+def keeps_normal_scheduling():
+    """A test that leaves the test process's thread at another scheduling policy (SVT-AV1
+    once left it at real-time FIFO 99: every server started by a later test inherited it, and
+    its busy engine starved its own API server) fails, and the policy is put back so the
+    tests after it run as they would alone."""
+    if not hasattr(os, "sched_getscheduler"):
+        yield
+        return
+    before = (os.sched_getscheduler(0), os.sched_getparam(0))
+    yield
+    after = (os.sched_getscheduler(0), os.sched_getparam(0))
+    if after != before:
+        os.sched_setscheduler(0, *before)
+        pytest.fail(f"the test left this thread at scheduling policy {after[0]} priority "
+                    f"{after[1].sched_priority} (it was {before[0]} / "
+                    f"{before[1].sched_priority}): later servers would inherit it")
+
+
 def _has_nvidia_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidiactl")
 

@@ -7,7 +7,10 @@ so a decoder that returns the wrong frame is caught.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
 
@@ -119,14 +122,39 @@ def make_video(
 
 
 def _encode(out: Any, stream: Any, frames: Any, buf: io.BytesIO) -> bytes:
-    """Encode ``frames`` into ``stream``, flush the encoder, close ``out``: the file's bytes."""
-    for frame in frames:
-        for packet in stream.encode(frame):
+    """Encode ``frames`` into ``stream``, flush the encoder, close ``out``: the file's bytes.
+    The calling thread keeps its scheduling policy (see :func:`keep_scheduling`)."""
+    with keep_scheduling():
+        for frame in frames:
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
             out.mux(packet)
-    for packet in stream.encode(None):
-        out.mux(packet)
-    out.close()
+        out.close()
     return buf.getvalue()
+
+
+@contextlib.contextmanager
+def keep_scheduling() -> Iterator[None]:
+    """Put the calling thread's scheduling policy and priority back on the way out.
+
+    SVT-AV1 (``libsvtav1``), when it may (as root), moves the thread that opens the encoder
+    to real-time ``SCHED_FIFO`` priority 99 and leaves it there. Every process started from
+    that thread afterwards inherits it: a server launched by the benchmark (or a test) ran
+    its engine, API server and their threads at FIFO 99, where a thread that does not block
+    is never preempted by its peers, so a decoding engine starved its own API server
+    (``/metrics`` unanswered for seconds while the engine decoded)."""
+    try:
+        policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    except (AttributeError, OSError):  # not Linux: nothing to keep
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if (os.sched_getscheduler(0), os.sched_getparam(0)) != (policy, param):
+                os.sched_setscheduler(0, policy, param)
 
 
 def make_audio(
