@@ -18,9 +18,7 @@ demo: setup
 # fails them under CI=true), so the rest of the suite still runs.
 test: setup
 	@bash scripts/vllm_env.sh || echo "make test: .venv-vllm could not be built (see .venv-vllm.error)"
-	@a=0; .venv/bin/python -m pytest -q -p no:cacheprovider -m alone || a=$$?; \
-	 .venv/bin/python -m pytest -q -p no:cacheprovider -m "not alone" || a=$$((a | $$?)); \
-	 exit $$a
+	@.venv/bin/python -m pytest -q -p no:cacheprovider
 
 # The unit tier alone (tests/unit: no model, no server, no media decode): under a minute
 test-fast: setup

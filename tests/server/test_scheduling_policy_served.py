@@ -19,7 +19,7 @@ import pytest
 
 from tests.server_harness import ServerProcess, situation
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.alone]  # see docs/testing.md
+pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny-qwen2_5_vl"
 #: tokens in each queued request's answer: one row at a time, so consecutive answers end this
 #: many decode steps apart (32 was too few: at load average 6 the API server delivered

@@ -17,7 +17,7 @@ import pytest
 
 from tests.server_harness import running, situation
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.alone]  # see docs/testing.md
+pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny-qwen2_5_vl"
 #: odd: two big requests take half of it each (rounded down), one slot is left
 LIMIT = 5
