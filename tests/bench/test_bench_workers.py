@@ -5,6 +5,8 @@ scaling is measured by scripts/client_scaling.py."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
 from aphrodite_cli.bench.data.datasets import parse_buckets, random_mm
@@ -77,6 +79,72 @@ async def test_max_concurrency_is_held_across_workers_in_arrival_order(aiohttp_s
     span = max(r.sent_at + r.e2e for r in records) - min(r.sent_at for r in records)
     one_answer = (TTFT_MS + ITL_MS * (TOKENS - 1)) / 1000
     assert 4 * one_answer <= span < 4 * one_answer + 0.4, span
+
+
+async def test_a_worker_held_back_keeps_only_its_own_slots(aiohttp_server):
+    """A worker that gets no CPU for a second (stopped, as a worker on a busy core is slowed)
+    holds only the slots it had: the other worker's slots keep cycling, so requests still
+    end during the pause. Dealing requests out in turn gave every slot to the held worker
+    one by one and nothing ended until it ran again."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    app, answered = create_app(20.0, 2.0, None), []
+
+    async def count(request, response) -> None:
+        answered.append(request.path)
+
+    app.on_response_prepare.append(count)
+    server = await aiohttp_server(app)
+    base = f"http://127.0.0.1:{server.port}"
+    phase = asyncio.ensure_future(_run(base, 2, 400, max_concurrency=4))
+    held = None
+    try:
+        while len(answered) < 20 and not phase.done():  # the phase under way
+            await asyncio.sleep(0.01)
+        held = next(p for p in multiprocessing.active_children()
+                    if p.name == "bench-client-0")
+        os.kill(held.pid, signal.SIGSTOP)
+        paused = time.perf_counter()
+        await asyncio.sleep(1.0)
+        resumed = time.perf_counter()
+    finally:
+        if held is not None:
+            os.kill(held.pid, signal.SIGCONT)
+    records, result, _ = await phase
+    assert result["completed"] == 400, result
+    ended = [r.sent_at + r.e2e for r in records if r.e2e is not None]
+    during = sum(paused + 0.2 < t < resumed for t in ended)
+    # two free-running slots end an answer about every 15 ms: ~50 in the 0.8 s watched
+    assert during >= 10, during
+
+
+async def test_a_target_that_refuses_everything_stops_the_workers(aiohttp_server):
+    """The same 401 for the first answers (a wrong key): the phase stops with the first
+    --abort-after-failures records, the rest are never sent, and the workers exit."""
+    import multiprocessing
+
+    import pytest
+    from aiohttp import web
+
+    from aphrodite_cli.bench.load.client import TargetRefused
+
+    seen = []
+
+    async def refuse(request):
+        seen.append(1)
+        return web.json_response({"error": {"message": "bad key"}}, status=401)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", refuse)
+    server = await aiohttp_server(app)
+    with pytest.raises(TargetRefused) as refused:
+        await _run(f"http://127.0.0.1:{server.port}", 2, 2000, max_concurrency=2)
+    assert [r.status for r in refused.value.records] == [401] * 5
+    assert len(seen) < 20, len(seen)  # at most the slots' worth after the fifth answer
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("bench-client")]
 
 
 def test_the_command_runs_its_workers_and_records_them(tmp_path):

@@ -10,9 +10,13 @@ start time and every send time is measured on the same clock in every process.
   + arrival) itself: no message per request goes through the parent before a send.
 - With ``--max-concurrency`` the parent owns the limit: it walks the schedule in arrival
   order, waits for a free slot (one asyncio semaphore, first come first served, as one
-  process's) and tells the request's worker to send it; the worker reports each request's
-  end, which frees its slot. At most ``--max-concurrency`` requests are in flight across all
-  workers, granted in the order one process would grant them.
+  process's) and hands the request (its body with it) to the worker with the most free
+  slots; the worker reports each request's end, which frees its slot. At most
+  ``--max-concurrency`` requests are in flight across all workers, granted in the order one
+  process would grant them. The slots start split evenly and a slot goes back to the worker
+  that freed it, so a worker that gets less CPU (a busy core) is given fewer requests and
+  the phase is not held to the slowest worker's pace (with requests dealt out in turn, a
+  worker a tenth slower held every slot and the other waited).
 
 Each worker reports every finished request (the parent's progress and its check for a
 target that refuses everything, ``--abort-after-failures``, see them in the order they end)
@@ -85,7 +89,8 @@ class _Inbox:
 def worker_main(conn: Connection, cfg: Any, url: str, headers: dict[str, str],
                 items: dict[int, tuple[bytes, float, float, bool]], self_timed: bool) -> None:
     """A worker process: ``items`` maps a request's index to (body, encode seconds, arrival
-    seconds after the start, cancel it)."""
+    seconds after the start, cancel it) when it times its own sends; else each "go" message
+    brings the requests to send now, as (index, body, encode seconds, cancel it)."""
     asyncio.run(_worker(conn, cfg, url, headers, items, self_timed))
 
 
@@ -101,8 +106,7 @@ async def _worker(conn: Connection, cfg: Any, url: str, headers: dict[str, str],
                                            limit_per_host=0),
             timeout=aiohttp.ClientTimeout(total=cfg.timeout_s)) as session:
 
-        async def send(i: int) -> None:
-            body, _, _, cut = items[i]
+        async def send(i: int, body: bytes, cut: bool) -> None:
             await one_request(session, url, headers, body, records[i], cfg, cut)
             done.put((i, records[i].status))
 
@@ -111,7 +115,7 @@ async def _worker(conn: Connection, cfg: Any, url: str, headers: dict[str, str],
                 delay = start + items[i][2] - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(send(i)))
+                tasks.append(asyncio.create_task(send(i, items[i][0], items[i][3])))
 
         conn.send(("ready",))
         schedule = None
@@ -120,7 +124,9 @@ async def _worker(conn: Connection, cfg: Any, url: str, headers: dict[str, str],
             if msg[0] == "start" and self_timed:
                 schedule = asyncio.create_task(own_schedule(msg[1]))
             elif msg[0] == "go":
-                tasks.extend(asyncio.create_task(send(i)) for i in msg[1])
+                for i, body, enc, cut in msg[1]:
+                    records[i] = RequestRecord(i, encode_s=enc)
+                    tasks.append(asyncio.create_task(send(i, body, cut)))
             elif msg[0] in ("end", "stop", "gone"):
                 break
         if msg[0] != "end":  # the parent stops the phase: nothing more is sent
@@ -149,9 +155,9 @@ async def run_phase_workers(payloads: list[tuple[bytes, float]], cfg: Any, url: 
     dispatch = bool(cfg.arrivals.max_concurrency)  # the parent owns the limit
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no loop, no threads
     conns, procs = [], []
-    for w in range(n):
-        items = {i: (payloads[i][0], payloads[i][1], times[i], i in cut)
-                 for i in range(w, len(payloads), n)}
+    for w in range(n):  # with the parent dispatching, each request goes with its "go"
+        items = {} if dispatch else {i: (payloads[i][0], payloads[i][1], times[i], i in cut)
+                                     for i in range(w, len(payloads), n)}
         mine, theirs = ctx.Pipe()
         proc = ctx.Process(target=worker_main, args=(theirs, cfg, url, headers, items,
                                                      not dispatch),
@@ -171,7 +177,7 @@ async def run_phase_workers(payloads: list[tuple[bytes, float]], cfg: Any, url: 
                 raise BenchmarkFailed(f"client worker {w} of --num-workers {n} did not start "
                                       f"({msg[0]}, exit code {procs[w].exitcode})",
                                       hint="run with --num-workers 1 to see its error")
-        return await _drive(payloads, cfg, url, times, inboxes, conns, dispatch, on_done,
+        return await _drive(payloads, cfg, url, times, cut, inboxes, conns, dispatch, on_done,
                             TargetRefused, refused_alike)
     finally:
         for inbox in inboxes:
@@ -188,12 +194,17 @@ async def run_phase_workers(payloads: list[tuple[bytes, float]], cfg: Any, url: 
             conn.close()
 
 
-async def _drive(payloads: list, cfg: Any, url: str, times: list[float], inboxes: list[_Inbox],
-                 conns: list[Connection], dispatch: bool, on_done: Callable[[], None] | None,
+async def _drive(payloads: list, cfg: Any, url: str, times: list[float], cut: set[int],
+                 inboxes: list[_Inbox], conns: list[Connection], dispatch: bool,
+                 on_done: Callable[[], None] | None,
                  target_refused: type, refused_alike: Callable[[list], bool]
                  ) -> tuple[list[RequestRecord], float, float, list[int]]:
     n, total = len(conns), len(payloads)
-    slots = asyncio.Semaphore(cfg.arrivals.max_concurrency) if dispatch else None
+    limit = cfg.arrivals.max_concurrency
+    slots = asyncio.Semaphore(limit) if dispatch else None
+    # each worker's free slots (their sum is the semaphore's count): a slot freed by a
+    # worker goes back to it, and a request goes to the worker with the most
+    free = [limit // n + (w < limit % n) for w in range(n)] if dispatch else []
     finished: list[int] = []
     statuses: dict[int, int | None] = {}
     all_done, refused = asyncio.Event(), asyncio.Event()
@@ -209,6 +220,7 @@ async def _drive(payloads: list, cfg: Any, url: str, times: list[float], inboxes
                     finished.append(i)
                     statuses[i] = status
                     if slots:
+                        free[w] += 1
                         slots.release()
                     if on_done:
                         on_done()
@@ -240,7 +252,9 @@ async def _drive(payloads: list, cfg: Any, url: str, times: list[float], inboxes
             await slots.acquire()
             if refused.is_set() or lost:
                 break
-            gos[i % n].put(i)
+            w = max(range(n), key=free.__getitem__)
+            free[w] -= 1
+            gos[w].put((i, payloads[i][0], payloads[i][1], i in cut))
         for out in gos:
             out.flush()
     waiter = asyncio.ensure_future(all_done.wait())
@@ -258,10 +272,11 @@ async def _drive(payloads: list, cfg: Any, url: str, times: list[float], inboxes
         raise BenchmarkFailed(f"client worker(s) {', '.join(map(str, lost))} of --num-workers "
                               f"{n} exited during the phase",
                               hint="run with --num-workers 1 to see the error")
-    records = sorted((r for part in parts for r in part), key=lambda r: r.index)
+    got = {r.index: r for part in parts for r in part}
+    # requests never handed out (the phase was stopped) are recorded unsent, as one process's
+    records = [got.get(i) or RequestRecord(i, encode_s=payloads[i][1]) for i in range(total)]
     if refused.is_set():
-        by_index = {r.index: r for r in records}
-        raise target_refused([by_index[i] for i in finished[: cfg.abort_after]], url)
+        raise target_refused([records[i] for i in finished[: cfg.abort_after]], url)
     sent = sorted(r.sent_at for r in records if r.sent_at)
     span = sent[-1] - sent[0] if len(sent) > 1 else 0.0
     send_rate = (len(sent) - 1) / span if span > 0 else float("inf")
