@@ -233,6 +233,15 @@ QUANTIZATIONS = ("int8",)
 DEFAULT_BATCHED_TOKENS = {"cpu": 2048, "cuda": 8192}
 
 
+#: ``long_prefill_token_threshold`` when none is given, per device kind. On a CPU a prefill
+#: stops every running row for as long as it takes: on the 43 M-parameter Qwen2.5-VL (2
+#: threads) a 3985-token prompt, in the default budget's 2048-token chunks, held the running
+#: rows' next token 1.3-2.3 s; in chunks of 512 at most 0.44-0.62 s, for 1.2x the time to
+#: its own first token (scripts/prefill_gap.py; docs/performance.md). On a GPU such a
+#: prefill takes tens of milliseconds, and vLLM's default is off: 0.
+DEFAULT_LONG_PREFILL_TOKENS = {"cpu": 512, "cuda": 0}
+
+
 #: ``prefill_pass_tokens`` when none is given, per device kind: the most tokens (padding
 #: included) one prefill forward pass of several rows holds. On a CPU a pass of a few hundred
 #: tokens runs its products at full speed: measured on the small (43 M) Qwen2.5-VL with one
@@ -260,6 +269,11 @@ class EngineConfig:
     ``max_num_batched_tokens``: prompt tokens prefilled in one step; a longer prompt is
     prefilled alone, a chunk per step. ``None``: vLLM's defaults for its OpenAI server,
     :data:`DEFAULT_BATCHED_TOKENS` per device kind (see :attr:`token_budget`).
+    ``long_prefill_token_threshold``: while rows are decoding, a joining prompt with more
+    tokens than this to prefill is prefilled in chunks of at most this many, the running rows
+    decoding between them (vLLM's flag); 0: off; ``None``:
+    :data:`DEFAULT_LONG_PREFILL_TOKENS` per device kind, or 0 where the engine prefills
+    beside its decode steps (see :attr:`long_prefill_tokens`).
     ``prefill_pass_tokens``: the most tokens (padding included) one prefill forward pass
     of several rows holds; a step's rows beyond it go in further passes, and each pass
     hands its rows' first tokens out as it ends. ``None``: :data:`DEFAULT_PASS_TOKENS` per
@@ -302,6 +316,16 @@ class EngineConfig:
              "batch, e.g. 8192 (a longer prompt is prefilled alone, a chunk per step); "
              f"default: vLLM's, {DEFAULT_BATCHED_TOKENS['cpu']} on a CPU and "
              f"{DEFAULT_BATCHED_TOKENS['cuda']} on a GPU.")
+    long_prefill_token_threshold: int | None = setting(
+        None, ge=0, example="512",
+        help="While requests are decoding, a joining prompt with more than this many tokens "
+             "to prefill (after the prefix cache) is prefilled in chunks of at most this "
+             "many, the running requests taking a decode step between chunks instead of "
+             "waiting for the whole prefill (vLLM's flag), e.g. 512; with nothing running "
+             "it is prefilled whole, up to --max-num-batched-tokens. 0 turns it off. "
+             f"Default: {DEFAULT_LONG_PREFILL_TOKENS['cpu']} on a CPU (0 with "
+             "--overlap-prefill in effect: the prefill already runs beside the decode "
+             f"steps), {DEFAULT_LONG_PREFILL_TOKENS['cuda']} (off) on a GPU.")
     prefill_pass_tokens: int | None = setting(
         None, ge=1, example="512",
         help="Most tokens (padding included) one prefill forward pass of several requests "
@@ -411,6 +435,16 @@ class EngineConfig:
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         return DEFAULT_BATCHED_TOKENS[str(self.device).partition(":")[0]]
+
+    @property
+    def long_prefill_tokens(self) -> int:
+        """The most prompt tokens a prefill may take in one step while rows are decoding
+        (0: no bound but the budget): ``long_prefill_token_threshold``, else the device
+        kind's default (:data:`DEFAULT_LONG_PREFILL_TOKENS`). The engine sets it to 0 where
+        it prefills beside its decode steps and none was given."""
+        if self.long_prefill_token_threshold is not None:
+            return self.long_prefill_token_threshold
+        return DEFAULT_LONG_PREFILL_TOKENS[str(self.device).partition(":")[0]]
 
     @property
     def pass_tokens(self) -> int | None:

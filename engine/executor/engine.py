@@ -49,6 +49,7 @@ from engine.executor.scheduler import (
     Scheduler,
     SeqState,
     StepPlan,
+    chunk_limit,
 )
 from engine.models.loader import LoadedModel
 
@@ -140,6 +141,10 @@ class Engine:
             f"{'on' if overlap else 'off'} (--overlap-prefill; {cpus} CPUs usable, "
             f"{parameters / 1e6:.1f} M parameters)")
         logger.info("%s", self.threads_summary)
+        if overlap and self.config.long_prefill_token_threshold is None:
+            # a long prompt's prefill runs beside the decode steps whole: chunking it would
+            # stop them for each chunk instead
+            self.config = replace(self.config, long_prefill_token_threshold=0)
         self._prefiller = ThreadPoolExecutor(
             1, thread_name_prefix="aphrodite-prefill", initializer=self.runner.set_threads,
             initargs=(self._threads,)) if overlap else None
@@ -341,11 +346,12 @@ class Engine:
             self._retire()
 
     def _seq_state(self, req: EngineRequest) -> SeqState:
-        """The scheduler's view of a request's rows. Only a prompt over the token budget can be
-        chunked: only its media span is looked up."""
+        """The scheduler's view of a request's rows. Only a prompt over the smallest chunk
+        limit (the token budget, or the long-prefill threshold) can be chunked: only its
+        media span is looked up."""
         ids = req.prompt.input_ids
         span = None
-        if len(ids) > self.config.token_budget:
+        if len(ids) > chunk_limit(self.config, running=1):
             media = self.runner.media_token_ids
             at = [i for i, t in enumerate(ids) if t in media]
             span = (at[0], at[-1]) if at else None

@@ -23,15 +23,20 @@ The rules, in the order they apply:
    of at most ``max_num_batched_tokens`` prompt tokens; the first that does not fit waits for
    the next step. A prompt over the budget on its own is prefilled alone, a chunk per step,
    while the running rows go on decoding between its chunks (rule 1).
-5. A chunk holds at most the budget's tokens, except the one that holds the prompt's media
-   span (its first to last media token), which is as long as it must be: the encoder's output
-   lands in one forward pass.
-6. Prefix cache: the tokens a row's prompt already has in the cache (``cached_tokens``) are
+5. Long prefills (``long_prefill_token_threshold``, vLLM's name): while rows are running, a
+   prompt with more tokens to prefill than the threshold is prefilled as one over the budget
+   is (alone, a chunk per step, the running rows decoding between its chunks), in chunks of
+   at most the threshold, so no running row waits for a whole long prefill; with nothing
+   running the budget alone applies (nobody waits). 0: off (:func:`chunk_limit`).
+6. A chunk holds at most the step's chunk limit (the budget, or rule 5's threshold while rows
+   run), except the one that holds the prompt's media span (its first to last media token),
+   which is as long as it must be: the encoder's output lands in one forward pass.
+7. Prefix cache: the tokens a row's prompt already has in the cache (``cached_tokens``) are
    not prefilled and not charged to the budget; its last prompt token always is (its logits
    give the first token), and a cached prefix never ends inside the media span (it is cut
    back to the span's start) unless the model resumes there (``media_resumable``: the
    runner feeds it the merged embeddings). Until the cache exists the engine passes 0.
-7. Every running row, those that joined this step included, then takes one decode step.
+8. Every running row, those that joined this step included, then takes one decode step.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ class SeqState:
     """What the scheduler knows of a waiting row: its prompt's length in tokens, how many of
     them the prefix cache holds, and where its media tokens are (``[first, last]``, or None
     for a prompt without media; only looked up for a prompt that may be chunked), whether
-    a prefill may start inside that span (rule 6), and its request's ``priority`` (rule 3)."""
+    a prefill may start inside that span (rule 7), and its request's ``priority`` (rule 3)."""
 
     prompt_tokens: int
     cached_tokens: int = 0
@@ -58,7 +63,7 @@ class SeqState:
 
     @property
     def first_uncached(self) -> int:
-        """The first prompt token to prefill (rule 6)."""
+        """The first prompt token to prefill (rule 7)."""
         start = max(0, min(self.cached_tokens, self.prompt_tokens - 1))
         span = self.media_span
         if span is not None and span[0] < start <= span[1] and not self.media_resumable:
@@ -98,7 +103,8 @@ class StepPlan:
     """One step. ``admit``: the prompt tokens each of the oldest ``len(admit)`` waiting rows
     prefills; they leave the waiting queue and are prefilled together. ``chunk``: the step's
     chunk of a prompt over the token budget; ``starts_chunk``: it is the first chunk of the
-    oldest waiting row (which leaves the queue), else the next of the row being chunked.
+    oldest waiting row (which leaves the queue), else the next of the row being chunked
+    (a prompt over the budget, or over the long-prefill threshold while rows run).
     ``decode_rows``: the rows that then take a decode step (those running and those that
     join, when every prefill succeeds)."""
 
@@ -123,8 +129,9 @@ def plan(waiting: Iterable[SeqState], running: int, config: EngineConfig,
     """The next step, from the waiting rows (oldest first; read only as far as needed), the
     number of rows in the running batch, the settings and the prompt being chunked, if any."""
     budget = config.token_budget
+    limit = chunk_limit(config, running)  # rule 5
     if prefilling is not None:  # rule 1
-        chunk = next_chunk(prefilling.seq, prefilling.done, budget)
+        chunk = next_chunk(prefilling.seq, prefilling.done, limit)
         return StepPlan(chunk=chunk, decode_rows=running + chunk.final)
     if config.scheduling == "static" and running:  # rule 2
         return StepPlan(decode_rows=running)
@@ -134,9 +141,9 @@ def plan(waiting: Iterable[SeqState], running: int, config: EngineConfig,
         if running + len(admit) >= config.max_num_seqs:
             break
         size = seq.tokens_to_prefill
-        if total + size > budget:  # rule 4
+        if total + size > budget or size > limit:  # rules 4 and 5
             if not admit:
-                chunk = next_chunk(seq, seq.first_uncached, budget)
+                chunk = next_chunk(seq, seq.first_uncached, limit)
                 return StepPlan(chunk=chunk, starts_chunk=True,
                                 decode_rows=running + chunk.final)
             break
@@ -249,9 +256,20 @@ class Scheduler:
         self.overtaken.pop(request_id, None)
 
 
+def chunk_limit(config: EngineConfig, running: int) -> int:
+    """The most prompt tokens one chunk (and one prompt joining whole) may take in a step
+    beside ``running`` rows: the token budget, or while rows run the long-prefill threshold
+    (:attr:`~engine.config.EngineConfig.long_prefill_tokens`) when it is lower and not 0
+    (rule 5)."""
+    budget = config.token_budget
+    threshold = config.long_prefill_tokens
+    return threshold if running and 0 < threshold < budget else budget
+
+
 def next_chunk(seq: SeqState, start: int, budget: int) -> Chunk:
-    """The chunk of ``seq``'s prompt from ``start``: ``budget`` tokens, or up to the end of
-    the prompt, or past the whole media span when it would end inside it (rule 5)."""
+    """The chunk of ``seq``'s prompt from ``start``: ``budget`` tokens (the step's
+    :func:`chunk_limit`), or up to the end of the prompt, or past the whole media span when
+    it would end inside it (rule 6)."""
     length = seq.prompt_tokens
     end = min(start + budget, length)
     span = seq.media_span

@@ -457,6 +457,60 @@ def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks_between_decode_st
         engine.close()
 
 
+def test_a_prompt_over_the_long_prefill_threshold_is_chunked_with_its_solo_logits():
+    """--long-prefill-token-threshold 64 under the default budget: a prompt of a few hundred
+    tokens with an image, sent while a generation runs, is prefilled in chunks of 64 (the
+    image's span whole) with decode steps between them, and its greedy logits are those of
+    the model's own generate on it alone; sent into an idle engine it is prefilled whole."""
+    import torch
+
+    from engine.executor.scheduler import chunk_bounds
+
+    arch = "qwen2_5_vl"
+    model = llm(arch)
+    long_prompt = model.prepare("Words before the image. " * 20
+                                + model.loaded.spec.placeholders["image"]
+                                + "And words after it. " * 20, [media_item("image", 5)],
+                                None, False)[1]
+    config = EngineConfig(max_num_seqs=8, long_prefill_token_threshold=64,
+                          enable_prefix_caching=False)
+    assert 64 < len(long_prompt.input_ids) <= config.token_budget
+    engine = Engine(model.loaded, config)
+    log: list[str] = []
+    chunk = engine.runner.prefill_chunk
+
+    def logged_chunk(plan, start, end):
+        log.append("chunk")
+        return chunk(plan, start, end)
+
+    engine.runner.prefill_chunk = logged_chunk
+    logits = record_logits(engine)
+    try:
+        alone = engine.submit(EngineRequest(long_prompt, greedy(6)))
+        assert alone.done.wait(120) and alone.error is None, alone.error
+        assert log == []  # nothing running: prefilled whole
+        on_event, started = after_tokens(1)
+        running = engine.submit(EngineRequest(prompts_of(arch)[0], greedy(200), on_event=lambda e:
+                                              (log.append("token"), on_event(e))))
+        assert started.wait(120)
+        chunked = engine.submit(EngineRequest(long_prompt, greedy(6)))
+        assert chunked.done.wait(120) and chunked.error is None, chunked.error
+        running.cancel()
+        assert running.done.wait(120)
+        passes = log.count("chunk")
+        assert passes >= 3 and passes == len(chunk_bounds(
+            len(long_prompt.input_ids), 64, media_span(engine, long_prompt)))
+        between = log[log.index("chunk"):len(log) - log[::-1].index("chunk")]
+        assert between.count("token") >= passes - 1  # a decode step after every chunk
+        assert chunked.outputs[0].token_ids == alone.outputs[0].token_ids
+        torch.testing.assert_close(logits["stack"](chunked), logits["stack"](alone),
+                                   atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logits["stack"](chunked), hf_logits(engine, long_prompt, 6),
+                                   atol=1e-4, rtol=1e-4)
+    finally:
+        engine.close()
+
+
 def media_span(engine: Engine, prompt) -> tuple[int, int]:
     at = [i for i, t in enumerate(prompt.input_ids) if t in engine.runner.media_token_ids]
     return at[0], at[-1]

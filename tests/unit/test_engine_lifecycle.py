@@ -277,12 +277,56 @@ def test_a_prompt_over_the_budget_prefills_a_chunk_per_step_between_decode_steps
     running = request(first=0, max_tokens=8)
     long = request(first=3, length=30, media=(6, 17), max_tokens=2)
     run_together(engine, running, long)
-    # 8 tokens a chunk, but the one holding the media span (6..17) goes past it (rule 5)
+    # 8 tokens a chunk, but the one holding the media span (6..17) goes past it (rule 6)
     assert [c[1:] for c in runner.passes("chunk")] == [(0, 18), (18, 26), (26, 30)]
     assert texts(long) == ["de"] and texts(running) == ["abcdefgh"]
     kinds = [k for k, _ in runner.log]
     first, last = kinds.index("chunk"), len(kinds) - 1 - kinds[::-1].index("chunk")
     assert kinds[first:last + 1].count("decode") == 2  # the running row stepped between
+
+
+def test_a_prompt_over_the_long_prefill_threshold_is_chunked_while_a_row_decodes(start):
+    """--long-prefill-token-threshold 8: a 30-token prompt arriving while a row decodes is
+    prefilled 8 tokens a chunk (the chunk holding the media span 6..17 past it), the running
+    row taking a decode step after each chunk; its answer is the one it gets prefilled whole
+    (threshold 0)."""
+
+    def run(threshold: int) -> tuple[FakeRunner, EngineRequest, EngineRequest]:
+        running = request(first=0, max_tokens=12)
+        long = request(first=3, length=30, media=(6, 17), max_tokens=3)
+
+        sent: list[EngineRequest] = []
+
+        def arrives(kind: str, rows: list[Row]) -> None:  # during the running row's decoding
+            if kind == "decode" and not sent:
+                sent.append(engine.submit(long))
+
+        engine, runner = start(EngineConfig(long_prefill_token_threshold=threshold),
+                               fails=arrives)
+        engine.submit(running)
+        finished(running, long)
+        return runner, running, long
+
+    runner, running, long = run(8)
+    assert [c[1:] for c in runner.passes("chunk")] == [(0, 18), (18, 26), (26, 30)]
+    kinds = [k for k, _ in runner.log]
+    first, last = kinds.index("chunk"), len(kinds) - 1 - kinds[::-1].index("chunk")
+    assert kinds[first:last + 1] == ["chunk", "decode", "chunk", "decode", "chunk"]
+    assert texts(long) == ["def"] and texts(running) == ["abcdefghijkl"]
+    whole, running_whole, long_whole = run(0)
+    assert whole.passes("chunk") == [] and [long_whole.request_id] in whole.passes("prefill")
+    assert texts(long_whole) == texts(long) and texts(running_whole) == texts(running)
+
+
+def test_an_engine_that_prefills_beside_its_decode_steps_chunks_no_long_prompt_by_default(
+        start) -> None:
+    """With --overlap-prefill a long prompt's prefill already runs beside the decode steps:
+    the CPU's default threshold gives way (0); a threshold given stays."""
+    overlapping, _ = start(EngineConfig(overlap_prefill=True))
+    assert overlapping.config.long_prefill_tokens == 0
+    assert start(EngineConfig())[0].config.long_prefill_tokens == 512
+    given, _ = start(EngineConfig(overlap_prefill=True, long_prefill_token_threshold=256))
+    assert given.config.long_prefill_tokens == 256
 
 
 # -- scheduling ----------------------------------------------------------------------------

@@ -248,3 +248,68 @@ def test_the_policy_order_then_meets_the_budget_and_the_batch_room():
 def test_an_unknown_scheduling_policy_is_refused_naming_the_flag():
     with pytest.raises(ConfigError, match="--scheduling-policy 'sjf'"):
         EngineConfig(scheduling_policy="sjf")  # type: ignore[arg-type]
+
+
+# -- long prefills (--long-prefill-token-threshold) ----------------------------------------
+
+
+def test_a_prompt_over_the_long_prefill_threshold_is_chunked_while_rows_run():
+    """Under the budget but over the threshold, with rows decoding: chunks of at most the
+    threshold, the running rows decoding after each (vLLM's --long-prefill-token-threshold)."""
+    long = config(max_num_batched_tokens=2048, long_prefill_token_threshold=512)
+    step = plan(seqs(1500, 10), running=3, config=long)
+    assert step == StepPlan(chunk=Chunk(0, 512, final=False), starts_chunk=True,
+                            decode_rows=3)
+    middle = plan(seqs(10), running=3, config=long, prefilling=Prefilling(SeqState(1500), 512))
+    assert middle == StepPlan(chunk=Chunk(512, 1024, final=False), decode_rows=3)
+    last = plan(seqs(10), running=3, config=long, prefilling=Prefilling(SeqState(1500), 1024))
+    assert last == StepPlan(chunk=Chunk(1024, 1500, final=True), decode_rows=4)
+    # at or under the threshold it joins whole, with the rows ahead of it that fit
+    assert plan(seqs(100, 512), running=3, config=long).admit == (100, 512)
+    # behind a row that joins it waits for the next step (and then starts its chunks)
+    assert plan(seqs(100, 1500), running=3, config=long) == StepPlan(admit=(100,),
+                                                                      decode_rows=4)
+    # only its uncached tokens count, and its chunks start after them
+    warm = SeqState(1500, cached_tokens=1024)
+    assert plan([warm], running=3, config=long).admit == (476,)
+    assert plan([SeqState(1500, cached_tokens=256)], running=3, config=long).chunk == \
+        Chunk(256, 768, final=False)
+
+
+def test_with_nothing_running_a_long_prompt_is_prefilled_whole_up_to_the_budget():
+    long = config(max_num_batched_tokens=2048, long_prefill_token_threshold=512)
+    assert plan(seqs(1500, 300), running=0, config=long).admit == (1500, 300)
+    # over the budget it is chunked by the budget, as without a threshold
+    assert plan(seqs(3000), running=0, config=long).chunk == Chunk(0, 2048, final=False)
+    # a chunked prefill whose running rows all ended goes on in budget-sized chunks
+    assert plan([], running=0, config=long, prefilling=Prefilling(SeqState(3000), 512)) \
+        .chunk == Chunk(512, 2560, final=False)
+    # and one started over the budget takes threshold-sized chunks while rows run
+    assert plan([], running=1, config=long, prefilling=Prefilling(SeqState(3000), 2048)) \
+        .chunk == Chunk(2048, 2560, final=False)
+
+
+def test_a_long_prefill_chunk_keeps_the_media_span_whole():
+    long = config(long_prefill_token_threshold=64)
+    prompt = SeqState(300, media_span=(50, 180))
+    first = plan([prompt], running=2, config=long)
+    assert first.chunk == Chunk(0, 181, final=False) and first.starts_chunk
+    assert plan([], running=2, config=long, prefilling=Prefilling(prompt, 181)).chunk == \
+        Chunk(181, 245, final=False)
+    # a span that runs to the prompt's end: the chunk that reaches it holds all the rest
+    tail = SeqState(200, media_span=(30, 199))
+    assert plan([tail], running=2, config=long) == StepPlan(
+        chunk=Chunk(0, 200, final=True), starts_chunk=True, decode_rows=3)
+
+
+def test_a_long_prefill_threshold_of_zero_or_over_the_budget_changes_nothing():
+    for off in (config(long_prefill_token_threshold=0),
+                config(max_num_batched_tokens=1000, long_prefill_token_threshold=4000)):
+        assert plan(seqs(900), running=3, config=off).admit == (900,)
+        assert plan([], running=3, config=off, prefilling=Prefilling(SeqState(5000), 0)) \
+            .chunk.tokens == off.token_budget
+    # a GPU's default is off; a CPU's is on
+    assert config(device="cuda").long_prefill_tokens == 0
+    assert plan(seqs(1500), running=3, config=config(device="cuda")).admit == (1500,)
+    assert config().long_prefill_tokens == 512
+    assert plan(seqs(1500), running=3, config=config()).chunk == Chunk(0, 512, final=False)

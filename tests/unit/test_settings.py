@@ -85,6 +85,8 @@ def test_serve_help_has_a_panel_per_config_class():
     (VllmConfig, {"gpu_memory_utilization": 1.5}, "--gpu-memory-utilization must be"),
     (ParallelConfig, {"pipeline_parallel_size": 0}, "--pipeline-parallel-size must be"),
     (EngineConfig, {"quantization": "int4"}, "--quantization 'int4' is not supported"),
+    (EngineConfig, {"long_prefill_token_threshold": -1},
+     "--long-prefill-token-threshold must be a whole number of at least 0, not -1"),
 ])
 def test_a_value_that_breaks_its_fields_rule_is_a_config_error_naming_the_flag(
         cls, settings_, message):
@@ -292,3 +294,35 @@ def test_each_modalitys_caps_default_to_its_declared_variables(monkeypatch):
     assert (limits.video.max_bytes, limits.audio.fetch_timeout_s) == (5, 2.5)
     assert limits.image == MediaLimits().image
     assert MediaLimits().video.max_bytes == envs.default("APHRODITE_MAX_VIDEO_BYTES")
+
+
+def test_the_long_prefill_threshold_is_a_serve_flag_with_a_default_per_device():
+    """--long-prefill-token-threshold (vLLM's flag): its help says what it does and its
+    default, 512 on a CPU and off on a GPU; a negative value is refused naming the flag, on
+    the command line too; --engine vllm gets it by vLLM's name when given."""
+    from aphrodite_cli.main import app
+    from engine.config import DEFAULT_LONG_PREFILL_TOKENS
+    from engine.server.vllm_adapter.vllm_spec import engine_args
+
+    assert DEFAULT_LONG_PREFILL_TOKENS == {"cpu": 512, "cuda": 0}
+    assert EngineConfig().long_prefill_tokens == 512
+    assert EngineConfig(device="cuda:0").long_prefill_tokens == 0
+    assert EngineConfig(device="cuda", long_prefill_token_threshold=256).long_prefill_tokens \
+        == 256
+    assert EngineConfig(long_prefill_token_threshold=0).long_prefill_tokens == 0
+    assert EngineConfig.create(long_prefill_token_threshold=64).long_prefill_tokens == 64
+    help_ = _serve_options()["long_prefill_token_threshold"].help
+    assert "chunks of at most this many" in help_ and "0 turns it off" in help_
+    assert "Default: 512 on a CPU" in help_ and "0 (off) on a GPU" in help_
+    assert "--long-prefill-token-threshold" in _serve_help()
+    result = CliRunner().invoke(app, ["serve", "--long-prefill-token-threshold", "-5"])
+    assert isinstance(result.exception, ConfigError), result.output
+    assert result.exception.message == \
+        "--long-prefill-token-threshold must be a whole number of at least 0, not -5"
+    # --engine vllm: passed through when given (0 too), vLLM's own default otherwise
+    assert "long_prefill_token_threshold" not in engine_args(
+        ServerConfig(engine_kind="vllm"), "/m", "m")
+    for value in (0, 256):
+        config = ServerConfig(engine_kind="vllm", engine=EngineConfig(
+            long_prefill_token_threshold=value))
+        assert engine_args(config, "/m", "m")["long_prefill_token_threshold"] == value

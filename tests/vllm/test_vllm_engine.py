@@ -391,6 +391,10 @@ def test_vllm_flags_pass_through_by_vllms_names():
     config = dataclasses.replace(config, engine=dataclasses.replace(
         config.engine, scheduling_policy="priority"))
     assert engine_args(config, "/models/m", "m")["scheduling_policy"] == "priority"
+    assert "long_prefill_token_threshold" not in args  # unset: vLLM's default (off)
+    config = dataclasses.replace(config, engine=dataclasses.replace(
+        config.engine, long_prefill_token_threshold=256))
+    assert engine_args(config, "/models/m", "m")["long_prefill_token_threshold"] == 256
     from engine.server.vllm_adapter.vllm_spec import ours_only_flags
 
     assert ours_only_flags(config.engine) == []

@@ -70,9 +70,10 @@ def model_max_len(model_path: str) -> int | None:
 def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any]:
     """vLLM's ``AsyncEngineArgs`` from a :class:`~engine.server.config.ServerConfig`: the
     shared flags (``--max-num-seqs``, ``--max-model-len``, ``--enable-prefix-caching``,
-    ``--dtype``, ``--max-num-batched-tokens``, ``--limit-mm-per-prompt``,
-    ``--mm-processor-cache-gb``) and vLLM's own (``--kv-cache-memory-bytes`` when given; on
-    a CPU the bridge sets the default, ``spec["cpu_kv_cache_bytes"]``)."""
+    ``--dtype``, ``--max-num-batched-tokens``, ``--long-prefill-token-threshold`` when
+    given, ``--limit-mm-per-prompt``, ``--mm-processor-cache-gb``) and vLLM's own
+    (``--kv-cache-memory-bytes`` when given; on a CPU the bridge sets the default,
+    ``spec["cpu_kv_cache_bytes"]``)."""
     vllm, engine, parallel = config.vllm, config.engine, config.parallel
     args: dict[str, Any] = {
         "model": model_path, "served_model_name": [served_name],
@@ -99,6 +100,8 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
         args["distributed_executor_backend"] = parallel.distributed_executor_backend
     if engine.max_num_batched_tokens is not None:
         args["max_num_batched_tokens"] = engine.max_num_batched_tokens
+    if engine.long_prefill_token_threshold is not None:  # (unset: vLLM's default, off)
+        args["long_prefill_token_threshold"] = engine.long_prefill_token_threshold
     if engine.scheduling_policy != "fcfs":  # vLLM's --scheduling-policy ("priority")
         args["scheduling_policy"] = engine.scheduling_policy
     if engine.block_size != 16:  # vLLM's --block-size (its default is 16 as ours)
