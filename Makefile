@@ -20,7 +20,7 @@ test: setup
 	@bash scripts/vllm_env.sh || echo "make test: .venv-vllm could not be built (see .venv-vllm.error)"
 	@.venv/bin/python -m pytest -q -p no:cacheprovider
 
-# The unit tier alone (tests/unit: no model, no server, no media decode): under a minute
+# The unit tier alone (tests/unit: no model, no server, no media): about 10 seconds
 test-fast: setup
 	@.venv/bin/python -m pytest -q -p no:cacheprovider tests/unit
 

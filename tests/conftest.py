@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from engine.config import MediaLimits, MediaPolicy
-from tests import server_harness
+from tests import server_harness, tiers
 from tests.media_server import MediaServer
 
 GPU_ENV = "APHRODITE_FAIL_WITHOUT_GPU"
@@ -180,18 +180,17 @@ def _has_nvidia_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidiactl")
 
 
-#: The test tiers, one folder each (docs/testing.md): what a test needs to run. Each test is
-#: marked with its folder's tier, so ``-m "not server and not vllm"`` selects by need.
-TIERS = ("unit", "media", "engine", "server", "bench", "vllm")
-
-
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with its tier; skip tests whose capability is missing, unless
-    APHRODITE_FAIL_WITHOUT_GPU=1 says the GPU must be there (then they run and fail
-    loudly)."""
+    """Mark each test with its tiers (its folder's and its fixtures', tests/tiers.py), so
+    ``-m "not server and not vllm"`` selects by need; skip tests whose capability is
+    missing, unless APHRODITE_FAIL_WITHOUT_GPU=1 says the GPU must be there (then they run
+    and fail loudly)."""
     for item in items:
-        tier = item.path.parent.name
-        if tier in TIERS:
+        try:
+            marks = tiers.tiers_of(item.path.parent.name, item.fixturenames)
+        except tiers.TierError as e:
+            raise pytest.UsageError(f"{item.nodeid}: {e}") from None
+        for tier in sorted(marks):
             item.add_marker(getattr(pytest.mark, tier))
     must_have_gpu = os.environ.get(GPU_ENV, "") not in ("", "0")
     checks = {
