@@ -411,23 +411,8 @@ def test_bench_batching_mixed_reports_static_and_continuous_side_by_side(tmp_pat
     assert "continuous / static output throughput" in result.stdout
 
 
-@pytest.mark.parametrize("arch", FAMILIES)
-def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks_between_decode_steps(arch):
-    """--max-num-batched-tokens 64 and a prompt of several hundred tokens with media in the
-    middle: it is prefilled a chunk per step (the media span whole in one chunk) while a
-    running generation keeps receiving tokens between the chunks, and its logits are those the
-    model's own generate gives it alone."""
-    import torch
-
-    from engine.executor.scheduler import chunk_bounds
-
-    model = llm(arch)
-    spec = model.loaded.spec
-    modality = spec.modalities[-1]
-    long_prompt = model.prepare("Words before the media. " * 30 + spec.placeholders[modality]
-                                + "And words after it, quite a few. " * 20,
-                                [media_item(modality, 3)], None, False)[1]
-    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8, max_num_batched_tokens=64))
+def logged_chunks(engine: Engine) -> list[str]:
+    """A log that gets "chunk" for each prefill chunk the engine's runner runs."""
     log: list[str] = []
     chunk = engine.runner.prefill_chunk
 
@@ -436,21 +421,52 @@ def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks_between_decode_st
         return chunk(plan, start, end)
 
     engine.runner.prefill_chunk = logged_chunk
+    return log
+
+
+def chunked_beside_a_generation(engine: Engine, arch: str, prompt, log: list[str],
+                                limit: int) -> tuple[EngineRequest, int]:
+    """``prompt`` sent while a long generation runs (its tokens logged as "token"): the
+    finished request and its number of chunks, after checking they are the chunks of
+    ``limit`` tokens (the media span whole) with a decode step after every one."""
+    from engine.executor.scheduler import chunk_bounds
+
+    on_event, started = after_tokens(1)
+    running = engine.submit(EngineRequest(prompts_of(arch)[0], greedy(200), on_event=lambda e:
+                                          (log.append("token"), on_event(e))))
+    assert started.wait(120)
+    chunked = engine.submit(EngineRequest(prompt, greedy(6)))
+    assert chunked.done.wait(120) and chunked.error is None, chunked.error
+    running.cancel()
+    assert running.done.wait(120)
+    passes = log.count("chunk")
+    assert passes == len(chunk_bounds(len(prompt.input_ids), limit, media_span(engine, prompt)))
+    between = log[log.index("chunk"):len(log) - log[::-1].index("chunk")]
+    assert between.count("token") >= passes - 1  # a decode step after every chunk
+    return chunked, passes
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks_between_decode_steps(arch):
+    """--max-num-batched-tokens 64 and a prompt of several hundred tokens with media in the
+    middle: it is prefilled a chunk per step (the media span whole in one chunk) while a
+    running generation keeps receiving tokens between the chunks, and its logits are those the
+    model's own generate gives it alone."""
+    import torch
+
+
+    model = llm(arch)
+    spec = model.loaded.spec
+    modality = spec.modalities[-1]
+    long_prompt = model.prepare("Words before the media. " * 30 + spec.placeholders[modality]
+                                + "And words after it, quite a few. " * 20,
+                                [media_item(modality, 3)], None, False)[1]
+    engine = Engine(model.loaded, EngineConfig(max_num_seqs=8, max_num_batched_tokens=64))
+    log = logged_chunks(engine)
     logits = record_logits(engine)
     try:
-        on_event, started = after_tokens(1)
-        running = engine.submit(EngineRequest(prompts_of(arch)[0], greedy(200), on_event=lambda e:
-                                              (log.append("token"), on_event(e))))
-        assert started.wait(120)
-        chunked = engine.submit(EngineRequest(long_prompt, greedy(6)))
-        assert chunked.done.wait(120) and chunked.error is None, chunked.error
-        running.cancel()
-        assert running.done.wait(120)
-        passes = log.count("chunk")
-        assert passes >= 4 and passes == len(chunk_bounds(
-            len(long_prompt.input_ids), 64, media_span(engine, long_prompt)))
-        between = log[log.index("chunk"):len(log) - log[::-1].index("chunk")]
-        assert between.count("token") >= passes - 1  # a decode step after every chunk
+        chunked, passes = chunked_beside_a_generation(engine, arch, long_prompt, log, 64)
+        assert passes >= 4
         torch.testing.assert_close(logits["stack"](chunked), hf_logits(engine, long_prompt, 6),
                                    atol=1e-4, rtol=1e-4)
     finally:
@@ -464,7 +480,6 @@ def test_a_prompt_over_the_long_prefill_threshold_is_chunked_with_its_solo_logit
     the model's own generate on it alone; sent into an idle engine it is prefilled whole."""
     import torch
 
-    from engine.executor.scheduler import chunk_bounds
 
     arch = "qwen2_5_vl"
     model = llm(arch)
@@ -476,32 +491,14 @@ def test_a_prompt_over_the_long_prefill_threshold_is_chunked_with_its_solo_logit
                           enable_prefix_caching=False)
     assert 64 < len(long_prompt.input_ids) <= config.token_budget
     engine = Engine(model.loaded, config)
-    log: list[str] = []
-    chunk = engine.runner.prefill_chunk
-
-    def logged_chunk(plan, start, end):
-        log.append("chunk")
-        return chunk(plan, start, end)
-
-    engine.runner.prefill_chunk = logged_chunk
+    log = logged_chunks(engine)
     logits = record_logits(engine)
     try:
         alone = engine.submit(EngineRequest(long_prompt, greedy(6)))
         assert alone.done.wait(120) and alone.error is None, alone.error
         assert log == []  # nothing running: prefilled whole
-        on_event, started = after_tokens(1)
-        running = engine.submit(EngineRequest(prompts_of(arch)[0], greedy(200), on_event=lambda e:
-                                              (log.append("token"), on_event(e))))
-        assert started.wait(120)
-        chunked = engine.submit(EngineRequest(long_prompt, greedy(6)))
-        assert chunked.done.wait(120) and chunked.error is None, chunked.error
-        running.cancel()
-        assert running.done.wait(120)
-        passes = log.count("chunk")
-        assert passes >= 3 and passes == len(chunk_bounds(
-            len(long_prompt.input_ids), 64, media_span(engine, long_prompt)))
-        between = log[log.index("chunk"):len(log) - log[::-1].index("chunk")]
-        assert between.count("token") >= passes - 1  # a decode step after every chunk
+        chunked, passes = chunked_beside_a_generation(engine, arch, long_prompt, log, 64)
+        assert passes >= 3
         assert chunked.outputs[0].token_ids == alone.outputs[0].token_ids
         torch.testing.assert_close(logits["stack"](chunked), logits["stack"](alone),
                                    atol=1e-4, rtol=1e-4)
