@@ -527,12 +527,12 @@ class ParallelConfig:
     pipeline_parallel_size: int = setting(
         1, ge=1, example="2", help="--engine vllm: pipeline stages (across nodes with Ray), "
                                    "e.g. 2.")
-    #: a count, or "auto": this project's engine decides from the model's size and the CPUs
-    #: (:func:`engine.cpus.auto_parallel`); vLLM's engine runs one rank. The default stays 1
-    #: until a quiet machine confirms the rule (the README's "Engines and threads by default")
+    #: a count, or "auto" (the default): this project's engine decides from the model's size
+    #: and the CPUs (:func:`engine.cpus.auto_parallel`; measured in docs/performance.md,
+    #: "Engines and threads by default"); vLLM's engine runs one rank
     data_parallel_size: int | Literal["auto"] = setting(
-        1, metavar="N|auto",
-        help="Model replicas, e.g. 2 (default 1), or auto: this project's engine decides "
+        "auto", metavar="N|auto",
+        help="Model replicas, e.g. 2, or auto (the default): this project's engine decides "
              f"from the model's parameters and the CPUs: below {_m(ONE_THREAD_PARAMETERS)} "
              f"one engine on one thread, {_m(MIN_REPLICA_PARAMETERS)[:-2]}-"
              f"{_m(MAX_REPLICA_PARAMETERS)} an engine per core (at most {MAX_AUTO_ENGINES}) "

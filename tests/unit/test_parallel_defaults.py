@@ -32,7 +32,8 @@ from engine.server.process.parallel_defaults import engines_and_threads
     (ONE_THREAD_PARAMETERS, 2, (2, 1)),
     (MAX_REPLICA_PARAMETERS, 2, (2, 1)),
     (MAX_REPLICA_PARAMETERS + 1, 2, (1, None)),
-    (151_544_832, 2, (1, None)),  # medium: one engine on every CPU
+    (151_544_832, 2, (2, 1)),  # medium: an engine per core too (measured 1.11x one engine)
+    (1_500_000_000, 16, (1, None)),  # a real model: one engine on every CPU
     (7_000_000_000, 64, (1, None)),
     (None, 2, (1, None)),  # unknown size: the plain defaults
 ])
@@ -71,7 +72,7 @@ def test_auto_starts_what_the_rule_says_and_given_settings_stay(tmp_path):
     small.mkdir()
     _safetensors(small / "model.safetensors", {"w": [40_000_000]})
     auto, plain = ParallelConfig(data_parallel_size="auto"), EngineConfig()
-    assert auto.data_parallel_count is None and ParallelConfig().data_parallel_count == 1
+    assert auto.data_parallel_count is None and ParallelConfig() == auto  # auto by default
     count, engine = engines_and_threads(auto, plain, small, cpus=2)
     assert (count, engine.num_threads) == (2, 1)
     count, engine = engines_and_threads(auto, EngineConfig(num_threads=2), small, cpus=2)
