@@ -6,14 +6,21 @@ scaling is measured by scripts/client_scaling.py."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import os
+import signal
+import time
 
 import numpy as np
+import pytest
+from aiohttp import web
 
 from aphrodite_cli.bench.data.datasets import parse_buckets, random_mm
 from aphrodite_cli.bench.load.client import (
     ArrivalConfig,
     LoadConfig,
     TargetConfig,
+    TargetRefused,
     build_payload,
     schedule,
 )
@@ -86,10 +93,6 @@ async def test_a_worker_held_back_keeps_only_its_own_slots(aiohttp_server):
     holds only the slots it had: the other worker's slots keep cycling, so requests still
     end during the pause. Dealing requests out in turn gave every slot to the held worker
     one by one and nothing ended until it ran again."""
-    import multiprocessing
-    import os
-    import signal
-    import time
 
     app, answered = create_app(20.0, 2.0, None), []
 
@@ -124,12 +127,6 @@ async def test_a_worker_held_back_keeps_only_its_own_slots(aiohttp_server):
 async def test_a_target_that_refuses_everything_stops_the_workers(aiohttp_server):
     """The same 401 for the first answers (a wrong key): the phase stops with the first
     --abort-after-failures records, the rest are never sent, and the workers exit."""
-    import multiprocessing
-
-    import pytest
-    from aiohttp import web
-
-    from aphrodite_cli.bench.load.client import TargetRefused
 
     seen = []
 
@@ -151,7 +148,6 @@ def test_the_command_runs_its_workers_and_records_them(tmp_path):
     """``bench serve --num-workers 2`` against the mock server (its own process): every
     request answered, the setting in the result's config; with sessions, a one-line error."""
     import json
-    import os
     import subprocess
     import sys
     from pathlib import Path
