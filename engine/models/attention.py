@@ -32,7 +32,7 @@ import functools
 import threading
 from typing import Any
 
-from engine.models import vision_attention
+from engine.models import decode_kernels, vision_attention
 
 #: the transformers attention implementation name the engine's models use
 NAME = "aphrodite_sdpa"
@@ -83,11 +83,19 @@ def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     starts = None
-    rows, _, q_len, _ = query.shape
-    if q_len == 1 and rows > 1 and attention_mask is not None and not dropout and \
-            query.device.type == "cpu" and \
-            tuple(attention_mask.shape) == (rows, 1, 1, key.shape[2]) and \
-            not any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux")):
+    rows, _, q_len, dim = query.shape
+    plain = not dropout and query.device.type == "cpu" and \
+        not any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux"))
+    if q_len == 1 and plain and (attention_mask is None or (
+            attention_mask.dtype == torch.bool and
+            tuple(attention_mask.shape) == (rows, 1, 1, key.shape[2]))):
+        keep = None if attention_mask is None else attention_mask[:, 0, 0, :]
+        out = decode_kernels.decode_attention(
+            query, key, value, keep, dim ** -0.5 if scaling is None else scaling)
+        if out is not None:
+            return out, None
+    if q_len == 1 and rows > 1 and attention_mask is not None and plain and \
+            tuple(attention_mask.shape) == (rows, 1, 1, key.shape[2]):
         starts = _row_starts(attention_mask, key)
         if starts is None:
             return _decode_step(query, key, value, attention_mask, scaling), None
@@ -162,4 +170,6 @@ def use(model: Any) -> bool:
     except (ValueError, ImportError, AttributeError, KeyError):
         return False
     vision_attention.use(model, NAME)  # the vision encoders' spans: a few calls, not one each
+    if next(model.parameters()).device.type == "cpu":
+        decode_kernels.prepare()  # (built or loaded now, never in a request)
     return True

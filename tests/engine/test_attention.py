@@ -1,19 +1,26 @@
-"""The engine's attention (engine/models/attention.py): a CPU decode step over rows of very
-different lengths attends each row over its own columns, with SDPA's results, and one over the
-whole frame is two grouped products with SDPA's results; anything else is SDPA itself; a decode
-step's mask is the padding mask itself; every family's decode logits stay those of the model's
-own ``generate``."""
+"""The engine's attention (engine/models/attention.py): without the decode kernel
+(``APHRODITE_DECODE_ATTENTION_KERNEL=0``, or no compiler; the kernel's own tests are in
+test_decode_kernels.py), a CPU decode step over rows of very different lengths attends each row
+over its own columns, with SDPA's results, and one over the whole frame is two grouped products
+with SDPA's results; anything else is SDPA itself; a decode step's mask is the padding mask
+itself; every family's decode logits stay those of the model's own ``generate``."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.models import attention
+from engine.models import attention, decode_kernels
 from tests.engine.test_scheduler import assert_generate_logits, greedy, media_item, record_logits
 from tests.engine_fixtures import FAMILIES, llm
 
 torch = pytest.importorskip("torch")
 sdpa_module = pytest.importorskip("transformers.integrations.sdpa_attention")
+
+
+@pytest.fixture
+def no_kernel(monkeypatch):
+    """The decode kernel off: the paths it replaces where it is built."""
+    monkeypatch.setenv("APHRODITE_DECODE_ATTENTION_KERNEL", "0")
 
 
 class _Module:
@@ -56,7 +63,7 @@ def _inputs(lengths: list[int], width: int):
     return q, k, v, mask
 
 
-def test_rows_of_very_different_lengths_attend_over_their_own_columns(monkeypatch):
+def test_rows_of_very_different_lengths_attend_over_their_own_columns(monkeypatch, no_kernel):
     q, k, v, mask = _inputs([40, 300, 45, 38], 300)
     # 3/4 of the frame is padding, 0.40 MB of keys and values per layer
     monkeypatch.setattr(attention, "MIN_WASTE_BYTES", 300_000)
@@ -71,7 +78,7 @@ def test_rows_of_very_different_lengths_attend_over_their_own_columns(monkeypatc
 
 
 @pytest.mark.parametrize("case", ["prefill", "no mask", "one row"])
-def test_anything_else_is_sdpa_itself(monkeypatch, case):
+def test_anything_else_is_sdpa_itself(monkeypatch, case, no_kernel):
     q, k, v, mask = _inputs([290, 300, 280, 295], 300)
     if case == "prefill":
         q = torch.randn(4, 12, 7, 16)
@@ -87,7 +94,8 @@ def test_anything_else_is_sdpa_itself(monkeypatch, case):
 
 
 @pytest.mark.parametrize("case", ["little padding", "not right-aligned", "padding of few bytes"])
-def test_a_decode_step_over_the_whole_frame_is_two_grouped_products(monkeypatch, case):
+def test_a_decode_step_over_the_whole_frame_is_two_grouped_products(monkeypatch, case,
+                                                                    no_kernel):
     """A CPU decode step whose rows do not go apart: each key/value head's group of query
     heads in one product over the frame, SDPA's result without a call of it and without
     copying a key/value head per query head (1.6x SDPA's at 8 rows x 300 columns here)."""
@@ -137,12 +145,17 @@ def test_every_family_decodes_rows_of_different_lengths_with_generates_logits(ar
     engine = Engine(model.loaded, EngineConfig(enable_prefix_caching=False), batch_wait_s=1.0)
     assert engine.runner.model.config._attn_implementation in (attention.NAME, "eager")
     calls = _spy(monkeypatch)
+    kernel_calls = _spy(monkeypatch, decode_kernels, "decode_attention", first=0)
     logits = record_logits(engine)
     try:
         reqs = [engine.submit(EngineRequest(p, greedy(4))) for p in (short, long)]
         for req in reqs:
             assert req.done.wait(120) and req.error is None, req.error
-        if engine.runner.model.config._attn_implementation == attention.NAME:
+        if engine.runner.model.config._attn_implementation != attention.NAME:
+            pass
+        elif decode_kernels.library() is not None:  # (both rows, with the short one's padding)
+            assert any(rows == 2 for rows, _ in kernel_calls), "no decode step ran the kernel"
+        else:
             assert any(rows == 1 for rows, _ in calls), "no decode step went row by row"
         for req, prompt in zip(reqs, (short, long), strict=True):
             assert_generate_logits(engine, logits, req, prompt, 4)

@@ -1,0 +1,157 @@
+"""The engine's own C kernel for a CPU decode step's attention, built with the machine's C
+compiler and loaded through ctypes.
+
+A decode step's attention is one query per row against that row's keys and values: per
+key/value head, a ``(group, dim) x (dim, columns)`` product for the scores and a ``(group,
+columns) x (columns, dim)`` one for the output. PyTorch runs them as batched matrix products
+(MKL), whose packing of each small operand reads the keys about twice: on this project's
+machines the score product ran at 5.6 GB/s of keys where a plain read of the same keys ran at
+14 GB/s (``scripts/attention_bench.py``). The kernel here (``csrc/decode_attention.c``) reads
+each kept column's key and value once, straight from the cache's buffers (any row, head and
+column strides), and never reads a padding column (the rows' padding mask says which), so a
+batch of rows of different lengths reads only what they use. The softmax between its two
+halves is torch's own.
+
+The kernel sums each dot product and each output in its own order (a vectorized loop over
+``dim``, then over the kept columns), not MKL's: results differ from the batched products by
+rounding (``tests/engine/test_decode_kernels.py`` bounds it), and a row's own result no longer
+depends on its batch-mates' lengths (only the softmax's sum still runs over the padded frame).
+
+It is built once per source, compiler and CPU into ``<cache root>/kernels`` (``cc -O3
+-march=native -fopenmp -shared``, about a second) by :func:`prepare`, which the engine calls
+when it loads a model on a CPU (never in a request); where there is no compiler, or the build
+or load fails, :func:`library` is None (logged once) and the batched products run.
+``APHRODITE_DECODE_ATTENTION_KERNEL=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from engine import envs, paths
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "decode_attention.c"
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC")
+#: compilers tried in turn
+COMPILERS = ("cc", "gcc", "clang")
+#: seconds a build may take
+BUILD_TIMEOUT_S = 120
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _build(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], check=True,
+                       capture_output=True, timeout=BUILD_TIMEOUT_S)
+        os.replace(tmp, target)  # (atomic: another process may build the same one)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _load() -> ctypes.CDLL:
+    compiler = next((c for c in COMPILERS if shutil.which(c)), None)
+    if compiler is None:
+        raise FileNotFoundError(f"no C compiler found (tried {', '.join(COMPILERS)})")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version,
+                                    _cpu_flags()]).encode()).hexdigest()[:16]
+    target = paths.cache_root() / "kernels" / f"decode_attention-{key}.so"
+    if not target.exists():
+        _build(compiler, target)
+    lib = ctypes.CDLL(str(target))
+    f, i, p, lng = ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_long
+    lib.ap_decode_scores.argtypes = [p, p, lng, lng, lng, p, lng, p, lng, lng, lng, lng, lng,
+                                     f, i]
+    lib.ap_decode_scores.restype = None
+    lib.ap_decode_values.argtypes = [p, p, lng, lng, lng, p, lng, p, lng, lng, lng, lng, lng,
+                                     i]
+    lib.ap_decode_values.restype = None
+    group, dim = ctypes.c_int(), ctypes.c_int()
+    lib.ap_decode_limits(ctypes.byref(group), ctypes.byref(dim))
+    lib.max_group, lib.max_dim = group.value, dim.value
+    return lib
+
+
+def prepare() -> ctypes.CDLL | None:
+    """Build (once per machine: cached) and load the kernel where it is on; None where it is
+    off or cannot be had (the reason logged once)."""
+    if not envs.APHRODITE_DECODE_ATTENTION_KERNEL:
+        return None
+    with _lock:
+        if "lib" not in _state:
+            try:
+                _state["lib"] = _load()
+            except (OSError, subprocess.SubprocessError, AttributeError) as exc:
+                detail = getattr(exc, "stderr", None) or exc
+                if isinstance(detail, bytes):
+                    detail = detail.decode(errors="replace")[-400:]
+                logger.warning("decode attention kernel unavailable, batched products run "
+                               "instead: %s", detail)
+                _state["lib"] = None
+        return _state["lib"]
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel, if :func:`prepare` has loaded it (never builds here) and it is on."""
+    return _state.get("lib") if envs.APHRODITE_DECODE_ATTENTION_KERNEL else None
+
+
+def decode_attention(query: Any, key: Any, value: Any, keep: Any, scaling: float) -> Any:
+    """One query per row: ``query`` ``(rows, heads, 1, dim)``, ``key`` and ``value`` ``(rows,
+    kv_heads, columns, dim)`` (any strides but a contiguous last dimension), ``keep`` the
+    rows' bool padding mask ``(rows, columns)`` or None (every column); ``(rows, 1, heads,
+    dim)``, or None where the kernel does not take these (not loaded, not float32, a head
+    group or head size past its limits)."""
+    import torch
+
+    lib = library()
+    rows, heads, _, dim = query.shape
+    kv_heads, columns = key.shape[1], key.shape[2]
+    if lib is None or heads % kv_heads or heads // kv_heads > lib.max_group or \
+            dim > lib.max_dim or not all(t.dtype == torch.float32 and t.stride(-1) == 1
+                                         for t in (query, key, value)) or \
+            (keep is not None and (keep.dtype != torch.bool or keep.stride(-1) != 1)):
+        return None
+    group = heads // kv_heads
+    q = query.reshape(rows, kv_heads, group, dim).contiguous()
+    scores = torch.empty(rows, kv_heads, group, columns)
+    threads = torch.get_num_threads()
+    keep_ptr, keep_stride = (None, 0) if keep is None else (keep.data_ptr(), keep.stride(0))
+    lib.ap_decode_scores(q.data_ptr(), key.data_ptr(), key.stride(0), key.stride(1),
+                         key.stride(2), keep_ptr, keep_stride, scores.data_ptr(), rows,
+                         kv_heads, group, dim, columns, scaling, threads)
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.empty(rows, kv_heads, group, dim)
+    lib.ap_decode_values(probs.data_ptr(), value.data_ptr(), value.stride(0), value.stride(1),
+                         value.stride(2), keep_ptr, keep_stride, out.data_ptr(), rows,
+                         kv_heads, group, dim, columns, threads)
+    return out.view(rows, 1, heads, dim)

@@ -1,0 +1,166 @@
+"""The decode attention kernel (engine/models/decode_kernels.py): built with this machine's C
+compiler, its results are SDPA's within rounding for every head size, group, mask, stride and
+thread count the engine gives it; it never reads a padding column; it is built once and found
+again; without a compiler the batched products run and say why."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from engine.models import attention, decode_kernels
+
+torch = pytest.importorskip("torch")
+sdpa_module = pytest.importorskip("transformers.integrations.sdpa_attention")
+
+#: the kernel sums in its own order (see the module's text): how far from SDPA it may be
+TOLERANCE = dict(atol=1e-5, rtol=1e-5)  # (the batched products are held to the same)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    lib = decode_kernels.prepare()
+    assert lib is not None, "the kernel did not build on this machine (it has a C compiler)"
+    return lib
+
+
+class _Module:
+    def __init__(self, groups: int) -> None:
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+def _frame(lengths: list[int], heads: int, kv_heads: int, dim: int, room: int = 0,
+           seed: int = 0):
+    """Query ``(rows, heads, 1, dim)``; keys and values as the cache holds them: views of
+    buffers with ``room`` spare columns, the rows' columns right-aligned to the longest; the
+    bool padding mask ``(rows, 1, 1, columns)``."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, width = len(lengths), max(lengths)
+    q = torch.randn(rows, heads, 1, dim, generator=gen)
+    kbuf = torch.randn(rows, kv_heads, width + room, dim, generator=gen)
+    vbuf = torch.randn(rows, kv_heads, width + room, dim, generator=gen)
+    mask = torch.zeros(rows, 1, 1, width, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        mask[i, ..., width - n:] = True
+    return q, kbuf[:, :, :width], vbuf[:, :, :width], mask
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(12, 4, 64), (8, 2, 64), (4, 4, 128),
+                                                (16, 2, 32), (6, 2, 24), (14, 2, 16)])
+@pytest.mark.parametrize("lengths", [[300, 300, 300], [40, 300, 45, 38], [7]])
+def test_its_results_are_sdpas(kernel, heads, kv_heads, dim, lengths):
+    """Every head size (multiples of 16 on vectors, others on the plain loop), group (1-8
+    query heads per key/value head), row count and padding the engine gives it."""
+    q, k, v, mask = _frame(lengths, heads, kv_heads, dim, room=17)
+    expected = sdpa_module.sdpa_attention_forward(_Module(heads // kv_heads), q, k, v, mask)[0]
+    out = decode_kernels.decode_attention(q, k, v, mask[:, 0, 0, :], dim ** -0.5)
+    assert out is not None and out.shape == (len(lengths), 1, heads, dim)
+    torch.testing.assert_close(out, expected, **TOLERANCE)
+    # through the engine's attention, as the models call it (the scale SDPA's default too)
+    torch.testing.assert_close(attention.attention(_Module(heads // kv_heads), q, k, v, mask)[0],
+                               expected, **TOLERANCE)
+    half = sdpa_module.sdpa_attention_forward(_Module(heads // kv_heads), q, k, v, mask,
+                                              scaling=0.5)[0]
+    torch.testing.assert_close(attention.attention(_Module(heads // kv_heads), q, k, v, mask,
+                                                   scaling=0.5)[0], half, **TOLERANCE)
+
+
+def test_a_padding_column_is_never_read(kernel):
+    """NaN in every padding column's key and value (a read of one would make its row NaN):
+    each row's result is that of its own columns alone."""
+    lengths = [40, 300, 45, 1]
+    q, k, v, mask = _frame(lengths, 12, 4, 64, room=5)
+    k[~mask[:, 0, 0, :][:, None, :, None].expand_as(k)] = float("nan")
+    v[~mask[:, 0, 0, :][:, None, :, None].expand_as(v)] = float("nan")
+    out = decode_kernels.decode_attention(q, k, v, mask[:, 0, 0, :], 0.125)
+    assert out is not None and not out.isnan().any()
+    for i, n in enumerate(lengths):
+        alone = sdpa_module.sdpa_attention_forward(
+            _Module(3), q[i:i + 1], k[i:i + 1, :, -n:], v[i:i + 1, :, -n:], None,
+            scaling=0.125)[0]
+        torch.testing.assert_close(out[i:i + 1], alone, **TOLERANCE)
+
+
+def test_no_mask_and_threads_give_the_same_result(kernel):
+    """No mask: every column. Two threads split the (row, head) pairs, each summed as on one
+    thread: the same bits."""
+    q, k, v, mask = _frame([200, 200], 12, 4, 64)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = decode_kernels.decode_attention(q, k, v, None, 0.125)
+        torch.set_num_threads(2)
+        two = decode_kernels.decode_attention(q, k, v, None, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+    torch.testing.assert_close(one, decode_kernels.decode_attention(q, k, v, mask[:, 0, 0, :],
+                                                                    0.125), atol=0, rtol=0)
+
+
+def test_what_it_does_not_take_goes_to_the_batched_products(kernel, monkeypatch):
+    """A float (additive) mask, float64, a group past its limit: None from the kernel, and the
+    engine's attention still gives SDPA's result."""
+    q, k, v, mask = _frame([290, 300, 280], 12, 4, 16)
+    float_mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    assert decode_kernels.decode_attention(q, k, v, float_mask[:, 0, 0, :], 0.25) is None
+    assert decode_kernels.decode_attention(q.double(), k.double(), v.double(),
+                                           mask[:, 0, 0, :], 0.25) is None
+    wide = torch.randn(3, 4 * (kernel.max_group + 1), 1, 16)
+    assert decode_kernels.decode_attention(wide, k, v, mask[:, 0, 0, :], 0.25) is None
+    calls: list = []
+    real = attention._decode_step
+    monkeypatch.setattr(attention, "_decode_step", lambda *a: calls.append(1) or real(*a))
+    expected = sdpa_module.sdpa_attention_forward(_Module(3), q, k, v, mask)[0]
+    torch.testing.assert_close(attention.attention(_Module(3), q, k, v, float_mask)[0],
+                               expected, atol=1e-5, rtol=1e-5)
+    assert calls == [1]
+
+
+def test_it_is_built_once_and_without_a_compiler_the_products_run(kernel, monkeypatch, caplog,
+                                                                 tmp_path):
+    """A second process finds the built library (no build); with no compiler there is no
+    kernel, the reason is logged, and attention is the batched products'."""
+    built = list((decode_kernels.paths.cache_root() / "kernels").glob("decode_attention-*.so"))
+    assert built, "the library is not in the cache"
+    mtimes = {p: p.stat().st_mtime_ns for p in built}
+    monkeypatch.setattr(decode_kernels, "_state", {})
+    assert decode_kernels.prepare() is not None
+    assert {p: p.stat().st_mtime_ns for p in built} == mtimes  # (found, not built again)
+
+    monkeypatch.setenv("APHRODITE_CACHE_ROOT", str(tmp_path))  # (nothing built there)
+    monkeypatch.setattr(decode_kernels, "_state", {})
+    monkeypatch.setattr(decode_kernels, "COMPILERS", ("no-such-compiler-here",))
+    with caplog.at_level(logging.WARNING, logger=decode_kernels.__name__):
+        assert decode_kernels.prepare() is None
+    assert "no C compiler found" in caplog.text and "batched products run" in caplog.text
+    assert decode_kernels.library() is None
+    q, k, v, mask = _frame([300, 280], 12, 4, 16)
+    expected = sdpa_module.sdpa_attention_forward(_Module(3), q, k, v, mask)[0]
+    torch.testing.assert_close(attention.attention(_Module(3), q, k, v, mask)[0], expected,
+                               atol=1e-5, rtol=1e-5)
+    assert not list(tmp_path.rglob("*.so"))
+
+
+def test_a_failed_build_leaves_no_file_and_says_why(monkeypatch, tmp_path, caplog):
+    """A compiler that fails (a source it cannot compile): no library, no temporary file
+    left in the cache, the compiler's message in the log."""
+    bad = tmp_path / "bad.c"
+    bad.write_text("this is not C\n")
+    monkeypatch.setenv("APHRODITE_CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.setattr(decode_kernels, "_state", {})
+    monkeypatch.setattr(decode_kernels, "SOURCE", bad)
+    with caplog.at_level(logging.WARNING, logger=decode_kernels.__name__):
+        assert decode_kernels.prepare() is None
+    assert "error" in caplog.text
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+
+
+def test_turned_off_it_is_not_built(monkeypatch, tmp_path):
+    monkeypatch.setenv("APHRODITE_DECODE_ATTENTION_KERNEL", "0")
+    monkeypatch.setenv("APHRODITE_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setattr(decode_kernels, "_state", {})
+    assert decode_kernels.prepare() is None and decode_kernels.library() is None
+    assert not list(tmp_path.rglob("*.so"))
