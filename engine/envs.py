@@ -155,9 +155,10 @@ _DECLARED: tuple[EnvVar, ...] = (
            "gate/up products as one, over weights concatenated once at load; 0 runs them one "
            "by one.", "bool"),
     EnvVar("APHRODITE_DECODE_ATTENTION_KERNEL", True, _bool,
-           "Run a CPU decode step's attention through the engine's own C kernel (built with "
-           "the machine's C compiler, cc or $CC, once into the cache), which reads each key "
-           "and value once and skips padding; 0 (or no compiler) runs two batched products.",
+           "Run a CPU decode step's attention through the engine's own C kernel (built at "
+           "model load with the machine's C compiler, cc, gcc or clang, once into the cache), "
+           "which reads each key and value once and skips padding; 0 (or no compiler) runs "
+           "two batched products.",
            "bool"),
     EnvVar("APHRODITE_VIDEO_LOADER_BACKEND", "opencv", _video_backend,
            f"Default video decoder: one of {', '.join(VIDEO_BACKENDS)}.", "name"),

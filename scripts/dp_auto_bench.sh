@@ -11,7 +11,9 @@
 #   SIZES="tiny small medium"   random-weight Qwen2.5-VL (make-tiny --size; tiny: the tests')
 #   SETTINGS="t1 t2 dp2"        t1: one engine, --num-threads 1; t2: one engine, 2 threads
 #                               (--num-threads 2); dp2: --data-parallel-size 2 (one thread
-#                               each, pinned); auto: no flag (the defaults under test);
+#                               each, pinned); dp2o: dp2 with --overlap-prefill (each
+#                               engine's prefills on a second thread on its own core, so its
+#                               running rows keep stepping); auto: no flag (the defaults);
 #                               d1: the defaults but --decode-threads 1; lp0: the defaults
 #                               but --long-prefill-token-threshold 0 (no long-prefill chunks)
 #   REPEATS=2 NUM_PROMPTS=24 CONCURRENCY=8 OUTPUT_LEN=64 WARMUPS=2 PORT=18110
@@ -53,10 +55,11 @@ flags_for() {  # setting -> serve flags
     t1) echo "--num-threads 1" ;;
     t2) echo "--num-threads 2" ;;
     dp2) echo "--data-parallel-size 2" ;;
+    dp2o) echo "--data-parallel-size 2 --overlap-prefill" ;;
     auto) echo "" ;;
     d1) echo "--decode-threads 1" ;;
     lp0) echo "--long-prefill-token-threshold 0" ;;
-    *) say "unknown setting $1 (t1, t2, dp2, auto, d1, lp0)"; exit 1 ;;
+    *) say "unknown setting $1 (t1, t2, dp2, dp2o, auto, d1, lp0)"; exit 1 ;;
   esac
 }
 
@@ -95,7 +98,7 @@ from pathlib import Path
 out = Path(sys.argv[1])
 runs = {}
 for path in sorted(out.glob("*-r*.json")):
-    m = re.fullmatch(r"(.+)-(t1|t2|dp2|auto|d1|lp0)-r\d+\.json", path.name)
+    m = re.fullmatch(r"(.+)-(t1|t2|dp2|dp2o|auto|d1|lp0)-r\d+\.json", path.name)
     if not m:
         continue
     p = json.loads(path.read_text())["phases"]["cold"]

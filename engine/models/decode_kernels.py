@@ -42,7 +42,9 @@ from engine import envs, paths
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "decode_attention.c"
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+#: on x86, the widest vectors the processor has (GCC uses 256 bits on some AVX-512 ones)
+X86_FLAGS = ("-mprefer-vector-width=512",)
 #: compilers tried in turn
 COMPILERS = ("cc", "gcc", "clang")
 #: seconds a build may take
@@ -64,12 +66,19 @@ def _cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
+def _flags() -> tuple[str, ...]:
+    import platform
+
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+    return FLAGS + X86_FLAGS if x86 else FLAGS
+
+
 def _build(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], check=True,
+        subprocess.run([compiler, *_flags(), "-o", tmp, str(SOURCE), "-lm"], check=True,
                        capture_output=True, timeout=BUILD_TIMEOUT_S)
         os.replace(tmp, target)  # (atomic: another process may build the same one)
     finally:
@@ -82,7 +91,7 @@ def _load() -> ctypes.CDLL:
         raise FileNotFoundError(f"no C compiler found (tried {', '.join(COMPILERS)})")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version,
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(_flags()), version,
                                     _cpu_flags()]).encode()).hexdigest()[:16]
     target = paths.cache_root() / "kernels" / f"decode_attention-{key}.so"
     if not target.exists():

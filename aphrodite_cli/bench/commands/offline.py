@@ -390,7 +390,8 @@ def decode_step(
         doc["size"] = size
     path = write_result(doc, "decode-step", out_dir)
     bw = doc["bandwidth"]
-    print_table(f"{size or doc['model']}: decode step ({doc['decode_path']}), {doc['num_threads']} "
+    print_table(f"{size or doc['model']}: decode step ({doc['decode_path']}, attention: "
+                f"{doc['decode_attention']}), {doc['num_threads']} "
                 f"threads, read bandwidth {bw['gb_s']['median']:.1f} GB/s",
                 ["step", "batch", "context", "ms p50", "ms p90", "MB read", "GB/s",
                  "floor ms", "x floor", "vs f32/eager"],

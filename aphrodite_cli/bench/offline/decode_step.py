@@ -193,6 +193,7 @@ def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: 
 
     from engine import LLM
     from engine.cpus import use_torch_threads
+    from engine.models import decode_kernels
 
     settings = dict(num_threads=num_threads, max_num_seqs=max(batch_sizes),
                     enable_prefix_caching=False, encoder_cache_gb=0, mm_processor_cache_gb=0)
@@ -230,7 +231,9 @@ def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: 
                 row["vs_eager"] = step / plain[(row["batch_size"], row["context_len"])]
         runner = llms["none"].engine.runner
         doc = {"model": llms["none"].loaded.name, "num_threads": num_threads,
-               "decode_path": runner.decode_path, "warmups": warmups, "repeats": repeats,
+               "decode_path": runner.decode_path,
+               "decode_attention": "kernel" if decode_kernels.library() else "batched products",
+               "warmups": warmups, "repeats": repeats,
                "parameters": sum(p.numel() for p in runner.model.parameters()),
                "bandwidth": {"gb_s": bandwidth, "read_bytes": nbytes,
                              "llc_bytes": llc_bytes(), "method": "float32 sum"},
