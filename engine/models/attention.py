@@ -1,5 +1,10 @@
-"""The attention the engine's models run: transformers' SDPA, except a CPU decode step over rows
-of very different lengths, which attends each row over its own columns only.
+"""The attention the engine's models run: transformers' SDPA, except a CPU decode step.
+
+A CPU decode step (one query per row, a bool padding mask or none) runs the engine's C kernel
+where it is built (:mod:`engine.models.decode_kernels`: each kept key and value read once,
+padding never read). Where it is not (no compiler, ``APHRODITE_DECODE_ATTENTION_KERNEL=0``, an
+additive mask), rows of very different lengths attend each over their own columns, and other
+steps run two batched products, as follows.
 
 The running batch keeps every row's keys and values left-padded to the longest row
 (:mod:`engine.executor.kv`). A decode step reads the whole frame: with two 800-token video
