@@ -48,13 +48,34 @@ static inline float lanes_sum(v16 a) {
     return (e[0] + e[2]) + (e[1] + e[3]);
 }
 
+/* column c's scores (-inf where it is not kept) */
+#define SCORES_COLUMN(DIM, c)                                                                \
+    if (kr && !kr[c]) {                                                                      \
+        for (long j = 0; j < group; j++)                                                     \
+            sp[j * columns + (c)] = -INFINITY;                                               \
+    } else {                                                                                 \
+        const float *kc = kp + (c) * sc;                                                     \
+        for (long j = 0; j < group; j++) {                                                   \
+            const float *qj = qp + j * (DIM);                                                \
+            v16 acc = {0};                                                                   \
+            for (long t = 0; t < (DIM); t += 16)                                             \
+                acc += *(const v16 *)(qj + t) * *(const v16 *)(kc + t);                      \
+            sp[j * columns + (c)] = lanes_sum(acc) * scale;                                  \
+        }                                                                                    \
+    }
+
 /* four kept columns at a time (their dot products side by side: four independent chains
- * for the processor to overlap), then one at a time */
+ * for the processor to overlap); a block with padding in it, and the last columns, one at a
+ * time */
 #define SCORES_BODY(DIM)                                                                     \
     long c = 0;                                                                              \
     for (; c + 4 <= columns; c += 4) {                                                       \
-        if (kr && !(kr[c] && kr[c + 1] && kr[c + 2] && kr[c + 3]))                           \
-            break;                                                                           \
+        if (kr && !(kr[c] && kr[c + 1] && kr[c + 2] && kr[c + 3])) {                         \
+            for (long i = c; i < c + 4; i++) {                                               \
+                SCORES_COLUMN(DIM, i)                                                        \
+            }                                                                                \
+            continue;                                                                        \
+        }                                                                                    \
         const float *k0 = kp + c * sc, *k1 = k0 + sc, *k2 = k1 + sc, *k3 = k2 + sc;          \
         for (long j = 0; j < group; j++) {                                                   \
             const float *qj = qp + j * (DIM);                                                \
@@ -74,19 +95,7 @@ static inline float lanes_sum(v16 a) {
         }                                                                                    \
     }                                                                                        \
     for (; c < columns; c++) {                                                               \
-        if (kr && !kr[c]) {                                                                  \
-            for (long j = 0; j < group; j++)                                                 \
-                sp[j * columns + c] = -INFINITY;                                             \
-            continue;                                                                        \
-        }                                                                                    \
-        const float *kc = kp + c * sc;                                                       \
-        for (long j = 0; j < group; j++) {                                                   \
-            const float *qj = qp + j * (DIM);                                                \
-            v16 acc = {0};                                                                   \
-            for (long t = 0; t < (DIM); t += 16)                                             \
-                acc += *(const v16 *)(qj + t) * *(const v16 *)(kc + t);                      \
-            sp[j * columns + c] = lanes_sum(acc) * scale;                                    \
-        }                                                                                    \
+        SCORES_COLUMN(DIM, c)                                                                \
     }
 
 static void scores_pair(const float *qp, const float *kp, long sc, const unsigned char *kr,
