@@ -66,7 +66,8 @@ def case(heads: int, kv_heads: int, lengths: list[int], repeats: int) -> dict:
     expected = sdpa_attention_forward(module, q, k, v, mask)[0]
     torch.testing.assert_close(attention.attention(module, q, k, v, mask)[0], expected,
                                atol=1e-5, rtol=1e-5)
-    kernel = decode_kernels.prepare() is not None
+    lib = decode_kernels.prepare()
+    kernel = lib is not None
 
     def batched() -> None:  # the engine's attention without its kernel
         decode_kernels._state["lib"] = None
@@ -75,7 +76,6 @@ def case(heads: int, kv_heads: int, lengths: list[int], repeats: int) -> dict:
         finally:
             decode_kernels._state["lib"] = lib
 
-    lib = decode_kernels._state.get("lib")
     keep = mask[:, 0, 0, :]
     times = {"sdpa": 0.0, "engine": 0.0, "kernel": 0.0, "read": 0.0}
     calls = {"sdpa": lambda: sdpa_attention_forward(module, q, k, v, mask), "engine": batched,
