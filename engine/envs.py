@@ -160,6 +160,12 @@ _DECLARED: tuple[EnvVar, ...] = (
            "which reads each key and value once and skips padding; 0 (or no compiler) runs "
            "two batched products.",
            "bool"),
+    EnvVar("APHRODITE_DECODE_LINEAR_KERNEL", True, _bool,
+           "Run a CPU decode step's float32 linear products through the engine's own C kernel "
+           "(built with the attention kernel), over a copy of each weight packed at load "
+           "into panels it streams at the memory's speed; 0 (or no compiler) runs oneDNN's or "
+           "PyTorch's products.",
+           "bool"),
     EnvVar("APHRODITE_VIDEO_LOADER_BACKEND", "opencv", _video_backend,
            f"Default video decoder: one of {', '.join(VIDEO_BACKENDS)}.", "name"),
     EnvVar("APHRODITE_API_KEY", "", str,

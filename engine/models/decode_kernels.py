@@ -1,5 +1,5 @@
-"""The engine's own C kernel for a CPU decode step's attention, built with the machine's C
-compiler and loaded through ctypes.
+"""The engine's own C kernels for a CPU decode step, its attention and its linear products,
+built with the machine's C compiler into one library and loaded through ctypes.
 
 A decode step's attention is one query per row against that row's keys and values: per
 key/value head, a ``(group, dim) x (dim, columns)`` product for the scores and a ``(group,
@@ -22,6 +22,18 @@ It is built once per source, compiler and CPU into ``<cache root>/kernels`` (``c
 when it loads a model on a CPU (never in a request); where there is no compiler, or the build
 or load fails, :func:`library` is None (logged once) and the batched products run.
 ``APHRODITE_DECODE_ATTENTION_KERNEL=0`` turns it off.
+
+The linear kernel (``csrc/decode_linear.c``, :func:`linear`) is the products of a step of a
+few rows. oneDNN's packed product reads a weight at 8-10 GB/s for 4-8 rows on these machines
+and MKL's at 5-7, where one row, or a plain read, runs at 12-14; the kernel streams a copy of
+the weight packed at load into panels of 16 output columns, three panels side by side, each
+prefetched ahead, with up to 8 rows' sums in registers: 11-13 GB/s at 1-8 rows
+(``scripts/linear_bench.py``). Each output is one chain of multiply-adds over the input in
+order, so a row's result is the same bits whatever its batch-mates and threads, and within
+the rounding bound of any float32 sum (``tests/engine/test_decode_linear.py``); not the bits
+of MKL's or oneDNN's sums. Its copy of each weight is memory beside the weight itself (and a
+oneDNN copy where :mod:`engine.models.cpu_linear` packs one for prefills).
+``APHRODITE_DECODE_LINEAR_KERNEL=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +54,18 @@ from engine import envs, paths
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "decode_attention.c"
+#: the C sources, built into one library
+SOURCES = tuple(Path(__file__).with_name("csrc") / name
+                for name in ("decode_attention.c", "decode_linear.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 #: on x86, the widest vectors the processor has (GCC uses 256 bits on some AVX-512 ones)
 X86_FLAGS = ("-mprefer-vector-width=512",)
+#: a linear product of more rows than this goes to F.linear (a prefill: oneDNN's and MKL's
+#: blocked products are faster there)
+MAX_LINEAR_ROWS = 64
+#: weights of fewer elements stay on PyTorch's product (the tiny test models' 2 K-57 K: there
+#: a call through ctypes cost 1.5x F.linear's)
+MIN_LINEAR_WEIGHT = 1 << 16
 #: compilers tried in turn
 COMPILERS = ("cc", "gcc", "clang")
 #: seconds a build may take
@@ -78,7 +99,7 @@ def _build(compiler: str, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *_flags(), "-o", tmp, str(SOURCE), "-lm"], check=True,
+        subprocess.run([compiler, *_flags(), "-o", tmp, *map(str, SOURCES), "-lm"], check=True,
                        capture_output=True, timeout=BUILD_TIMEOUT_S)
         os.replace(tmp, target)  # (atomic: another process may build the same one)
     finally:
@@ -91,9 +112,9 @@ def _load() -> ctypes.CDLL:
         raise FileNotFoundError(f"no C compiler found (tried {', '.join(COMPILERS)})")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(_flags()), version,
-                                    _cpu_flags()]).encode()).hexdigest()[:16]
-    target = paths.cache_root() / "kernels" / f"decode_attention-{key}.so"
+    key = hashlib.sha256("\0".join([*(s.read_text() for s in SOURCES), " ".join(_flags()),
+                                    version, _cpu_flags()]).encode()).hexdigest()[:16]
+    target = paths.cache_root() / "kernels" / f"decode_kernels-{key}.so"
     if not target.exists():
         _build(compiler, target)
     lib = ctypes.CDLL(str(target))
@@ -104,6 +125,12 @@ def _load() -> ctypes.CDLL:
     lib.ap_decode_values.argtypes = [p, p, lng, lng, lng, p, lng, p, lng, lng, lng, lng, lng,
                                      i]
     lib.ap_decode_values.restype = None
+    lib.ap_linear_pack.argtypes = [p, lng, lng, p, lng]
+    lib.ap_linear_pack.restype = None
+    lib.ap_linear.argtypes = [p, lng, lng, lng, p, p, lng, p, lng, i]
+    lib.ap_linear.restype = None
+    lib.ap_linear_group_columns.restype = lng
+    lib.group_columns = lib.ap_linear_group_columns()
     group, dim = ctypes.c_int(), ctypes.c_int()
     lib.ap_decode_limits(ctypes.byref(group), ctypes.byref(dim))
     lib.max_group, lib.max_dim = group.value, dim.value
@@ -113,7 +140,7 @@ def _load() -> ctypes.CDLL:
 def prepare() -> ctypes.CDLL | None:
     """Build (once per machine: cached) and load the kernel where it is on; None where it is
     off or cannot be had (the reason logged once)."""
-    if not envs.APHRODITE_DECODE_ATTENTION_KERNEL:
+    if not (envs.APHRODITE_DECODE_ATTENTION_KERNEL or envs.APHRODITE_DECODE_LINEAR_KERNEL):
         return None
     with _lock:
         if "lib" not in _state:
@@ -123,15 +150,68 @@ def prepare() -> ctypes.CDLL | None:
                 detail = getattr(exc, "stderr", None) or exc
                 if isinstance(detail, bytes):
                     detail = detail.decode(errors="replace")[-400:]
-                logger.warning("decode attention kernel unavailable, batched products run "
-                               "instead: %s", detail)
+                logger.warning("decode kernels unavailable (attention runs batched products, "
+                               "linear layers oneDNN's or PyTorch's): %s", detail)
                 _state["lib"] = None
         return _state["lib"]
 
 
 def library() -> ctypes.CDLL | None:
-    """The loaded kernel, if :func:`prepare` has loaded it (never builds here) and it is on."""
+    """The loaded library, if :func:`prepare` has loaded it (never builds here) and the
+    attention kernel is on."""
     return _state.get("lib") if envs.APHRODITE_DECODE_ATTENTION_KERNEL else None
+
+
+def linear(weight: Any, bias: Any, wider: Callable[[Any], Any] | None = None
+           ) -> Callable[[Any], Any] | None:
+    """``x -> F.linear(x, weight, bias)`` through the linear kernel (``csrc/decode_linear.c``)
+    for inputs of up to :data:`MAX_LINEAR_ROWS` rows, with ``weight`` packed into the kernel's
+    panels now (a copy: ``weight`` stays as it is); larger inputs, other dtypes and inputs that
+    need gradients go to ``wider`` (``F.linear`` by default). None where the kernel is off or
+    not loaded (see :func:`prepare`), ``weight`` is under :data:`MIN_LINEAR_WEIGHT` elements
+    (a call costs more than it saves) or not a 2-D float32 CPU tensor (or ``bias`` not a
+    matching vector)."""
+    import torch
+    import torch.nn.functional as F
+
+    lib = _state.get("lib") if envs.APHRODITE_DECODE_LINEAR_KERNEL else None
+    if lib is None or weight.dim() != 2 or weight.numel() < MIN_LINEAR_WEIGHT or \
+            weight.dtype != torch.float32 or \
+            weight.device.type != "cpu" or (bias is not None and (
+                bias.dtype != torch.float32 or tuple(bias.shape) != (weight.shape[0],))):
+        return None
+    n, k = weight.shape
+    width = lib.group_columns
+    padded = -(-n // width) * width
+    with torch.no_grad():
+        w = weight.detach().contiguous()
+        panels = torch.empty(padded * k)
+        lib.ap_linear_pack(w.data_ptr(), n, k, panels.data_ptr(), padded)
+        padded_bias = None
+        if bias is not None:
+            padded_bias = torch.zeros(padded)
+            padded_bias[:n] = bias.detach()
+    bias_ptr = None if padded_bias is None else padded_bias.data_ptr()
+    run = lib.ap_linear
+    other = wider or (lambda x: F.linear(x, weight, bias))
+
+    def product(x: Any) -> Any:
+        rows = x.numel() // k if x.dim() and x.shape[-1] == k else 0
+        if rows == 0 or rows > MAX_LINEAR_ROWS or x.dtype != torch.float32 or \
+                x.requires_grad or x.device.type != "cpu":
+            return other(x)
+        flat = x.reshape(rows, k)
+        if flat.stride(-1) != 1:
+            flat = flat.contiguous()
+        out = torch.empty(*x.shape[:-1], n)
+        run(flat.data_ptr(), rows, flat.stride(0), k, panels.data_ptr(), bias_ptr, n,
+            out.data_ptr(), n, torch.get_num_threads())
+        return out
+
+    product.panels = panels  # type: ignore[attr-defined]  # (kept alive with the product)
+    product.bias = padded_bias  # type: ignore[attr-defined]
+    product.blocked = getattr(wider, "blocked", None)  # type: ignore[attr-defined]
+    return product
 
 
 def decode_attention(query: Any, key: Any, value: Any, keep: Any, scaling: float) -> Any:

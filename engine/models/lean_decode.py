@@ -19,6 +19,14 @@ the same sum as before; a packed kernel may block the sums differently for a wid
 which the tests bound (they found none on the tiny and the 43 M-parameter models). On the
 43 M-parameter model it took 2% off a step on one thread at batch 1 and 8, 4-5% on the
 tiny one (interleaved in one process).
+Where the engine's linear kernel is built (:func:`engine.models.decode_kernels.linear`, on by
+default), every float32 product of the step (the fused q/k/v and gate/up, o, down and the
+head) runs through it over its own packed copy of the weight (the fused products' oneDNN copy
+is then not made, unless ``--max-num-seqs`` exceeds the kernel's rows or ``--compile-decode``
+needs it): 1.26x less time a step of 8 rows of the 150 M-parameter model. Its sums are
+ordered differently from PyTorch's, so then the logits are within rounding of the model's
+forward, not its bits (``tests/engine/test_decode_linear.py``); the tiny test models'
+weights are under its minimum, and there the bit-for-bit test holds.
 With ``--quantization int8`` the layers hold int8 rows and a scale per row
 (:mod:`engine.models.int8_linear`); they are fused the same way (rows and scales
 concatenated) and multiplied by that module's product.
@@ -38,7 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine import envs
-from engine.models import attention, cpu_linear, parts
+from engine.models import attention, cpu_linear, decode_kernels, parts
 from engine.models.rotary import rotate
 
 logger = logging.getLogger(__name__)
@@ -60,14 +68,18 @@ def _rms(norm: Any, x: Any) -> Any:
     return norm.weight * x32.to(dtype)
 
 
-def for_model(model: Any, compile_rows: int | None = None, threads: int = 1) -> Step | None:
+def for_model(model: Any, compile_rows: int | None = None, threads: int = 1,
+              max_rows: int = 8) -> Step | None:
     """The lean decode step for ``model`` (``step(ids, mask, positions, cache)``: ids
     ``(rows, 1)``, the rows' 2-D padding mask over the cache plus the new column, positions as
     the model's forward takes them; the last logits, ``(rows, vocab)``), or None where the
     model's own forward must run. ``compile_rows``: batches of up to that many rows also get
     compiled graphs (``--compile-decode``: a :class:`engine.models.lean_compile.CompiledStep`,
     to compile on ``threads`` torch threads once its ``start`` is called) where the model
-    allows them (else the eager step, with a log line saying why)."""
+    allows them (else the eager step, with a log line saying why). ``max_rows``: the most rows
+    a step will have (the engine's ``--max-num-seqs``): past
+    :data:`engine.models.decode_kernels.MAX_LINEAR_ROWS` the fused products keep a
+    oneDNN-packed copy beside the linear kernel's panels."""
     text = parts.language_model(model)
     config = getattr(text, "config", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -90,7 +102,8 @@ def for_model(model: Any, compile_rows: int | None = None, threads: int = 1) -> 
                 not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj",
                                                   "act_fn")):
             return None
-    return _step(text, layers, head, compile_rows, threads)
+    return _step(text, layers, head, compile_rows, threads,
+                 wide=compile_rows is not None or max_rows > decode_kernels.MAX_LINEAR_ROWS)
 
 
 class _Fused:
@@ -100,15 +113,16 @@ class _Fused:
     prepared`). For the compiled step (:mod:`engine.models.lean_compile`) the float
     concatenations and their packed copies are kept (``*_weights`` None for int8 rows)."""
 
-    def __init__(self, layer: Any) -> None:
+    def __init__(self, layer: Any, wide: bool) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
         biases = [m.bias for m in qkv]
         self.splits = [m.out_features for m in qkv]
         self.qkv_bias = None if biases[0] is None else _concatenated(biases)
-        self._qkv, self.qkv_weights = _product(qkv, self.qkv_bias)
+        self._qkv, self.qkv_weights = _product(qkv, self.qkv_bias, wide)
         self.width = mlp.gate_proj.out_features
-        self._gate_up, self.gate_up_weights = _product((mlp.gate_proj, mlp.up_proj), None)
+        self._gate_up, self.gate_up_weights = _product((mlp.gate_proj, mlp.up_proj), None,
+                                                       wide)
         self.qkv_blocked = getattr(self._qkv, "blocked", None)
         self.gate_up_blocked = getattr(self._gate_up, "blocked", None)
 
@@ -120,14 +134,20 @@ class _Fused:
         return out[..., :self.width], out[..., self.width:]
 
 
-def _product(linears: tuple[Any, ...], bias: Any) -> tuple[Callable[[Any], Any], Any]:
+def _product(linears: tuple[Any, ...], bias: Any, wide: bool
+             ) -> tuple[Callable[[Any], Any], Any]:
     """One product over ``linears``' weights concatenated (see :class:`_Fused`), and the
-    concatenated float weight (None for int8): float ones through :func:`engine.models.
-    cpu_linear.prepared`, int8 ones (``--quantization int8``, rows and scales concatenated
-    alike: a scale belongs to its row) through :func:`engine.models.int8_linear.product`."""
+    concatenated float weight (None for int8): float ones through the linear kernel
+    (:func:`engine.models.decode_kernels.linear`) where it takes them, with
+    :func:`engine.models.cpu_linear.prepared` (oneDNN) for wider inputs only when ``wide``,
+    else through ``prepared``; int8 ones (``--quantization int8``, rows and scales
+    concatenated alike: a scale belongs to its row) through :func:`engine.models.int8_linear.
+    product`."""
     if getattr(linears[0], "qweight", None) is None:
         weight = _concatenated([m.weight for m in linears])
-        return cpu_linear.prepared(weight, bias), weight
+        kernel = decode_kernels.linear(weight, bias,
+                                       cpu_linear.prepared(weight, bias) if wide else None)
+        return kernel or cpu_linear.prepared(weight, bias), weight
     from engine.models import int8_linear
 
     rows = _concatenated([m.qweight for m in linears])
@@ -169,10 +189,20 @@ def _fusable(layer: Any) -> bool:
         (all(b is None for b in biases) or all(b is not None for b in biases))
 
 
+def _single(module: Any) -> Callable[[Any], Any]:
+    """``module``'s product for the step: the linear kernel's over its float weight where
+    it takes it (the module's own forward for other inputs), else the module's forward."""
+    weight = getattr(module, "weight", None)
+    if getattr(module, "qweight", None) is not None or weight is None:
+        return module.forward
+    return decode_kernels.linear(weight, getattr(module, "bias", None),
+                                 module.forward) or module.forward
+
+
 def _step(text: Any, layers: list[Any], head: Any, compile_rows: int | None = None,
-          threads: int = 1) -> Step:
-    fused = [_Fused(layer) if envs.APHRODITE_LEAN_DECODE_FUSED and _fusable(layer) else None
-             for layer in layers]
+          threads: int = 1, wide: bool = False) -> Step:
+    fused = [_Fused(layer, wide) if envs.APHRODITE_LEAN_DECODE_FUSED and _fusable(layer)
+             else None for layer in layers]
     step = _eager(text, layers, head, fused)
     if compile_rows is None:
         return step
@@ -187,6 +217,9 @@ def _step(text: Any, layers: list[Any], head: Any, compile_rows: int | None = No
 
 def _eager(text: Any, layers: list[Any], head: Any, fused: list[_Fused | None]) -> Step:
     embed, rotary, final_norm = text.embed_tokens, text.rotary_emb, text.norm
+    outs = [_single(layer.self_attn.o_proj) for layer in layers]
+    downs = [_single(layer.mlp.down_proj) for layer in layers]
+    last = _single(head)
 
     def step(ids: Any, mask: Any, positions: Any, cache: Any) -> Any:
         rows = ids.shape[0]
@@ -208,13 +241,13 @@ def _eager(text: Any, layers: list[Any], head: Any, fused: list[_Fused | None]) 
             k, v = cache.update(rotate(k, cos, sin), v, i)
             out, _ = attention.attention(attn, rotate(q, cos, sin), k, v, frame,
                                          scaling=attn.scaling)
-            h = h + attn.o_proj.forward(out.reshape(rows, 1, -1).contiguous())
+            h = h + outs[i](out.reshape(rows, 1, -1).contiguous())
             x = _rms(layer.post_attention_layernorm, h)
             if both is not None:
                 gate, up = both.gate_up(x)
             else:
                 gate, up = mlp.gate_proj.forward(x), mlp.up_proj.forward(x)
-            h = h + mlp.down_proj.forward(mlp.act_fn(gate) * up)
-        return head.forward(_rms(final_norm, h)[:, -1, :])
+            h = h + downs[i](mlp.act_fn(gate) * up)
+        return last(_rms(final_norm, h)[:, -1, :])
 
     return step

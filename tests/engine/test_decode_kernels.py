@@ -123,7 +123,7 @@ def test_it_is_built_once_and_without_a_compiler_the_products_run(kernel, monkey
                                                                  tmp_path):
     """A second process finds the built library (no build); with no compiler there is no
     kernel, the reason is logged, and attention is the batched products'."""
-    built = list((decode_kernels.paths.cache_root() / "kernels").glob("decode_attention-*.so"))
+    built = list((decode_kernels.paths.cache_root() / "kernels").glob("decode_kernels-*.so"))
     assert built, "the library is not in the cache"
     mtimes = {p: p.stat().st_mtime_ns for p in built}
     monkeypatch.setattr(decode_kernels, "_state", {})
@@ -135,7 +135,7 @@ def test_it_is_built_once_and_without_a_compiler_the_products_run(kernel, monkey
     monkeypatch.setattr(decode_kernels, "COMPILERS", ("no-such-compiler-here",))
     with caplog.at_level(logging.WARNING, logger=decode_kernels.__name__):
         assert decode_kernels.prepare() is None
-    assert "no C compiler found" in caplog.text and "batched products run" in caplog.text
+    assert "no C compiler found" in caplog.text and "batched products" in caplog.text
     assert decode_kernels.library() is None
     q, k, v, mask = _frame([300, 280], 12, 4, 16)
     expected = sdpa_module.sdpa_attention_forward(_Module(3), q, k, v, mask)[0]
@@ -151,7 +151,7 @@ def test_a_failed_build_leaves_no_file_and_says_why(monkeypatch, tmp_path, caplo
     bad.write_text("this is not C\n")
     monkeypatch.setenv("APHRODITE_CACHE_ROOT", str(tmp_path / "cache"))
     monkeypatch.setattr(decode_kernels, "_state", {})
-    monkeypatch.setattr(decode_kernels, "SOURCE", bad)
+    monkeypatch.setattr(decode_kernels, "SOURCES", (bad,))
     with caplog.at_level(logging.WARNING, logger=decode_kernels.__name__):
         assert decode_kernels.prepare() is None
     assert "error" in caplog.text
@@ -159,8 +159,18 @@ def test_a_failed_build_leaves_no_file_and_says_why(monkeypatch, tmp_path, caplo
 
 
 def test_turned_off_it_is_not_built(monkeypatch, tmp_path):
+    """Both kernels off: nothing built. One off: the library is built for the other, and the
+    one turned off is not used."""
     monkeypatch.setenv("APHRODITE_DECODE_ATTENTION_KERNEL", "0")
+    monkeypatch.setenv("APHRODITE_DECODE_LINEAR_KERNEL", "0")
     monkeypatch.setenv("APHRODITE_CACHE_ROOT", str(tmp_path))
     monkeypatch.setattr(decode_kernels, "_state", {})
     assert decode_kernels.prepare() is None and decode_kernels.library() is None
     assert not list(tmp_path.rglob("*.so"))
+    monkeypatch.setenv("APHRODITE_DECODE_LINEAR_KERNEL", "1")
+    assert decode_kernels.prepare() is not None and decode_kernels.library() is None
+    assert decode_kernels.linear(torch.randn(512, 256), None) is not None
+    monkeypatch.setenv("APHRODITE_DECODE_LINEAR_KERNEL", "0")
+    monkeypatch.setenv("APHRODITE_DECODE_ATTENTION_KERNEL", "1")
+    assert decode_kernels.library() is not None
+    assert decode_kernels.linear(torch.randn(512, 256), None) is None
