@@ -9,13 +9,15 @@ machines the score product ran at 5.6 GB/s of keys where a plain read of the sam
 14 GB/s (``scripts/attention_bench.py``). The kernel here (``csrc/decode_attention.c``) reads
 each kept column's key and value once, straight from the cache's buffers (any row, head and
 column strides), and never reads a padding column (the rows' padding mask says which), so a
-batch of rows of different lengths reads only what they use. The softmax between its two
-halves is torch's own.
+batch of rows of different lengths reads only what they use. Each (row, head) pair's scores,
+their softmax (a vectorized exp of its own, Cephes' polynomial, within 2 units in the last
+place) and the weighted values run one after the other in a buffer of the thread's own.
 
 The kernel sums each dot product and each output in its own order (a vectorized loop over
-``dim``, then over the kept columns), not MKL's: results differ from the batched products by
-rounding (``tests/engine/test_decode_kernels.py`` bounds it), and a row's own result no longer
-depends on its batch-mates' lengths (only the softmax's sum still runs over the padded frame).
+``dim``, then over the kept columns; the softmax's sum from the row's first kept column), not
+MKL's: results differ from the batched products and SDPA by rounding
+(``tests/engine/test_decode_kernels.py`` bounds it), and a row's result is the same bits
+whatever its batch-mates' lengths (the frame's padding).
 
 It is built once per source, compiler and CPU into ``<cache root>/kernels`` (``cc -O3
 -march=native -fopenmp -shared``, about a second) by :func:`prepare`, which the engine calls
@@ -119,12 +121,9 @@ def _load() -> ctypes.CDLL:
         _build(compiler, target)
     lib = ctypes.CDLL(str(target))
     f, i, p, lng = ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_long
-    lib.ap_decode_scores.argtypes = [p, p, lng, lng, lng, p, lng, p, lng, lng, lng, lng, lng,
-                                     f, i]
-    lib.ap_decode_scores.restype = None
-    lib.ap_decode_values.argtypes = [p, p, lng, lng, lng, p, lng, p, lng, lng, lng, lng, lng,
-                                     i]
-    lib.ap_decode_values.restype = None
+    lib.ap_decode_attention.argtypes = [p, p, lng, lng, lng, p, lng, lng, lng, p, lng, p,
+                                        lng, lng, lng, lng, lng, f, i]
+    lib.ap_decode_attention.restype = i
     lib.ap_linear_pack.argtypes = [p, lng, lng, p, lng]
     lib.ap_linear_pack.restype = None
     lib.ap_linear.argtypes = [p, lng, lng, lng, p, p, lng, p, lng, i]
@@ -232,15 +231,12 @@ def decode_attention(query: Any, key: Any, value: Any, keep: Any, scaling: float
         return None
     group = heads // kv_heads
     q = query.reshape(rows, kv_heads, group, dim).contiguous()
-    scores = torch.empty(rows, kv_heads, group, columns)
-    threads = torch.get_num_threads()
-    keep_ptr, keep_stride = (None, 0) if keep is None else (keep.data_ptr(), keep.stride(0))
-    lib.ap_decode_scores(q.data_ptr(), key.data_ptr(), key.stride(0), key.stride(1),
-                         key.stride(2), keep_ptr, keep_stride, scores.data_ptr(), rows,
-                         kv_heads, group, dim, columns, scaling, threads)
-    probs = torch.softmax(scores, dim=-1)
     out = torch.empty(rows, kv_heads, group, dim)
-    lib.ap_decode_values(probs.data_ptr(), value.data_ptr(), value.stride(0), value.stride(1),
-                         value.stride(2), keep_ptr, keep_stride, out.data_ptr(), rows,
-                         kv_heads, group, dim, columns, threads)
+    keep_ptr, keep_stride = (None, 0) if keep is None else (keep.data_ptr(), keep.stride(0))
+    if lib.ap_decode_attention(q.data_ptr(), key.data_ptr(), key.stride(0), key.stride(1),
+                               key.stride(2), value.data_ptr(), value.stride(0),
+                               value.stride(1), value.stride(2), keep_ptr, keep_stride,
+                               out.data_ptr(), rows, kv_heads, group, dim, columns, scaling,
+                               torch.get_num_threads()):
+        return None  # (a thread's scores buffer could not be allocated)
     return out.view(rows, 1, heads, dim)

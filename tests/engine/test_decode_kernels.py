@@ -100,6 +100,34 @@ def test_no_mask_and_threads_give_the_same_result(kernel):
                                                                     0.125), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("dim", [64, 24])
+def test_a_rows_result_is_the_same_bits_whatever_its_batch_mates(kernel, dim):
+    """A row attended alone (no padding, no mask) and inside frames widened by longer
+    batch-mates (its columns left-padded by 1 to 700), at any place among them: the same
+    bits; and the kernel's own softmax gives SDPA's result within rounding for large and
+    spread scores too."""
+    gen = torch.Generator().manual_seed(3)
+    n, heads, kv_heads = 37, 8, 2
+    q = torch.randn(1, heads, 1, dim, generator=gen) * 4  # (scores spread wide: exp's range)
+    k = torch.randn(1, kv_heads, n, dim, generator=gen)
+    v = torch.randn(1, kv_heads, n, dim, generator=gen)
+    alone = decode_kernels.decode_attention(q, k, v, None, dim ** -0.5)
+    expected = sdpa_module.sdpa_attention_forward(_Module(heads // kv_heads), q, k, v, None)[0]
+    torch.testing.assert_close(alone, expected, **TOLERANCE)
+    for width, place, mates in ((n + 1, 0, 1), (n + 16, 1, 2), (n + 23, 2, 3), (700, 0, 4)):
+        rows = mates + 1
+        q_all = torch.randn(rows, heads, 1, dim, generator=gen)
+        k_all = torch.randn(rows, kv_heads, width, dim, generator=gen)
+        v_all = torch.randn(rows, kv_heads, width, dim, generator=gen)
+        keep = torch.ones(rows, width, dtype=torch.bool)
+        q_all[place] = q[0]
+        k_all[place, :, width - n:] = k[0]
+        v_all[place, :, width - n:] = v[0]
+        keep[place, :width - n] = False
+        out = decode_kernels.decode_attention(q_all, k_all, v_all, keep, dim ** -0.5)
+        assert torch.equal(out[place], alone[0]), (width, place)
+
+
 def test_what_it_does_not_take_goes_to_the_batched_products(kernel, monkeypatch):
     """A float (additive) mask, float64, a group past its limit: None from the kernel, and the
     engine's attention still gives SDPA's result."""

@@ -4,7 +4,8 @@ products of a float64 reference, for widths that are not whole panels, odd input
 biases, strided and 3-D inputs; each row's result the same bits whatever its batch-mates,
 its place among them and the threads; wider inputs go to the product it was given; and the
 lean decode step runs its products through it (logits within the bound of the model's own
-forward, the same greedy tokens)."""
+forward, the same greedy tokens), and with both kernels a row's logits in a decode step are
+the same bits alone and beside batch-mates of other lengths."""
 
 from __future__ import annotations
 
@@ -116,6 +117,7 @@ def test_the_lean_step_runs_its_products_through_it(lib, monkeypatch):
     step of rows of different lengths runs each layer's qkv, o, gate/up and down products
     and the head through the kernel; its logits are within the kernel's rounding bound of
     the model's own forward (which runs PyTorch's products), with the same greedy tokens."""
+    runner = llm("qwen2_5_vl").engine.runner  # (loaded first: its own step as it loads)
     monkeypatch.setattr(decode_kernels, "MIN_LINEAR_WEIGHT", 0)
     built: list = []
     real = decode_kernels.linear
@@ -132,7 +134,6 @@ def test_the_lean_step_runs_its_products_through_it(lib, monkeypatch):
         return counted
 
     monkeypatch.setattr(decode_kernels, "linear", spy)
-    runner = llm("qwen2_5_vl").engine.runner
     step = lean_decode.for_model(runner.model)
     layers = runner.model.config.get_text_config().num_hidden_layers
     monkeypatch.setattr(runner, "_lean_decode", step)
@@ -147,3 +148,50 @@ def test_the_lean_step_runs_its_products_through_it(lib, monkeypatch):
 
     for row in batch.rows:
         finish_row(row, "abort")
+
+
+@pytest.fixture(scope="module")
+def wide_heads(tmp_path_factory):
+    """The tiny Qwen2.5-VL with head_dim 32: every elementwise tensor of a step (rotary's
+    cos and sin over 3 x rows x 32, the MLP's 256 wide) a whole number of PyTorch's vector
+    loops, as in real models (with the tests' 16, rotary's last 16 values of a step fall in
+    the scalar tail of PyTorch's vectorized cos/sin or not, by the row count)."""
+    from engine import LLM
+    from engine.models.tiny import build_tiny
+
+    folder = tmp_path_factory.mktemp("wide") / "m"
+    build_tiny("qwen2_5_vl", folder, head_dim=32)
+    model = LLM(str(folder), enable_prefix_caching=False)  # (each prefill computed whole)
+    yield model
+    model.close()
+
+
+def test_with_both_kernels_a_decode_rows_logits_do_not_depend_on_its_batch_mates(
+        lib, monkeypatch, wide_heads):
+    """Each row prefilled alone and whole (its cache the same bits every time: no prefix cache,
+    whose hit would compute the prompt's last tokens apart), then one lean decode
+    step of the rows together (left-padded to the longest) and one of each row alone: the
+    same logits, bit for bit, on one thread and on two."""
+    from engine.executor.outputs import finish_row
+
+    monkeypatch.setattr(decode_kernels, "MIN_LINEAR_WEIGHT", 0)
+    runner = wide_heads.engine.runner
+    monkeypatch.setattr(runner, "_lean_decode", lean_decode.for_model(runner.model))
+    prompts = prompts_of("qwen2_5_vl")
+    threads = torch.get_num_threads()
+    batches = []
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            batches.append(running_batch(runner, prompts))
+            assert not bool(batches[-1].mask.all())  # (rows of different lengths: padding)
+            together = one_step_logits(runner, batches[-1], lean=True)
+            for i, prompt in enumerate(prompts):
+                batches.append(running_batch(runner, [prompt]))
+                alone = one_step_logits(runner, batches[-1], lean=True)
+                assert torch.equal(alone[0], together[i]), (t, i)
+    finally:
+        torch.set_num_threads(threads)
+        for batch in batches:
+            for row in batch.rows:
+                finish_row(row, "abort")

@@ -9,15 +9,22 @@
  *   k, v   element (r, h, c, t) at r*sr + h*sh + c*sc + t (t contiguous)
  *   keep   (rows, columns) bytes, row stride keep_sr; a column whose byte is 0 is not
  *          attended (its key and value are not read); NULL: every column is attended
- *   scores (rows, kv_heads, group, columns), contiguous: scale * q.k, -inf where not kept
- *   probs  the same shape (softmax of scores, by the caller)
- *   out    (rows, kv_heads, group, dim), contiguous: sum over kept columns of probs * v
+ *   out    (rows, kv_heads, group, dim), contiguous: the softmax over the kept columns of
+ *          scale * q.k, times v
+ *
+ * Per (row, head) pair, in a buffer of the thread's own: the scores (-inf where not kept),
+ * their softmax's weights (a vectorized exp), then the weighted sum of the values, scaled by
+ * one over the weights' sum at the end. Every sum runs over the row's own columns from its
+ * first kept one, in column order (the weights' sum in 16 lanes counted from that column):
+ * a row whose kept columns are its last ones (the running batch's left padding) gets the
+ * same bits whatever the frame's width, that is whatever its batch-mates.
  *
  * Work is split over (row, head) pairs on `threads` OpenMP threads (the process's own
  * OpenMP runtime: the library names libgomp.so.1, which torch has already loaded).
  */
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 #define MAX_GROUP 16
 #define MAX_DIM 256
@@ -122,20 +129,6 @@ static void scores_pair(const float *qp, const float *kp, long sc, const unsigne
     }
 }
 
-void ap_decode_scores(const float *q, const float *k, long sr, long sh, long sc,
-                      const unsigned char *keep, long keep_sr, float *scores,
-                      long rows, long heads, long group, long dim, long columns, float scale,
-                      int threads) {
-    long pairs = rows * heads;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (long p = 0; p < pairs; p++) {
-        long r = p / heads, h = p % heads;
-        scores_pair(q + p * group * dim, k + r * sr + h * sh, sc,
-                    keep ? keep + r * keep_sr : NULL, scores + p * group * columns, group, dim,
-                    columns, scale);
-    }
-}
-
 /* one (row, head) pair's output: each kept column's value, weighted by each query's
  * probability, added into the group's accumulators (vectors of 16 floats where the head size
  * is a multiple of 16) */
@@ -181,15 +174,90 @@ static void values_pair(const float *pp, const float *vp, long sc, const unsigne
             __builtin_memcpy(op + j * dim + 16 * t, &acc[j][t], sizeof(v16));
 }
 
-void ap_decode_values(const float *probs, const float *v, long sr, long sh, long sc,
-                      const unsigned char *keep, long keep_sr, float *out, long rows,
-                      long heads, long group, long dim, long columns, int threads) {
-    long pairs = rows * heads;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (long p = 0; p < pairs; p++) {
-        long r = p / heads, h = p % heads;
-        values_pair(probs + p * group * columns, v + r * sr + h * sh, sc,
-                    keep ? keep + r * keep_sr : NULL, out + p * group * dim, group, dim,
-                    columns);
+typedef int i16 __attribute__((vector_size(64), aligned(4)));
+
+/* e^x, lanewise, for x <= 0 (Cephes' expf: x = n ln 2 + r, a degree-6 polynomial in r,
+ * times 2^n; within 2 units in the last place). Below -87 it is 2^-126 times about 1. */
+static inline v16 exp16(v16 x) {
+    const v16 low = (v16){0} - 87.0f;
+    i16 under = x < low;
+    x = (v16)(((i16)x & ~under) | ((i16)low & under));
+    /* n = round(x / ln 2): adding and taking away 1.5 * 2^23 rounds to an integer */
+    v16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    v16 r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    v16 p = (v16){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    i16 bits = (__builtin_convertvector(n, i16) + 127) << 23;
+    return p * (v16)bits;
+}
+
+/* each group row's scores into softmax weights (not divided by their sum: inv gets one over
+ * it); from the row's first kept column, 16 at a time, the last ones padded with -inf */
+static void softmax_pair(float *sp, const unsigned char *kr, long group, long columns,
+                         float *inv) {
+    long c0 = 0;
+    if (kr)
+        while (c0 < columns && !kr[c0])
+            c0++;
+    for (long j = 0; j < group; j++) {
+        float *s = sp + j * columns, m = -INFINITY;
+        for (long c = c0; c < columns; c++)
+            m = s[c] > m ? s[c] : m;
+        if (m == -INFINITY) { /* nothing kept: no weights */
+            for (long c = 0; c < columns; c++)
+                s[c] = 0.0f;
+            inv[j] = 0.0f;
+            continue;
+        }
+        v16 acc = {0}, top = (v16){0} + m, none = (v16){0} - INFINITY;
+        for (long c = c0; c < columns; c += 16) {
+            long n = columns - c < 16 ? columns - c : 16;
+            v16 x = none;
+            __builtin_memcpy(&x, s + c, sizeof(float) * n);
+            i16 kept = x > none;
+            v16 e = (v16)((i16)exp16(x - top) & kept);
+            __builtin_memcpy(s + c, &e, sizeof(float) * n);
+            acc += e;
+        }
+        inv[j] = 1.0f / lanes_sum(acc);
     }
+}
+
+/* returns 0, or -1 where a thread's buffer could not be had (out is then not written) */
+int ap_decode_attention(const float *q, const float *k, long ksr, long ksh, long ksc,
+                        const float *v, long vsr, long vsh, long vsc,
+                        const unsigned char *keep, long keep_sr, float *out, long rows,
+                        long heads, long group, long dim, long columns, float scale,
+                        int threads) {
+    long pairs = rows * heads;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
+    {
+        float *buf = malloc(sizeof(float) * group * columns);
+        if (!buf)
+            failed = 1;
+#pragma omp for schedule(static)
+        for (long p = 0; p < pairs; p++) {
+            if (!buf)
+                continue;
+            long r = p / heads, h = p % heads;
+            const unsigned char *kr = keep ? keep + r * keep_sr : NULL;
+            float inv[MAX_GROUP], *op = out + p * group * dim;
+            scores_pair(q + p * group * dim, k + r * ksr + h * ksh, ksc, kr, buf, group, dim,
+                        columns, scale);
+            softmax_pair(buf, kr, group, columns, inv);
+            values_pair(buf, v + r * vsr + h * vsh, vsc, kr, op, group, dim, columns);
+            for (long j = 0; j < group; j++)
+                for (long t = 0; t < dim; t++)
+                    op[j * dim + t] *= inv[j];
+        }
+        free(buf);
+    }
+    return failed ? -1 : 0;
 }
