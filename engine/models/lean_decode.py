@@ -250,4 +250,8 @@ def _eager(text: Any, layers: list[Any], head: Any, fused: list[_Fused | None]) 
             h = h + downs[i](mlp.act_fn(gate) * up)
         return last(_rms(final_norm, h)[:, -1, :])
 
+    products = [*outs, *downs, last, *(p for f in fused if f is not None
+                                       for p in (f._qkv, f._gate_up))]
+    #: how many of the step's products run through the linear kernel (bench decode-step)
+    step.kernel_products = sum(hasattr(p, "panels") for p in products)  # type: ignore[attr-defined]
     return step

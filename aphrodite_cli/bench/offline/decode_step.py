@@ -233,6 +233,8 @@ def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: 
         doc = {"model": llms["none"].loaded.name, "num_threads": num_threads,
                "decode_path": runner.decode_path,
                "decode_attention": "kernel" if decode_kernels.library() else "batched products",
+               "decode_linear_kernel_products": getattr(runner._lean_decode,
+                                                        "kernel_products", 0),
                "warmups": warmups, "repeats": repeats,
                "parameters": sum(p.numel() for p in runner.model.parameters()),
                "bandwidth": {"gb_s": bandwidth, "read_bytes": nbytes,
