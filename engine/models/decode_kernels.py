@@ -58,7 +58,9 @@ logger = logging.getLogger(__name__)
 
 #: the C sources, built into one library
 SOURCES = tuple(Path(__file__).with_name("csrc") / name
-                for name in ("decode_attention.c", "decode_linear.c"))
+                for name in ("decode_attention.c", "decode_linear.c", "decode_ops.c"))
+#: the headers they include (part of the build's key)
+HEADERS = (Path(__file__).with_name("csrc") / "vec.h",)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 #: on x86, the widest vectors the processor has (GCC uses 256 bits on some AVX-512 ones)
 X86_FLAGS = ("-mprefer-vector-width=512",)
@@ -114,7 +116,8 @@ def _load() -> ctypes.CDLL:
         raise FileNotFoundError(f"no C compiler found (tried {', '.join(COMPILERS)})")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              timeout=30).stdout
-    key = hashlib.sha256("\0".join([*(s.read_text() for s in SOURCES), " ".join(_flags()),
+    key = hashlib.sha256("\0".join([*(s.read_text() for s in (*SOURCES, *HEADERS)),
+                                    " ".join(_flags()),
                                     version, _cpu_flags()]).encode()).hexdigest()[:16]
     target = paths.cache_root() / "kernels" / f"decode_kernels-{key}.so"
     if not target.exists():
@@ -129,6 +132,12 @@ def _load() -> ctypes.CDLL:
     lib.ap_linear.argtypes = [p, lng, lng, lng, p, p, lng, p, lng, i]
     lib.ap_linear.restype = None
     lib.ap_linear_group_columns.restype = lng
+    lib.ap_add_rms.argtypes = [p, p, p, f, p, lng, lng]
+    lib.ap_add_rms.restype = None
+    lib.ap_rotate_qk.argtypes = [p, lng, p, p, p, p, lng, lng, lng, lng]
+    lib.ap_rotate_qk.restype = None
+    lib.ap_silu_mul.argtypes = [p, p, lng, lng]
+    lib.ap_silu_mul.restype = None
     lib.group_columns = lib.ap_linear_group_columns()
     group, dim = ctypes.c_int(), ctypes.c_int()
     lib.ap_decode_limits(ctypes.byref(group), ctypes.byref(dim))
@@ -240,3 +249,43 @@ def decode_attention(query: Any, key: Any, value: Any, keep: Any, scaling: float
                                torch.get_num_threads()):
         return None  # (a thread's scores buffer could not be allocated)
     return out.view(rows, 1, heads, dim)
+
+
+def ops() -> ctypes.CDLL | None:
+    """The library for the small operations between a step's products (``csrc/decode_ops.c``:
+    :func:`add_rms`, :func:`rotate_qk`, :func:`silu_mul`), loaded and on with the linear
+    kernel (``APHRODITE_DECODE_LINEAR_KERNEL``); None otherwise."""
+    return _state.get("lib") if envs.APHRODITE_DECODE_LINEAR_KERNEL else None
+
+
+def add_rms(lib: ctypes.CDLL, h: Any, delta: Any, weight: Any, eps: float, out: Any) -> None:
+    """``h += delta`` (None: nothing), then ``out = weight * RMSNorm(h)`` (transformers'
+    Qwen2/Llama RMSNorm in float32): ``h``, ``delta``, ``out`` contiguous ``(rows, n)``
+    float32, ``weight`` ``(n,)``."""
+    lib.ap_add_rms(h.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(),
+                   eps, out.data_ptr(), h.shape[0], h.shape[1])
+
+
+def rotate_qk(lib: ctypes.CDLL, qkv: Any, cos: Any, sin: Any, heads: int, kv_heads: int,
+              dim: int) -> tuple[Any, Any]:
+    """The query and key heads of the fused product's rows ``qkv`` (``(rows, ...)``, last
+    dimension contiguous) rotated by ``cos``/``sin`` (contiguous ``(rows, dim)``), as
+    ``(rows, heads, 1, dim)`` and ``(rows, kv_heads, 1, dim)``."""
+    import torch
+
+    rows = qkv.shape[0]
+    q = torch.empty(rows, heads, 1, dim)
+    k = torch.empty(rows, kv_heads, 1, dim)
+    lib.ap_rotate_qk(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(),
+                     q.data_ptr(), k.data_ptr(), rows, heads, kv_heads, dim)
+    return q, k
+
+
+def silu_mul(lib: ctypes.CDLL, gate_up: Any) -> Any:
+    """``silu(gate) * up`` of contiguous ``(rows, 2 * width)`` rows: ``(rows, width)``."""
+    import torch
+
+    rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(rows, width)
+    lib.ap_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, width)
+    return out

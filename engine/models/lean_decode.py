@@ -205,7 +205,7 @@ def _step(text: Any, layers: list[Any], head: Any, compile_rows: int | None = No
              else None for layer in layers]
     step = _eager(text, layers, head, fused)
     if compile_rows is None:
-        return step
+        return _with_kernels(text, layers, fused, step) or step
     from engine.models import lean_compile
 
     why = lean_compile.eligible(text, layers, fused, head)
@@ -254,4 +254,65 @@ def _eager(text: Any, layers: list[Any], head: Any, fused: list[_Fused | None]) 
                                        for p in (f._qkv, f._gate_up))]
     #: how many of the step's products run through the linear kernel (bench decode-step)
     step.kernel_products = sum(hasattr(p, "panels") for p in products)  # type: ignore[attr-defined]
+    step.products = (outs, downs, last)  # type: ignore[attr-defined]
+    return step
+
+
+def _with_kernels(text: Any, layers: list[Any], fused: list[_Fused | None], eager: Any
+                  ) -> Step | None:
+    """The step with the small operations between its products in the engine's C kernels
+    too (:func:`engine.models.decode_kernels.ops`: the residual add with the next RMS norm,
+    the rotary embedding of q and k, SiLU(gate) * up), where every product of ``eager``
+    runs through the linear kernel (float32 weights, so float32 hidden states) and the
+    layers are the plain SiLU decoder with one RMS epsilon; None elsewhere. A step whose
+    rotary tables are not one ``(rows, dim)`` table each (none known) runs ``eager``."""
+    import torch
+
+    lib = decode_kernels.ops()
+    eps = {getattr(n, "variance_epsilon", None) for layer in layers
+           for n in (layer.input_layernorm, layer.post_attention_layernorm)}
+    eps.add(getattr(text.norm, "variance_epsilon", None))
+    if lib is None or eager.kernel_products != 4 * len(layers) + 1 or \
+            any(f is None for f in fused) or len(eps) != 1 or None in eps or \
+            getattr(text.config, "hidden_act", None) != "silu":
+        return None
+    eps_value = float(next(iter(eps)))
+    embed, rotary = text.embed_tokens, text.rotary_emb
+    attn0 = layers[0].self_attn
+    dim = attn0.head_dim
+    heads, kv_heads = fused[0].splits[0] // dim, fused[0].splits[1] // dim
+    outs, downs, last = eager.products
+    before = [layer.input_layernorm.weight.detach() for layer in layers]
+    after = [layer.post_attention_layernorm.weight.detach() for layer in layers]
+    final = text.norm.weight.detach()
+    qk = heads * dim + kv_heads * dim
+
+    def step(ids: Any, mask: Any, positions: Any, cache: Any) -> Any:
+        rows = ids.shape[0]
+        h = embed.forward(ids)
+        cos, sin = rotary(h, positions)
+        if cos.numel() != rows * dim:
+            return eager(ids, mask, positions, cache)
+        h = h.reshape(rows, -1).contiguous()
+        cos, sin = cos.reshape(rows, dim).contiguous(), sin.reshape(rows, dim).contiguous()
+        frame = mask.bool()[:, None, None, :]  # what attention.mask gives a decode step
+        x = torch.empty_like(h)
+        decode_kernels.add_rms(lib, h, None, before[0], eps_value, x)
+        for i, layer in enumerate(layers):
+            attn, both = layer.self_attn, fused[i]
+            qkv = both._qkv(x)
+            q, k = decode_kernels.rotate_qk(lib, qkv, cos, sin, heads, kv_heads, dim)
+            v = qkv[:, qk:].view(rows, kv_heads, 1, dim)
+            k, v = cache.update(k, v, i)
+            out, _ = attention.attention(attn, q, k, v, frame, scaling=attn.scaling)
+            decode_kernels.add_rms(lib, h, outs[i](out.reshape(rows, -1)), after[i],
+                                   eps_value, x)
+            act = decode_kernels.silu_mul(lib, both._gate_up(x))
+            decode_kernels.add_rms(lib, h, downs[i](act),
+                                   before[i + 1] if i + 1 < len(layers) else final,
+                                   eps_value, x)
+        return last(x)
+
+    step.kernel_products = eager.kernel_products  # type: ignore[attr-defined]
+    step.eager = eager  # type: ignore[attr-defined]
     return step

@@ -144,6 +144,7 @@ def test_the_lean_step_runs_its_products_through_it(lib, monkeypatch):
     own = one_step_logits(runner, batch, lean=False)
     assert built == [rows] * (4 * layers + 1)
     assert step.kernel_products == 4 * layers + 1  # (what bench decode-step reports)
+    assert step.eager is not None  # (and the operations between them in the C kernels)
     assert torch.equal(lean.argmax(-1), own.argmax(-1))
     torch.testing.assert_close(lean, own, atol=1e-5, rtol=1e-4)
     from engine.executor.outputs import finish_row

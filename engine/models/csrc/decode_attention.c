@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+#include "vec.h"
+
 #define MAX_GROUP 16
 #define MAX_DIM 256
 
@@ -35,26 +37,9 @@ int ap_decode_limits(int *max_group, int *max_dim) {
     return 1;
 }
 
-/* one (row, head) pair's scores. A dot product runs on vectors of 16 floats (GCC's and
- * clang's vector extensions: the compiler picks the registers the target has) and adds the
- * 16 lanes by halving at the end; a head size that is not a multiple of 16 takes the plain
- * loop. */
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-typedef float v8 __attribute__((vector_size(32), aligned(4)));
-typedef float v4 __attribute__((vector_size(16), aligned(4)));
-
-static inline float lanes_sum(v16 a) {
-    v8 lo, hi;
-    __builtin_memcpy(&lo, &a, sizeof lo);
-    __builtin_memcpy(&hi, (const char *)&a + sizeof lo, sizeof hi);
-    v8 b = lo + hi;
-    v4 c, d;
-    __builtin_memcpy(&c, &b, sizeof c);
-    __builtin_memcpy(&d, (const char *)&b + sizeof c, sizeof d);
-    v4 e = c + d;
-    return (e[0] + e[2]) + (e[1] + e[3]);
-}
-
+/* one (row, head) pair's scores. A dot product runs on vectors of 16 floats (see vec.h)
+ * and adds the 16 lanes by halving at the end; a head size that is not a multiple of 16
+ * takes the plain loop. */
 /* column c's scores (-inf where it is not kept) */
 #define SCORES_COLUMN(DIM, c)                                                                \
     if (kr && !kr[c]) {                                                                      \
@@ -172,29 +157,6 @@ static void values_pair(const float *pp, const float *vp, long sc, const unsigne
     for (long j = 0; j < group; j++)
         for (long t = 0; t < dim / 16; t++)
             __builtin_memcpy(op + j * dim + 16 * t, &acc[j][t], sizeof(v16));
-}
-
-typedef int i16 __attribute__((vector_size(64), aligned(4)));
-
-/* e^x, lanewise, for x <= 0 (Cephes' expf: x = n ln 2 + r, a degree-6 polynomial in r,
- * times 2^n; within 2 units in the last place). Below -87 it is 2^-126 times about 1. */
-static inline v16 exp16(v16 x) {
-    const v16 low = (v16){0} - 87.0f;
-    i16 under = x < low;
-    x = (v16)(((i16)x & ~under) | ((i16)low & under));
-    /* n = round(x / ln 2): adding and taking away 1.5 * 2^23 rounds to an integer */
-    v16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    v16 r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    v16 p = (v16){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    i16 bits = (__builtin_convertvector(n, i16) + 127) << 23;
-    return p * (v16)bits;
 }
 
 /* each group row's scores into softmax weights (not divided by their sum: inv gets one over

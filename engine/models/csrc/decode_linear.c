@@ -32,7 +32,7 @@
 #define PANEL 16
 #define PREFETCH 512
 
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
+#include "vec.h"
 
 long ap_linear_group_columns(void) { return GROUP * PANEL; }
 
