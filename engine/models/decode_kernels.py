@@ -9,7 +9,8 @@ machines the score product ran at 5.6 GB/s of keys where a plain read of the sam
 14 GB/s (``scripts/attention_bench.py``). The kernel here (``csrc/decode_attention.c``) reads
 each kept column's key and value once, straight from the cache's buffers (any row, head and
 column strides), and never reads a padding column (the rows' padding mask says which), so a
-batch of rows of different lengths reads only what they use. Each (row, head) pair's scores,
+batch of rows of different lengths reads only what they use, each key and value prefetched 8
+columns ahead. Each (row, head) pair's scores,
 their softmax (a vectorized exp of its own, Cephes' polynomial, within 2 units in the last
 place) and the weighted values run one after the other in a buffer of the thread's own.
 
