@@ -161,10 +161,11 @@ _DECLARED: tuple[EnvVar, ...] = (
            "two batched products.",
            "bool"),
     EnvVar("APHRODITE_DECODE_LINEAR_KERNEL", True, _bool,
-           "Run a CPU decode step's float32 linear products through the engine's own C kernel "
-           "(built with the attention kernel), over a copy of each weight packed at load "
-           "into panels it streams at the memory's speed; 0 (or no compiler) runs oneDNN's or "
-           "PyTorch's products.",
+           "Run a CPU decode step's float32 linear products, and the small operations "
+           "between them, through the engine's own C kernels (built with the attention "
+           "kernel), over a copy of each weight packed at load into panels streamed at the "
+           "memory's speed (memory: one more copy of the output, down and head weights); 0 "
+           "(or no compiler) runs oneDNN's or PyTorch's products.",
            "bool"),
     EnvVar("APHRODITE_VIDEO_LOADER_BACKEND", "opencv", _video_backend,
            f"Default video decoder: one of {', '.join(VIDEO_BACKENDS)}.", "name"),

@@ -26,7 +26,12 @@ is then not made, unless ``--max-num-seqs`` exceeds the kernel's rows or ``--com
 needs it): 1.26x less time a step of 8 rows of the 150 M-parameter model. Its sums are
 ordered differently from PyTorch's, so then the logits are within rounding of the model's
 forward, not its bits (``tests/engine/test_decode_linear.py``); the tiny test models'
-weights are under its minimum, and there the bit-for-bit test holds.
+weights are under its minimum, and there the bit-for-bit test holds. Where every product of
+the step runs through it, the small operations between them do too
+(:func:`_with_kernels`: the residual add with the next RMS norm, the rotation of q and k,
+SiLU(gate) * up, each one C call for all the rows instead of several PyTorch calls over cold
+memory): the 43 M-parameter model's step of 4 rows 17.9 -> 14.1 ms. With both kernels, a
+row's logits are the same bits whatever its batch-mates (tested).
 With ``--quantization int8`` the layers hold int8 rows and a scale per row
 (:mod:`engine.models.int8_linear`); they are fused the same way (rows and scales
 concatenated) and multiplied by that module's product.
