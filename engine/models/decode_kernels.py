@@ -100,15 +100,37 @@ def _flags() -> tuple[str, ...]:
 
 
 def _build(compiler: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Build into ``target``; where the compiler has no OpenMP (Apple's clang, a clang
+    without libomp) build again without it (the kernels then run on one thread). Stale
+    libraries of other keys beside it are removed (a process that loaded one keeps its
+    mapping)."""
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *_flags(), "-o", tmp, *map(str, SOURCES), "-lm"], check=True,
-                       capture_output=True, timeout=BUILD_TIMEOUT_S)
+        command = [compiler, *_flags(), "-o", tmp, *map(str, SOURCES), "-lm"]
+        try:
+            subprocess.run(command, check=True, capture_output=True, timeout=BUILD_TIMEOUT_S)
+        except subprocess.CalledProcessError:
+            serial = [c for c in command if c != "-fopenmp"]
+            subprocess.run(serial, check=True, capture_output=True, timeout=BUILD_TIMEOUT_S)
+            logger.warning("decode kernels built without OpenMP (%s has none): they run on "
+                           "one thread", compiler)
         os.replace(tmp, target)  # (atomic: another process may build the same one)
     finally:
         Path(tmp).unlink(missing_ok=True)
+    for old in [*target.parent.glob("decode_kernels-*.so"),
+                *target.parent.glob("decode_attention-*.so")]:
+        if old != target:
+            old.unlink(missing_ok=True)
+
+
+def _private(path: Path) -> bool:
+    """Whether ``path`` (the library, its folder) is this user's and no one else may write
+    it: a library others could replace would run inside the engine."""
+    info = path.stat()
+    return (not hasattr(os, "getuid") or info.st_uid == os.getuid()) and \
+        not info.st_mode & 0o022
 
 
 def _load() -> ctypes.CDLL:
@@ -123,6 +145,10 @@ def _load() -> ctypes.CDLL:
     target = paths.cache_root() / "kernels" / f"decode_kernels-{key}.so"
     if not target.exists():
         _build(compiler, target)
+    if not (_private(target) and _private(target.parent)):
+        raise PermissionError(f"{target} or its folder is not this user's alone (others may "
+                              "write it): not loaded; set APHRODITE_CACHE_ROOT to a private "
+                              "folder")
     lib = ctypes.CDLL(str(target))
     f, i, p, lng = ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_long
     lib.ap_decode_attention.argtypes = [p, p, lng, lng, lng, p, lng, lng, lng, p, lng, p,
@@ -194,27 +220,28 @@ def linear(weight: Any, bias: Any, wider: Callable[[Any], Any] | None = None
     padded = -(-n // width) * width
     with torch.no_grad():
         w = weight.detach().contiguous()
-        panels = torch.empty(padded * k)
+        panels = torch.empty(padded * k, dtype=torch.float32)
         lib.ap_linear_pack(w.data_ptr(), n, k, panels.data_ptr(), padded)
         padded_bias = None
         if bias is not None:
-            padded_bias = torch.zeros(padded)
+            padded_bias = torch.zeros(padded, dtype=torch.float32)
             padded_bias[:n] = bias.detach()
-    bias_ptr = None if padded_bias is None else padded_bias.data_ptr()
     run = lib.ap_linear
     other = wider or (lambda x: F.linear(x, weight, bias))
 
     def product(x: Any) -> Any:
         rows = x.numel() // k if x.dim() and x.shape[-1] == k else 0
         if rows == 0 or rows > MAX_LINEAR_ROWS or x.dtype != torch.float32 or \
-                x.requires_grad or x.device.type != "cpu":
+                x.device.type != "cpu" or (torch.is_grad_enabled() and (
+                    x.requires_grad or weight.requires_grad)):
             return other(x)
         flat = x.reshape(rows, k)
         if flat.stride(-1) != 1:
             flat = flat.contiguous()
-        out = torch.empty(*x.shape[:-1], n)
-        run(flat.data_ptr(), rows, flat.stride(0), k, panels.data_ptr(), bias_ptr, n,
-            out.data_ptr(), n, torch.get_num_threads())
+        out = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+        run(flat.data_ptr(), rows, flat.stride(0), k, panels.data_ptr(),
+            None if padded_bias is None else padded_bias.data_ptr(), n, out.data_ptr(), n,
+            torch.get_num_threads())
         return out
 
     product.panels = panels  # type: ignore[attr-defined]  # (kept alive with the product)
@@ -235,13 +262,16 @@ def decode_attention(query: Any, key: Any, value: Any, keep: Any, scaling: float
     rows, heads, _, dim = query.shape
     kv_heads, columns = key.shape[1], key.shape[2]
     if lib is None or heads % kv_heads or heads // kv_heads > lib.max_group or \
-            dim > lib.max_dim or not all(t.dtype == torch.float32 and t.stride(-1) == 1
-                                         for t in (query, key, value)) or \
-            (keep is not None and (keep.dtype != torch.bool or keep.stride(-1) != 1)):
+            dim > lib.max_dim or not all(t.dtype == torch.float32 and t.stride(-1) == 1 and
+                                         t.device.type == "cpu" for t in (query, key, value)) \
+            or tuple(key.shape) != (rows, kv_heads, columns, dim) or \
+            tuple(value.shape) != tuple(key.shape) or \
+            (keep is not None and (keep.dtype != torch.bool or keep.stride(-1) != 1 or
+                                   tuple(keep.shape) != (rows, columns))):
         return None
     group = heads // kv_heads
     q = query.reshape(rows, kv_heads, group, dim).contiguous()
-    out = torch.empty(rows, kv_heads, group, dim)
+    out = torch.empty(rows, kv_heads, group, dim, dtype=torch.float32)
     keep_ptr, keep_stride = (None, 0) if keep is None else (keep.data_ptr(), keep.stride(0))
     if lib.ap_decode_attention(q.data_ptr(), key.data_ptr(), key.stride(0), key.stride(1),
                                key.stride(2), value.data_ptr(), value.stride(0),
@@ -263,8 +293,23 @@ def add_rms(lib: ctypes.CDLL, h: Any, delta: Any, weight: Any, eps: float, out: 
     """``h += delta`` (None: nothing), then ``out = weight * RMSNorm(h)`` (transformers'
     Qwen2/Llama RMSNorm in float32): ``h``, ``delta``, ``out`` contiguous ``(rows, n)``
     float32, ``weight`` ``(n,)``."""
+    _require(h.dim() == 2 and _plain32(h) and _plain32(out) and out.shape == h.shape and
+             _plain32(weight) and weight.numel() == h.shape[1] and
+             (delta is None or (_plain32(delta) and delta.shape == h.shape)), "add_rms")
     lib.ap_add_rms(h.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(),
                    eps, out.data_ptr(), h.shape[0], h.shape[1])
+
+
+def _plain32(t: Any) -> bool:
+    import torch
+
+    return t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(f"decode kernel {what}: its tensors are not the contiguous float32 "
+                         "CPU tensors of matching shapes it needs")
 
 
 def rotate_qk(lib: ctypes.CDLL, qkv: Any, cos: Any, sin: Any, heads: int, kv_heads: int,
@@ -275,8 +320,11 @@ def rotate_qk(lib: ctypes.CDLL, qkv: Any, cos: Any, sin: Any, heads: int, kv_hea
     import torch
 
     rows = qkv.shape[0]
-    q = torch.empty(rows, heads, 1, dim)
-    k = torch.empty(rows, kv_heads, 1, dim)
+    _require(qkv.dim() == 2 and qkv.dtype == torch.float32 and qkv.stride(-1) == 1 and
+             qkv.shape[1] >= (heads + kv_heads) * dim and _plain32(cos) and _plain32(sin) and
+             cos.shape == sin.shape == (rows, dim), "rotate_qk")
+    q = torch.empty(rows, heads, 1, dim, dtype=torch.float32)
+    k = torch.empty(rows, kv_heads, 1, dim, dtype=torch.float32)
     lib.ap_rotate_qk(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(),
                      q.data_ptr(), k.data_ptr(), rows, heads, kv_heads, dim)
     return q, k
@@ -286,7 +334,9 @@ def silu_mul(lib: ctypes.CDLL, gate_up: Any) -> Any:
     """``silu(gate) * up`` of contiguous ``(rows, 2 * width)`` rows: ``(rows, width)``."""
     import torch
 
+    _require(gate_up.dim() == 2 and _plain32(gate_up) and gate_up.shape[1] % 2 == 0,
+             "silu_mul")
     rows, width = gate_up.shape[0], gate_up.shape[1] // 2
-    out = torch.empty(rows, width)
+    out = torch.empty(rows, width, dtype=torch.float32)
     lib.ap_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, width)
     return out

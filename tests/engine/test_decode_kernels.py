@@ -202,3 +202,131 @@ def test_turned_off_it_is_not_built(monkeypatch, tmp_path):
     monkeypatch.setenv("APHRODITE_DECODE_ATTENTION_KERNEL", "1")
     assert decode_kernels.library() is not None
     assert decode_kernels.linear(torch.randn(512, 256), None) is None
+
+
+def test_a_nan_score_makes_its_row_nan_as_torchs_softmax_does(kernel):
+    """A NaN in one kept key: that row's heads over it are NaN (SDPA's result), the other
+    rows are untouched; a padding column's NaN (never read) changes nothing."""
+    q, k, v, mask = _frame([30, 40], 8, 2, 64)
+    k[0, 0, -3] = float("nan")
+    out = decode_kernels.decode_attention(q, k, v, mask[:, 0, 0, :], 0.125)
+    expected = sdpa_module.sdpa_attention_forward(_Module(4), q, k, v, mask, scaling=0.125)[0]
+    assert out[0, :, :4].isnan().all() and not out[0, :, 4:].isnan().any()
+    assert expected[0, :, :4].isnan().all()
+    torch.testing.assert_close(out[1], expected[1], **TOLERANCE)
+
+
+def test_shapes_that_do_not_agree_are_not_taken(kernel):
+    """Values of another head size than the keys (DeepSeek's MLA outside flash attention),
+    keys of another row count, a mask of another width: None (the batched products or SDPA
+    run), never a read past a tensor."""
+    q, k, v, mask = _frame([20, 20], 8, 2, 32)
+    keep = mask[:, 0, 0, :]
+    assert decode_kernels.decode_attention(q, k, v[..., :16], keep, 0.1) is None
+    assert decode_kernels.decode_attention(q, k[:1], v[:1], keep, 0.1) is None
+    assert decode_kernels.decode_attention(q, k, v, keep[:, 1:], 0.1) is None
+    assert decode_kernels.decode_attention(q, k, v, keep, 0.1) is not None
+
+
+def test_its_outputs_are_float32_whatever_torchs_default_dtype(kernel):
+    """The buffers the kernels write are float32 even when torch's default dtype is another
+    (transformers sets it while it loads a model): the results, not a write past a half-size
+    buffer."""
+    q, k, v, mask = _frame([20, 25], 8, 2, 32)
+    weight = torch.randn(300, 256)
+    x = torch.randn(3, 256)
+    before = torch.get_default_dtype()
+    product = decode_kernels.linear(weight, None)
+    expected = decode_kernels.decode_attention(q, k, v, mask[:, 0, 0, :], 0.1)
+    try:
+        torch.set_default_dtype(torch.float64)
+        out = decode_kernels.decode_attention(q, k, v, mask[:, 0, 0, :], 0.1)
+        y = product(x)
+    finally:
+        torch.set_default_dtype(before)
+    assert out.dtype == torch.float32 and torch.equal(out, expected)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, x @ weight.T, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("n", [37, 64, 130])
+def test_the_small_operations_match_pytorchs(kernel, n):
+    """The residual add with the RMS norm, the rotation of q and k, SiLU(gate) * up against
+    the same PyTorch operations the model runs, at widths with and without a partial vector
+    (the scalar tails); a wrong tensor is refused."""
+    from engine.models.lean_decode import _rms
+    from engine.models.rotary import rotate
+
+    gen = torch.Generator().manual_seed(n)
+    rows = 3
+    h, delta = torch.randn(rows, n, generator=gen), torch.randn(rows, n, generator=gen)
+    norm = torch.nn.Module()
+    norm.weight, norm.variance_epsilon = torch.randn(n, generator=gen), 1e-6
+    expected_h = h + delta
+    x = torch.empty_like(h)
+    decode_kernels.add_rms(kernel, h, delta, norm.weight, 1e-6, x)
+    assert torch.equal(h, expected_h)
+    torch.testing.assert_close(x, _rms(norm, expected_h), atol=1e-6, rtol=1e-5)
+
+    heads, kv_heads, dim = 4, 2, 16 if n < 100 else 32
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim + 5, generator=gen)[:, 5:]
+    cos, sin = torch.randn(rows, dim, generator=gen), torch.randn(rows, dim, generator=gen)
+    q, k = decode_kernels.rotate_qk(kernel, qkv, cos, sin, heads, kv_heads, dim)
+    want_q = rotate(qkv[:, :heads * dim].reshape(rows, heads, 1, dim), cos[:, None, None],
+                    sin[:, None, None])
+    want_k = rotate(qkv[:, heads * dim:(heads + kv_heads) * dim].reshape(rows, kv_heads, 1, dim),
+                    cos[:, None, None], sin[:, None, None])
+    torch.testing.assert_close(q, want_q, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(k, want_k, atol=1e-6, rtol=1e-6)
+
+    gate_up = torch.randn(rows, 2 * n, generator=gen) * 8
+    act = decode_kernels.silu_mul(kernel, gate_up)
+    torch.testing.assert_close(act, torch.nn.functional.silu(gate_up[:, :n]) * gate_up[:, n:],
+                               atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="add_rms"):
+        decode_kernels.add_rms(kernel, h, delta[:, :-1], norm.weight, 1e-6, x)
+    with pytest.raises(ValueError, match="silu_mul"):
+        decode_kernels.silu_mul(kernel, gate_up.double())
+
+
+def test_a_library_others_may_write_is_not_loaded(monkeypatch, tmp_path, caplog):
+    """A kernels folder others may write (a shared cache root): the library is not loaded,
+    the log says why and names the setting; a private one loads."""
+    shared = tmp_path / "shared"
+    monkeypatch.setenv("APHRODITE_CACHE_ROOT", str(shared))
+    monkeypatch.setattr(decode_kernels, "_state", {})
+    assert decode_kernels.prepare() is not None
+    (shared / "kernels").chmod(0o777)
+    monkeypatch.setattr(decode_kernels, "_state", {})
+    with caplog.at_level(logging.WARNING, logger=decode_kernels.__name__):
+        assert decode_kernels.prepare() is None
+    assert "APHRODITE_CACHE_ROOT" in caplog.text
+
+
+def test_a_compiler_without_openmp_still_builds_them(monkeypatch, tmp_path, caplog):
+    """A compiler that refuses -fopenmp (Apple's clang): built again without it, loaded,
+    logged, older builds beside it removed; the results are the same."""
+    import shutil
+
+    real = shutil.which("cc") or shutil.which("gcc")
+    fake = tmp_path / "bin" / "cc"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && '
+                    f'{{ echo "unsupported option -fopenmp" >&2; exit 1; }}; done\n'
+                    f'exec {real} "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{__import__('os').environ['PATH']}")
+    monkeypatch.setattr(decode_kernels, "COMPILERS", ("cc",))
+    monkeypatch.setenv("APHRODITE_CACHE_ROOT", str(tmp_path / "cache"))
+    stale = tmp_path / "cache" / "kernels" / "decode_attention-0123456789abcdef.so"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"an older build")
+    monkeypatch.setattr(decode_kernels, "_state", {})
+    with caplog.at_level(logging.WARNING, logger=decode_kernels.__name__):
+        assert decode_kernels.prepare() is not None
+    assert "without OpenMP" in caplog.text
+    assert not stale.exists()  # (an older build beside it is removed)
+    q, k, v, mask = _frame([30, 40], 8, 2, 64)
+    expected = sdpa_module.sdpa_attention_forward(_Module(4), q, k, v, mask, scaling=0.125)[0]
+    torch.testing.assert_close(decode_kernels.decode_attention(q, k, v, mask[:, 0, 0, :], 0.125),
+                               expected, **TOLERANCE)

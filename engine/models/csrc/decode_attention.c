@@ -179,16 +179,25 @@ static void softmax_pair(float *sp, const unsigned char *kr, long group, long co
         float *s = sp + j * columns, m = -INFINITY;
         long c = c0;
         v16 top = (v16){0} - INFINITY;
+        i16 nan = {0};
         for (; c + 16 <= columns; c += 16) {
             v16 x = *(const v16 *)(s + c);
             i16 more = x > top;
+            nan |= x != x;
             top = (v16)(((i16)x & more) | ((i16)top & ~more));
         }
-        for (int lane = 0; lane < 16; lane++)
+        int any_nan = 0;
+        for (int lane = 0; lane < 16; lane++) {
             m = top[lane] > m ? top[lane] : m;
-        for (; c < columns; c++)
+            any_nan |= nan[lane];
+        }
+        for (; c < columns; c++) {
             m = s[c] > m ? s[c] : m;
-        if (m == -INFINITY) { /* nothing kept: no weights */
+            any_nan |= s[c] != s[c];
+        }
+        if (any_nan) /* a NaN score makes the row's weights NaN, as torch's softmax does */
+            m = NAN;
+        else if (m == -INFINITY) { /* nothing kept: no weights (the output is 0) */
             for (c = 0; c < columns; c++)
                 s[c] = 0.0f;
             inv[j] = 0.0f;
@@ -198,7 +207,7 @@ static void softmax_pair(float *sp, const unsigned char *kr, long group, long co
         top = (v16){0} + m;
         for (c = c0; c + 16 <= columns; c += 16) {
             v16 x = *(const v16 *)(s + c);
-            i16 kept = x > none;
+            i16 kept = (x > none) | (x != x);
             v16 e = (v16)((i16)exp16(x - top) & kept);
             __builtin_memcpy(s + c, &e, sizeof e);
             acc += e;
@@ -207,7 +216,7 @@ static void softmax_pair(float *sp, const unsigned char *kr, long group, long co
             long n = columns - c;
             v16 x = none;
             __builtin_memcpy(&x, s + c, sizeof(float) * n);
-            i16 kept = x > none;
+            i16 kept = (x > none) | (x != x);
             v16 e = (v16)((i16)exp16(x - top) & kept);
             __builtin_memcpy(s + c, &e, sizeof(float) * n);
             acc += e;

@@ -8,6 +8,25 @@ typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef float v4 __attribute__((vector_size(16), aligned(4)));
 typedef int i16 __attribute__((vector_size(64), aligned(4)));
+typedef unsigned u16 __attribute__((vector_size(64), aligned(4)));
+
+#ifdef __has_builtin
+#if __has_builtin(__builtin_convertvector)
+#define AP_HAS_CONVERTVECTOR 1
+#endif
+#endif
+
+/* lanewise float to int (each lane an integer already) */
+static inline i16 to_int16(v16 x) {
+#ifdef AP_HAS_CONVERTVECTOR
+    return __builtin_convertvector(x, i16);
+#else /* (GCC before 9): a lane at a time, which the compiler vectorizes */
+    i16 out;
+    for (int i = 0; i < 16; i++)
+        out[i] = (int)x[i];
+    return out;
+#endif
+}
 
 /* the 16 lanes added by halving: a fixed order */
 static inline float lanes_sum(v16 a) {
@@ -41,7 +60,8 @@ static inline v16 exp16(v16 x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    i16 bits = (__builtin_convertvector(n, i16) + 127) << 23;
+    n = (v16)((i16)n & (n == n)); /* (a NaN lane's n 0: p is NaN there anyway) */
+    u16 bits = (u16)(to_int16(n) + 127) << 23;
     return p * (v16)bits;
 }
 
