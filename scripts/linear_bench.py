@@ -14,28 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from cpu_linear_bench import _time  # (this folder: the script's own)
 
 from engine.models import decode_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 #: (hidden, MLP width, layers, q/k/v width) of the peer models' text decoders
 MODELS = {"small": (512, 1536, 8, 768), "medium": (768, 2304, 16, 1280)}
-
-
-def _time(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def model(name: str, rows_list: list[int], repeats: int) -> list[dict]:

@@ -209,7 +209,7 @@ def linear(weight: Any, bias: Any, wider: Callable[[Any], Any] | None = None
     import torch
     import torch.nn.functional as F
 
-    lib = _state.get("lib") if envs.APHRODITE_DECODE_LINEAR_KERNEL else None
+    lib = ops()
     if lib is None or weight.dim() != 2 or weight.numel() < MIN_LINEAR_WEIGHT or \
             weight.dtype != torch.float32 or \
             weight.device.type != "cpu" or (bias is not None and (
@@ -283,9 +283,9 @@ def decode_attention(query: Any, key: Any, value: Any, keep: Any, scaling: float
 
 
 def ops() -> ctypes.CDLL | None:
-    """The library for the small operations between a step's products (``csrc/decode_ops.c``:
-    :func:`add_rms`, :func:`rotate_qk`, :func:`silu_mul`), loaded and on with the linear
-    kernel (``APHRODITE_DECODE_LINEAR_KERNEL``); None otherwise."""
+    """The library for the linear kernel and the small operations between a step's products
+    (``csrc/decode_ops.c``: :func:`add_rms`, :func:`rotate_qk`, :func:`silu_mul`), loaded and
+    on with ``APHRODITE_DECODE_LINEAR_KERNEL``; None otherwise."""
     return _state.get("lib") if envs.APHRODITE_DECODE_LINEAR_KERNEL else None
 
 

@@ -150,9 +150,9 @@ def _product(linears: tuple[Any, ...], bias: Any, wide: bool
     product`."""
     if getattr(linears[0], "qweight", None) is None:
         weight = _concatenated([m.weight for m in linears])
-        kernel = decode_kernels.linear(weight, bias,
-                                       cpu_linear.prepared(weight, bias) if wide else None)
-        return kernel or cpu_linear.prepared(weight, bias), weight
+        packed = cpu_linear.prepared(weight, bias) if wide else None
+        kernel = decode_kernels.linear(weight, bias, packed)
+        return kernel or packed or cpu_linear.prepared(weight, bias), weight
     from engine.models import int8_linear
 
     rows = _concatenated([m.qweight for m in linears])
@@ -210,7 +210,7 @@ def _step(text: Any, layers: list[Any], head: Any, compile_rows: int | None = No
              else None for layer in layers]
     step = _eager(text, layers, head, fused)
     if compile_rows is None:
-        return _with_kernels(text, layers, fused, step) or step
+        return _with_kernels(text, layers, head, fused, step) or step
     from engine.models import lean_compile
 
     why = lean_compile.eligible(text, layers, fused, head)
@@ -263,8 +263,8 @@ def _eager(text: Any, layers: list[Any], head: Any, fused: list[_Fused | None]) 
     return step
 
 
-def _with_kernels(text: Any, layers: list[Any], fused: list[_Fused | None], eager: Any
-                  ) -> Step | None:
+def _with_kernels(text: Any, layers: list[Any], head: Any, fused: list[_Fused | None],
+                  eager: Any) -> Step | None:
     """The step with the small operations between its products in the engine's C kernels
     too (:func:`engine.models.decode_kernels.ops`: the residual add with the next RMS norm,
     the rotary embedding of q and k, SiLU(gate) * up), where every product of ``eager``
@@ -273,18 +273,16 @@ def _with_kernels(text: Any, layers: list[Any], fused: list[_Fused | None], eage
     rotary tables are not one ``(rows, dim)`` table each (none known) runs ``eager``."""
     import torch
 
+    from engine.models import lean_compile
+
     lib = decode_kernels.ops()
-    eps = {getattr(n, "variance_epsilon", None) for layer in layers
-           for n in (layer.input_layernorm, layer.post_attention_layernorm)}
-    eps.add(getattr(text.norm, "variance_epsilon", None))
+    # (the compiled step's conditions: every layer fused and alike, one RMS epsilon, SiLU)
     if lib is None or eager.kernel_products != 4 * len(layers) + 1 or \
-            any(f is None for f in fused) or len(eps) != 1 or None in eps or \
-            getattr(text.config, "hidden_act", None) != "silu":
+            lean_compile.eligible(text, layers, fused, head) is not None:
         return None
-    eps_value = float(next(iter(eps)))
+    eps_value = float(layers[0].input_layernorm.variance_epsilon)
     embed, rotary = text.embed_tokens, text.rotary_emb
-    attn0 = layers[0].self_attn
-    dim = attn0.head_dim
+    dim = layers[0].self_attn.head_dim
     heads, kv_heads = fused[0].splits[0] // dim, fused[0].splits[1] // dim
     outs, downs, last = eager.products
     before = [layer.input_layernorm.weight.detach() for layer in layers]
