@@ -139,9 +139,15 @@ class OutputText:
         #: the stop string that ended the row (vLLM's ``stop_reason``), once one did
         self.stop_string: str | None = None
 
-    def add(self, token: int, last: bool) -> tuple[str, bool]:
+    def add(self, token: int, last: bool, silent: bool = False) -> tuple[str, bool]:
         """Append ``token`` (``last``: the row's final one); the text to send now, and
-        whether a stop string ended the row (:attr:`stop_string`)."""
+        whether a stop string ended the row (:attr:`stop_string`). A ``silent`` last token
+        (an EOS or a stop token) adds no text of its own unless the row's parameters keep
+        the stop in the output (vLLM's detokenizer does the same); the text held back for a
+        stop string goes out."""
+        if silent and not self._keep:
+            self._detokenizer.ids.append(token)
+            return self.flush(), False
         grown_from = len(self._detokenizer.text)
         self._detokenizer.add(token, final=last)
         text, stopped = self._detokenizer.text, False

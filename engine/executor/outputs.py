@@ -44,9 +44,11 @@ def add_token(row: Row, token: int, now: float, lp: TokenLogprobs | None = None,
                                 params)
         out.token_ids = row.token_ids
     last = stop is not None
-    delta, stopped = row.output.add(token, last)  # appends the token to row.token_ids
+    # appends the token to row.token_ids (a silent one without its text)
+    delta, stopped = row.output.add(token, last, silent=last and stop.silent)
     reason = "stop" if stopped else stop.reason if stop is not None else None
-    stop_reason = row.output.stop_string if stopped else None
+    stop_reason = row.output.stop_string if stopped else \
+        stop.stop_reason if stop is not None else None
     out.text = row.output.text
     if lp is not None:
         out.add_logprobs(token, lp)
@@ -59,7 +61,7 @@ def add_token(row: Row, token: int, now: float, lp: TokenLogprobs | None = None,
 
 
 def finish_row(row: Row, reason: str, stop_reason: int | str | None = None) -> None:
-    """End ``row`` without a token of its own (EOS, a stop token: ``stop_reason``, abort);
+    """End ``row`` without a token of its own (cancelled, failed; ``stop_reason``: vLLM's);
     text a stop string could still have taken back goes out with the end."""
     row.done = True
     out = row.request.outputs[row.index]

@@ -19,14 +19,17 @@ from engine.executor.row import Row
 
 class Stop(NamedTuple):
     """A row's end: its ``finish_reason`` (vLLM's: "stop", "length", "abort"), whether
-    the token that ended it is part of its output (``keeps_token``: the token that reaches
-    ``max_tokens`` is; an EOS token, a cancelled row's or a complete grammar's is not), and
-    vLLM's ``stop_reason``: the stop token id that ended it (None for EOS, length, abort, a
-    grammar; a stop string is the detokenizer's to name)."""
+    the token that ended it is part of its output (``keeps_token``: a cancelled row's is not;
+    the others are, counted in its usage and its logprobs, as vLLM counts them), whether its
+    text stays out of the output (``silent``: an EOS, a stop token, a grammar's last token,
+    unless ``include_stop_str_in_output``, as vLLM's detokenizer leaves them out), and vLLM's
+    ``stop_reason``: the stop token id that ended it (None for EOS, length, abort, a grammar;
+    a stop string is the detokenizer's to name)."""
 
     reason: str
-    keeps_token: bool = False
+    keeps_token: bool = True
     stop_reason: int | None = None
+    silent: bool = False
 
 
 def check_stop(row: Row, token: int, *, eos_ids: Container[int],
@@ -39,16 +42,16 @@ def check_stop(row: Row, token: int, *, eos_ids: Container[int],
     request = row.request
     params = request.params
     if request.cancelled.is_set():
-        return Stop("abort")
+        return Stop("abort", keeps_token=False)
     if grammar_complete:
-        return Stop("stop")
+        return Stop("stop", silent=True)
     # an EOS (unless ignore_eos) or one of stop_token_ids, once min_tokens are out (vLLM's
     # rule: before that such tokens are banned from sampling; a grammar may still force one)
     if len(row.token_ids) >= params.min_tokens:
         if token in eos_ids and not params.ignore_eos:
-            return Stop("stop")  # (vLLM checks EOS first: no stop_reason)
+            return Stop("stop", silent=True)  # (vLLM checks EOS first: no stop_reason)
         if token in params.stop_token_ids:
-            return Stop("stop", stop_reason=token)
+            return Stop("stop", stop_reason=token, silent=True)
     if len(row.token_ids) + 1 >= params.max_tokens:
-        return Stop("length", keeps_token=True)
+        return Stop("length")
     return None

@@ -35,10 +35,11 @@ def sampled(**kw) -> SamplingParams:
 
 def test_a_generation_stops_at_eos_and_flushes_text_a_stop_string_held_back():
     """The seeded draws are the same with and without EOS, so with a token of the first run
-    made the EOS the second run ends right before it (finish_reason "stop", the EOS not in
-    the output). With a stop string that the text's last character begins, that character
-    is held back while the string could still complete; the EOS ends the row and the held
-    text still goes out: the streamed deltas add up to the whole text."""
+    made the EOS the second run ends at it (finish_reason "stop"; the EOS is the last of the
+    output's tokens, as vLLM counts it, and adds no text). With a stop string that the
+    text's last character begins, that character is held back while the string could still
+    complete; the EOS ends the row and the held text still goes out: the streamed deltas
+    add up to the whole text."""
     runner = llm(ARCH).engine.runner
     prompt = image_prompt(3)
     first, _ = run(prompt, sampled())
@@ -52,14 +53,18 @@ def test_a_generation_stops_at_eos_and_flushes_text_a_stop_string_held_back():
         ended, deltas = run(prompt, params)
         out = ended.outputs[0]
         assert out.finish_reason == "stop"
-        assert out.token_ids == tokens[:cut]
+        assert out.token_ids == tokens[:cut + 1]
         text = out.text
+        # the EOS adds no text (the tokens before it: all of theirs but a character whose
+        # bytes had not all come)
+        full = llm(ARCH).engine.runner.tokenizer.decode(tokens[:cut], skip_special_tokens=True)
+        assert full.startswith(text) and len(full) - len(text) <= 1
         assert text and "".join(deltas) == text
         stop = text[-1] + "\u0001never"
         held, held_deltas = run(prompt, SamplingParams(max_tokens=16, temperature=1.0,
                                                        seed=1234, stop=[stop]))
         out = held.outputs[0]
-        assert out.finish_reason == "stop" and out.token_ids == tokens[:cut]
+        assert out.finish_reason == "stop" and out.token_ids == tokens[:cut + 1]
         # the last character was held (the stop string might have completed) until the end
         assert "".join(held_deltas[:-1]) != text
         assert "".join(held_deltas) == text

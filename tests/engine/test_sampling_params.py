@@ -52,8 +52,10 @@ def test_each_parameter_changes_only_its_own_row_in_a_shared_batch(model, plain)
     assert outs[0].token_ids == plain.token_ids  # the row without any: untouched
     assert outs[1].token_ids == [77] * 8  # +100 forces the token at temperature 1
     assert len(set(outs[2].token_ids)) == len(outs[2].token_ids)  # never repeats a token
-    # EOS forced, but not before min_tokens: exactly 6 tokens, then it ends on EOS
-    assert len(outs[3].token_ids) == 6 and outs[3].finish_reason == "stop"
+    # EOS forced, but not before min_tokens: 6 tokens, then it ends on EOS (the 7th, counted
+    # as vLLM counts it)
+    assert len(outs[3].token_ids) == 7 and outs[3].finish_reason == "stop"
+    assert outs[3].token_ids[-1] == eos and eos not in outs[3].token_ids[:6]
     assert plain.token_ids[0] not in outs[4].token_ids
     assert plain.text[:2] not in outs[4].text
 
@@ -62,8 +64,15 @@ def test_stop_token_ids_end_the_row_at_that_token(model):
     varied = model.generate(PROMPT, greedy(presence_penalty=2))[0].outputs[0].token_ids
     out = model.generate(PROMPT, greedy(presence_penalty=2, stop_token_ids=[varied[3]])
                          )[0].outputs[0]
-    assert out.token_ids == varied[:3] and out.finish_reason == "stop"
+    # the stop token is the output's last (vLLM's count), its text left out
+    assert out.token_ids == varied[:4] and out.finish_reason == "stop"
     assert out.stop_reason == varied[3]  # vLLM's: the stop token that ended it
+    decode = model.engine.runner.tokenizer.decode
+    assert out.text == decode(varied[:3], skip_special_tokens=True)
+    kept = model.generate(PROMPT, greedy(presence_penalty=2, stop_token_ids=[varied[3]],
+                                         include_stop_str_in_output=True))[0].outputs[0]
+    assert kept.token_ids == varied[:4] and \
+        kept.text == decode(varied[:4], skip_special_tokens=True)
     late = model.generate(PROMPT, greedy(presence_penalty=2, stop_token_ids=[varied[0]],
                                          min_tokens=2))[0].outputs[0]
     # banned until min_tokens (the greedy choice was that token: another comes first)

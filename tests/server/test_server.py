@@ -391,8 +391,9 @@ def test_openai_parameters_not_implemented_are_refused_by_name(client, param, va
 def test_served_sampling_parameters_shape_the_tokens(client, engine):
     """logit_bias (the openai client's own argument) forces its token at temperature 1;
     vLLM's stop_token_ids end the row there; an id out of the vocabulary is a 400 naming the
-    field, on chat and completions both. (vLLM's engine counts the stop token it sampled in
-    completion_tokens, as vLLM's own server reports it; ours does not, as for an EOS.)"""
+    field, on chat and completions both. The stop token that ended a row, and an EOS, count
+    in completion_tokens (whole and streamed) and add no text, on both engines (vLLM's
+    count: a bench's output tokens are the same against either server)."""
     forced = client.chat.completions.create(
         model="tiny-qwen2_5_vl", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
         temperature=1, logit_bias={"77": 100}, presence_penalty=0.1, frequency_penalty=-0.1,
@@ -404,7 +405,20 @@ def test_served_sampling_parameters_shape_the_tokens(client, engine):
         logit_bias={"77": 100}, extra_body={"stop_token_ids": [77], "min_tokens": 0})
     assert stopped.choices[0].finish_reason == "stop" and stopped.choices[0].text == ""
     assert stopped.choices[0].stop_reason == 77  # vLLM's: the stop token that ended it
-    assert stopped.usage.completion_tokens == (1 if engine == "vllm" else 0)
+    assert stopped.usage.completion_tokens == 1
+    eos = 2  # the tiny model's generation_config EOS
+    ended = client.completions.create(
+        model="tiny-qwen2_5_vl", prompt="hi", max_tokens=8, temperature=1,
+        logit_bias={str(eos): 100})
+    assert ended.choices[0].finish_reason == "stop" and ended.choices[0].text == ""
+    assert ended.usage.completion_tokens == 1
+    chunks = list(client.chat.completions.create(
+        model="tiny-qwen2_5_vl", max_tokens=8, messages=[{"role": "user", "content": "hi"}],
+        temperature=1, logit_bias={str(eos): 100}, stream=True,
+        stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage.completion_tokens == 1
     for create, extra in ((client.chat.completions.create,
                            {"messages": [{"role": "user", "content": "hi"}]}),
                           (client.completions.create, {"prompt": "hi"})):

@@ -92,23 +92,27 @@ def _row(tokens: int = 0, **params: object) -> Row:
 
 def test_check_stop_decides_from_the_row_alone_in_its_order() -> None:
     assert check_stop(_row(), 3, eos_ids={EOS}) is None
-    assert check_stop(_row(), EOS, eos_ids={EOS}) == Stop("stop")
+    # an EOS, a stop token or a grammar's last token is part of the output (counted, as vLLM
+    # counts it) without its text
+    assert check_stop(_row(), EOS, eos_ids={EOS}) == Stop("stop", silent=True)
     assert check_stop(_row(ignore_eos=True), EOS, eos_ids={EOS}) is None
-    assert check_stop(_row(), 3, eos_ids={EOS}, grammar_complete=True) == Stop("stop")
+    assert check_stop(_row(), 3, eos_ids={EOS}, grammar_complete=True) == Stop(
+        "stop", silent=True)
     # vLLM's stop_reason: a stop token's id; EOS (checked first) has none
     assert check_stop(_row(stop_token_ids=[3]), 3, eos_ids={EOS}) == Stop(
-        "stop", stop_reason=3)
+        "stop", stop_reason=3, silent=True)
     assert check_stop(_row(stop_token_ids=[EOS]), EOS, eos_ids={EOS}).stop_reason is None
     assert check_stop(_row(stop_token_ids=[EOS], ignore_eos=True), EOS,
                       eos_ids={EOS}).stop_reason == EOS
-    # the max_tokens-th token ends the row and is part of its output
+    # the max_tokens-th token ends the row and is part of its output, with its text
     assert check_stop(_row(2, max_tokens=3), 3, eos_ids={EOS}) == Stop("length", True)
+    assert not check_stop(_row(2, max_tokens=3), 3, eos_ids={EOS}).silent
     assert check_stop(_row(1, max_tokens=3), 3, eos_ids={EOS}) is None
     # cancellation comes first: an EOS or a last token of a cancelled row is not its own end
     row = _row(2, max_tokens=3)
     row.request.cancel()
-    assert check_stop(row, EOS, eos_ids={EOS}) == Stop("abort")
-    assert check_stop(row, 3, eos_ids={EOS}) == Stop("abort")
+    assert check_stop(row, EOS, eos_ids={EOS}) == Stop("abort", keeps_token=False)
+    assert check_stop(row, 3, eos_ids={EOS}) == Stop("abort", keeps_token=False)
 
 
 # -- endings -----------------------------------------------------------------------------
@@ -126,13 +130,18 @@ def test_a_row_ends_at_max_tokens_with_its_tokens_and_text(start) -> None:
     assert len(runner.passes("prefill")) == 1 and len(runner.passes("decode")) == 4
 
 
-def test_eos_ends_a_row_without_its_token_unless_ignore_eos(start) -> None:
+def test_eos_ends_a_row_with_its_token_but_not_its_text_unless_ignore_eos(start) -> None:
+    """vLLM's count: the EOS is the output's last token (its usage, its stream's events)
+    and adds no text."""
     engine, _ = start()
     stopped = engine.submit(request(script=[0, 1, EOS, 2], max_tokens=10))
     ignored = engine.submit(request(script=[0, EOS, 1, 2], max_tokens=4, ignore_eos=True))
     finished(stopped, ignored)
-    assert (stopped.outputs[0].text, stopped.outputs[0].token_ids) == ("ab", [0, 1])
+    assert (stopped.outputs[0].text, stopped.outputs[0].token_ids) == ("ab", [0, 1, EOS])
     assert stopped.outputs[0].finish_reason == "stop"
+    events = stopped.extra["events"]
+    assert [e.token_id for e in events] == [0, 1, EOS] and events[-1].text_delta == ""
+    assert streamed(stopped) == "ab"
     assert (ignored.outputs[0].text, ignored.outputs[0].token_ids) == ("abc", [0, EOS, 1, 2])
     assert ignored.outputs[0].finish_reason == "length"
 
@@ -152,7 +161,9 @@ def test_a_stop_string_across_tokens_ends_the_row_and_is_never_streamed(start) -
     assert streamed(kept) == "aSTb"
     assert (flushed.outputs[0].text, flushed.outputs[0].finish_reason) == ("aST", "stop")
     assert streamed(flushed) == "aST"
-    assert flushed.extra["events"][-1].token_id is None  # the end event carries the held text
+    # the EOS's event carries the held text
+    assert flushed.extra["events"][-1].token_id == EOS
+    assert flushed.extra["events"][-1].text_delta == "aST"  # (3 characters held for "STOP")
     # vLLM's stop_reason: the stop string that ended the row, on its output and end event
     assert (cut.outputs[0].stop_reason, cut.extra["events"][-1].stop_reason) == ("STOP",) * 2
     assert kept.outputs[0].stop_reason is flushed.outputs[0].stop_reason is None
@@ -164,7 +175,8 @@ def test_stop_reason_names_the_stop_token_or_the_first_stop_string(start) -> Non
     # "b" is listed first, " " starts first: the text is cut at the first to start
     string = engine.submit(request(script=[0, SPACE, 1, 2], max_tokens=10, stop=["b", " "]))
     finished(token, string)
-    assert (token.outputs[0].token_ids, token.outputs[0].stop_reason) == ([0, 1], 2)
+    assert (token.outputs[0].token_ids, token.outputs[0].stop_reason) == ([0, 1, 2], 2)
+    assert token.outputs[0].text == "ab"  # (the stop token's text left out)
     assert token.extra["events"][-1].stop_reason == 2
     assert (string.outputs[0].text, string.outputs[0].stop_reason) == ("a", " ")
 
