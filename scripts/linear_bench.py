@@ -3,8 +3,11 @@ csrc/decode_linear.c) buys on this machine: every linear product of a decode ste
 models (Qwen2.5-VL small: 8 layers of 512 wide, MLP 1536; medium: 16 of 768, MLP 2304; q/k/v
 and gate/up fused as the lean step runs them), one pass over all of a model's weights (far
 more than the caches hold) per timed call, through PyTorch's product (MKL), oneDNN's packed
-product and the kernel, beside a plain read of the same bytes, interleaved, in this process,
-at 1-64 rows. Prints GB/s of weights per product and writes ``results/linear-<date>.json``.
+product and the kernel, beside a plain read of the same bytes, and the same weights as int8
+rows (``--quantization int8``) through PyTorch's int8 product (engine/models/int8_linear.py)
+and through the kernel's int8 panels, interleaved, in this process, at 1-64 rows. Prints GB/s
+of float32 weights per product (for int8: the float32 bytes the same product stands for, so
+the columns compare times) and writes ``results/linear-<date>.json``.
 
     .venv/bin/python scripts/linear_bench.py --threads 1 --repeats 20
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 import torch
 from cpu_linear_bench import _time  # (this folder: the script's own)
 
-from engine.models import decode_kernels
+from engine.models import decode_kernels, int8_linear
 
 ROOT = Path(__file__).resolve().parents[1]
 #: (hidden, MLP width, layers, q/k/v width) of the peer models' text decoders
@@ -36,6 +39,8 @@ def model(name: str, rows_list: list[int], repeats: int) -> list[dict]:
     packed = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
     kernels = [decode_kernels.linear(w, None) for w in weights]
     onednn = torch.ops.mkldnn._linear_pointwise.default
+    quantized = [int8_linear.quantize_rows(w) for w in weights]
+    int8_kernels = [decode_kernels.linear_int8(q, s, None, lambda x: None) for q, s in quantized]
     out = []
     for rows in rows_list:
         xs = [torch.randn(rows, 1, k) for _, k in shapes]
@@ -49,6 +54,9 @@ def model(name: str, rows_list: list[int], repeats: int) -> list[dict]:
             "onednn": lambda xs=xs: [onednn(x, p, None, "none", [], "")
                                      for p, x in zip(packed, xs, strict=True)],
             "kernel": lambda xs=xs: [f(x) for f, x in zip(kernels, xs, strict=True)],
+            "int8_torch": lambda xs=xs: [int8_linear.product(x, q, s, None)
+                                         for (q, s), x in zip(quantized, xs, strict=True)],
+            "int8_kernel": lambda xs=xs: [f(x) for f, x in zip(int8_kernels, xs, strict=True)],
         }
         seconds = {key: _time(fn, repeats) for key, fn in runs.items()}
         row = {"model": name, "rows": rows, "weight_mb": total / 1e6,

@@ -36,7 +36,10 @@ order, so a row's result is the same bits whatever its batch-mates and threads, 
 the rounding bound of any float32 sum (``tests/engine/test_decode_linear.py``); not the bits
 of MKL's or oneDNN's sums. Its copy of each weight is memory beside the weight itself (and a
 oneDNN copy where :mod:`engine.models.cpu_linear` packs one for prefills).
-``APHRODITE_DECODE_LINEAR_KERNEL=0`` turns it off.
+``APHRODITE_DECODE_LINEAR_KERNEL=0`` turns it off. With ``--quantization int8`` the same
+kernel streams panels of int8 rows (:func:`linear_int8`: a byte an element, widened to
+float32 in registers, each column's sum times its row's scale): a quarter of the bytes, the
+activations in float32 (PyTorch's int8 product takes them in bfloat16).
 """
 
 from __future__ import annotations
@@ -158,6 +161,10 @@ def _load() -> ctypes.CDLL:
     lib.ap_linear_pack.restype = None
     lib.ap_linear.argtypes = [p, lng, lng, lng, p, p, lng, p, lng, i]
     lib.ap_linear.restype = None
+    lib.ap_linear_pack_i8.argtypes = [p, lng, lng, p, lng]
+    lib.ap_linear_pack_i8.restype = None
+    lib.ap_linear_i8.argtypes = [p, lng, lng, lng, p, p, p, lng, p, lng, i]
+    lib.ap_linear_i8.restype = None
     lib.ap_linear_group_columns.restype = lng
     lib.ap_add_rms.argtypes = [p, p, p, f, p, lng, lng]
     lib.ap_add_rms.restype = None
@@ -209,9 +216,45 @@ def linear(weight: Any, bias: Any, wider: Callable[[Any], Any] | None = None
     import torch
     import torch.nn.functional as F
 
+    if weight.dtype != torch.float32:
+        return None
+    return _packed(weight, None, bias, wider or (lambda x: F.linear(x, weight, bias)))
+
+
+def linear_int8(qweight: Any, scale: Any, bias: Any, wider: Callable[[Any], Any]
+                ) -> Callable[[Any], Any] | None:
+    """``x -> F.linear(x, qweight * scale[:, None], bias)`` for int8 rows ``qweight`` with a
+    float32 ``scale`` per row (``--quantization int8``, :mod:`engine.models.int8_linear`),
+    through the linear kernel as :func:`linear` (panels of a byte an element: a quarter of
+    float32's reads; each column's sum of products in float32 times its scale, then the
+    bias); other inputs go to ``wider``. None where :func:`linear` would be, or ``qweight``
+    is not int8 or ``scale`` not a float32 vector of its rows."""
+    import torch
+
+    if qweight.dtype != torch.int8 or scale.dtype != torch.float32 or \
+            tuple(scale.shape) != (qweight.shape[0],) or scale.device.type != "cpu":
+        return None
+    return _packed(qweight, scale, bias, wider)
+
+
+def _padded(vector: Any, size: int) -> Any:
+    import torch
+
+    if vector is None:
+        return None
+    out = torch.zeros(size, dtype=torch.float32)
+    out[:vector.shape[0]] = vector.detach()
+    return out
+
+
+def _packed(weight: Any, scale: Any, bias: Any, other: Callable[[Any], Any]
+            ) -> Callable[[Any], Any] | None:
+    """:func:`linear`'s and :func:`linear_int8`'s product: ``weight`` (float32, or int8
+    with ``scale``) packed into the kernel's panels."""
+    import torch
+
     lib = ops()
     if lib is None or weight.dim() != 2 or weight.numel() < MIN_LINEAR_WEIGHT or \
-            weight.dtype != torch.float32 or \
             weight.device.type != "cpu" or (bias is not None and (
                 bias.dtype != torch.float32 or tuple(bias.shape) != (weight.shape[0],))):
         return None
@@ -220,14 +263,20 @@ def linear(weight: Any, bias: Any, wider: Callable[[Any], Any] | None = None
     padded = -(-n // width) * width
     with torch.no_grad():
         w = weight.detach().contiguous()
-        panels = torch.empty(padded * k, dtype=torch.float32)
-        lib.ap_linear_pack(w.data_ptr(), n, k, panels.data_ptr(), padded)
-        padded_bias = None
-        if bias is not None:
-            padded_bias = torch.zeros(padded, dtype=torch.float32)
-            padded_bias[:n] = bias.detach()
-    run = lib.ap_linear
-    other = wider or (lambda x: F.linear(x, weight, bias))
+        panels = torch.empty(padded * k, dtype=w.dtype)
+        pack = lib.ap_linear_pack if scale is None else lib.ap_linear_pack_i8
+        pack(w.data_ptr(), n, k, panels.data_ptr(), padded)
+        padded_scale, padded_bias = _padded(scale, padded), _padded(bias, padded)
+    bias_ptr = None if padded_bias is None else padded_bias.data_ptr()
+    if scale is None:
+        def run(x: Any, rows: int, out: Any) -> None:
+            lib.ap_linear(x.data_ptr(), rows, x.stride(0), k, panels.data_ptr(), bias_ptr, n,
+                          out.data_ptr(), n, torch.get_num_threads())
+    else:
+        def run(x: Any, rows: int, out: Any) -> None:
+            lib.ap_linear_i8(x.data_ptr(), rows, x.stride(0), k, panels.data_ptr(),
+                             padded_scale.data_ptr(), bias_ptr, n, out.data_ptr(), n,
+                             torch.get_num_threads())
 
     def product(x: Any) -> Any:
         rows = x.numel() // k if x.dim() and x.shape[-1] == k else 0
@@ -239,14 +288,13 @@ def linear(weight: Any, bias: Any, wider: Callable[[Any], Any] | None = None
         if flat.stride(-1) != 1:
             flat = flat.contiguous()
         out = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
-        run(flat.data_ptr(), rows, flat.stride(0), k, panels.data_ptr(),
-            None if padded_bias is None else padded_bias.data_ptr(), n, out.data_ptr(), n,
-            torch.get_num_threads())
+        run(flat, rows, out)
         return out
 
     product.panels = panels  # type: ignore[attr-defined]  # (kept alive with the product)
+    product.scale = padded_scale  # type: ignore[attr-defined]
     product.bias = padded_bias  # type: ignore[attr-defined]
-    product.blocked = getattr(wider, "blocked", None)  # type: ignore[attr-defined]
+    product.blocked = getattr(other, "blocked", None)  # type: ignore[attr-defined]
     return product
 
 

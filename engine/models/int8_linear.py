@@ -2,7 +2,10 @@
 stored as symmetric int8 with one float scale, dequantized in the product.
 
 A decode step reads every weight once for a few rows: a quarter of float32's bytes is most of
-the step on a CPU. The product is PyTorch's own int8 weight-packed kernel,
+the step on a CPU. The lean decode step multiplies by the engine's linear kernel over int8
+panels where it is built (:func:`engine.models.decode_kernels.linear_int8`: float32
+activations, the bytes read at the memory's speed); elsewhere, and for the model's own
+forward, the product is PyTorch's own int8 weight-packed kernel,
 ``torch.ops.aten._weight_int8pack_mm`` (no new dependency), for inputs of at most
 :data:`KERNEL_MAX_ROWS` rows; its CPU path is vectorised for bfloat16 activations only (with
 float32 ones it ran 5-7x slower than a float32 product here), so activations go in as

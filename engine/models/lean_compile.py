@@ -147,13 +147,16 @@ def _blocked(module: Any) -> Any:
     return module.__dict__.get("_onednn_blocked")
 
 
-def eligible(text: Any, layers: list[Any], fused: list[Any], head: Any) -> str | None:
+def eligible(text: Any, layers: list[Any], fused: list[Any], head: Any,
+             kernels: bool = False) -> str | None:
     """Why the compiled step cannot run this model (None: it can): every layer fused over
     float weights and shaped alike (one graph serves them all), SiLU's MLP without a down
-    projection bias, one RMS epsilon, a float32 head."""
+    projection bias, one RMS epsilon, a float32 head. ``kernels``: for the step of the
+    engine's C kernels (:func:`engine.models.lean_decode._with_kernels`), whose products
+    take int8 rows as well (each product's weights are the linear kernel's to check)."""
     import torch
 
-    if any(f is None or f.qkv_weights is None for f in fused):
+    if any(f is None or (f.qkv_weights is None and not kernels) for f in fused):
         return "a layer's products are not fused float32 ones"
     if any((f.splits, f.width) != (fused[0].splits, fused[0].width) for f in fused):
         return "the layers' widths differ"
@@ -166,8 +169,8 @@ def eligible(text: Any, layers: list[Any], fused: list[Any], head: Any) -> str |
         return f"the MLP's activation is {act!r}, not silu"
     for layer in layers:
         down, o = layer.mlp.down_proj, layer.self_attn.o_proj
-        if not all(isinstance(getattr(m, "weight", None), torch.Tensor) and
-                   m.weight.dtype == torch.float32 for m in (down, o)):
+        if not kernels and not all(isinstance(getattr(m, "weight", None), torch.Tensor) and
+                                   m.weight.dtype == torch.float32 for m in (down, o)):
             return "a projection is not float32"
         if getattr(down, "bias", None) is not None:
             return "the MLP's down projection has a bias"

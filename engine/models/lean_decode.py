@@ -34,7 +34,10 @@ memory): the 43 M-parameter model's step of 4 rows 17.9 -> 14.1 ms. With both ke
 row's logits are the same bits whatever its batch-mates (tested).
 With ``--quantization int8`` the layers hold int8 rows and a scale per row
 (:mod:`engine.models.int8_linear`); they are fused the same way (rows and scales
-concatenated) and multiplied by that module's product.
+concatenated) and multiplied by the linear kernel over int8 panels
+(:func:`engine.models.decode_kernels.linear_int8`), or by that module's product where the
+kernel does not take them; with every product on the kernel the small operations run in C
+as for float weights.
 
 Only the text models registered in :data:`DECODERS` (by their config's ``model_type``), on the
 engine's attention (:mod:`engine.models.attention`), without sliding-window layers, on a CPU
@@ -146,8 +149,9 @@ def _product(linears: tuple[Any, ...], bias: Any, wide: bool
     (:func:`engine.models.decode_kernels.linear`) where it takes them, with
     :func:`engine.models.cpu_linear.prepared` (oneDNN) for wider inputs only when ``wide``,
     else through ``prepared``; int8 ones (``--quantization int8``, rows and scales
-    concatenated alike: a scale belongs to its row) through :func:`engine.models.int8_linear.
-    product`."""
+    concatenated alike: a scale belongs to its row) through the kernel's int8 panels
+    (:func:`engine.models.decode_kernels.linear_int8`) where it takes them, with
+    :func:`engine.models.int8_linear.product` for wider inputs, else through that alone."""
     if getattr(linears[0], "qweight", None) is None:
         weight = _concatenated([m.weight for m in linears])
         packed = cpu_linear.prepared(weight, bias) if wide else None
@@ -157,7 +161,11 @@ def _product(linears: tuple[Any, ...], bias: Any, wide: bool
 
     rows = _concatenated([m.qweight for m in linears])
     scales = _concatenated([m.scale for m in linears])
-    return (lambda x: int8_linear.product(x, rows, scales, bias)), None
+
+    def int8(x: Any) -> Any:
+        return int8_linear.product(x, rows, scales, bias)
+
+    return decode_kernels.linear_int8(rows, scales, bias, int8) or int8, None
 
 
 def _concatenated(tensors: list[Any]) -> Any:
@@ -195,10 +203,15 @@ def _fusable(layer: Any) -> bool:
 
 
 def _single(module: Any) -> Callable[[Any], Any]:
-    """``module``'s product for the step: the linear kernel's over its float weight where
-    it takes it (the module's own forward for other inputs), else the module's forward."""
+    """``module``'s product for the step: the linear kernel's over its float weight, or its
+    int8 rows and scales, where it takes them (the module's own forward for other inputs),
+    else the module's forward."""
     weight = getattr(module, "weight", None)
-    if getattr(module, "qweight", None) is not None or weight is None:
+    if getattr(module, "qweight", None) is not None:
+        return decode_kernels.linear_int8(module.qweight, module.scale,
+                                          getattr(module, "bias", None),
+                                          module.forward) or module.forward
+    if weight is None:
         return module.forward
     return decode_kernels.linear(weight, getattr(module, "bias", None),
                                  module.forward) or module.forward
@@ -278,7 +291,7 @@ def _with_kernels(text: Any, layers: list[Any], head: Any, fused: list[_Fused | 
     lib = decode_kernels.ops()
     # (the compiled step's conditions: every layer fused and alike, one RMS epsilon, SiLU)
     if lib is None or eager.kernel_products != 4 * len(layers) + 1 or \
-            lean_compile.eligible(text, layers, fused, head) is not None:
+            lean_compile.eligible(text, layers, fused, head, kernels=True) is not None:
         return None
     eps_value = float(layers[0].input_layernorm.variance_epsilon)
     embed, rotary = text.embed_tokens, text.rotary_emb
