@@ -207,6 +207,21 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     apis: list[Any] = []
     metrics_dir: str | None = None
     try:
+        listening = [ctx.Event() for _ in range(config.api_server_count)]
+        # Several API servers share their counters through files here (see server.metrics),
+        # so a scrape sees the server's totals, not one process's share.
+        if config.api_server_count > 1:
+            metrics_dir = tempfile.mkdtemp(prefix="aphrodite-metrics-")
+        # The API servers start beside the engines (their imports and the model's processor
+        # load while the engines load the model: a start-up of the tiny model 17 -> 12 s)
+        # and connect once ``engines_up`` says every engine listens.
+        engines_up = ctx.Event()
+        for i, event in enumerate(listening):
+            proc = ctx.Process(target=api_server_main, name=f"API server {i}", args=(
+                config, model_path, name, addresses, authkey, event, sock, metrics_dir,
+                engines_up))
+            proc.start()
+            apis.append(proc)
         settings = []  # each engine's (pid, thread settings: None for vLLM's)
         for engine, ready, _, _ in started:
             while not ready.poll(0.2):
@@ -215,6 +230,10 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
                         raise getattr(proc, "refusal", None) or StartupError(
                             f"the {proc.name} exited during startup (code {proc.exitcode})",
                             hint="see the messages above")
+                for proc in apis:
+                    if proc.exitcode is not None:
+                        raise StartupError(f"{proc.name} exited during startup (code "
+                                           f"{proc.exitcode})", hint="see the messages above")
                 if stopping["flag"]:
                     return 0
             try:
@@ -224,16 +243,7 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
                 raise getattr(engine, "refusal", None) or StartupError(
                     f"the {engine.name} exited during startup (code {engine.exitcode})",
                     hint="see the messages above") from None
-        listening = [ctx.Event() for _ in range(config.api_server_count)]
-        # Several API servers share their counters through files here (see server.metrics),
-        # so a scrape sees the server's totals, not one process's share.
-        if config.api_server_count > 1:
-            metrics_dir = tempfile.mkdtemp(prefix="aphrodite-metrics-")
-        for i, event in enumerate(listening):
-            proc = ctx.Process(target=api_server_main, name=f"API server {i}", args=(
-                config, model_path, name, addresses, authkey, event, sock, metrics_dir))
-            proc.start()
-            apis.append(proc)
+        engines_up.set()
         _wait_ready(config.host, config.port, [*engines, *apis], listening, timeout=180)
         # Every API server listens on its own copy now. Without this one, the port would
         # keep taking connections into a backlog nobody accepts once they start draining.

@@ -413,9 +413,9 @@ def test_a_constraint_whose_masks_grow_costly_fails_its_request_alone(monkeypatc
         assert error.param == "guided_regex" and error.code == "invalid_structured_output"
         assert "grammar work" in error.message and "(.{0,9}){0,9}" in error.hint
         assert rows[0].done and rows[1].done and not rows[2].done and plain.error is None
-        # the plain row's masks take microseconds: charged nothing, or on a busy machine a step
-    # or two that happened to be slow, far from its budget
-    assert bomb.grammar_s > 0.3 and plain.grammar_s < 0.1
+        # the plain row's masks take microseconds: charged nothing, or on a busy machine a
+        # step or two that happened to be slow, far from its budget
+        assert bomb.grammar_s > 0.3 and plain.grammar_s < 0.1
     finally:
         grammars.close()
 

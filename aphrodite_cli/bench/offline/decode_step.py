@@ -235,6 +235,10 @@ def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: 
                "decode_attention": "kernel" if decode_kernels.library() else "batched products",
                "decode_linear_kernel_products": getattr(runner._lean_decode,
                                                         "kernel_products", 0),
+               # (each loaded model's: with --quantization, its int8 products' too)
+               "decode_linear_kernel_products_by_quantization": {
+                   name: getattr(llm.engine.runner._lean_decode, "kernel_products", 0)
+                   for name, llm in llms.items()},
                "warmups": warmups, "repeats": repeats,
                "parameters": sum(p.numel() for p in runner.model.parameters()),
                "bandwidth": {"gb_s": bandwidth, "read_bytes": nbytes,

@@ -19,10 +19,11 @@ DRAIN_S = 30.0
 
 def api_server_main(config: ServerConfig, model_path: str, name: str, addresses: list[str],
                     authkey: bytes, ready: Any, sock: socket.socket,
-                    metrics_dir: str | None = None) -> None:
+                    metrics_dir: str | None = None, engines_up: Any = None) -> None:
     """Entry point of one API server process: serves on the supervisor's listening socket
     and sets ``ready`` once it accepts connections; ``addresses``: the engine processes'
-    sockets (several: ``--data-parallel-size``). With ``metrics_dir`` (several API
+    sockets (several: ``--data-parallel-size``), connected once ``engines_up`` (an event:
+    the API servers load while the engines start) is set. With ``metrics_dir`` (several API
     servers) its metrics go to that shared folder, which prometheus_client reads from the
     environment when it is first imported: set here, before anything imports it."""
     for variable in ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir"):
@@ -38,7 +39,7 @@ def api_server_main(config: ServerConfig, model_path: str, name: str, addresses:
         values.ValueClass = values.get_value_class()
     import asyncio
 
-    from engine.lifetime import exit_with_parent, name_process
+    from engine.lifetime import exit_sooner, exit_with_parent, name_process
     from engine.memory import tune_allocator
     from engine.models.loader import load_model
     from engine.server.api.app import create_app
@@ -53,6 +54,8 @@ def api_server_main(config: ServerConfig, model_path: str, name: str, addresses:
 
     torch.set_num_threads(envs.APHRODITE_API_SERVER_TORCH_THREADS)
     loaded = load_model(model_path, chat_template=config.chat_template, served_name=name)
+    if engines_up is not None:
+        engines_up.wait()
     clients = [EngineClient(address, authkey) for address in addresses]
     engine: Any = clients[0]
     if len(clients) > 1:  # data-parallel engines: each request to one of them
@@ -65,6 +68,8 @@ def api_server_main(config: ServerConfig, model_path: str, name: str, addresses:
         engine.close()
         if metrics_dir is not None:
             _leave_metrics_dir(metrics_dir)
+        exit_sooner()
+
 
 
 def _leave_metrics_dir(path: str) -> None:

@@ -57,7 +57,7 @@ def serve_engine(*, address: str, authkey: bytes, model: str | None,
     """Entry point of the engine process (blocks until every API server disconnected);
     ``cpus``: the CPUs it runs on (a data-parallel engine's share), set before torch starts
     its threads (the engine's default thread count and overlap are worked out from them)."""
-    from engine.lifetime import exit_with_parent, name_process
+    from engine.lifetime import exit_sooner, exit_with_parent, name_process
 
     if cpus:
         _pin(cpus)
@@ -84,6 +84,7 @@ def serve_engine(*, address: str, authkey: bytes, model: str | None,
         with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(address))
     engine.close()
+    exit_sooner()
 
 
 def _pin(cpus: list[int]) -> None:
