@@ -71,14 +71,20 @@ def test_a_rows_result_never_depends_on_its_batch_mates_or_threads(lib):
     on two: the same bits."""
     torch.manual_seed(0)
     weight, bias = torch.randn(600, 320) * 0.05, torch.randn(600)
-    product = decode_kernels.linear(weight, bias)
-    row = torch.randn(1, 320)
+    assert_batch_invariant(decode_kernels.linear(weight, bias), 320,
+                           (1, 2, 3, 4, 5, 8, 9, 13, 16, 20))
+
+
+def assert_batch_invariant(product, k: int, counts: tuple[int, ...]) -> None:
+    """A row's output from ``product`` alone, and at the start, middle and end of each of
+    ``counts`` other rows, on one thread and on two: the same bits."""
+    row = torch.randn(1, k)
     alone = product(row)[0]
     threads = torch.get_num_threads()
     try:
-        for count in (1, 2, 3, 4, 5, 8, 9, 13, 16, 20):
+        for count in counts:
             for where in sorted({0, count // 2, count}):
-                others = torch.randn(count, 320) * 3
+                others = torch.randn(count, k) * 3
                 x = torch.cat([others[:where], row, others[where:]])
                 for t in (1, 2):
                     torch.set_num_threads(t)

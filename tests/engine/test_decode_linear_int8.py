@@ -12,17 +12,12 @@ import torch
 
 from engine.executor.outputs import finish_row
 from engine.models import decode_kernels, int8_linear, lean_decode, parts
-from tests.engine.test_decode_linear import EPS
+from tests.engine.test_decode_linear import EPS, assert_batch_invariant, lib  # noqa: F401
 from tests.engine.test_lean_decode import one_step_logits, running_batch
 from tests.engine.test_scheduler import prompts_of
 
-
-@pytest.fixture
-def lib():
-    lib = decode_kernels.prepare()
-    if lib is None:
-        pytest.skip("no C compiler on this machine")
-    return lib
+#: every test here needs the kernels built (skipped where there is no C compiler)
+pytestmark = pytest.mark.usefixtures("lib")
 
 
 def _quantized(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -35,7 +30,7 @@ def _quantized(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, t
 
 @pytest.mark.parametrize("n,k", [(512, 256), (100, 701), (1000, 96)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_it_is_the_dequantized_product_within_the_rounding_bound(lib, n, k, with_bias):
+def test_it_is_the_dequantized_product_within_the_rounding_bound(n, k, with_bias):
     """Each output is its column's float32 sum of x times the int8 values, times the scale,
     plus the bias: within (k + 3) units in the last place of the sum of magnitudes of the
     float64 product over the dequantized weight."""
@@ -56,25 +51,13 @@ def test_it_is_the_dequantized_product_within_the_rounding_bound(lib, n, k, with
         assert bool((error <= (k + 3) * EPS * magnitude + 1e-30).all()), rows
 
 
-def test_a_rows_result_never_depends_on_its_batch_mates_or_threads(lib):
+def test_a_rows_result_never_depends_on_its_batch_mates_or_threads():
     q, scale, _ = _quantized(600, 320, 0)
-    product = decode_kernels.linear_int8(q, scale, torch.randn(600), lambda x: None)
-    row = torch.randn(1, 320)
-    alone = product(row)[0]
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 3, 4, 8, 9, 20):
-            for where in sorted({0, count // 2, count}):
-                others = torch.randn(count, 320) * 3
-                x = torch.cat([others[:where], row, others[where:]])
-                for t in (1, 2):
-                    torch.set_num_threads(t)
-                    assert torch.equal(product(x)[where], alone), (count, where, t)
-    finally:
-        torch.set_num_threads(threads)
+    assert_batch_invariant(decode_kernels.linear_int8(q, scale, torch.randn(600),
+                                                      lambda x: None), 320, (1, 3, 4, 8, 9, 20))
 
 
-def test_wider_inputs_go_to_the_product_given_and_what_it_refuses(lib):
+def test_wider_inputs_go_to_the_product_given_and_what_it_refuses():
     """More rows than MAX_LINEAR_ROWS (a prefill) go to the product given (the module's own,
     bfloat16 there); float weights, a scale of the wrong size or type, a small weight are
     not taken."""
@@ -96,8 +79,7 @@ def test_wider_inputs_go_to_the_product_given_and_what_it_refuses(lib):
     assert decode_kernels.linear_int8(small_q, small_scale, None, wider) is None
 
 
-def test_the_lean_step_of_a_quantized_model_runs_the_int8_products_through_it(
-        lib, monkeypatch):
+def test_the_lean_step_of_a_quantized_model_runs_the_int8_products_through_it(monkeypatch):
     """The tiny Qwen2.5-VL quantized, every weight taken (the tiny weights are under the
     minimum): a decode step of rows of different lengths runs its int8 products (fused
     q/k/v and gate/up, o, down) and the float head through the kernel, with the operations

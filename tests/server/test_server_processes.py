@@ -517,6 +517,30 @@ def test_an_engine_that_dies_at_start_up_is_a_start_up_error_exit_1(tmp_path):
     assert "see the messages above" in done.stderr
 
 
+def _api_server_that_exits(*_args: object) -> None:
+    """An API server process that dies at once (module-level: a spawned process finds it)."""
+    raise SystemExit(3)
+
+
+def test_an_api_server_that_dies_while_the_engine_loads_is_a_start_up_error(monkeypatch):
+    """The API servers start beside the engine (they load while it does): one that exits
+    stops the start-up with an error naming it, and no process of the server is left."""
+    import multiprocessing
+
+    from engine.errors import StartupError
+    from engine.server import launcher
+    from engine.server.config import ServerConfig
+
+    monkeypatch.setattr(launcher, "api_server_main", _api_server_that_exits)
+    announced: list[str] = []
+    with pytest.raises(StartupError) as info:
+        launcher.run(ServerConfig(model="tiny:qwen2_5_vl", port=free_port()),
+                     announce=announced.append)
+    assert "API server 0 exited during startup (code 3)" in info.value.message
+    assert not any("serving" in line for line in announced)
+    assert multiprocessing.active_children() == []  # the engine stopped with it
+
+
 def test_a_stream_cut_by_an_engine_failure_ends_with_an_error_event():
     """After the headers, a failure is one SSE event in the OpenAI error shape and
     `data: [DONE]`: never a second HTTP response written into the chunked body."""
