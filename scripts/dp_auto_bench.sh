@@ -15,7 +15,10 @@
 #                               engine's prefills on a second thread on its own core, so its
 #                               running rows keep stepping); auto: no flag (the defaults);
 #                               d1: the defaults but --decode-threads 1; lp0: the defaults
-#                               but --long-prefill-token-threshold 0 (no long-prefill chunks)
+#                               but --long-prefill-token-threshold 0 (no long-prefill chunks);
+#                               d2o: one engine, its decode steps on 2 threads and its
+#                               prefills and encoders on a second thread of 1 (--num-threads 1
+#                               --decode-threads 2 --overlap-prefill)
 #   REPEATS=2 NUM_PROMPTS=24 CONCURRENCY=8 OUTPUT_LEN=64 WARMUPS=2 PORT=18110
 #   BUCKETS='{"480,640,1": 1.0}'   (one 480x640 image per request)
 #   OUT=results/dp-auto-<date>
@@ -59,7 +62,8 @@ flags_for() {  # setting -> serve flags
     auto) echo "" ;;
     d1) echo "--decode-threads 1" ;;
     lp0) echo "--long-prefill-token-threshold 0" ;;
-    *) say "unknown setting $1 (t1, t2, dp2, dp2o, auto, d1, lp0)"; exit 1 ;;
+    d2o) echo "--data-parallel-size 1 --num-threads 1 --decode-threads 2 --overlap-prefill" ;;
+    *) say "unknown setting $1 (t1, t2, dp2, dp2o, auto, d1, lp0, d2o)"; exit 1 ;;
   esac
 }
 
@@ -98,7 +102,7 @@ from pathlib import Path
 out = Path(sys.argv[1])
 runs = {}
 for path in sorted(out.glob("*-r*.json")):
-    m = re.fullmatch(r"(.+)-(t1|t2|dp2|dp2o|auto|d1|lp0)-r\d+\.json", path.name)
+    m = re.fullmatch(r"([^-]+)-([^-]+)-r\d+\.json", path.name)
     if not m:
         continue
     p = json.loads(path.read_text())["phases"]["cold"]
