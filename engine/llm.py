@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from engine.config import EngineConfig, PipelineConfig
+from engine.cpus import in_own_thread
 from engine.errors import InvalidRequestError
 from engine.executor.engine import Engine
 from engine.executor.logits_processors import check_token_ids
@@ -108,8 +109,9 @@ class LLM:
         (vLLM's): "auto" takes the defaults of :meth:`get_default_sampling_params` from the
         model's generation_config.json, "vllm" uses none, or a folder holding one."""
         engine_config = EngineConfig.create(**engine_settings)
-        self.loaded = load_model(model, chat_template=chat_template, revision=revision,
-                                 download_dir=download_dir)
+        # (loads, preparations and steps each on threads of their own: see in_own_thread)
+        self.loaded = in_own_thread(load_model, model, chat_template=chat_template,
+                                    revision=revision, download_dir=download_dir)
         self.pipeline = Pipeline(self.loaded, pipeline_config(
             limit_mm_per_prompt=limit_mm_per_prompt, mm_processor_kwargs=mm_processor_kwargs,
             mm_processor_cache_gb=mm_processor_cache_gb, media_io_kwargs=media_io_kwargs,
@@ -118,7 +120,7 @@ class LLM:
             mm_device_do_normalize=mm_device_do_normalize))
         self.cache = self.pipeline.cache
         self._defaults = sampling_defaults(generation_config, self.loaded.path)
-        self.engine = Engine(self.loaded, engine_config)
+        self.engine = in_own_thread(Engine, self.loaded, engine_config)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: the sampling parameters a call without any gets, the model's
@@ -131,7 +133,7 @@ class LLM:
 
     def prepare(self, prompt: str, items: list[MediaItem], kwargs: dict[str, Any] | None,
                 raw: bool) -> Any:
-        return self.pipeline.prepare(prompt, items, kwargs, raw=raw)
+        return in_own_thread(self.pipeline.prepare, prompt, items, kwargs, raw=raw)
 
     def _run(self, prepared: list[tuple[str, Any]], params: list[SamplingParams],
              priority: Sequence[int] | None = None) -> list[RequestOutput]:

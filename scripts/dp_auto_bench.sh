@@ -21,9 +21,11 @@
 #                               --decode-threads 2 --overlap-prefill)
 #   REPEATS=2 NUM_PROMPTS=24 CONCURRENCY=8 OUTPUT_LEN=64 WARMUPS=2 PORT=18110
 #   BUCKETS='{"480,640,1": 1.0}'   (one 480x640 image per request)
+#   MODE=cold                     bench serve --mode: cold, or both (the cold phase, then the
+#                                 same requests again warm: the caches' hits, mostly decode)
 #   OUT=results/dp-auto-<date>
 # Writes OUT/<size>-<setting>-r<N>.json (bench serve results) and OUT/summary.md: medians of
-# the cold phase's requests/s, TPOT p50 and TTFT p50 per size and setting.
+# each phase's requests/s, TPOT p50 and TTFT p50 per size and setting.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,6 +41,7 @@ OUTPUT_LEN="${OUTPUT_LEN:-64}"
 WARMUPS="${WARMUPS:-2}"
 PORT="${PORT:-18110}"
 BUCKETS="${BUCKETS:-{\"480,640,1\": 1.0\}}"
+MODE="${MODE:-cold}"
 OUT="${OUT:-$ROOT/results/dp-auto-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT/logs"
 
@@ -55,8 +58,8 @@ trap stop EXIT
 
 flags_for() {  # setting -> serve flags
   case "$1" in
-    t1) echo "--num-threads 1" ;;
-    t2) echo "--num-threads 2" ;;
+    t1) echo "--data-parallel-size 1 --num-threads 1" ;;
+    t2) echo "--data-parallel-size 1 --num-threads 2" ;;
     dp2) echo "--data-parallel-size 2" ;;
     dp2o) echo "--data-parallel-size 2 --overlap-prefill" ;;
     auto) echo "" ;;
@@ -88,7 +91,7 @@ for size in $SIZES; do
       "$APHRODITE" bench serve --base-url "http://127.0.0.1:$PORT" --model m \
         --dataset-name random-mm --bucket-config "$BUCKETS" --num-prompts "$NUM_PROMPTS" \
         --num-warmups "$WARMUPS" --max-concurrency "$CONCURRENCY" \
-        --random-output-len "$OUTPUT_LEN" --mode cold --seed "$r" --ttft-from chunk \
+        --random-output-len "$OUTPUT_LEN" --mode "$MODE" --seed "$r" --ttft-from chunk \
         --result-dir "$OUT" --result-filename "$size-$setting-r$r.json" \
         >"$OUT/logs/$size-$setting-r$r.log" 2>&1 || say "  bench failed ($OUT/logs)"
       stop
@@ -105,13 +108,15 @@ for path in sorted(out.glob("*-r*.json")):
     m = re.fullmatch(r"([^-]+)-([^-]+)-r\d+\.json", path.name)
     if not m:
         continue
-    p = json.loads(path.read_text())["phases"]["cold"]
-    runs.setdefault((m[1], m[2]), []).append(
-        (p["request_throughput"], p["p50_tpot_ms"], p["p50_ttft_ms"]))
-lines = ["| size | setting | runs | req/s | TPOT p50 ms | TTFT p50 ms |", "|---|---|---|---|---|---|"]
-for (size, setting), rs in runs.items():
+    for phase, p in json.loads(path.read_text())["phases"].items():
+        runs.setdefault((m[1], phase, m[2]), []).append(
+            (p["request_throughput"], p["p50_tpot_ms"], p["p50_ttft_ms"]))
+lines = ["| size | phase | setting | runs | req/s | TPOT p50 ms | TTFT p50 ms |",
+         "|---|---|---|---|---|---|---|"]
+for (size, phase, setting), rs in sorted(runs.items()):
     med = [statistics.median(v[i] for v in rs) for i in range(3)]
-    lines.append(f"| {size} | {setting} | {len(rs)} | {med[0]:.2f} | {med[1]:.1f} | {med[2]:.0f} |")
+    lines.append(f"| {size} | {phase} | {setting} | {len(rs)} | {med[0]:.2f} | {med[1]:.1f} "
+                 f"| {med[2]:.0f} |")
 (out / "summary.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF

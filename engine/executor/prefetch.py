@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from engine.cpus import use_torch_threads
 from engine.executor.request import EngineRequest
 from engine.processing.preprocess import ProcessedPrompt
 
@@ -60,7 +61,10 @@ class Prefetcher:
         self._positions = positions
         self._media = media
         self.ahead = AHEAD if ahead is None else ahead
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="aphrodite-prefetch")
+        # one torch thread: the work is ahead of the prefills, beside the decode steps, and
+        # it starts no OpenMP workers of its own (see engine.cpus.in_own_thread)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="aphrodite-prefetch",
+                                        initializer=use_torch_threads, initargs=(1,))
         #: prompts whose inputs were ready (or under way) when their prefill asked, and
         #: those computed by the prefill itself
         self.stats = {"prefetched": 0, "inline": 0}

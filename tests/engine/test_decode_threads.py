@@ -154,3 +154,77 @@ def test_the_overlap_default_counts_the_prefill_and_the_decode_threads_together(
     for bad in (0, -1, True, 1.5, "1"):
         with pytest.raises(ConfigError, match="--decode-threads must be a whole number"):
             EngineConfig(decode_threads=bad)  # type: ignore[arg-type]
+
+
+def _tasks() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/task"))
+
+
+def _parallel_work() -> int:
+    """A product torch runs on 2 OpenMP threads (starting the calling thread's workers)."""
+    import torch
+
+    use_torch_threads(2)
+    x = torch.ones(512, 512)
+    for _ in range(3):
+        x = torch.tanh(x @ x / 512)
+    return torch.get_num_threads()
+
+
+def _settled(want: int, timeout_s: float = 5.0) -> int:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while _tasks() != want and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _tasks()
+
+
+def test_in_own_thread_returns_raises_and_its_openmp_workers_end_with_it():
+    """libgomp keeps a pool of workers per thread that ran a parallel region, for that thread's
+    life; more pooled threads than CPUs make every pool's workers sleep between regions (a
+    2-thread decode step 1.2-1.3x slower). What runs through in_own_thread leaves no workers;
+    the same work on a thread that lives on leaves its own (so the count can tell)."""
+    from engine.cpus import in_own_thread
+
+    assert in_own_thread(lambda a, b=0: a + b, 2, b=3) == 5
+    with pytest.raises(ConfigError, match="named rule"):
+        in_own_thread(lambda: (_ for _ in ()).throw(ConfigError("named rule")))
+    # called from a fresh thread (this one may have workers from earlier tests), which lives
+    # on while the workers are counted: with the work run on the caller, its workers would
+    # stay
+    seen: dict[str, int] = {}
+
+    def caller() -> None:
+        seen["before"] = _tasks()
+        seen["threads"] = in_own_thread(_parallel_work)
+        seen["after"] = _settled(seen["before"])
+
+    _on_a_fresh_thread(caller)
+    assert seen["threads"] == 2 and seen["after"] == seen["before"]
+
+    def stays() -> None:
+        seen["before"] = _tasks()
+        _parallel_work()
+        seen["after"] = _tasks()
+
+    _on_a_fresh_thread(stays)
+    assert seen["after"] > seen["before"]  # the thread's own workers
+
+
+def _on_a_fresh_thread(fn) -> None:
+    thread = threading.Thread(target=fn)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive()
+
+
+def test_the_prefetch_thread_runs_one_torch_thread():
+    """Media preparation ahead of the prefills runs beside the decode steps on one torch
+    thread: it starts no OpenMP workers of its own."""
+    import torch
+
+    pool = llm("qwen2_5_vl").engine.runner.prefetcher._pool
+    assert pool.submit(torch.get_num_threads).result(30) == 1

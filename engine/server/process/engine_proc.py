@@ -65,13 +65,17 @@ def serve_engine(*, address: str, authkey: bytes, model: str | None,
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # (cleanly: see the finally below)
     exit_with_parent()  # ... or its death does
+    from engine.cpus import in_own_thread, use_torch_threads
     from engine.executor.engine import Engine
     from engine.memory import tune_allocator
     from engine.models.loader import load_model
 
     tune_allocator()
-    loaded = load_model(model, chat_template=chat_template)
-    engine = Engine(loaded, config)
+    # loaded on a thread of its own, whose OpenMP workers end with it; this one only serves
+    # the connections (one torch thread: it never starts workers of its own)
+    engine = in_own_thread(lambda: Engine(load_model(model, chat_template=chat_template),
+                                          config))
+    use_torch_threads(1)
     listener = Listener(address, authkey=authkey)
     try:
         ready.send((os.getpid(), engine.threads_summary))
