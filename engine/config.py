@@ -10,12 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from engine import envs
-from engine.cpus import (
-    MAX_AUTO_ENGINES,
-    MAX_REPLICA_PARAMETERS,
-    MIN_REPLICA_PARAMETERS,
-    ONE_THREAD_PARAMETERS,
-)
+from engine.cpus import ONE_THREAD_PARAMETERS
 from engine.errors import ConfigError
 from engine.settings import check, setting
 
@@ -534,10 +529,8 @@ class ParallelConfig:
         "auto", metavar="N|auto",
         help="Model replicas, e.g. 2, or auto (the default): this project's engine decides "
              f"from the model's parameters and the CPUs: below {_m(ONE_THREAD_PARAMETERS)} "
-             f"one engine on one thread, {_m(MIN_REPLICA_PARAMETERS)[:-2]}-"
-             f"{_m(MAX_REPLICA_PARAMETERS)} an engine per core (at most {MAX_AUTO_ENGINES}) "
-             "on one thread each, larger one engine "
-             "on every CPU (measured in docs/performance.md, 'Engines and threads by "
+             "one engine on one thread, larger one engine on every CPU (measured in "
+             "docs/performance.md, 'Engines and threads by "
              "default'); --num-threads, if given, stays. A count: that many engine processes "
              "on this machine's CPUs, each with its own copy of the model and its own caches "
              "(N times the memory), each pinned to its own share of them with an even share "

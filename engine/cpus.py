@@ -148,15 +148,6 @@ def engine_threads(engines: int, cpus: int | None = None) -> int:
 #: below this many parameters an engine runs one torch thread by default (see
 #: :func:`auto_parallel`)
 ONE_THREAD_PARAMETERS = 10_000_000
-#: from this many parameters up to :data:`MAX_REPLICA_PARAMETERS` ``--data-parallel-size
-#: auto`` runs an engine per core (at most :data:`MAX_AUTO_ENGINES`); the ~150 M-parameter
-#: test model served 1.11x the requests/s of one engine on both cores with two (the largest
-#: size measured: docs/performance.md, "Engines and threads by default")
-MIN_REPLICA_PARAMETERS = 10_000_000
-MAX_REPLICA_PARAMETERS = 200_000_000
-#: the most engines ``auto`` starts (measured on 2 cores only: more replicas multiply the
-#: model's memory and split its caches, unmeasured)
-MAX_AUTO_ENGINES = 2
 
 
 def auto_parallel(parameters: int | None, cpus: int) -> tuple[int, int | None]:
@@ -167,18 +158,13 @@ def auto_parallel(parameters: int | None, cpus: int) -> tuple[int, int | None]:
     - below :data:`ONE_THREAD_PARAMETERS`: one engine on one thread (a decode step of such
       a model is mostly Python between small products: a second thread costs more than it
       saves);
-    - from :data:`MIN_REPLICA_PARAMETERS` to :data:`MAX_REPLICA_PARAMETERS`: an engine per
-      core, up to :data:`MAX_AUTO_ENGINES`, one thread each (a step's products are too small
-      to split well over threads, and two engines step apart);
-    - larger (or unknown): one engine on every CPU (its products are large enough for the
-      threads, and a second copy of the weights would halve each engine's share of the
-      memory bandwidth a decode step is bound by).
+    - larger (or unknown): one engine on every CPU. On 2 cores the 43 M- and 150 M-parameter
+      models once served more with an engine per core (one thread each); since the decode
+      kernels' products split over the threads and the engine's threads hold the only
+      OpenMP pools (:func:`in_own_thread`), one engine on both cores serves as much cold and
+      1.1-1.7x warm, with one copy of the weights and of the caches.
 
     docs/performance.md's "Engines and threads by default" has the measurements."""
     if parameters is not None and parameters < ONE_THREAD_PARAMETERS:
         return 1, 1
-    if parameters is not None and MIN_REPLICA_PARAMETERS <= parameters <= \
-            MAX_REPLICA_PARAMETERS and cpus >= 2:
-        engines = min(cpus, MAX_AUTO_ENGINES)
-        return engines, engine_threads(engines, cpus)
     return 1, None
