@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from engine.config import EngineConfig, PipelineConfig
-from engine.cpus import in_own_thread
+from engine.cpus import in_own_thread, usable_cpus, use_torch_threads
 from engine.errors import InvalidRequestError
 from engine.executor.engine import Engine
 from engine.executor.logits_processors import check_token_ids
@@ -109,7 +110,7 @@ class LLM:
         (vLLM's): "auto" takes the defaults of :meth:`get_default_sampling_params` from the
         model's generation_config.json, "vllm" uses none, or a folder holding one."""
         engine_config = EngineConfig.create(**engine_settings)
-        # (loads, preparations and steps each on threads of their own: see in_own_thread)
+        # loaded on a thread that ends with its OpenMP workers (see in_own_thread)
         self.loaded = in_own_thread(load_model, model, chat_template=chat_template,
                                     revision=revision, download_dir=download_dir)
         self.pipeline = Pipeline(self.loaded, pipeline_config(
@@ -121,6 +122,10 @@ class LLM:
         self.cache = self.pipeline.cache
         self._defaults = sampling_defaults(generation_config, self.loaded.path)
         self.engine = in_own_thread(Engine, self.loaded, engine_config)
+        # prompts are prepared on threads of one torch thread each, as the server's API
+        # processes prepare them: they start no OpenMP workers beside the engine's
+        self._preparers = ThreadPoolExecutor(usable_cpus(), thread_name_prefix="aphrodite-prep",
+                                             initializer=use_torch_threads, initargs=(1,))
 
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: the sampling parameters a call without any gets, the model's
@@ -133,7 +138,8 @@ class LLM:
 
     def prepare(self, prompt: str, items: list[MediaItem], kwargs: dict[str, Any] | None,
                 raw: bool) -> Any:
-        return in_own_thread(self.pipeline.prepare, prompt, items, kwargs, raw=raw)
+        return self._preparers.submit(self.pipeline.prepare, prompt, items, kwargs,
+                                      raw=raw).result()
 
     def _run(self, prepared: list[tuple[str, Any]], params: list[SamplingParams],
              priority: Sequence[int] | None = None) -> list[RequestOutput]:
@@ -237,4 +243,5 @@ class LLM:
         return items
 
     def close(self) -> None:
+        self._preparers.shutdown(wait=False, cancel_futures=True)
         self.engine.close()

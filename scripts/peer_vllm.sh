@@ -219,8 +219,7 @@ start_servers() {  # size model bind (auto: vLLM's own binding; else VLLM_CPU_OM
     OURS_CMD+=(--engine vllm)  # (vLLM's worker binds its threads: --num-threads is refused)
   else
     [ "$OUR_THREADS" = auto ] || OURS_CMD+=(--num-threads "$OUR_THREADS")
-    # a thread count is one engine's (serve's default, --data-parallel-size auto, may start
-    # an engine per core), unless OURS_ARGS sets the engines itself
+    # a thread count is one engine's, unless OURS_ARGS sets the engines itself
     [ "$OUR_THREADS" = auto ] || [[ " ${OURS_ARGS:-} " == *" --data-parallel-size"* ]] ||
       OURS_CMD+=(--data-parallel-size 1)
   fi
