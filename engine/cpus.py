@@ -11,6 +11,7 @@ import math
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,7 +68,8 @@ def in_own_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     decode step's many small products then waits for its workers to wake. Loading a model on
     the thread that later waits for answers, then stepping on the engine's own thread, made a
     2-thread decode step of the 150 M-parameter model 1.2-1.3x slower on 2 CPUs (44.3 against
-    36.1 ms, 8 rows). Model loads and media preparation go through here so that the engine's
+    36.1 ms, 8 rows). Model loads go through here, and the threads that work beside the
+    engine's run one torch thread (:func:`one_torch_thread_pool`), so that the engine's
     threads hold the only pools."""
     box: dict[str, Any] = {}
 
@@ -83,6 +85,13 @@ def in_own_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     if "error" in box:
         raise box.pop("error")
     return box["value"]
+
+
+def one_torch_thread_pool(workers: int, name: str) -> ThreadPoolExecutor:
+    """A thread pool whose threads run one torch thread each: work beside an engine's steps
+    (media preparation) that starts no OpenMP workers of its own (see :func:`in_own_thread`)."""
+    return ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=use_torch_threads,
+                              initargs=(1,))
 
 
 SYS_CPU = Path("/sys/devices/system/cpu")

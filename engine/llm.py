@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from engine.config import EngineConfig, PipelineConfig
-from engine.cpus import in_own_thread, usable_cpus, use_torch_threads
+from engine.cpus import in_own_thread, one_torch_thread_pool, usable_cpus
 from engine.errors import InvalidRequestError
 from engine.executor.engine import Engine
 from engine.executor.logits_processors import check_token_ids
@@ -124,8 +123,7 @@ class LLM:
         self.engine = in_own_thread(Engine, self.loaded, engine_config)
         # prompts are prepared on threads of one torch thread each, as the server's API
         # processes prepare them: they start no OpenMP workers beside the engine's
-        self._preparers = ThreadPoolExecutor(usable_cpus(), thread_name_prefix="aphrodite-prep",
-                                             initializer=use_torch_threads, initargs=(1,))
+        self._preparers = one_torch_thread_pool(usable_cpus(), "aphrodite-prep")
 
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: the sampling parameters a call without any gets, the model's

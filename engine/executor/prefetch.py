@@ -25,11 +25,11 @@ results live on the request (``EngineRequest.inputs``): they go with it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from engine.cpus import use_torch_threads
+from engine.cpus import one_torch_thread_pool
 from engine.executor.request import EngineRequest
 from engine.processing.preprocess import ProcessedPrompt
 
@@ -61,10 +61,8 @@ class Prefetcher:
         self._positions = positions
         self._media = media
         self.ahead = AHEAD if ahead is None else ahead
-        # one torch thread: the work is ahead of the prefills, beside the decode steps, and
-        # it starts no OpenMP workers of its own (see engine.cpus.in_own_thread)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="aphrodite-prefetch",
-                                        initializer=use_torch_threads, initargs=(1,))
+        # (ahead of the prefills, beside the decode steps: one torch thread)
+        self._pool = one_torch_thread_pool(1, "aphrodite-prefetch")
         #: prompts whose inputs were ready (or under way) when their prefill asked, and
         #: those computed by the prefill itself
         self.stats = {"prefetched": 0, "inline": 0}
