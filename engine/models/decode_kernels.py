@@ -166,6 +166,7 @@ def _load() -> ctypes.CDLL:
     lib.ap_linear_i8.argtypes = [p, lng, lng, lng, p, p, p, lng, p, lng, i]
     lib.ap_linear_i8.restype = None
     lib.ap_linear_group_columns.restype = lng
+    lib.ap_vector_floats.restype = lng
     lib.ap_add_rms.argtypes = [p, p, p, f, p, lng, lng]
     lib.ap_add_rms.restype = None
     lib.ap_rotate_qk.argtypes = [p, lng, p, p, p, p, lng, lng, lng, lng]
@@ -173,6 +174,7 @@ def _load() -> ctypes.CDLL:
     lib.ap_silu_mul.argtypes = [p, p, lng, lng]
     lib.ap_silu_mul.restype = None
     lib.group_columns = lib.ap_linear_group_columns()
+    lib.vector_floats = lib.ap_vector_floats()
     group, dim = ctypes.c_int(), ctypes.c_int()
     lib.ap_decode_limits(ctypes.byref(group), ctypes.byref(dim))
     lib.max_group, lib.max_dim = group.value, dim.value

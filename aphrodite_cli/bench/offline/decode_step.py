@@ -233,6 +233,9 @@ def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: 
         doc = {"model": llms["none"].loaded.name, "num_threads": num_threads,
                "decode_path": runner.decode_path,
                "decode_attention": "kernel" if decode_kernels.library() else "batched products",
+               # floats per vector the kernels were built with (the CPU's register width)
+               "decode_kernel_vector_floats": getattr(decode_kernels.prepare(),
+                                                      "vector_floats", None),
                "decode_linear_kernel_products": getattr(runner._lean_decode,
                                                         "kernel_products", 0),
                # (each loaded model's: with --quantization, its int8 products' too)

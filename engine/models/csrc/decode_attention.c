@@ -15,7 +15,7 @@
  * Per (row, head) pair, in a buffer of the thread's own: the scores (-inf where not kept),
  * their softmax's weights (a vectorized exp), then the weighted sum of the values, scaled by
  * one over the weights' sum at the end. Every sum runs over the row's own columns from its
- * first kept one, in column order (the weights' sum in 16 lanes counted from that column):
+ * first kept one, in column order (the weights' sum in VF lanes counted from that column):
  * a row whose kept columns are its last ones (the running batch's left padding) gets the
  * same bits whatever the frame's width, that is whatever its batch-mates.
  *
@@ -41,9 +41,9 @@ int ap_decode_limits(int *max_group, int *max_dim) {
     return 1;
 }
 
-/* one (row, head) pair's scores. A dot product runs on vectors of 16 floats (see vec.h)
- * and adds the 16 lanes by halving at the end; a head size that is not a multiple of 16
- * takes the plain loop. */
+/* one (row, head) pair's scores. A dot product runs on vectors of VF floats (see vec.h)
+ * and adds the lanes by halving at the end; a head size that is not a multiple of 16 takes
+ * the plain loop. */
 /* column c's scores (-inf where it is not kept) */
 #define SCORES_COLUMN(DIM, c)                                                                \
     if (kr && !kr[c]) {                                                                      \
@@ -53,9 +53,9 @@ int ap_decode_limits(int *max_group, int *max_dim) {
         const float *kc = kp + (c) * sc;                                                     \
         for (long j = 0; j < group; j++) {                                                   \
             const float *qj = qp + j * (DIM);                                                \
-            v16 acc = {0};                                                                   \
-            for (long t = 0; t < (DIM); t += 16)                                             \
-                acc += *(const v16 *)(qj + t) * *(const v16 *)(kc + t);                      \
+            vf acc = {0};                                                                    \
+            for (long t = 0; t < (DIM); t += VF)                                             \
+                acc += load(qj + t) * load(kc + t);                                          \
             sp[j * columns + (c)] = lanes_sum(acc) * scale;                                  \
         }                                                                                    \
     }
@@ -77,13 +77,13 @@ int ap_decode_limits(int *max_group, int *max_dim) {
             __builtin_prefetch(kp + (c + PREFETCH + l / (DIM)) * sc + l % (DIM), 0, 3);      \
         for (long j = 0; j < group; j++) {                                                   \
             const float *qj = qp + j * (DIM);                                                \
-            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                      \
-            for (long t = 0; t < (DIM); t += 16) {                                           \
-                v16 x = *(const v16 *)(qj + t);                                              \
-                a0 += x * *(const v16 *)(k0 + t);                                            \
-                a1 += x * *(const v16 *)(k1 + t);                                            \
-                a2 += x * *(const v16 *)(k2 + t);                                            \
-                a3 += x * *(const v16 *)(k3 + t);                                            \
+            vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                       \
+            for (long t = 0; t < (DIM); t += VF) {                                           \
+                vf x = load(qj + t);                                                         \
+                a0 += x * load(k0 + t);                                                      \
+                a1 += x * load(k1 + t);                                                      \
+                a2 += x * load(k2 + t);                                                      \
+                a3 += x * load(k3 + t);                                                      \
             }                                                                                \
             float *out = sp + j * columns + c;                                               \
             out[0] = lanes_sum(a0) * scale;                                                  \
@@ -121,7 +121,7 @@ static void scores_pair(const float *qp, const float *kp, long sc, const unsigne
 }
 
 /* one (row, head) pair's output: each kept column's value, weighted by each query's
- * probability, added into the group's accumulators (vectors of 16 floats where the head size
+ * probability, added into the group's accumulators (vectors of VF floats where the head size
  * is a multiple of 16) */
 #define VALUES_BODY(DIM)                                                                     \
     for (long c = 0; c < columns; c++) {                                                     \
@@ -131,9 +131,9 @@ static void scores_pair(const float *qp, const float *kp, long sc, const unsigne
         for (long l = 0; l < (DIM); l += 16) /* the values PREFETCH columns on */            \
             __builtin_prefetch(vc + PREFETCH * sc + l, 0, 3);                                \
         for (long j = 0; j < group; j++) {                                                   \
-            float w = pp[j * columns + c];                                                   \
-            for (long t = 0; t < (DIM) / 16; t++)                                            \
-                acc[j][t] += w * *(const v16 *)(vc + 16 * t);                                \
+            vf w = splat(pp[j * columns + c]);                                               \
+            for (long t = 0; t < (DIM) / VF; t++)                                            \
+                acc[j][t] += w * load(vc + VF * t);                                          \
         }                                                                                    \
     }
 
@@ -152,10 +152,10 @@ static void values_pair(const float *pp, const float *vp, long sc, const unsigne
         }
         return;
     }
-    v16 acc[MAX_GROUP][MAX_DIM / 16];
+    vf acc[MAX_GROUP][MAX_DIM / VF];
     for (long j = 0; j < group; j++)
-        for (long t = 0; t < dim / 16; t++)
-            acc[j][t] = (v16){0};
+        for (long t = 0; t < dim / VF; t++)
+            acc[j][t] = (vf){0};
     switch (dim) {
     case 64: VALUES_BODY(64) break;
     case 128: VALUES_BODY(128) break;
@@ -163,12 +163,12 @@ static void values_pair(const float *pp, const float *vp, long sc, const unsigne
     default: VALUES_BODY(dim) break;
     }
     for (long j = 0; j < group; j++)
-        for (long t = 0; t < dim / 16; t++)
-            __builtin_memcpy(op + j * dim + 16 * t, &acc[j][t], sizeof(v16));
+        for (long t = 0; t < dim / VF; t++)
+            __builtin_memcpy(op + j * dim + VF * t, &acc[j][t], sizeof(vf));
 }
 
 /* each group row's scores into softmax weights (not divided by their sum: inv gets one over
- * it); from the row's first kept column, 16 at a time, the last ones padded with -inf */
+ * it); from the row's first kept column, VF at a time, the last ones padded with -inf */
 static void softmax_pair(float *sp, const unsigned char *kr, long group, long columns,
                          float *inv) {
     long c0 = 0;
@@ -178,16 +178,16 @@ static void softmax_pair(float *sp, const unsigned char *kr, long group, long co
     for (long j = 0; j < group; j++) {
         float *s = sp + j * columns, m = -INFINITY;
         long c = c0;
-        v16 top = (v16){0} - INFINITY;
-        i16 nan = {0};
-        for (; c + 16 <= columns; c += 16) {
-            v16 x = *(const v16 *)(s + c);
-            i16 more = x > top;
+        vf top = splat(-INFINITY);
+        vi nan = {0};
+        for (; c + VF <= columns; c += VF) {
+            vf x = load(s + c);
+            vi more = x > top;
             nan |= x != x;
-            top = (v16)(((i16)x & more) | ((i16)top & ~more));
+            top = (vf)(((vi)x & more) | ((vi)top & ~more));
         }
         int any_nan = 0;
-        for (int lane = 0; lane < 16; lane++) {
+        for (int lane = 0; lane < VF; lane++) {
             m = top[lane] > m ? top[lane] : m;
             any_nan |= nan[lane];
         }
@@ -203,21 +203,21 @@ static void softmax_pair(float *sp, const unsigned char *kr, long group, long co
             inv[j] = 0.0f;
             continue;
         }
-        v16 acc = {0}, none = (v16){0} - INFINITY;
-        top = (v16){0} + m;
-        for (c = c0; c + 16 <= columns; c += 16) {
-            v16 x = *(const v16 *)(s + c);
-            i16 kept = (x > none) | (x != x);
-            v16 e = (v16)((i16)exp16(x - top) & kept);
+        vf acc = {0}, none = splat(-INFINITY);
+        top = splat(m);
+        for (c = c0; c + VF <= columns; c += VF) {
+            vf x = load(s + c);
+            vi kept = (x > none) | (x != x);
+            vf e = (vf)((vi)vexp(x - top) & kept);
             __builtin_memcpy(s + c, &e, sizeof e);
             acc += e;
         }
         if (c < columns) { /* the last few, padded with -inf */
             long n = columns - c;
-            v16 x = none;
+            vf x = none;
             __builtin_memcpy(&x, s + c, sizeof(float) * n);
-            i16 kept = (x > none) | (x != x);
-            v16 e = (v16)((i16)exp16(x - top) & kept);
+            vi kept = (x > none) | (x != x);
+            vf e = (vf)((vi)vexp(x - top) & kept);
             __builtin_memcpy(s + c, &e, sizeof(float) * n);
             acc += e;
         }

@@ -11,13 +11,14 @@
  *   bias    NULL, or the bias padded as the columns are
  *   y       (rows, n), row stride ldy: only the n real columns are written
  *
- * A group of GROUP panels (48 output columns) is read as GROUP streams, side by side, while
- * up to 8 rows' accumulators (24 vectors of 16 floats) take one broadcast x value each per
- * step: per 192 bytes of weights, 24 multiply-adds and 11 loads, so a core streams the
- * weights as fast as it reads memory. Each stream is prefetched 2 KB ahead (the
- * hardware's own prefetchers alone left a step of 8 rows at 10 GB/s where a plain read runs
- * at 13-14). A group's weights (k * 192 bytes) stay in the core's L2 while the next 8 rows
- * go through them.
+ * A group of GROUP panels (48 output columns) is read as streams side by side while the
+ * rows' accumulators stay in registers, each taking one broadcast x value per step: on
+ * AVX-512, 3 panels by 8 rows (24 registers of 16 floats: per 192 bytes of weights, 24
+ * multiply-adds and 11 loads, so a core streams the weights as fast as it reads memory); on
+ * AVX2, a panel at a time by 6 rows (12 of its 16 registers; see vf below). Each stream is
+ * prefetched 2 KB ahead (the hardware's own prefetchers alone left a step of 8 rows at 10
+ * GB/s where a plain read runs at 13-14). A group's weights (k * 192 bytes) stay in the
+ * core's L2 while the next rows go through them.
  *
  * Each output is one chain of multiply-adds over t = 0..k-1 in order, then the bias: the
  * same operations whatever the number of rows and whichever row chunk it falls in, so a
@@ -65,74 +66,104 @@ void ap_linear_pack_i8(const signed char *w, long n, long k, signed char *panels
     }
 }
 
-static inline v16 load_f32(const float *p) { return *(const v16 *)p; }
+/* The kernels run on the target's own vectors (vf of vec.h: VF floats, NV to a panel): 16
+ * floats in one AVX-512 register, two AVX2 halves, four NEON or SSE quarters. A pass holds
+ * NB panels' accumulators for up to MB_MAX rows in registers (NB * MB * NV vectors, beside
+ * NB * NV weight vectors and a broadcast): AVX-512's 32 registers take a whole group (3
+ * panels) of 8 rows; AVX2's 16, one panel of 6 rows (8 rows: 6, then 2 from the cache). More
+ * would spill accumulators to memory on every multiply-add. */
+#if VF == 16
+#define NB 3
+#define MB_MAX 8
+#else /* AVX2: 12 of 16 registers; NEON: 24 of 32 (elsewhere a best effort) */
+#define NB 1
+#define MB_MAX 6
+#endif
+#define NV (PANEL / VF)
 
-/* 16 int8 lanes as floats (exact: every int8 is a float). GCC 12 turns the vector
- * extensions' conversion of 16 bytes to 16 floats into 16 scalar conversions, so on x86
- * the sign extension is spelt out; elsewhere a loop the compiler vectorizes. */
-static inline v16 load_i8(const signed char *p) {
-#if defined(__AVX512F__)
+/* VF lanes of the weights as floats: float32 as they are, int8 widened */
+static inline vf lanes_f32(const float *p) { return load(p); }
+
+static inline vf lanes_i8(const signed char *p) {
+#if VF == 16 && defined(__AVX512F__)
     __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-    v16 out;
+    vf out;
     __builtin_memcpy(&out, &f, sizeof out);
     return out;
-#elif defined(__AVX2__)
-    __m128i b = _mm_loadu_si128((const __m128i *)p);
-    __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-    __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
-    v16 out;
-    __builtin_memcpy(&out, &lo, sizeof lo);
-    __builtin_memcpy((char *)&out + sizeof lo, &hi, sizeof hi);
+#elif VF == 8 && defined(__AVX2__)
+    __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    vf out;
+    __builtin_memcpy(&out, &f, sizeof out);
     return out;
 #else
-    v16 out;
-    for (int i = 0; i < 16; i++)
+    vf out;
+    for (int i = 0; i < VF; i++)
         out[i] = (float)p[i];
     return out;
 #endif
 }
 
-/* MB rows against one group of panels starting at p (output column col); T the weights'
- * element type, LOAD its 16 lanes as floats, STEP the bytes prefetched ahead per stream.
- * scale: NULL, or each padded column's scale (the sum times it, before the bias) */
+/* MB rows against NB panels starting at p (output column col); T the weights' element type,
+ * LOAD its VF lanes as floats. scale: NULL, or each padded column's scale (the sum times
+ * it, before the bias) */
 #define ROWS(NAME, T, LOAD, MB)                                                              \
     static void NAME##_##MB(const float *x, long ldx, long k, const T *p,                    \
                             const float *scale, const float *bias, float *y, long ldy,       \
                             long col, long n) {                                              \
-        v16 a[GROUP][MB];                                                                    \
-        for (int b = 0; b < GROUP; b++)                                                      \
-            for (int r = 0; r < (MB); r++)                                                   \
-                a[b][r] = (v16){0};                                                          \
+        vf a[NB][NV][MB];                                                                    \
+        for (int b = 0; b < NB; b++)                                                         \
+            for (int h = 0; h < NV; h++)                                                     \
+                for (int r = 0; r < (MB); r++)                                               \
+                    a[b][h][r] = (vf){0};                                                    \
         for (long t = 0; t < k; t++) {                                                       \
-            for (int b = 0; b < GROUP; b++)                                                  \
+            for (int b = 0; b < NB; b++)                                                     \
                 __builtin_prefetch((const char *)(p + b * k * PANEL + t * PANEL) +           \
                                    PREFETCH_BYTES, 0, 3);                                    \
-            v16 w[GROUP];                                                                    \
-            for (int b = 0; b < GROUP; b++)                                                  \
-                w[b] = LOAD(p + b * k * PANEL + t * PANEL);                                  \
+            vf w[NB][NV];                                                                    \
+            for (int b = 0; b < NB; b++)                                                     \
+                for (int h = 0; h < NV; h++)                                                 \
+                    w[b][h] = LOAD(p + b * k * PANEL + t * PANEL + h * VF);                  \
             for (int r = 0; r < (MB); r++) {                                                 \
                 float s = x[r * ldx + t];                                                    \
-                for (int b = 0; b < GROUP; b++)                                              \
-                    a[b][r] += s * w[b];                                                     \
+                for (int b = 0; b < NB; b++)                                                 \
+                    for (int h = 0; h < NV; h++)                                             \
+                        a[b][h][r] += s * w[b][h];                                           \
             }                                                                                \
         }                                                                                    \
         for (int r = 0; r < (MB); r++)                                                       \
-            for (int b = 0; b < GROUP; b++) {                                                \
-                long c = col + b * PANEL, left = n - c;                                      \
-                if (left <= 0)                                                               \
-                    break;                                                                   \
-                v16 out = a[b][r];                                                           \
-                if (scale)                                                                   \
-                    out *= *(const v16 *)(scale + c);                                        \
-                if (bias)                                                                    \
-                    out += *(const v16 *)(bias + c);                                         \
-                __builtin_memcpy(y + r * ldy + c, &out,                                      \
-                                 sizeof(float) * (left < PANEL ? left : PANEL));             \
-            }                                                                                \
+            for (int b = 0; b < NB; b++)                                                     \
+                for (int h = 0; h < NV; h++) {                                               \
+                    long c = col + b * PANEL + h * VF, left = n - c;                         \
+                    if (left <= 0)                                                           \
+                        break;                                                               \
+                    vf out = a[b][h][r];                                                     \
+                    if (scale)                                                               \
+                        out *= *(const vf *)(scale + c);                                     \
+                    if (bias)                                                                \
+                        out += *(const vf *)(bias + c);                                      \
+                    __builtin_memcpy(y + r * ldy + c, &out,                                  \
+                                     sizeof(float) * (left < VF ? left : VF));               \
+                }                                                                            \
     }
+
+/* rows m0.. of a group's NB panels at p: in passes of 8 rows where MB_MAX allows, then 4, 2, 1 */
+#define PASSES(NAME)                                                                         \
+    for (; MB_MAX == 8 && m0 + 8 <= rows; m0 += 8)                                           \
+        NAME##_8(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);           \
+    for (; MB_MAX == 6 && m0 + 6 <= rows; m0 += 6)                                           \
+        NAME##_6(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);           \
+    for (; m0 + 4 <= rows; m0 += 4)                                                          \
+        NAME##_4(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);           \
+    if (m0 + 2 <= rows) {                                                                    \
+        NAME##_2(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);           \
+        m0 += 2;                                                                             \
+    }                                                                                        \
+    if (m0 < rows)                                                                           \
+        NAME##_1(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);
 
 #define KERNEL(NAME, T, LOAD)                                                                \
     ROWS(NAME, T, LOAD, 8)                                                                   \
+    ROWS(NAME, T, LOAD, 6)                                                                   \
     ROWS(NAME, T, LOAD, 4)                                                                   \
     ROWS(NAME, T, LOAD, 2)                                                                   \
     ROWS(NAME, T, LOAD, 1)                                                                   \
@@ -142,25 +173,18 @@ static inline v16 load_i8(const signed char *p) {
         long width = GROUP * PANEL, groups = (n + width - 1) / width;                        \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1)")   \
         for (long g = 0; g < groups; g++) {                                                  \
-            const T *p = panels + g * GROUP * k * PANEL;                                     \
-            long col = g * width, m0 = 0;                                                    \
-            for (; m0 + 8 <= rows; m0 += 8)                                                  \
-                NAME##_8(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);   \
-            if (m0 + 4 <= rows) {                                                            \
-                NAME##_4(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);   \
-                m0 += 4;                                                                     \
+            for (int q = 0; q < GROUP; q += NB) {                                            \
+                const T *p = panels + (g * GROUP + q) * k * PANEL;                           \
+                long col = g * width + q * PANEL, m0 = 0;                                    \
+                if (col >= n)                                                                \
+                    break;                                                                   \
+                PASSES(NAME)                                                                 \
             }                                                                                \
-            if (m0 + 2 <= rows) {                                                            \
-                NAME##_2(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);   \
-                m0 += 2;                                                                     \
-            }                                                                                \
-            if (m0 < rows)                                                                   \
-                NAME##_1(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);   \
         }                                                                                    \
     }
 
-KERNEL(linear_f32, float, load_f32)
-KERNEL(linear_i8, signed char, load_i8)
+KERNEL(linear_f32, float, lanes_f32)
+KERNEL(linear_i8, signed char, lanes_i8)
 
 void ap_linear(const float *x, long rows, long ldx, long k, const float *panels,
                const float *bias, long n, float *y, long ldy, int threads) {

@@ -13,8 +13,11 @@
 
 #include "vec.h"
 
+/* floats per vector the kernels were built with (vec.h's VF: the target's register width) */
+long ap_vector_floats(void) { return VF; }
+
 /* h (rows, n) += delta (NULL: nothing added); x = weight * (h / sqrt(mean(h^2) + eps)), as
- * transformers' Qwen2/Llama RMSNorm in float32 (the mean's sum in 16 lanes, then halved) */
+ * transformers' Qwen2/Llama RMSNorm in float32 (the mean's sum in VF lanes, then halved) */
 void ap_add_rms(float *h, const float *delta, const float *weight, float eps, float *x,
                 long rows, long n) {
     for (long r = 0; r < rows; r++) {
@@ -24,10 +27,10 @@ void ap_add_rms(float *h, const float *delta, const float *weight, float eps, fl
             for (long i = 0; i < n; i++)
                 hr[i] = hr[i] + dr[i];
         }
-        v16 acc = {0};
+        vf acc = {0};
         long i = 0;
-        for (; i + 16 <= n; i += 16) {
-            v16 v = *(const v16 *)(hr + i);
+        for (; i + VF <= n; i += VF) {
+            vf v = load(hr + i);
             acc += v * v;
         }
         float sum = lanes_sum(acc);
@@ -67,15 +70,15 @@ void ap_silu_mul(const float *gate_up, float *out, long rows, long width) {
         const float *g = gate_up + r * 2 * width, *u = g + width;
         float *o = out + r * width;
         long i = 0;
-        for (; i + 16 <= width; i += 16) {
-            v16 gv = *(const v16 *)(g + i);
-            v16 sv = gv / (1.0f + exp16((v16){0} - gv));
-            v16 ov = sv * *(const v16 *)(u + i);
+        for (; i + VF <= width; i += VF) {
+            vf gv = load(g + i);
+            vf sv = gv / (1.0f + vexp(splat(0.0f) - gv));
+            vf ov = sv * load(u + i);
             __builtin_memcpy(o + i, &ov, sizeof ov);
         }
         for (; i < width; i++) { /* the same arithmetic on one lane */
-            v16 gv = (v16){0} + g[i];
-            v16 sv = gv / (1.0f + exp16((v16){0} - gv));
+            vf gv = splat(g[i]);
+            vf sv = gv / (1.0f + vexp(splat(0.0f) - gv));
             o[i] = sv[0] * u[i];
         }
     }
