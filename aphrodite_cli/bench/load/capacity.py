@@ -79,8 +79,8 @@ def _bracket(points: Sequence[Point]) -> tuple[Point | None, Point | None]:
 
 
 def _rate(point: Point) -> float:
-    assert point.offered_rate is not None  # a bracket's points are rate points
-    return point.offered_rate
+    """A bracket's point's offered rate (:func:`_bracket` takes only points that have one)."""
+    return point.offered_rate or 0.0
 
 
 async def search(measure: Callable[[float], Awaitable[Point]], sync: Point, saturation: Point,
@@ -124,8 +124,8 @@ async def search(measure: Callable[[float], Awaitable[Point]], sync: Point, satu
         return {"rate": None, "limited_by": "slo", "point": None,
                 "why": f"no rate down to {probe * 2:.3g}/s met the SLOs"}
     while (_rate(high) - _rate(low)) / _rate(high) > rate_precision and tries < max_points:
-        low, high = await at((_rate(low) + _rate(high)) / 2)
-        assert high is not None  # a failing point never leaves the points
+        low, failing = await at((_rate(low) + _rate(high)) / 2)
+        high = failing or high  # (a failing point never leaves the points: always one)
     return _result(low, high, None)
 
 
