@@ -356,11 +356,10 @@ class EngineConfig:
         None, ge=1, example="1",
         help="torch threads of the decode steps, e.g. 1 (llama.cpp's --threads beside "
              "--threads-batch); prefills and encoders keep --num-threads. A decode step "
-             "multiplies a few rows by every weight: on a small model and few cores more "
-             "threads cost more than they save (the 43 M-parameter Qwen2.5-VL on 2 cores: "
-             "--num-threads 2 --decode-threads 1 served 1.2-1.4x the cold requests/s of 1 or "
-             "2 threads throughout). Beside --overlap-prefill a prefill keeps --num-threads. "
-             "Default: --num-threads.")
+             "multiplies a few rows by every weight, bound by reading them: where a second "
+             "thread adds no memory bandwidth it only adds waiting (scripts/dp_auto_bench.sh "
+             "SETTINGS='auto d1' compares the two on your machine). Beside --overlap-prefill "
+             "a prefill keeps --num-threads. Default: --num-threads.")
     reserved_gpu_bytes: int = setting(0, ge=0, flag="--mm-ipc-gpu-memory-gb", cli=False,
                                       example="4", help="GPU memory left to others, in bytes.")
     enable_prefix_caching: bool = setting(
@@ -386,11 +385,11 @@ class EngineConfig:
     quantization: str | None = setting(
         None, choices=QUANTIZATIONS, aliases=("-q",),
         help="int8: the language model's linear weights as int8 rows with a scale each "
-             "(weight-only, packed at load, dequantized in the product through PyTorch's "
-             "int8 kernel with bfloat16 activations; a CPU device): a quarter of float32's "
-             "weight bytes per decode step. Its speed and quality cost (greedy agreement, KL "
-             "against float32): aphrodite bench decode-step --quantization int8. Default: "
-             "off.")
+             "(weight-only, packed at load; a CPU device): a quarter of float32's weight "
+             "bytes per decode step, whose products widen them to float32 in registers "
+             "(the engine's linear kernel; a prefill multiplies by a bfloat16 copy). Its "
+             "speed and quality cost (greedy agreement, KL against float32): aphrodite "
+             "bench decode-step --quantization int8. Default: off.")
     compile_decode: bool = setting(
         False,
         help="Compile the decode step's work between attentions with torch.compile "
