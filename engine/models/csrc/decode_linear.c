@@ -81,11 +81,9 @@ void ap_linear_pack_i8(const signed char *w, long n, long k, signed char *panels
 #endif
 #define NV (PANEL / VF)
 
-/* VF lanes of the weights as floats: float32 as they are, int8 widened */
-static inline vf lanes_f32(const float *p) { return load(p); }
-
+/* VF int8 weights widened to floats (float32 weights: vec.h's load) */
 static inline vf lanes_i8(const signed char *p) {
-#if VF == 16 && defined(__AVX512F__)
+#if VF == 16 /* (AVX-512) */
     __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
     vf out;
     __builtin_memcpy(&out, &f, sizeof out);
@@ -146,7 +144,7 @@ static inline vf lanes_i8(const signed char *p) {
                 }                                                                            \
     }
 
-/* rows m0.. of a group's NB panels at p: in passes of 8 rows where MB_MAX allows, then 4, 2, 1 */
+/* rows m0.. of NB panels at p: passes of MB_MAX rows (8 or 6), then of 4, 2 and 1 */
 #define PASSES(NAME)                                                                         \
     for (; MB_MAX == 8 && m0 + 8 <= rows; m0 += 8)                                           \
         NAME##_8(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);           \
@@ -183,7 +181,7 @@ static inline vf lanes_i8(const signed char *p) {
         }                                                                                    \
     }
 
-KERNEL(linear_f32, float, lanes_f32)
+KERNEL(linear_f32, float, load)
 KERNEL(linear_i8, signed char, lanes_i8)
 
 void ap_linear(const float *x, long rows, long ldx, long k, const float *panels,
