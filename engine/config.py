@@ -578,6 +578,13 @@ class VllmConfig:
              f"GPU; {VLLM_CPU_KV_CACHE_DEFAULT_BYTES >> 30}G on a CPU, where vLLM would "
              "otherwise want 90% of the memory free to start (VLLM_CPU_KVCACHE_SPACE, when "
              "set, wins over both).")
+    #: vLLM's --enforce-eager: no torch.compile of the model at start-up (CUDA graphs on a
+    #: GPU); measured on 2 CPU cores, the tiny Qwen2.5-VL: 30 of an 80 s start-up compiling
+    enforce_eager: bool = setting(
+        False, help="--engine vllm: vLLM's --enforce-eager: run the model eagerly, without "
+                    "compiling it at start-up (torch.compile; CUDA graphs on a GPU): a "
+                    "shorter start-up, slower steps. This project's engine is eager unless "
+                    "--compile-decode.")
     #: the interpreter of vLLM's environment; None: the project's ``.venv-vllm``
     python: str | None = setting(
         None, flag="--vllm-python",

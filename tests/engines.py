@@ -35,6 +35,10 @@ MODELS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "aphro
 #: vLLM's KV cache on the CPU, by this server's flag (vLLM's own name and units): 1 GiB
 #: rather than the default 4, beside the other engineers' tests
 VLLM_KV = ("--kv-cache-memory-bytes", "1G")
+#: vLLM's --enforce-eager: no torch.compile of the model at start-up, which took 30 of an 80 s
+#: vLLM start-up on 2 cores (45 s eager); what these tests check is the bridge, not vLLM's
+#: compiled graph (tests/vllm's tensor-parallel server keeps vLLM's default, compiled)
+VLLM_EAGER = ("--enforce-eager",)
 #: one server for the structured outputs and tool calls (tests/server/test_structured_outputs.py)
 #: and for vLLM's image and video checks beside vLLM's own server (tests/vllm, TestQwen25VL):
 #: the tools template (Qwen2.5-VL's own without tools) and the hermes parser, request timings,
@@ -81,7 +85,8 @@ def engine_params() -> dict[str, object]:
 
 def serve(engine: str, *args: str, env: dict[str, str] | None = None) -> ServerProcess:
     """``aphrodite serve ARGS`` on the tiny Qwen2.5-VL with ``engine``, ready (vLLM's: with
-    ``--kv-cache-memory-bytes 1G``, float32 and a 2048-token model length: the KV space
+    ``--kv-cache-memory-bytes 1G``, ``--enforce-eager``, float32 and a 2048-token model
+    length: the KV space
     is this server's flag's, unless the environment sets vLLM's ``VLLM_CPU_KVCACHE_SPACE``,
     which wins)."""
     if engine == "ours":
@@ -89,5 +94,5 @@ def serve(engine: str, *args: str, env: dict[str, str] | None = None) -> ServerP
     vllm_python()
     server = ServerProcess(str(tiny_model("qwen2_5_vl")), "--engine", "vllm",
                            "--served-model-name", SERVED, "--max-model-len", "2048",
-                           "--dtype", "float32", *VLLM_KV, *args, env=env)
+                           "--dtype", "float32", *VLLM_KV, *VLLM_EAGER, *args, env=env)
     return server.wait_ready(VLLM_START_S)

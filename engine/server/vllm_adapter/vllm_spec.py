@@ -72,8 +72,8 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
     shared flags (``--max-num-seqs``, ``--max-model-len``, ``--enable-prefix-caching``,
     ``--dtype``, ``--max-num-batched-tokens``, ``--long-prefill-token-threshold`` when
     given, ``--limit-mm-per-prompt``, ``--mm-processor-cache-gb``) and vLLM's own
-    (``--kv-cache-memory-bytes`` when given; on a CPU the bridge sets the default,
-    ``spec["cpu_kv_cache_bytes"]``)."""
+    (``--kv-cache-memory-bytes`` when given, ``--enforce-eager``; on a CPU the bridge sets
+    the default, ``spec["cpu_kv_cache_bytes"]``)."""
     vllm, engine, parallel = config.vllm, config.engine, config.parallel
     args: dict[str, Any] = {
         "model": model_path, "served_model_name": [served_name],
@@ -94,6 +94,8 @@ def engine_args(config: Any, model_path: str, served_name: str) -> dict[str, Any
         # tool call's JSON with whitespace until max_tokens)
         "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
     }
+    if vllm.enforce_eager:
+        args["enforce_eager"] = True
     if vllm.kv_cache_memory_bytes is not None:
         args["kv_cache_memory_bytes"] = vllm.kv_cache_memory_bytes
     if parallel.distributed_executor_backend is not None:
