@@ -19,7 +19,6 @@ import dataclasses
 import errno
 import json
 import logging
-import multiprocessing
 import os
 import secrets
 import shutil
@@ -37,6 +36,7 @@ from engine.models.generation_config import bad_file, describe, sampling_default
 from engine.server.api.serve import DRAIN_S, api_server_main
 from engine.server.config import ServerConfig
 from engine.server.engines import engines_for
+from engine.server.fork_server import fork_server, started_all
 
 logger = logging.getLogger("aphrodite.server")
 
@@ -73,13 +73,13 @@ def _validated_model(config: ServerConfig) -> tuple[str, str]:
     return str(loaded.path), name
 
 
-def validate_in_child(config: ServerConfig) -> tuple[str, str]:
-    """:func:`validate` in a throwaway process: (model folder, served name). The supervisor
-    then never imports torch or transformers, and stays small (~50 MB instead of ~700 MB);
-    errors come back as themselves."""
+def validate_in_child(config: ServerConfig, ctx: Any) -> tuple[str, str]:
+    """:func:`validate` in a throwaway process of ``ctx`` (the fork server's): (model folder,
+    served name). The supervisor then never imports torch or transformers, and stays small
+    (~50 MB instead of ~700 MB); errors come back as themselves."""
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(1, mp_context=ctx) as pool:
         return pool.submit(_validated_model, config).result()
 
 
@@ -184,15 +184,23 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     from engine.lifetime import name_process
 
     name_process("supervisor")
-    model_path, name = validate_in_child(config)
+    folder = Path(tempfile.mkdtemp(prefix="aphrodite-"))
+    try:
+        with fork_server(folder) as ctx:
+            return _supervise(config, sock, announce, ctx, folder)
+    finally:  # (also when the start-up check failed: nothing else removes it then)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _supervise(config: ServerConfig, sock: socket.socket, announce, ctx: Any,
+               folder: Path) -> int:
+    model_path, name = validate_in_child(config, ctx)
     defaults = checked_defaults(config.generation_config, model_path)
     if defaults:  # once, as vLLM does
         announce(describe(defaults, config.generation_config))
         config = dataclasses.replace(config, sampling_defaults=defaults)
     backend = engines_for(config)
     config = backend.fit(config, model_path, announce)
-    ctx = multiprocessing.get_context("spawn")
-    folder = Path(tempfile.mkdtemp(prefix="aphrodite-"))
     authkey = secrets.token_bytes(32)
     started = backend.start(config, ctx, model_path, name, folder, authkey)
     grace_s = backend.stop_grace_s
@@ -245,6 +253,7 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
                     hint="see the messages above") from None
         engines_up.set()
         _wait_ready(config.host, config.port, [*engines, *apis], listening, timeout=180)
+        started_all(folder)
         # Every API server listens on its own copy now. Without this one, the port would
         # keep taking connections into a backlog nobody accepts once they start draining.
         sock.close()

@@ -353,9 +353,10 @@ def test_two_api_servers_share_the_port_and_crashes_are_reported():
 
 
 def test_children_stop_when_the_supervisor_is_killed_outright():
-    """SIGKILL gives the supervisor no chance to stop its children: the kernel tells them
-    (parent-death signal) and the engine, both API servers, their decode workers and the
-    resource tracker all exit on their own, freeing the port; the last API server out
+    """SIGKILL gives the supervisor no chance to stop its children: the fork server that
+    started them exits with it, the kernel tells them (parent-death signal) and the engine,
+    both API servers, their decode workers and the resource tracker all exit on their own,
+    freeing the port; the last API server out
     removes the folder they shared their metrics in."""
     tmp = Path(tempfile.gettempdir())
     before = set(tmp.glob("aphrodite-metrics-*"))
@@ -583,3 +584,41 @@ def test_an_inherited_prometheus_multiproc_dir_does_not_change_one_api_server(tm
         assert not (tmp_path / "no-such-folder").exists()
     finally:
         assert server.stop() == 0
+
+
+def _what_a_child_finds() -> tuple[bool, int | None]:
+    """(torch imported before this ran, the fork server's alive pipe after exit_with_parent:
+    None once let go) in a child of the fork server (module-level: the child finds it)."""
+    import sys
+    from multiprocessing import forkserver
+
+    from engine.lifetime import exit_with_parent
+
+    imported = "torch" in sys.modules
+    exit_with_parent()
+    return imported, forkserver._forkserver._forkserver_alive_fd
+
+
+def test_the_fork_server_hands_children_torch_imported_and_leaves_nothing(tmp_path):
+    """The supervisor's children start from a fork server that imported torch (what took a
+    spawned child 5-6 s of each start-up); a child that asks for the parent-death signal lets
+    go of the pipe that keeps the fork server alive (so it exits with the supervisor); once
+    every child started its socket is removed, and the fork server is stopped on the way
+    out."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from engine.server.fork_server import fork_server, started_all
+
+    with fork_server(tmp_path) as ctx:
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+            imported, alive_fd = pool.submit(_what_a_child_finds).result(timeout=120)
+        assert imported and alive_fd is None
+        assert [p.name.startswith("listener-") for p in tmp_path.iterdir()] == [True]
+        from multiprocessing import forkserver
+
+        server_pid = forkserver._forkserver._forkserver_pid
+        assert server_pid is not None and Path(f"/proc/{server_pid}").exists()
+        started_all(tmp_path)
+        assert list(tmp_path.iterdir()) == []
+    assert forkserver._forkserver._forkserver_pid is None
+    assert not Path(f"/proc/{server_pid}").exists()

@@ -68,6 +68,11 @@ def api_server_main(config: ServerConfig, model_path: str, name: str, addresses:
         engine.close()
         if metrics_dir is not None:
             _leave_metrics_dir(metrics_dir)
+        for folder in {os.path.dirname(address) for address in addresses}:
+            # the server's private folder, once its engines removed their sockets: the last
+            # process out removes it (also when the supervisor was killed outright)
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
         exit_sooner()
 
 
