@@ -91,10 +91,19 @@ def target_roots(port: int) -> list[int]:
 
     roots = set()
     for pid in listening_pids(port):
-        st = _stat(pid)
-        parent = st[0] if st else 0
-        supervised = parent > 1 and _comm(parent) == PROCESS_NAMES["supervisor"]
-        roots.add(parent if supervised else pid)
+        root = pid
+        # its parent, or its parent's parent: a supervisor starts its children from a fork
+        # server (engine.server.fork_server), their parent in /proc
+        ancestor = pid
+        for _ in range(2):
+            st = _stat(ancestor)
+            ancestor = st[0] if st else 0
+            if ancestor <= 1:
+                break
+            if _comm(ancestor) == PROCESS_NAMES["supervisor"]:
+                root = ancestor
+                break
+        roots.add(root)
     return sorted(roots)
 
 
