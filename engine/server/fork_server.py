@@ -4,7 +4,7 @@ Each child (the start-up check, the engines, the API servers) needs torch, torch
 transformers; a spawned child imports them again, 5-6 s of a tiny model's 18 s start-up on 2
 cores, three times over. A multiprocessing fork server imports them once (:data:`PRELOAD`,
 starting no thread) and forks each child from there: the tiny model's server is ready in
-about 11 s. The supervisor itself still never imports them.
+about 9 s. The supervisor itself still never imports them.
 
 The fork server is the children's parent in the kernel's eyes, so their parent-death signal
 (:mod:`engine.lifetime`) comes when it exits, which it does when the supervisor does: each
@@ -14,7 +14,7 @@ leaves no file of it behind.
 
 The module reaches into three private names of :mod:`multiprocessing` (the temp folder of
 this process, the fork server's alive pipe in a child, and its ``_stop``), each behind a
-``getattr`` with a fallback: on a Python without them the server still starts, as before.
+``getattr`` or a suppressed error: on a Python without them the server still starts, as before.
 """
 
 from __future__ import annotations
@@ -55,4 +55,3 @@ def started_all(folder: Path) -> None:
     for path in folder.glob("listener-*"):
         with contextlib.suppress(OSError):
             path.unlink()
-
