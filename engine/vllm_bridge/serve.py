@@ -453,6 +453,13 @@ async def serve(spec: dict[str, Any]) -> None:
         for task in list(bridge.tasks.values()):
             task.cancel()
         llm.shutdown()
+        # once: AsyncLLM's __del__ would shut it down again at the interpreter's exit, when
+        # vLLM's module globals are already gone (a traceback on every stop)
+        llm.shutdown = _stopped
+
+
+def _stopped(timeout: float | None = None) -> None:
+    """An AsyncLLM's shutdown once it has shut down."""
 
 
 def run(main_coroutine: Any) -> None:

@@ -59,7 +59,8 @@ class ServerProcess:
         self.pgid = self.proc.pid
         self.lines: list[str] = []
         self.ready = threading.Event()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
 
     def _pump(self) -> None:
         for line in self.proc.stdout:  # type: ignore[union-attr]
@@ -126,6 +127,7 @@ class ServerProcess:
         # killing it first would leave them in /dev/shm.
         self.kill_group(grace=10)
         self.process_file.unlink(missing_ok=True)  # a supervisor killed outright leaves it
+        self._reader.join(5)  # its last lines (its stop's) are in ``output``
         return code
 
     def group_members(self) -> list[int]:
