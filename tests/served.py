@@ -20,6 +20,11 @@ another ``fresh`` (or none) are another server. ``{scratch}`` in a flag is a fol
 server's own (``served.scratch``), made before it starts and removed after it stops;
 ``prepare=write`` (a module-level function) writes what the server reads at start-up into
 it: ``write(scratch)``.
+
+A server another process must run beside (vLLM's own server beside ``serve --engine vllm``,
+tests/vllm) is that ask's companion: :data:`BESIDE` names the tests that use it and how to
+start it; when one of them is in the session, it starts with the ask's server, their start-ups
+overlapping (each takes about one of 2 cores), and the test takes it with :func:`take`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,12 +105,30 @@ STARTS: list[Serve] = []
 RUNNING: dict[Serve, tuple[ServerProcess, Path | None]] = {}
 #: each ask's last test (its node id) in the session's order: its server stops after it
 LAST: dict[Serve, str] = {}
+#: by ask, what starts beside its server: the tests that use it (a node id prefix) and a
+#: function of no argument starting it (an object with ``stop()``), without waiting for it
+BESIDE: dict[Serve, tuple[str, Callable[[], Any]]] = {}
+#: the asks whose companion this session's tests use
+WANTED: set[Serve] = set()
+#: the companions running now, by ask
+COMPANIONS: dict[Serve, Any] = {}
 
 
 def plan(items: list[pytest.Item]) -> None:
-    """Note each ask's last test, in the order the session runs them."""
+    """Note each ask's last test, in the order the session runs them, and which asks'
+    companions the session's tests use."""
     LAST.clear()
     LAST.update(last_tests(items))
+    WANTED.clear()
+    for item in items:
+        ask = ask_of(item)
+        if ask in BESIDE and item.nodeid.startswith(BESIDE[ask][0]):
+            WANTED.add(ask)
+
+
+def take(ask: Serve) -> Any:
+    """The companion started beside ``ask``'s server (the caller stops it), or None."""
+    return COMPANIONS.pop(ask, None)
 
 
 def last_tests(items: list[pytest.Item]) -> dict[Serve, str]:
@@ -130,9 +154,15 @@ def get(ask: Serve) -> ServerProcess:
 
 
 def release(ask: Serve) -> None:
-    """Stop ``ask``'s server if it runs (its exit status checked)."""
-    if ask in RUNNING:
-        stop(*RUNNING.pop(ask))
+    """Stop ``ask``'s server if it runs (its exit status checked), and a companion nobody
+    took."""
+    companion = COMPANIONS.pop(ask, None)
+    try:
+        if ask in RUNNING:
+            stop(*RUNNING.pop(ask))
+    finally:
+        if companion is not None:
+            companion.stop()
 
 
 def done(item: pytest.Item) -> None:
@@ -153,10 +183,15 @@ def start(ask: Serve) -> tuple[ServerProcess, Path | None]:
     try:
         if ask.prepare:
             ask.prepare(scratch)
+        if ask in WANTED:
+            COMPANIONS[ask] = BESIDE[ask][1]()
         server = serve(ask.engine, *model, *flags, env=dict(ask.env) or None)
     except BaseException:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
+        companion = COMPANIONS.pop(ask, None)
+        if companion is not None:
+            companion.stop()
         raise
     STARTS.append(ask)
     server.key = ask

@@ -30,6 +30,7 @@ import pytest
 from engine.errors import ConfigError
 from engine.server.vllm_adapter import vllm_inputs
 from engine.server.vllm_adapter.vllm_spec import bridge_env, carve_utilization
+from tests import served as served_pool
 from tests.engines import TOOLS_SERVER, VLLM_EAGER, VLLM_KV, tiny_model, vllm_python
 from tests.fixtures import synthetic
 from tests.media_server import MediaServer
@@ -633,7 +634,9 @@ class TestQwen25VL:
     @pytest.fixture(scope="class")
     @classmethod
     def servers(cls, served):
-        peer = VllmServer(tiny_model("qwen2_5_vl"))
+        # started with ours (served.BESIDE, below the class), unless another test's
+        # selection started ours without it
+        peer = served_pool.take(served.key) or VllmServer(tiny_model("qwen2_5_vl"))
         try:
             peer.wait_ready(600)
             yield {"qwen": served, "peer": peer}
@@ -770,6 +773,13 @@ class TestQwen25VL:
             return reply.usage.prompt_tokens_details.cached_tokens
 
         assert cached("tenant-a") == 0 and cached("tenant-a") > 0 and cached("tenant-b") == 0
+
+
+# vLLM's own server starts with ours when TestQwen25VL is in the session: the two start-ups
+# overlap (each keeps about one of 2 cores busy for ~50 s)
+served_pool.BESIDE[served_pool.Serve("vllm", served_pool.normalised(TOOLS_SERVER))] = (
+    f"{Path(__file__).relative_to(Path(__file__).parents[2])}::TestQwen25VL",
+    lambda: VllmServer(tiny_model("qwen2_5_vl")))
 
 
 def scrape(base: str) -> dict[str, float]:
