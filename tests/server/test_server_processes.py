@@ -477,21 +477,19 @@ def test_decode_isolation_survives_a_killed_decoder():
         assert server.stop() == 0
 
 
-def test_a_port_in_use_is_one_line_and_exit_1():
+def test_a_port_in_use_is_one_line_and_exit_1(served):
     """The supervisor binds the port before anything loads: a second server on a port that
-    another holds (an aphrodite server, or anything else) stops at once, never shares it."""
-    first = ServerProcess("tiny:qwen2_vl").wait_ready()
-    try:
-        done = subprocess.run([str(BIN), "serve", "tiny:qwen2_vl", "--port", str(first.port)],
-                              capture_output=True, text=True, timeout=60)
-        assert done.returncode == 1, done.stdout + done.stderr
-        assert f"port {first.port} on 127.0.0.1 is already in use" in done.stderr
-        assert "--port" in done.stderr and "Traceback" not in done.stderr
-        assert len(done.stderr.strip().splitlines()) == 2  # the error and its hint
-        with urllib.request.urlopen(f"{first.base}/health", timeout=30) as resp:
-            assert resp.status == 200  # the first server is untouched
-    finally:
-        assert first.stop() == 0
+    another holds (an aphrodite server, here the suite's plain one, or anything else) stops
+    at once, never shares it."""
+    first = served
+    done = subprocess.run([str(BIN), "serve", "tiny:qwen2_vl", "--port", str(first.port)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"port {first.port} on 127.0.0.1 is already in use" in done.stderr
+    assert "--port" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 2  # the error and its hint
+    with urllib.request.urlopen(f"{first.base}/health", timeout=30) as resp:
+        assert resp.status == 200  # the first server is untouched (served checks its exit)
     with socket.socket() as holder:  # a port held by something that is not aphrodite
         holder.bind(("127.0.0.1", 0))
         holder.listen()
