@@ -18,7 +18,7 @@ demo: setup
 # fails them under CI=true), so the rest of the suite still runs.
 test: setup
 	@bash scripts/vllm_env.sh || echo "make test: .venv-vllm could not be built (see .venv-vllm.error)"
-	@.venv/bin/python -m pytest -q -p no:cacheprovider
+	@bash scripts/test_suite.sh
 
 # The unit tier alone (tests/unit: no model, no server, no media): about 10 seconds
 test-fast: setup

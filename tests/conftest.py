@@ -4,6 +4,7 @@ and the run fails if it leaves a process or a temp file behind."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib.util
 import os
@@ -206,6 +207,47 @@ def pytest_collection_modifyitems(config, items):
                 if marker == "needs_gpu" and must_have_gpu:
                     continue
                 item.add_marker(pytest.mark.skip(reason=why))
+    _keep_shard(config, items)
+
+
+#: ``K/2``: run only shard K of the suite (scripts/test_suite.sh, what ``make test`` runs,
+#: runs the two at once); taken out of the environment, so no server or CLI a test starts
+#: sees it (the product warns of APHRODITE_* names it does not know, hence not one of those)
+SHARD_ENV = "SUITE_SHARD"
+_SHARD = os.environ.pop(SHARD_ENV, "")
+#: the first shard's folders (the second: the others); about even in time (2026-12-07)
+FIRST_SHARD = frozenset({"server", "media"})
+
+
+def _keep_shard(config, items) -> None:
+    """Under ``SUITE_SHARD=K/2``, deselect the other shard's tests. A test goes by
+    its folder, a served test by its ask: all of an ask's tests go to the shard holding most
+    of them, so no server is started by both shards."""
+    spec = _SHARD
+    if not spec:
+        return
+    if spec not in ("1/2", "2/2"):
+        raise pytest.UsageError(f"{SHARD_ENV}={spec!r}: it takes 1/2 or 2/2")
+    from tests import served
+
+    def folder_shard(item) -> int:
+        return 1 if item.path.parent.name in FIRST_SHARD else 2
+
+    votes: dict = {}
+    for item in items:
+        ask = served.ask_of(item)
+        if ask is not None:
+            votes.setdefault(ask, collections.Counter())[folder_shard(item)] += 1
+    owner = {ask: 1 if count[1] >= count[2] else 2 for ask, count in votes.items()}
+    mine = int(spec[0])
+    keep, drop = [], []
+    for item in items:
+        ask = served.ask_of(item)
+        shard = owner[ask] if ask is not None else folder_shard(item)
+        (keep if shard == mine else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def pytest_generate_tests(metafunc):

@@ -16,7 +16,9 @@ skipping them.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,11 +69,18 @@ def vllm_python() -> Path:
 def tiny_model(arch: str) -> Path:
     """A tiny random-weight model of ``arch`` with head_dim 32, for vLLM (built once)."""
     folder = MODELS / f"{arch}-hd32-v1"
-    if not (folder / "config.json").exists():
-        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-        subprocess.run([sys.executable, "-m", "aphrodite_cli.main", "model", "make-tiny", arch,
-                        "--out", str(tmp)], check=True, capture_output=True, timeout=300)
-        tmp.rename(folder)
+    if (folder / "config.json").exists():
+        return folder
+    MODELS.mkdir(parents=True, exist_ok=True)
+    with open(MODELS / f".{folder.name}.lock", "w") as lock:  # (make test's shards run at once)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "config.json").exists():
+            tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "aphrodite_cli.main", "model", "make-tiny",
+                            arch, "--out", str(tmp)], check=True, capture_output=True,
+                           timeout=300)
+            tmp.rename(folder)
     return folder
 
 
