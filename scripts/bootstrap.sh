@@ -65,4 +65,5 @@ fi
 # The project's own modules as bytecode: every server process, engine and CLI run then reads
 # them instead of compiling ~35 K lines again (where PYTHONDONTWRITEBYTECODE is set, nothing
 # else would write them); quick when they are current.
-PYTHONDONTWRITEBYTECODE= .venv/bin/python -m compileall -q -j 0 engine aphrodite_cli >/dev/null
+PYTHONDONTWRITEBYTECODE= .venv/bin/python -m compileall -q -j 0 engine aphrodite_cli \
+  || echo "bootstrap: some modules did not byte-compile (above); they compile when imported" >&2

@@ -811,8 +811,10 @@ class TestLeftOutMedia:
             code = server.stop(timeout=60)
         # its stop drained, vLLM shut down once, nothing printed a traceback (AsyncLLM's
         # __del__ shutting it down again at the interpreter's exit did, on every stop)
-        stopped = server.output[server.output.rfind("draining in-flight"):]
-        assert code == 0 and "MPClient: complete" in stopped, stopped[-3000:]
+        at = server.output.rfind("draining in-flight")
+        stopped = server.output[at:]
+        assert code == 0 and at >= 0 and "MPClient: complete" in stopped, \
+            server.output[-3000:]
         assert "Traceback" not in stopped and "Exception ignored" not in stopped, stopped
 
     def test_a_held_image_is_left_out_and_an_evicted_one_sent_again(self, server):
