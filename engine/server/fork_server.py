@@ -12,8 +12,8 @@ child lets go of its copy of the pipe that keeps it alive. Its socket sits in th
 own folder and is removed once every child has started, so a supervisor killed outright
 leaves no file of it behind.
 
-The module reaches into three private names of :mod:`multiprocessing` (the temp folder of
-this process, the fork server's alive pipe in a child, and its ``_stop``), each behind a
+The module reaches into four private names of :mod:`multiprocessing` (the temp folder of
+this process, the fork server's alive pipe in a child, its pid and its ``_stop``), each behind a
 ``getattr`` or a suppressed error: on a Python without them the server still starts, as before.
 """
 
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,14 +41,40 @@ def fork_server(folder: Path) -> Iterator[Any]:
     config = getattr(multiprocessing.current_process(), "_config", {})
     previous = config.get("tempdir")
     config["tempdir"] = str(folder)  # (where multiprocessing makes its socket)
+    from multiprocessing import forkserver
+
     try:
         yield ctx
+    except BaseException:  # a start-up that failed or was stopped: nothing more to fork
+        _stop_children()
+        pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+        if pid is not None:  # (its exit would otherwise wait for its imports, up to ~8 s)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        raise
     finally:
         config["tempdir"] = previous
-        from multiprocessing import forkserver
-
+        _stop_children()
         with contextlib.suppress(Exception):  # (its socket may be gone: started_all)
             forkserver._forkserver._stop()
+
+
+def _stop_children(grace_s: float = 10) -> None:
+    """Children of this process still running on the way out (a start-up stopped halfway:
+    the supervisor's own stop has not reached them): SIGTERM, ``grace_s`` seconds to
+    drain, then SIGKILL. Until they are gone the fork server would not exit (each child it
+    forks keeps its alive pipe until it lets go of it)."""
+    import time
+
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+        if child.exitcode is None:
+            child.kill()
+            child.join(5)
 
 
 def started_all(folder: Path) -> None:

@@ -76,11 +76,45 @@ def _validated_model(config: ServerConfig) -> tuple[str, str]:
 def validate_in_child(config: ServerConfig, ctx: Any) -> tuple[str, str]:
     """:func:`validate` in a throwaway process of ``ctx`` (the fork server's): (model folder,
     served name). The supervisor then never imports torch or transformers, and stays small
-    (~50 MB instead of ~700 MB); errors come back as themselves."""
-    from concurrent.futures import ProcessPoolExecutor
+    (~50 MB instead of ~700 MB); errors come back as themselves. A supervisor stopped while
+    the check runs stops the check (it would otherwise keep the fork server alive), and a
+    supervisor killed outright takes it along (:func:`engine.lifetime.exit_with_parent`)."""
+    receive, send = ctx.Pipe(duplex=False)
+    check = ctx.Process(target=_check_and_send, args=(config, send), name="start-up check")
+    check.start()
+    send.close()
+    try:
+        try:
+            passed, value = receive.recv()
+        except EOFError:  # it died without an answer
+            check.join(5)
+            raise StartupError(f"the start-up check exited (code {check.exitcode})",
+                               hint="see the messages above") from None
+    finally:
+        if check.exitcode is None:
+            check.terminate()
+        check.join(10)
+        if check.exitcode is None:
+            check.kill()
+            check.join()
+        receive.close()
+    if not passed:
+        raise value
+    return value
 
-    with ProcessPoolExecutor(1, mp_context=ctx) as pool:
-        return pool.submit(_validated_model, config).result()
+
+def _check_and_send(config: ServerConfig, send: Any) -> None:
+    from engine.lifetime import exit_with_parent
+
+    exit_with_parent()
+    try:
+        answer: tuple[bool, Any] = (True, _validated_model(config))
+    except Exception as err:  # (a refusal: it is raised again in the supervisor)
+        answer = (False, err)
+    try:
+        send.send(answer)
+    except Exception as err:  # an error that does not pickle: its words do
+        send.send((False, StartupError(f"the start-up check failed: {answer[1]!r} ({err})")))
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -186,10 +220,42 @@ def _run(config: ServerConfig, sock: socket.socket, announce) -> int:
     name_process("supervisor")
     folder = Path(tempfile.mkdtemp(prefix="aphrodite-"))
     try:
-        with fork_server(folder) as ctx:
+        with _stop_interrupts_startup(), fork_server(folder) as ctx:
             return _supervise(config, sock, announce, ctx, folder)
+    except _StopRequested as stop:
+        announce(f"stopped during start-up ({signal.Signals(stop.signum).name})")
+        return 0
     finally:  # (also when the start-up check failed: nothing else removes it then)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+class _StopRequested(BaseException):
+    """SIGTERM or SIGINT while the server starts (a BaseException, as KeyboardInterrupt is:
+    no ``except Exception`` of a start-up step takes it for a failure of its own)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_interrupts_startup():
+    """Until the supervisor's drain handler takes over (once the children have started):
+    SIGTERM or SIGINT stops the start-up where it is, and the ``finally`` blocks on the way
+    out stop what has started and remove the server's files; the default (as a plain
+    process, SIGTERM would end it at once, leaving the fork server, the start-up check, their
+    temp folder and named semaphores behind). A second signal ends the process at once."""
+    def stop(signum: int, _frame: Any) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        raise _StopRequested(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _supervise(config: ServerConfig, sock: socket.socket, announce, ctx: Any,

@@ -620,3 +620,56 @@ def test_the_fork_server_hands_children_torch_imported_and_leaves_nothing(tmp_pa
         assert list(tmp_path.iterdir()) == []
     assert forkserver._forkserver._forkserver_pid is None
     assert not Path(f"/proc/{server_pid}").exists()
+
+
+def _forked_by_the_fork_server(server: ServerProcess) -> bool:
+    """Whether a process the server's fork server forked is running (the start-up check
+    first, then the engine and the API servers)."""
+    from tests.server_harness import process_table
+
+    rows = [row for row in process_table() if row.pgid == server.pgid and row.state != "Z"]
+    fork_servers = {row.pid for row in rows if row.ppid == server.proc.pid
+                    and b"forkserver" in _cmdline(row.pid)}
+    return any(row.ppid in fork_servers for row in rows)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize(("moment", "sig"), [("the fork server imports", signal.SIGTERM),
+                                             ("the start-up check runs", signal.SIGINT)])
+def test_a_stop_during_start_up_stops_there_and_leaves_nothing(moment, sig):
+    """SIGTERM or SIGINT before the server is ready (a deploy rolled back, a Ctrl-C): the
+    start-up stops where it is, the supervisor stops what it started and removes its folder,
+    one line and exit 0. (Before, SIGTERM ended the supervisor at once and left its fork
+    server and resource tracker running, their socket folder and five named semaphores
+    behind; SIGINT deadlocked it: the fork server waited for the start-up check, the check
+    for the supervisor, the supervisor for the fork server.)"""
+    tmp = Path(tempfile.gettempdir())
+    folders_before = set(tmp.glob("aphrodite-*"))
+    server = ServerProcess("tiny:qwen2_5_vl")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+                len(server.group_members()) >= 3 if moment == "the fork server imports"
+                else _forked_by_the_fork_server(server)):
+            time.sleep(0.02)
+        assert server.proc.poll() is None and not server.is_ready, server.output
+        server.proc.send_signal(sig)
+        code = server.proc.wait(60)
+        deadline = time.monotonic() + 15  # (what it stopped is gone before it exits)
+        while server.group_members() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [_cmdline(pid)[:120] for pid in server.group_members()]
+        server._reader.join(5)
+        assert code == 0, server.output
+        assert f"stopped during start-up ({signal.Signals(sig).name})" in server.output
+        assert "Traceback" not in server.output and "serving" not in server.output
+        assert left == []
+        assert set(tmp.glob("aphrodite-*")) - folders_before == set()
+    finally:
+        server.stop(signal.SIGKILL)
