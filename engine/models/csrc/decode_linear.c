@@ -70,8 +70,8 @@ void ap_linear_pack_i8(const signed char *w, long n, long k, signed char *panels
  * floats in one AVX-512 register, two AVX2 halves, four NEON or SSE quarters. A pass holds
  * NB panels' accumulators for up to MB_MAX rows in registers (NB * MB * NV vectors, beside
  * NB * NV weight vectors and a broadcast): AVX-512's 32 registers take a whole group (3
- * panels) of 8 rows; AVX2's 16, one panel of 6 rows (8 rows: 6, then 2 from the cache). More
- * would spill accumulators to memory on every multiply-add. */
+ * panels) of 8 rows; AVX2's 16, one panel of 6 rows (8 rows: 6, then 2 from the cache: see
+ * TAIL). More would spill accumulators to memory on every multiply-add. */
 #if VF == 16
 #define NB 3
 #define MB_MAX 8
@@ -80,6 +80,13 @@ void ap_linear_pack_i8(const signed char *w, long n, long k, signed char *panels
 #define MB_MAX 6
 #endif
 #define NV (PANEL / VF)
+/* the last one or two rows' pass: a whole group where its 6 or 12 accumulators fit beside
+ * the weights (see TAIL); on 4-float vectors, 24 would not */
+#if VF >= 8
+#define TAIL_NB GROUP
+#else
+#define TAIL_NB NB
+#endif
 
 /* VF int8 weights widened to floats (float32 weights: vec.h's load) */
 static inline vf lanes_i8(const signed char *p) {
@@ -104,8 +111,8 @@ static inline vf lanes_i8(const signed char *p) {
 /* MB rows against NB panels starting at p (output column col); T the weights' element type,
  * LOAD its VF lanes as floats. scale: NULL, or each padded column's scale (the sum times
  * it, before the bias) */
-#define ROWS(NAME, T, LOAD, MB)                                                              \
-    static void NAME##_##MB(const float *x, long ldx, long k, const T *p,                    \
+#define ROWS(NAME, T, LOAD, MB, NB)                                                          \
+    static void NAME##_##MB##_##NB(const float *x, long ldx, long k, const T *p,             \
                             const float *scale, const float *bias, float *y, long ldy,       \
                             long col, long n) {                                              \
         vf a[NB][NV][MB];                                                                    \
@@ -144,45 +151,62 @@ static inline vf lanes_i8(const signed char *p) {
                 }                                                                            \
     }
 
-/* rows m0.. of NB panels at p: passes of MB_MAX rows (8 or 6), then of 4, 2 and 1 */
+/* rows m0.. of NB panels at p: whole passes of MB_MAX rows (8 or 6), then of 4 */
 #define PASSES(NAME)                                                                         \
     for (; MB_MAX == 8 && m0 + 8 <= rows; m0 += 8)                                           \
-        NAME##_8(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);           \
+        NAME##_8_##NB(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);      \
     for (; MB_MAX == 6 && m0 + 6 <= rows; m0 += 6)                                           \
-        NAME##_6(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);           \
+        NAME##_6_##NB(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);      \
     for (; m0 + 4 <= rows; m0 += 4)                                                          \
-        NAME##_4(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);           \
-    if (m0 + 2 <= rows) {                                                                    \
-        NAME##_2(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);           \
-        m0 += 2;                                                                             \
-    }                                                                                        \
-    if (m0 < rows)                                                                           \
-        NAME##_1(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);
+        NAME##_4_##NB(x + m0 * ldx, ldx, k, p, scale, bias, y + m0 * ldy, ldy, col, n);
 
-#define KERNEL(NAME, T, LOAD)                                                                \
-    ROWS(NAME, T, LOAD, 8)                                                                   \
-    ROWS(NAME, T, LOAD, 6)                                                                   \
-    ROWS(NAME, T, LOAD, 4)                                                                   \
-    ROWS(NAME, T, LOAD, 2)                                                                   \
-    ROWS(NAME, T, LOAD, 1)                                                                   \
+/* The one or two rows left (all of a decode step of one or two sequences) against the whole
+ * group at once, its 3 panels' streams side by side (6 or 12 accumulators): where a pass
+ * holds one panel (AVX2), a row left alone read one stream at a time at 11-12 GB/s where
+ * three read 13-14, and two rows kept 4 chains of multiply-adds, each waiting on its last
+ * (twice the time of their share of the 6-row pass). The panels are in the cache when
+ * passes before went through them. */
+#define TAIL(NAME, T, TNB)                                                                      \
+    for (int q = 0; q < GROUP && g * width + q * PANEL < n; q += TNB) {                      \
+        const T *p = panels + (g * GROUP + q) * k * PANEL;                                   \
+        long col = g * width + q * PANEL, r = m0;                                            \
+        if (r + 2 <= rows) {                                                                 \
+            NAME##_2_##TNB(x + r * ldx, ldx, k, p, scale, bias, y + r * ldy, ldy, col, n); \
+            r += 2;                                                                          \
+        }                                                                                    \
+        if (r < rows)                                                                        \
+            NAME##_1_##TNB(x + r * ldx, ldx, k, p, scale, bias, y + r * ldy, ldy, col, n); \
+    }
+
+#define KERNEL(NAME, T, LOAD, TNB)                                                           \
+    ROWS(NAME, T, LOAD, 8, NB)                                                               \
+    ROWS(NAME, T, LOAD, 6, NB)                                                               \
+    ROWS(NAME, T, LOAD, 4, NB)                                                               \
+    ROWS(NAME, T, LOAD, 2, TNB)                                                              \
+    ROWS(NAME, T, LOAD, 1, TNB)                                                              \
     static void NAME(const float *x, long rows, long ldx, long k, const T *panels,           \
                      const float *scale, const float *bias, long n, float *y, long ldy,      \
                      int threads) {                                                          \
         long width = GROUP * PANEL, groups = (n + width - 1) / width;                        \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1)")   \
         for (long g = 0; g < groups; g++) {                                                  \
+            long m0 = 0;                                                                     \
             for (int q = 0; q < GROUP; q += NB) {                                            \
                 const T *p = panels + (g * GROUP + q) * k * PANEL;                           \
-                long col = g * width + q * PANEL, m0 = 0;                                    \
+                long col = g * width + q * PANEL;                                            \
                 if (col >= n)                                                                \
                     break;                                                                   \
+                m0 = 0;                                                                      \
                 PASSES(NAME)                                                                 \
             }                                                                                \
+            TAIL(NAME, T, TNB) /* (m0: the rows the passes left, 0 to 3) */                  \
         }                                                                                    \
     }
 
-KERNEL(linear_f32, float, load)
-KERNEL(linear_i8, signed char, lanes_i8)
+KERNEL(linear_f32, float, load, TAIL_NB)
+/* (int8: a panel at a time, as the passes before: the widening of 6 weight vectors a step
+ * beside 12 accumulators spilled, 33 -> 26 GB/s at 2 rows on AVX2) */
+KERNEL(linear_i8, signed char, lanes_i8, NB)
 
 void ap_linear(const float *x, long rows, long ldx, long k, const float *panels,
                const float *bias, long n, float *y, long ldy, int threads) {
