@@ -43,10 +43,11 @@ def fork_server(folder: Path) -> Iterator[Any]:
     config["tempdir"] = str(folder)  # (where multiprocessing makes its socket)
     from multiprocessing import forkserver
 
+    before = set(multiprocessing.active_children())  # (in a test's process: not ours)
     try:
         yield ctx
     except BaseException:  # a start-up that failed or was stopped: nothing more to fork
-        _stop_children()
+        _stop_children(before)
         pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
         if pid is not None:  # (its exit would otherwise wait for its imports, up to ~8 s)
             with contextlib.suppress(OSError):
@@ -54,19 +55,19 @@ def fork_server(folder: Path) -> Iterator[Any]:
         raise
     finally:
         config["tempdir"] = previous
-        _stop_children()
+        _stop_children(before)
         with contextlib.suppress(Exception):  # (its socket may be gone: started_all)
             forkserver._forkserver._stop()
 
 
-def _stop_children(grace_s: float = 10) -> None:
-    """Children of this process still running on the way out (a start-up stopped halfway:
-    the supervisor's own stop has not reached them): SIGTERM, ``grace_s`` seconds to
-    drain, then SIGKILL. Until they are gone the fork server would not exit (each child it
-    forks keeps its alive pipe until it lets go of it)."""
+def _stop_children(before: set[Any], grace_s: float = 10) -> None:
+    """Children of this process still running on the way out, but those of ``before`` (a
+    start-up stopped halfway: the supervisor's own stop has not reached them): SIGTERM,
+    ``grace_s`` seconds to drain, then SIGKILL. Until they are gone the fork server would
+    not exit (each child it forks keeps its alive pipe until it lets go of it)."""
     import time
 
-    children = multiprocessing.active_children()
+    children = [c for c in multiprocessing.active_children() if c not in before]
     for child in children:
         child.terminate()
     deadline = time.monotonic() + grace_s

@@ -602,11 +602,14 @@ def test_the_fork_server_hands_children_torch_imported_and_leaves_nothing(tmp_pa
     spawned child 5-6 s of each start-up); a child that asks for the parent-death signal lets
     go of the pipe that keeps the fork server alive (so it exits with the supervisor); once
     every child started its socket is removed, and the fork server is stopped on the way
-    out."""
+    out; a child the process had before is not its to stop."""
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     from engine.server.fork_server import fork_server, started_all
 
+    earlier = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(120,))
+    earlier.start()
     with fork_server(tmp_path) as ctx:
         with ProcessPoolExecutor(1, mp_context=ctx) as pool:
             imported, alive_fd = pool.submit(_what_a_child_finds).result(timeout=120)
@@ -620,6 +623,9 @@ def test_the_fork_server_hands_children_torch_imported_and_leaves_nothing(tmp_pa
         assert list(tmp_path.iterdir()) == []
     assert forkserver._forkserver._forkserver_pid is None
     assert not Path(f"/proc/{server_pid}").exists()
+    assert earlier.is_alive()
+    earlier.terminate()
+    earlier.join(10)
 
 
 def _forked_by_the_fork_server(server: ServerProcess) -> bool:
