@@ -164,14 +164,17 @@ async def test_ttft_from_chunk_times_any_chunk_with_choices_as_vllms_bench_does(
 
 
 async def test_generator_keeps_the_requested_rate(aiohttp_server):
+    """The sender keeps the seeded schedule's rate (absolute send times, no drift). The mock
+    answers in the same event loop, so the rate stays where one loop keeps up with it on a
+    2-core machine shared with the other shard (100/s fell 10% behind there in CI)."""
     base = await _mock(aiohttp_server, 0, 0)
-    cfg = LoadConfig(target=TargetConfig(base_url=base), arrivals=ArrivalConfig(request_rate=100.0),
+    cfg = LoadConfig(target=TargetConfig(base_url=base), arrivals=ArrivalConfig(request_rate=40.0),
                      seed=2)
-    reqs = random_mm(400, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=16,
+    reqs = random_mm(160, items=0, buckets=parse_buckets(None), prompt_len=4, output_len=16,
                      seed=2, nonce=1)
     payloads = [build_payload(r, cfg, None, {}) for r in reqs]
     records, _duration, send_rate = await run_phase(payloads, cfg)
-    scheduled = (len(records) - 1) / arrival_times(len(records), 100.0, 1.0, 2)[-1]
+    scheduled = (len(records) - 1) / arrival_times(len(records), 40.0, 1.0, 2)[-1]
     assert all(r.ok and r.output_tokens == 16 for r in records)
     assert send_rate == pytest.approx(scheduled, rel=0.05)
 
