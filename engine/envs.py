@@ -167,6 +167,12 @@ _DECLARED: tuple[EnvVar, ...] = (
            "memory's speed (memory: one more copy of the output, down and head weights); 0 "
            "(or no compiler) runs oneDNN's or PyTorch's products.",
            "bool"),
+    EnvVar("APHRODITE_DECODE_STEP_KERNEL", True, _bool,
+           "Run a CPU decode step's decoder layers in one call into the engine's C kernels "
+           "(the same kernels, in the same order, as one call each from Python: the same "
+           "results without the Python between them), where the linear kernel runs every "
+           "product; 0 calls them one by one.",
+           "bool"),
     EnvVar("APHRODITE_VIDEO_LOADER_BACKEND", "opencv", _video_backend,
            f"Default video decoder: one of {', '.join(VIDEO_BACKENDS)}.", "name"),
     EnvVar("APHRODITE_API_KEY", "", str,

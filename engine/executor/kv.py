@@ -133,7 +133,7 @@ def drop_left(cache: Any, columns: int) -> None:
 
 
 @functools.cache
-def _growing_layer() -> type:
+def growing_layer() -> type:
     from transformers.cache_utils import DynamicLayer
 
     class GrowingLayer(DynamicLayer):
@@ -148,8 +148,18 @@ def _growing_layer() -> type:
                    ) -> tuple[Any, Any]:
             if not self.is_initialized or self.keys.numel() == 0:
                 return super().update(key_states, value_states, *args, **kwargs)
+            new = key_states.shape[-2]
+            kbuf, vbuf, used = self.room(new)
+            kbuf[..., used:used + new, :] = key_states
+            vbuf[..., used:used + new, :] = value_states
+            return self.grow(new)
+
+        def room(self, new: int) -> tuple[Any, Any, int]:
+            """The buffers with room for ``new`` more columns after the ``used`` ones (the
+            keys and values stay as they are until :meth:`grow`): ``(keys, values, used)``.
+            (The whole-step kernel writes its column there itself.)"""
             keys, values = self.keys, self.values
-            used, new = keys.shape[-2], key_states.shape[-2]
+            used = keys.shape[-2]
             buffers = getattr(self, "_buffers", None)
             if buffers is None or buffers[2] is not keys or buffers[3] is not values or \
                     buffers[0].shape[-2] < used + new:
@@ -158,11 +168,14 @@ def _growing_layer() -> type:
                 vbuf = values.new_empty(*values.shape[:-2], room, values.shape[-1])
                 kbuf[..., :used, :] = keys
                 vbuf[..., :used, :] = values
-            else:
-                kbuf, vbuf = buffers[0], buffers[1]
-            kbuf[..., used:used + new, :] = key_states
-            vbuf[..., used:used + new, :] = value_states
-            self.keys, self.values = kbuf[..., :used + new, :], vbuf[..., :used + new, :]
+                self._buffers = (kbuf, vbuf, keys, values)
+            return self._buffers[0], self._buffers[1], used
+
+        def grow(self, new: int) -> tuple[Any, Any]:
+            """The keys and values of the columns written past them (after :meth:`room`)."""
+            kbuf, vbuf = self._buffers[0], self._buffers[1]
+            used = self.keys.shape[-2] + new
+            self.keys, self.values = kbuf[..., :used, :], vbuf[..., :used, :]
             self._buffers = (kbuf, vbuf, self.keys, self.values)
             return self.keys, self.values
 
@@ -175,10 +188,10 @@ _SPARE_COLUMNS = 64
 
 def reserve(cache: Any) -> None:
     """Turn ``cache``'s plain full-attention layers into ones that grow into spare capacity
-    (:func:`_growing_layer`); the others (sliding windows) are left as they are. Idempotent."""
+    (:func:`growing_layer`); the others (sliding windows) are left as they are. Idempotent."""
     from transformers.cache_utils import DynamicLayer
 
-    growing = _growing_layer()
+    growing = growing_layer()
     for layer in _layers(cache):
         if type(layer) is DynamicLayer:
             layer.__class__ = growing

@@ -62,7 +62,8 @@ logger = logging.getLogger(__name__)
 
 #: the C sources, built into one library
 SOURCES = tuple(Path(__file__).with_name("csrc") / name
-                for name in ("decode_attention.c", "decode_linear.c", "decode_ops.c"))
+                for name in ("decode_attention.c", "decode_linear.c", "decode_ops.c",
+                             "decode_step.c"))
 #: the headers they include (part of the build's key)
 HEADERS = (Path(__file__).with_name("csrc") / "vec.h",)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
@@ -173,6 +174,10 @@ def _load() -> ctypes.CDLL:
     lib.ap_rotate_qk.restype = None
     lib.ap_silu_mul.argtypes = [p, p, lng, lng]
     lib.ap_silu_mul.restype = None
+    lib.ap_decode_layers.argtypes = [p, lng, lng, lng, lng, lng, f, f, p, p, p, p, p, lng, lng,
+                                     i]
+    lib.ap_decode_layers.restype = i
+    lib.ap_step_layer_bytes.restype = lng
     lib.group_columns = lib.ap_linear_group_columns()
     lib.vector_floats = lib.ap_vector_floats()
     group, dim = ctypes.c_int(), ctypes.c_int()
@@ -294,6 +299,7 @@ def _packed(weight: Any, scale: Any, bias: Any, other: Callable[[Any], Any]
         return out
 
     product.panels = panels  # type: ignore[attr-defined]  # (kept alive with the product)
+    product.shape = (n, k)  # type: ignore[attr-defined]
     product.scale = padded_scale  # type: ignore[attr-defined]
     product.bias = padded_bias  # type: ignore[attr-defined]
     product.blocked = getattr(other, "blocked", None)  # type: ignore[attr-defined]

@@ -54,7 +54,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine import envs
-from engine.models import attention, cpu_linear, decode_kernels, parts
+from engine.models import attention, cpu_linear, decode_kernels, decode_layers, parts
 from engine.models.rotary import rotate
 
 logger = logging.getLogger(__name__)
@@ -302,8 +302,13 @@ def _with_kernels(text: Any, layers: list[Any], head: Any, fused: list[_Fused | 
     after = [layer.post_attention_layernorm.weight.detach() for layer in layers]
     final = text.norm.weight.detach()
     qk = heads * dim + kv_heads * dim
+    whole = decode_layers.build(
+        lib, [(f._qkv, outs[i], f._gate_up, downs[i]) for i, f in enumerate(fused)],
+        after, [*before[1:], final], heads, kv_heads, dim, eps_value,
+        [dim ** -0.5 if layer.self_attn.scaling is None else float(layer.self_attn.scaling)
+         for layer in layers])
 
-    def step(ids: Any, mask: Any, positions: Any, cache: Any) -> Any:
+    def step(ids: Any, mask: Any, positions: Any, cache: Any, whole: Any = whole) -> Any:
         rows = ids.shape[0]
         h = embed.forward(ids)
         cos, sin = rotary(h, positions)
@@ -311,9 +316,16 @@ def _with_kernels(text: Any, layers: list[Any], head: Any, fused: list[_Fused | 
             return eager(ids, mask, positions, cache)
         h = h.reshape(rows, -1).contiguous()
         cos, sin = cos.reshape(rows, dim).contiguous(), sin.reshape(rows, dim).contiguous()
-        frame = mask.bool()[:, None, None, :]  # what attention.mask gives a decode step
+        keep = mask.bool()
         x = torch.empty_like(h)
         decode_kernels.add_rms(lib, h, None, before[0], eps_value, x)
+        if whole is not None:  # (the layers in one call: decode_layers)
+            ran = whole(h, x, cos, sin, keep, cache)
+            if ran:
+                return last(x)
+            if ran is None:  # failed part-way: h and x are no longer the step's
+                return step(ids, mask, positions, cache, whole=None)
+        frame = keep[:, None, None, :]  # what attention.mask gives a decode step
         for i, layer in enumerate(layers):
             attn, both = layer.self_attn, fused[i]
             qkv = both._qkv(x)
@@ -331,4 +343,5 @@ def _with_kernels(text: Any, layers: list[Any], head: Any, fused: list[_Fused | 
 
     step.kernel_products = eager.kernel_products  # type: ignore[attr-defined]
     step.eager = eager  # type: ignore[attr-defined]
+    step.whole = whole  # type: ignore[attr-defined]
     return step

@@ -48,6 +48,7 @@ def test_the_decode_step_is_timed_beside_its_bytes_and_the_bandwidth_floor(tmp_p
     assert doc["decode_path"] == "lean" and doc["num_threads"] == 1
     assert doc["decode_attention"] == "kernel"  # (this machine has a C compiler)
     assert doc["decode_linear_kernel_products"] == 0  # (the tiny model's are all too small)
+    assert doc["decode_layers_in_one_call"] is False  # (so the layers are not in one call)
     assert doc["bandwidth"]["read_bytes"] == 16 << 20
     bandwidth = doc["bandwidth"]["gb_s"]
     assert bandwidth["count"] == 3 * 5 and bandwidth["median"] > 0  # before, after each

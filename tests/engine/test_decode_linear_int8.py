@@ -7,6 +7,8 @@ float step over the dequantized weights within float32 rounding."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -115,6 +117,10 @@ def test_the_lean_step_of_a_quantized_model_runs_the_int8_products_through_it(mo
         want = one_step_logits(reference, batches[1], lean=True)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        # the layers ran in one call (decode_layers): the same bits as one call each
+        assert all(s.whole is not None for s in steps)
+        monkeypatch.setattr(runner, "_lean_decode", functools.partial(steps[0], whole=None))
+        assert torch.equal(one_step_logits(runner, batches[0], lean=True), got)
     finally:
         for batch in batches:
             for row in batch.rows:

@@ -392,7 +392,9 @@ def decode_step(
     bw = doc["bandwidth"]
     print_table(f"{size or doc['model']}: decode step ({doc['decode_path']}, attention: "
                 f"{doc['decode_attention']}, linear kernel products: "
-                f"{doc['decode_linear_kernel_products']}, vectors of "
+                f"{doc['decode_linear_kernel_products']}"
+                f"{', layers in one call' if doc.get('decode_layers_in_one_call') else ''}"
+                f", vectors of "
                 f"{doc['decode_kernel_vector_floats'] or '-'} floats), {doc['num_threads']} "
                 f"threads, read bandwidth {bw['gb_s']['median']:.1f} GB/s",
                 ["step", "batch", "context", "ms p50", "ms p90", "MB read", "GB/s",

@@ -238,6 +238,9 @@ def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: 
                                                       "vector_floats", None),
                "decode_linear_kernel_products": getattr(runner._lean_decode,
                                                         "kernel_products", 0),
+               # the layers in one call into the kernels (engine/models/decode_layers.py)
+               "decode_layers_in_one_call": getattr(runner._lean_decode, "whole",
+                                                    None) is not None,
                # (each loaded model's: with --quantization, its int8 products' too)
                "decode_linear_kernel_products_by_quantization": {
                    name: getattr(llm.engine.runner._lean_decode, "kernel_products", 0)

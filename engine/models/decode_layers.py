@@ -1,0 +1,130 @@
+"""A decode step's decoder layers in one call into the engine's C kernels
+(``csrc/decode_step.c``: ``ap_decode_layers``), for the lean kernel step of
+:mod:`engine.models.lean_decode`.
+
+That step called the kernels one by one from Python: per layer four products, three small
+operations, the cache's update and attention, each call checking its tensors and making its
+outputs (about 60 calls a step, 1-2 ms of a 43 M model's 10 ms step at one row). Here the
+weights' pointers are laid out once into an array of ``ap_layer`` records; a step fills in
+each layer's cache buffer (after making room for one more column) and makes one call. The
+kernels, their operands and their order are the same, so the results are the same bits as
+the one-by-one step (``tests/engine/test_decode_layers.py``).
+
+It runs where every layer's cache is a growing full-attention layer (with ``room`` and
+``grow``: :func:`engine.executor.kv.reserve`) of float32 keys and values of the same length
+and the mask covers them and the new column; otherwise (and with
+``APHRODITE_DECODE_STEP_KERNEL=0``) the one-by-one step runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from engine import envs
+
+
+class _Product(ctypes.Structure):
+    _fields_ = [("panels", ctypes.c_void_p), ("scale", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("n", ctypes.c_long), ("k", ctypes.c_long)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("qkv", _Product), ("o", _Product), ("gate_up", _Product), ("down", _Product),
+                ("norm_after", ctypes.c_void_p), ("norm_next", ctypes.c_void_p),
+                ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p),
+                *((name, ctypes.c_long) for name in ("ksr", "ksh", "ksc", "vsr", "vsh", "vsc"))]
+
+
+def _takes(product: Any) -> bool:
+    return all(hasattr(product, name) for name in ("panels", "scale", "bias", "shape"))
+
+
+def _product(product: Any) -> _Product:
+    scale = product.scale
+    return _Product(product.panels.data_ptr(), None if scale is None else scale.data_ptr(),
+                    None if product.bias is None else product.bias.data_ptr(),
+                    *product.shape)
+
+
+def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_after: list[Any],
+          norms_next: list[Any], heads: int, kv_heads: int, dim: int, eps: float,
+          scalings: list[float]) -> Any | None:
+    """The layers' runner ``(h, x, cos, sin, keep, cache) -> bool`` over the kernel products
+    ``(qkv, o, gate_up, down)`` of each layer (:func:`engine.models.decode_kernels.linear`'s,
+    kept alive by the caller) and its norms' weights (contiguous float32); None where the
+    whole-step kernel is off, the library has none, or the layers are not alike (one attention
+    scaling, matching widths) or past the attention kernel's limits."""
+    import torch
+
+    if not envs.APHRODITE_DECODE_STEP_KERNEL or not hasattr(lib, "ap_decode_layers") or \
+            lib.ap_step_layer_bytes() != ctypes.sizeof(_Layer) or not products or \
+            not all(_takes(p) for layer in products for p in layer) or \
+            len(set(scalings)) != 1 or heads % kv_heads or \
+            heads // kv_heads > lib.max_group or dim > lib.max_dim:
+        return None
+    if not all(w.dtype == torch.float32 and w.is_contiguous() and not w.requires_grad and
+               w.shape == (products[0][1].shape[0],) for w in (*norms_after, *norms_next)):
+        return None
+    shapes = {tuple(p.shape for p in layer) for layer in products}
+    if len(shapes) != 1:
+        return None
+    (qkv_n, hidden), (o_n, o_k), (gu_n, gu_k), (down_n, down_k) = shapes.pop()
+    if qkv_n != (heads + 2 * kv_heads) * dim or o_k != heads * dim or o_n != hidden or \
+            gu_k != hidden or gu_n % 2 or down_k != gu_n // 2 or down_n != hidden:
+        return None
+    count = len(products)
+    table = (_Layer * count)()
+    for record, (qkv, o, gate_up, down), after, then in zip(
+            table, products, norms_after, norms_next, strict=True):
+        record.qkv, record.o = _product(qkv), _product(o)
+        record.gate_up, record.down = _product(gate_up), _product(down)
+        record.norm_after, record.norm_next = after.data_ptr(), then.data_ptr()
+    scaling = scalings[0]
+    keep_alive = (products, norms_after, norms_next)
+
+    def run(h: Any, x: Any, cos: Any, sin: Any, keep: Any, cache: Any) -> bool | None:
+        """The layers on ``h`` (rows, hidden) and ``x`` (its first norm), ``keep`` the
+        rows' contiguous bool mask of their columns and the new one: True when done (``h``
+        and ``x`` the step's, each cache one column longer); False where these tensors or
+        caches are not for it (nothing touched); None where it failed part-way (a buffer
+        could not be had: ``h`` and ``x`` are no longer the step's, so run the step again;
+        the caches are as they were)."""
+        import torch
+
+        rows = h.shape[0]
+        layers = list(getattr(cache, "layers", ()))
+        if len(layers) != count or keep.dtype != torch.bool or keep.stride(-1) != 1:
+            return False
+        used = None
+        for layer in layers:
+            # (a growing full-attention layer: engine.executor.kv.reserve's)
+            if not hasattr(layer, "grow") or not getattr(layer, "is_initialized", False):
+                return False
+            keys, values = layer.keys, layer.values
+            if keys.dtype != torch.float32 or values.dtype != torch.float32 or \
+                    keys.shape != (rows, kv_heads, keys.shape[2], dim) or \
+                    values.shape != keys.shape or not keys.is_cpu or \
+                    keys.shape[2] != (keys.shape[2] if used is None else used):
+                return False
+            used = keys.shape[2]
+        if not used or tuple(keep.shape) != (rows, used + 1):
+            return False
+        for record, layer in zip(table, layers, strict=True):
+            kbuf, vbuf, _ = layer.room(1)
+            if kbuf.stride(3) != 1 or vbuf.stride(3) != 1:
+                return False
+            record.keys, record.values = kbuf.data_ptr(), vbuf.data_ptr()
+            record.ksr, record.ksh, record.ksc = kbuf.stride()[:3]
+            record.vsr, record.vsh, record.vsc = vbuf.stride()[:3]
+        if lib.ap_decode_layers(table, count, rows, heads, kv_heads, dim, eps, scaling,
+                                h.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                                keep.data_ptr(), keep.stride(0), used,
+                                torch.get_num_threads()):
+            return None
+        for layer in layers:
+            layer.grow(1)
+        return True
+
+    run.keep_alive = keep_alive  # type: ignore[attr-defined]
+    return run

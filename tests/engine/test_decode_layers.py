@@ -1,0 +1,143 @@
+"""A decode step's layers in one call into the C kernels (engine/models/decode_layers.py,
+csrc/decode_step.c): the same logits and the same cache columns, bit for bit, as the kernel
+step calling the kernels one by one from Python, for rows of different lengths (padding), on
+one thread and on two, and on the next step too (the buffers' spare room reused); where the
+caches are not for it, nothing is touched and the one-by-one step runs; where it fails
+part-way, the step runs again one by one; off, it is not built."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.executor import kv
+from engine.executor.outputs import finish_row
+from engine.models import decode_kernels, lean_decode
+from tests.engine.test_lean_decode import running_batch
+from tests.engine.test_scheduler import prompts_of
+from tests.engine_fixtures import llm
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    if decode_kernels.prepare() is None:
+        pytest.skip("no C compiler on this machine")
+    runner = llm("qwen2_5_vl").engine.runner
+    # (every product through the linear kernel: the tiny model's weights are under the minimum)
+    monkeypatch.setattr(decode_kernels, "MIN_LINEAR_WEIGHT", 0)
+    # norms of their own (a random model's are all ones: one norm taken for another would
+    # pass), put back after
+    norms = [m.weight for name, m in runner.model.named_modules()
+             if name.endswith("norm") and "visual" not in name and hasattr(m, "weight")]
+    saved = [w.detach().clone() for w in norms]
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for w in norms:
+            w.mul_(1 + 0.2 * torch.randn(w.shape, generator=generator))
+    monkeypatch.setattr(runner, "_lean_decode", lean_decode.for_model(runner.model))
+    batches = []
+    runner.batch = lambda: batches.append(running_batch(runner, prompts_of("qwen2_5_vl"))) \
+        or batches[-1]
+    yield runner
+    with torch.no_grad():
+        for w, kept in zip(norms, saved, strict=True):
+            w.copy_(kept)
+    for batch in batches:
+        for row in batch.rows:
+            finish_row(row, "abort")
+
+
+def _inputs(batch, ahead: int = 0):
+    """A decode step's ids, mask and positions, ``ahead`` steps past the batch's own."""
+    rows = batch.rows
+    ids = torch.tensor([[r.last_token] for r in rows], dtype=torch.long)
+    mask = torch.cat([batch.mask, batch.mask.new_ones((len(rows), 1 + ahead))], dim=1)
+    positions = torch.tensor([[r.position + ahead] for r in rows], dtype=torch.long)
+    if batch.mrope:
+        deltas = torch.tensor([[r.rope_delta] for r in rows], dtype=torch.long)
+        positions = (positions + deltas).unsqueeze(0).expand(3, -1, -1)
+    return ids, mask, positions
+
+
+def _steps(runner, batch, whole, count: int = 2):
+    """``count`` steps of the lean step with ``whole`` (None: one by one): each step's logits
+    and every layer's keys and values after it; the cache left as it was."""
+    step = runner._lean_decode
+    kv.reserve(batch.cache)
+    before = kv.snapshot(batch.cache)
+    out = []
+    try:
+        with torch.inference_mode():
+            for ahead in range(count):
+                logits = step(*_inputs(batch, ahead), batch.cache, whole=whole)
+                out.append((logits.clone(), [(layer.keys.clone(), layer.values.clone())
+                                             for layer in batch.cache.layers]))
+    finally:
+        kv.restore(batch.cache, before)
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_layers_in_one_call_are_the_one_by_one_steps_bits(runner, threads):
+    whole = runner._lean_decode.whole
+    assert whole is not None
+    ran = []
+
+    def counted(*args):
+        ran.append(whole(*args))
+        return ran[-1]
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        batch = runner.batch()
+        assert not bool(batch.mask.all())  # (rows of different lengths: padding)
+        one_call = _steps(runner, batch, counted)
+        one_by_one = _steps(runner, batch, None)
+    finally:
+        torch.set_num_threads(saved)
+    assert ran == [True, True]
+    for (logits, caches), (their_logits, their_caches) in zip(one_call, one_by_one, strict=True):
+        assert torch.equal(logits, their_logits)
+        assert all(torch.equal(k, their_k) and torch.equal(v, their_v)
+                   for (k, v), (their_k, their_v) in zip(caches, their_caches, strict=True))
+    assert one_call[1][1][0][0].shape[2] == one_call[0][1][0][0].shape[2] + 1
+
+
+def test_caches_not_for_it_are_left_alone_and_the_step_runs_one_by_one(runner):
+    """Caches not turned into growing layers (kv.reserve), or a mask of another width: False,
+    nothing touched; the step itself still runs (one by one) and gives the same logits."""
+    batch = runner.batch()
+    whole = runner._lean_decode.whole
+    rows, hidden = len(batch.rows), runner.model.config.get_text_config().hidden_size
+    h, x = torch.randn(rows, hidden), torch.randn(rows, hidden)
+    cos = sin = torch.ones(rows, 16)
+    copies = (h.clone(), x.clone())
+    keys = [layer.keys for layer in batch.cache.layers]
+    _ids, mask, _positions = _inputs(batch)
+    assert whole(h, x, cos, sin, mask.bool(), batch.cache) is False  # (not reserved)
+    kv.reserve(batch.cache)
+    assert whole(h, x, cos, sin, mask.bool()[:, 1:], batch.cache) is False  # (one short)
+    assert whole(h, x, cos, sin, mask, batch.cache) is False  # (not bool)
+    assert torch.equal(h, copies[0]) and torch.equal(x, copies[1])
+    assert all(layer.keys is k for layer, k in zip(batch.cache.layers, keys, strict=True))
+
+
+def test_a_failure_part_way_runs_the_step_again_one_by_one(runner):
+    batch = runner.batch()
+    whole = runner._lean_decode.whole
+
+    def fails(h, x, *args):
+        h.fill_(float("nan"))  # (what a part-way run leaves: not the step's)
+        x.fill_(float("nan"))
+        return None
+
+    failed = _steps(runner, batch, fails, count=1)
+    assert torch.equal(failed[0][0], _steps(runner, batch, whole, count=1)[0][0])
+    assert not bool(failed[0][0].isnan().any())
+
+
+def test_off_it_is_not_built(runner, monkeypatch):
+    monkeypatch.setenv("APHRODITE_DECODE_STEP_KERNEL", "0")
+    step = lean_decode.for_model(runner.model)
+    assert step.kernel_products > 0 and step.whole is None
