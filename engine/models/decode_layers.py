@@ -19,6 +19,7 @@ and the mask covers them and the new column; otherwise (and with
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import Any
 
 from engine import envs
@@ -52,20 +53,28 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
           scalings: list[float]) -> Any | None:
     """The layers' runner ``(h, x, cos, sin, keep, cache) -> bool`` over the kernel products
     ``(qkv, o, gate_up, down)`` of each layer (:func:`engine.models.decode_kernels.linear`'s,
-    kept alive by the caller) and its norms' weights (contiguous float32); None where the
-    whole-step kernel is off, the library has none, or the layers are not alike (one attention
-    scaling, matching widths) or past the attention kernel's limits."""
+    kept alive by the caller) and its norms' weights (float32, copied here: the products'
+    panels are copies too); None where the whole-step kernel or the attention kernel is off
+    (the one-by-one step would run other products there), the library has none, or the
+    layers are not alike (one attention scaling, matching widths) or past the attention
+    kernel's limits."""
     import torch
 
-    if not envs.APHRODITE_DECODE_STEP_KERNEL or not hasattr(lib, "ap_decode_layers") or \
+    from engine.models import decode_kernels
+
+    if not envs.APHRODITE_DECODE_STEP_KERNEL or decode_kernels.library() is None or \
+            not hasattr(lib, "ap_decode_layers") or \
             lib.ap_step_layer_bytes() != ctypes.sizeof(_Layer) or not products or \
             not all(_takes(p) for layer in products for p in layer) or \
             len(set(scalings)) != 1 or heads % kv_heads or \
             heads // kv_heads > lib.max_group or dim > lib.max_dim:
         return None
-    if not all(w.dtype == torch.float32 and w.is_contiguous() and not w.requires_grad and
-               w.shape == (products[0][1].shape[0],) for w in (*norms_after, *norms_next)):
+    if not all(w.dtype == torch.float32 and w.shape == (products[0][1].shape[0],)
+               for w in (*norms_after, *norms_next)):
         return None
+    # (own copies: a pointer into a parameter's storage would dangle if it moved)
+    norms_after = [w.detach().clone().contiguous() for w in norms_after]
+    norms_next = [w.detach().clone().contiguous() for w in norms_next]
     shapes = {tuple(p.shape for p in layer) for layer in products}
     if len(shapes) != 1:
         return None
@@ -82,6 +91,7 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
         record.norm_after, record.norm_next = after.data_ptr(), then.data_ptr()
     scaling = scalings[0]
     keep_alive = (products, norms_after, norms_next)
+    lock = threading.Lock()  # (one table: one call at a time)
 
     def run(h: Any, x: Any, cos: Any, sin: Any, keep: Any, cache: Any) -> bool | None:
         """The layers on ``h`` (rows, hidden) and ``x`` (its first norm), ``keep`` the
@@ -94,7 +104,14 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
 
         rows = h.shape[0]
         layers = list(getattr(cache, "layers", ()))
-        if len(layers) != count or keep.dtype != torch.bool or keep.stride(-1) != 1:
+        if len(layers) != count or not 0 < rows <= decode_kernels.MAX_LINEAR_ROWS or \
+                keep.dtype != torch.bool or keep.stride(-1) != 1 or \
+                not all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous()
+                        for t in (h, x, cos, sin)) or \
+                h.shape != (rows, hidden) or x.shape != h.shape or \
+                cos.shape != (rows, dim) or sin.shape != cos.shape:
+            # (more rows than the linear kernel takes: the one-by-one step runs those
+            # products elsewhere)
             return False
         used = None
         for layer in layers:
@@ -104,24 +121,25 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
             keys, values = layer.keys, layer.values
             if keys.dtype != torch.float32 or values.dtype != torch.float32 or \
                     keys.shape != (rows, kv_heads, keys.shape[2], dim) or \
-                    values.shape != keys.shape or not keys.is_cpu or \
+                    values.shape != keys.shape or not keys.is_cpu or not values.is_cpu or \
                     keys.shape[2] != (keys.shape[2] if used is None else used):
                 return False
             used = keys.shape[2]
         if not used or tuple(keep.shape) != (rows, used + 1):
             return False
-        for record, layer in zip(table, layers, strict=True):
-            kbuf, vbuf, _ = layer.room(1)
-            if kbuf.stride(3) != 1 or vbuf.stride(3) != 1:
-                return False
-            record.keys, record.values = kbuf.data_ptr(), vbuf.data_ptr()
-            record.ksr, record.ksh, record.ksc = kbuf.stride()[:3]
-            record.vsr, record.vsh, record.vsc = vbuf.stride()[:3]
-        if lib.ap_decode_layers(table, count, rows, heads, kv_heads, dim, eps, scaling,
-                                h.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                                keep.data_ptr(), keep.stride(0), used,
-                                torch.get_num_threads()):
-            return None
+        with lock:
+            buffers = [layer.room(1) for layer in layers]  # (held until the call returns)
+            for record, (kbuf, vbuf, _) in zip(table, buffers, strict=True):
+                if kbuf.stride(3) != 1 or vbuf.stride(3) != 1:
+                    return False
+                record.keys, record.values = kbuf.data_ptr(), vbuf.data_ptr()
+                record.ksr, record.ksh, record.ksc = kbuf.stride()[:3]
+                record.vsr, record.vsh, record.vsc = vbuf.stride()[:3]
+            if lib.ap_decode_layers(table, count, rows, heads, kv_heads, dim, eps, scaling,
+                                    h.data_ptr(), x.data_ptr(), cos.data_ptr(),
+                                    sin.data_ptr(), keep.data_ptr(), keep.stride(0), used,
+                                    torch.get_num_threads()):
+                return None
         for layer in layers:
             layer.grow(1)
         return True

@@ -142,7 +142,28 @@ def test_a_failure_part_way_runs_the_step_again_one_by_one(runner):
     assert not bool(failed[0][0].isnan().any())
 
 
-def test_off_it_is_not_built(runner, monkeypatch):
-    monkeypatch.setenv("APHRODITE_DECODE_STEP_KERNEL", "0")
+def test_more_rows_than_the_linear_kernel_takes_run_one_by_one(runner, monkeypatch):
+    """Past MAX_LINEAR_ROWS the one-by-one step runs its products elsewhere (oneDNN's,
+    PyTorch's): there the layers in one call do not run, so the step is that one's."""
+    batch = runner.batch()
+    monkeypatch.setattr(decode_kernels, "MAX_LINEAR_ROWS", len(batch.rows) - 1)
+    whole = runner._lean_decode.whole
+    ran = []
+
+    def counted(*args):
+        ran.append(whole(*args))
+        return ran[-1]
+
+    got = _steps(runner, batch, counted, count=1)
+    assert ran == [False]
+    assert torch.equal(got[0][0], _steps(runner, batch, None, count=1)[0][0])
+
+
+@pytest.mark.parametrize("variable", ["APHRODITE_DECODE_STEP_KERNEL",
+                                      "APHRODITE_DECODE_ATTENTION_KERNEL"])
+def test_off_it_is_not_built(runner, monkeypatch, variable):
+    """Off, or with the attention kernel off (the one-by-one step then runs attention as
+    batched products, which the call would not)."""
+    monkeypatch.setenv(variable, "0")
     step = lean_decode.for_model(runner.model)
     assert step.kernel_products > 0 and step.whole is None

@@ -110,7 +110,13 @@ def test_the_lean_step_of_a_quantized_model_runs_the_int8_products_through_it(mo
         layers = len(text.layers)
         assert [s.kernel_products for s in steps] == [4 * layers + 1] * 2
         assert all(getattr(s, "eager", None) is not None for s in steps)  # (all in C)
-        monkeypatch.setattr(runner, "_lean_decode", steps[0])
+        ran = []
+
+        def counted(*args, whole=steps[0].whole):
+            ran.append(whole(*args))
+            return ran[-1]
+
+        monkeypatch.setattr(runner, "_lean_decode", functools.partial(steps[0], whole=counted))
         monkeypatch.setattr(reference, "_lean_decode", steps[1])
         batches = [running_batch(r, prompts_of("qwen2_5_vl")) for r in (runner, reference)]
         got = one_step_logits(runner, batches[0], lean=True)
@@ -118,7 +124,7 @@ def test_the_lean_step_of_a_quantized_model_runs_the_int8_products_through_it(mo
         assert torch.equal(got.argmax(-1), want.argmax(-1))
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         # the layers ran in one call (decode_layers): the same bits as one call each
-        assert all(s.whole is not None for s in steps)
+        assert ran == [True]
         monkeypatch.setattr(runner, "_lean_decode", functools.partial(steps[0], whole=None))
         assert torch.equal(one_step_logits(runner, batches[0], lean=True), got)
     finally:
