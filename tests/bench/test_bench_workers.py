@@ -44,17 +44,25 @@ async def _run(base: str, workers: int, n: int, **arrivals) -> tuple[list, dict,
 async def test_two_workers_send_the_same_schedule_and_measure_the_same(aiohttp_server):
     server = await aiohttp_server(create_app(TTFT_MS, ITL_MS, None))
     base = f"http://127.0.0.1:{server.port}"
-    runs = {w: await _run(base, w, 24, request_rate=30.0) for w in (1, 2)}
-    times = np.array(schedule(24, runs[1][2]))
-    for workers, (records, result, _) in runs.items():
-        assert result["completed"] == 24 and result["failed"] == 0, (workers, result)
-        assert [r.index for r in records] == list(range(24))
-        sent = np.array([r.sent_at for r in records])
-        # every request left at its arrival time (offsets from the first send; the loaded
-        # test machine may be late by a few ms, never early)
-        late = (sent - sent[0]) - (times - times[0])
+    runs = {}
+    for workers in (1, 2):
+        # every request leaves at its arrival time (offsets from the first send; the loaded
+        # test machine may be late by a few ms, never early). The run lasts 0.8 s: a stall
+        # of the machine (CI's other shard loading a model on both cores) once made every
+        # later send of a run 0.7 s late, so a run may be taken again, twice at most; a
+        # sender off its schedule is off it every time.
+        for attempt in range(3):
+            records, result, cfg = await _run(base, workers, 24, request_rate=30.0)
+            times = np.array(schedule(24, cfg))
+            assert result["completed"] == 24 and result["failed"] == 0, (workers, result)
+            assert [r.index for r in records] == list(range(24))
+            sent = np.array([r.sent_at for r in records])
+            late = (sent - sent[0]) - (times - times[0])
+            if np.abs(late).max() < 0.05 or attempt == 2:
+                break
         assert np.abs(late).max() < 0.05, (workers, late)
         assert result["total_output_tokens"] == 24 * TOKENS
+        runs[workers] = (records, result, cfg)
     one, two = runs[1][1], runs[2][1]
     for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
         assert abs(one[metric]["median"] - two[metric]["median"]) < 15, (metric, one, two)
