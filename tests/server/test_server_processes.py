@@ -639,6 +639,20 @@ def _forked_by_the_fork_server(server: ServerProcess) -> bool:
     return any(row.ppid in fork_servers for row in rows)
 
 
+def _fork_server_has_torchvision(server: ServerProcess) -> bool:
+    """Whether the server's fork server has loaded torchvision's library (its preload under
+    way: transformers, all Python, still to come, about a second here)."""
+    from tests.server_harness import process_table
+
+    for row in process_table():
+        if row.ppid == server.proc.pid and b"forkserver" in _cmdline(row.pid):
+            try:
+                return "torchvision" in Path(f"/proc/{row.pid}/maps").read_text()
+            except OSError:
+                return False
+    return False
+
+
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -646,9 +660,12 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-@pytest.mark.parametrize(("moment", "sig"), [("the fork server imports", signal.SIGTERM),
-                                             ("the start-up check runs", signal.SIGINT)])
-def test_a_stop_during_start_up_stops_there_and_leaves_nothing(moment, sig):
+@pytest.mark.parametrize(("moment", "sig", "to"), [
+    ("the fork server imports", signal.SIGTERM, "supervisor"),
+    ("the start-up check runs", signal.SIGINT, "supervisor"),
+    # (a Ctrl-C in a terminal: the whole foreground group, the fork server in its imports too)
+    ("the fork server imports transformers", signal.SIGINT, "group")])
+def test_a_stop_during_start_up_stops_there_and_leaves_nothing(moment, sig, to):
     """SIGTERM or SIGINT before the server is ready (a deploy rolled back, a Ctrl-C): the
     start-up stops where it is, the supervisor stops what it started and removes its folder,
     one line and exit 0. (Before, SIGTERM ended the supervisor at once and left its fork
@@ -662,10 +679,15 @@ def test_a_stop_during_start_up_stops_there_and_leaves_nothing(moment, sig):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (
                 len(server.group_members()) >= 3 if moment == "the fork server imports"
+                else _fork_server_has_torchvision(server)
+                if moment == "the fork server imports transformers"
                 else _forked_by_the_fork_server(server)):
             time.sleep(0.02)
         assert server.proc.poll() is None and not server.is_ready, server.output
-        server.proc.send_signal(sig)
+        if to == "group":
+            os.killpg(server.pgid, sig)
+        else:
+            server.proc.send_signal(sig)
         code = server.proc.wait(60)
         deadline = time.monotonic() + 15  # (what it stopped is gone before it exits)
         while server.group_members() and time.monotonic() < deadline:
