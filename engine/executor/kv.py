@@ -133,7 +133,7 @@ def drop_left(cache: Any, columns: int) -> None:
 
 
 @functools.cache
-def growing_layer() -> type:
+def _growing_layer() -> type:
     from transformers.cache_utils import DynamicLayer
 
     class GrowingLayer(DynamicLayer):
@@ -188,10 +188,10 @@ _SPARE_COLUMNS = 64
 
 def reserve(cache: Any) -> None:
     """Turn ``cache``'s plain full-attention layers into ones that grow into spare capacity
-    (:func:`growing_layer`); the others (sliding windows) are left as they are. Idempotent."""
+    (:func:`_growing_layer`); the others (sliding windows) are left as they are. Idempotent."""
     from transformers.cache_utils import DynamicLayer
 
-    growing = growing_layer()
+    growing = _growing_layer()
     for layer in _layers(cache):
         if type(layer) is DynamicLayer:
             layer.__class__ = growing

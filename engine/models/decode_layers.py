@@ -69,19 +69,18 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
             len(set(scalings)) != 1 or heads % kv_heads or \
             heads // kv_heads > lib.max_group or dim > lib.max_dim:
         return None
-    if not all(w.dtype == torch.float32 and w.shape == (products[0][1].shape[0],)
-               for w in (*norms_after, *norms_next)):
-        return None
-    # (own copies: a pointer into a parameter's storage would dangle if it moved)
-    norms_after = [w.detach().clone().contiguous() for w in norms_after]
-    norms_next = [w.detach().clone().contiguous() for w in norms_next]
     shapes = {tuple(p.shape for p in layer) for layer in products}
     if len(shapes) != 1:
         return None
     (qkv_n, hidden), (o_n, o_k), (gu_n, gu_k), (down_n, down_k) = shapes.pop()
     if qkv_n != (heads + 2 * kv_heads) * dim or o_k != heads * dim or o_n != hidden or \
-            gu_k != hidden or gu_n % 2 or down_k != gu_n // 2 or down_n != hidden:
+            gu_k != hidden or gu_n % 2 or down_k != gu_n // 2 or down_n != hidden or \
+            not all(w.dtype == torch.float32 and w.shape == (hidden,)
+                    for w in (*norms_after, *norms_next)):
         return None
+    # (own copies: a pointer into a parameter's storage would dangle if it moved)
+    norms_after = [w.detach().clone().contiguous() for w in norms_after]
+    norms_next = [w.detach().clone().contiguous() for w in norms_next]
     count = len(products)
     table = (_Layer * count)()
     for record, (qkv, o, gate_up, down), after, then in zip(
@@ -105,7 +104,8 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
         rows = h.shape[0]
         layers = list(getattr(cache, "layers", ()))
         if len(layers) != count or not 0 < rows <= decode_kernels.MAX_LINEAR_ROWS or \
-                keep.dtype != torch.bool or keep.stride(-1) != 1 or \
+                keep.dtype != torch.bool or keep.dim() != 2 or keep.shape[0] != rows or \
+                keep.shape[1] < 2 or keep.stride(-1) != 1 or \
                 not all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous()
                         for t in (h, x, cos, sin)) or \
                 h.shape != (rows, hidden) or x.shape != h.shape or \
@@ -113,20 +113,16 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
             # (more rows than the linear kernel takes: the one-by-one step runs those
             # products elsewhere)
             return False
-        used = None
+        used = keep.shape[1] - 1  # (the columns every layer's cache must hold)
         for layer in layers:
             # (a growing full-attention layer: engine.executor.kv.reserve's)
             if not hasattr(layer, "grow") or not getattr(layer, "is_initialized", False):
                 return False
             keys, values = layer.keys, layer.values
             if keys.dtype != torch.float32 or values.dtype != torch.float32 or \
-                    keys.shape != (rows, kv_heads, keys.shape[2], dim) or \
-                    values.shape != keys.shape or not keys.is_cpu or not values.is_cpu or \
-                    keys.shape[2] != (keys.shape[2] if used is None else used):
+                    keys.shape != (rows, kv_heads, used, dim) or values.shape != keys.shape or \
+                    not keys.is_cpu or not values.is_cpu:
                 return False
-            used = keys.shape[2]
-        if not used or tuple(keep.shape) != (rows, used + 1):
-            return False
         with lock:
             buffers = [layer.room(1) for layer in layers]  # (held until the call returns)
             for record, (kbuf, vbuf, _) in zip(table, buffers, strict=True):

@@ -43,10 +43,19 @@ def runner(model, monkeypatch):
     # (every product through the linear kernel: the tiny model's weights are under the minimum)
     monkeypatch.setattr(decode_kernels, "MIN_LINEAR_WEIGHT", 0)
     monkeypatch.setattr(runner, "_lean_decode", lean_decode.for_model(runner.model))
+    return runner
+
+
+@pytest.fixture
+def new_batch(runner):
+    """Prefills the test prompts (rows of different lengths) into a batch, finished after."""
     batches = []
-    runner.batch = lambda: batches.append(running_batch(runner, prompts_of("qwen2_5_vl"))) \
-        or batches[-1]
-    yield runner
+
+    def make():
+        batches.append(running_batch(runner, prompts_of("qwen2_5_vl")))
+        return batches[-1]
+
+    yield make
     for batch in batches:
         for row in batch.rows:
             finish_row(row, "abort")
@@ -83,7 +92,7 @@ def _steps(runner, batch, whole, count: int = 2):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_layers_in_one_call_are_the_one_by_one_steps_bits(runner, threads):
+def test_the_layers_in_one_call_are_the_one_by_one_steps_bits(runner, new_batch, threads):
     whole = runner._lean_decode.whole
     assert whole is not None
     ran = []
@@ -95,7 +104,7 @@ def test_the_layers_in_one_call_are_the_one_by_one_steps_bits(runner, threads):
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        batch = runner.batch()
+        batch = new_batch()
         assert not bool(batch.mask.all())  # (rows of different lengths: padding)
         one_call = _steps(runner, batch, counted)
         one_by_one = _steps(runner, batch, None)
@@ -109,10 +118,10 @@ def test_the_layers_in_one_call_are_the_one_by_one_steps_bits(runner, threads):
     assert one_call[1][1][0][0].shape[2] == one_call[0][1][0][0].shape[2] + 1
 
 
-def test_caches_not_for_it_are_left_alone_and_the_step_runs_one_by_one(runner):
+def test_caches_not_for_it_are_left_alone_and_the_step_runs_one_by_one(runner, new_batch):
     """Caches not turned into growing layers (kv.reserve), or a mask of another width: False,
     nothing touched; the step itself still runs (one by one) and gives the same logits."""
-    batch = runner.batch()
+    batch = new_batch()
     whole = runner._lean_decode.whole
     rows, hidden = len(batch.rows), runner.model.config.get_text_config().hidden_size
     h, x = torch.randn(rows, hidden), torch.randn(rows, hidden)
@@ -128,8 +137,8 @@ def test_caches_not_for_it_are_left_alone_and_the_step_runs_one_by_one(runner):
     assert all(layer.keys is k for layer, k in zip(batch.cache.layers, keys, strict=True))
 
 
-def test_a_failure_part_way_runs_the_step_again_one_by_one(runner):
-    batch = runner.batch()
+def test_a_failure_part_way_runs_the_step_again_one_by_one(runner, new_batch):
+    batch = new_batch()
     whole = runner._lean_decode.whole
 
     def fails(h, x, *args):
@@ -142,10 +151,10 @@ def test_a_failure_part_way_runs_the_step_again_one_by_one(runner):
     assert not bool(failed[0][0].isnan().any())
 
 
-def test_more_rows_than_the_linear_kernel_takes_run_one_by_one(runner, monkeypatch):
+def test_more_rows_than_the_linear_kernel_takes_run_one_by_one(runner, new_batch, monkeypatch):
     """Past MAX_LINEAR_ROWS the one-by-one step runs its products elsewhere (oneDNN's,
     PyTorch's): there the layers in one call do not run, so the step is that one's."""
-    batch = runner.batch()
+    batch = new_batch()
     monkeypatch.setattr(decode_kernels, "MAX_LINEAR_ROWS", len(batch.rows) - 1)
     whole = runner._lean_decode.whole
     ran = []

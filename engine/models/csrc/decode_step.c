@@ -7,8 +7,8 @@
  * in the same order as engine/models/lean_decode.py's kernel step calls them one by one from
  * Python, so the results are the same bits; what goes is the Python between them (about 60
  * calls a step, each checking its tensors and making its outputs: 10-15% of a small model's
- * step at one row). Built with them by engine/models/decode_kernels.py, which checks every
- * shape and pointer before the call.
+ * step at one row). Built with them by engine/models/decode_kernels.py; its caller
+ * (engine/models/decode_layers.py) checks every shape and pointer before the call.
  */
 #include <stdlib.h>
 #include <string.h>
