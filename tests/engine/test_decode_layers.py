@@ -40,6 +40,9 @@ def model():
 @pytest.fixture
 def runner(model, monkeypatch):
     runner = model.engine.runner
+    # (the shared tiny LLM the prompts are made with, loaded before the patch below: loaded
+    # under it, its later tests' steps would run the kernels too)
+    prompts_of("qwen2_5_vl")
     # (every product through the linear kernel: the tiny model's weights are under the minimum)
     monkeypatch.setattr(decode_kernels, "MIN_LINEAR_WEIGHT", 0)
     monkeypatch.setattr(runner, "_lean_decode", lean_decode.for_model(runner.model))

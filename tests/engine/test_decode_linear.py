@@ -183,10 +183,10 @@ def test_with_both_kernels_a_decode_rows_logits_do_not_depend_on_its_batch_mates
     same logits, bit for bit, on one thread and on two."""
     from engine.executor.outputs import finish_row
 
+    prompts = prompts_of("qwen2_5_vl")  # (its shared LLM loaded before the patch)
     monkeypatch.setattr(decode_kernels, "MIN_LINEAR_WEIGHT", 0)
     runner = wide_heads.engine.runner
     monkeypatch.setattr(runner, "_lean_decode", lean_decode.for_model(runner.model))
-    prompts = prompts_of("qwen2_5_vl")
     threads = torch.get_num_threads()
     batches = []
     try:

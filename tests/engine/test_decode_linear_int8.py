@@ -90,6 +90,9 @@ def test_the_lean_step_of_a_quantized_model_runs_the_int8_products_through_it(mo
     prefills in float32 on both) within float32 rounding, the same greedy tokens."""
     from engine import LLM
 
+    # (the prompts' shared tiny LLM loaded before the patches, or its later tests would run
+    # the kernels too)
+    prompts = prompts_of("qwen2_5_vl")
     monkeypatch.setattr(decode_kernels, "MIN_LINEAR_WEIGHT", 0)
     # the prefills' products (bfloat16 in the product) in float32 over the dequantized
     # weight: both models' caches then hold the same values within float32 rounding
@@ -118,7 +121,7 @@ def test_the_lean_step_of_a_quantized_model_runs_the_int8_products_through_it(mo
 
         monkeypatch.setattr(runner, "_lean_decode", functools.partial(steps[0], whole=counted))
         monkeypatch.setattr(reference, "_lean_decode", steps[1])
-        batches = [running_batch(r, prompts_of("qwen2_5_vl")) for r in (runner, reference)]
+        batches = [running_batch(r, prompts) for r in (runner, reference)]
         got = one_step_logits(runner, batches[0], lean=True)
         want = one_step_logits(reference, batches[1], lean=True)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
