@@ -153,7 +153,7 @@ class TransformersRunner:
         #: the model's decode step without transformers' machinery, where it has one
         self._lean_decode = lean_decode.for_model(
             self.model, config.max_num_seqs if config.compile_decode else None,
-            config.decode_threads or config.num_threads or usable_cpus(), config.max_num_seqs)
+            config.decode_threads or config.num_threads or usable_cpus())
         if hasattr(self._lean_decode, "start"):  # (--compile-decode: in the background)
             self._lean_decode.start()
         #: positions (and on a CPU normalized media) prepared for the next prefills

@@ -69,9 +69,6 @@ HEADERS = (Path(__file__).with_name("csrc") / "vec.h",)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 #: on x86, the widest vectors the processor has (GCC uses 256 bits on some AVX-512 ones)
 X86_FLAGS = ("-mprefer-vector-width=512",)
-#: a linear product of more rows than this goes to F.linear (a prefill: oneDNN's and MKL's
-#: blocked products are faster there)
-MAX_LINEAR_ROWS = 64
 #: weights of fewer elements stay on PyTorch's product (the tiny test models' 2 K-57 K: there
 #: a call through ctypes cost 1.5x F.linear's)
 MIN_LINEAR_WEIGHT = 1 << 16
@@ -214,9 +211,11 @@ def library() -> ctypes.CDLL | None:
 def linear(weight: Any, bias: Any, wider: Callable[[Any], Any] | None = None
            ) -> Callable[[Any], Any] | None:
     """``x -> F.linear(x, weight, bias)`` through the linear kernel (``csrc/decode_linear.c``)
-    for inputs of up to :data:`MAX_LINEAR_ROWS` rows, with ``weight`` packed into the kernel's
-    panels now (a copy: ``weight`` stays as it is); larger inputs, other dtypes and inputs that
-    need gradients go to ``wider`` (``F.linear`` by default). None where the kernel is off or
+    for float32 CPU inputs of any number of rows (a row's result the same bits whatever its
+    batch-mates: a step of many rows is not sent elsewhere, where the sums would be another
+    product's), with ``weight`` packed into the kernel's panels now (a copy: ``weight`` stays
+    as it is); other dtypes and inputs that need gradients go to ``wider`` (``F.linear`` by
+    default). None where the kernel is off or
     not loaded (see :func:`prepare`), ``weight`` is under :data:`MIN_LINEAR_WEIGHT` elements
     (a call costs more than it saves) or not a 2-D float32 CPU tensor (or ``bias`` not a
     matching vector)."""
@@ -287,7 +286,7 @@ def _packed(weight: Any, scale: Any, bias: Any, other: Callable[[Any], Any]
 
     def product(x: Any) -> Any:
         rows = x.numel() // k if x.dim() and x.shape[-1] == k else 0
-        if rows == 0 or rows > MAX_LINEAR_ROWS or x.dtype != torch.float32 or \
+        if rows == 0 or x.dtype != torch.float32 or \
                 x.device.type != "cpu" or (torch.is_grad_enabled() and (
                     x.requires_grad or weight.requires_grad)):
             return other(x)

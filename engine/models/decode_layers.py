@@ -103,15 +103,13 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
 
         rows = h.shape[0]
         layers = list(getattr(cache, "layers", ()))
-        if len(layers) != count or not 0 < rows <= decode_kernels.MAX_LINEAR_ROWS or \
+        if len(layers) != count or rows <= 0 or \
                 keep.dtype != torch.bool or keep.dim() != 2 or keep.shape[0] != rows or \
                 keep.shape[1] < 2 or keep.stride(-1) != 1 or \
                 not all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous()
                         for t in (h, x, cos, sin)) or \
                 h.shape != (rows, hidden) or x.shape != h.shape or \
                 cos.shape != (rows, dim) or sin.shape != cos.shape:
-            # (more rows than the linear kernel takes: the one-by-one step runs those
-            # products elsewhere)
             return False
         used = keep.shape[1] - 1  # (the columns every layer's cache must hold)
         for layer in layers:

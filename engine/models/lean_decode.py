@@ -22,16 +22,20 @@ tiny one (interleaved in one process).
 Where the engine's linear kernel is built (:func:`engine.models.decode_kernels.linear`, on by
 default), every float32 product of the step (the fused q/k/v and gate/up, o, down and the
 head) runs through it over its own packed copy of the weight (the fused products' oneDNN copy
-is then not made, unless ``--max-num-seqs`` exceeds the kernel's rows or ``--compile-decode``
-needs it): 1.26x less time a step of 8 rows of the 150 M-parameter model. Its sums are
-ordered differently from PyTorch's, so then the logits are within rounding of the model's
-forward, not its bits (``tests/engine/test_decode_linear.py``); the tiny test models'
-weights are under its minimum, and there the bit-for-bit test holds. Where every product of
+is then not made, unless ``--compile-decode`` needs it): 1.26x less time a step of 8 rows of
+the 150 M-parameter model. It takes steps of any number of rows: one of many
+(``--max-num-seqs 256``, say) is not sent to oneDNN's product, whose other sums would change a
+row's logits with the size of its batch (at 65-256 rows the kernel ran in 0.8-1.4x oneDNN's
+time on this project's AVX2 machine, a noisy hour). Its sums are ordered differently from
+PyTorch's, so then the logits are within rounding of the model's forward, not its bits
+(``tests/engine/test_decode_linear.py``); the tiny test models' weights are under its
+minimum, and there the bit-for-bit test holds. Where every product of
 the step runs through it, the small operations between them do too
 (:func:`_with_kernels`: the residual add with the next RMS norm, the rotation of q and k,
 SiLU(gate) * up, each one C call for all the rows instead of several PyTorch calls over cold
 memory): the 43 M-parameter model's step of 4 rows 17.9 -> 14.1 ms. With both kernels, a
-row's logits are the same bits whatever its batch-mates (tested).
+row's logits are the same bits whatever its batch-mates and their number (tested past 64
+rows).
 With ``--quantization int8`` the layers hold int8 rows and a scale per row
 (:mod:`engine.models.int8_linear`); they are fused the same way (rows and scales
 concatenated) and multiplied by the linear kernel over int8 panels
@@ -77,17 +81,14 @@ def _rms(norm: Any, x: Any) -> Any:
 
 
 def for_model(model: Any, compile_rows: int | None = None, threads: int = 1,
-              max_rows: int = 8) -> Step | None:
+) -> Step | None:
     """The lean decode step for ``model`` (``step(ids, mask, positions, cache)``: ids
     ``(rows, 1)``, the rows' 2-D padding mask over the cache plus the new column, positions as
     the model's forward takes them; the last logits, ``(rows, vocab)``), or None where the
     model's own forward must run. ``compile_rows``: batches of up to that many rows also get
     compiled graphs (``--compile-decode``: a :class:`engine.models.lean_compile.CompiledStep`,
     to compile on ``threads`` torch threads once its ``start`` is called) where the model
-    allows them (else the eager step, with a log line saying why). ``max_rows``: the most rows
-    a step will have (the engine's ``--max-num-seqs``): past
-    :data:`engine.models.decode_kernels.MAX_LINEAR_ROWS` the fused products keep a
-    oneDNN-packed copy beside the linear kernel's panels."""
+    allows them (else the eager step, with a log line saying why)."""
     text = parts.language_model(model)
     config = getattr(text, "config", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -111,7 +112,7 @@ def for_model(model: Any, compile_rows: int | None = None, threads: int = 1,
                                                   "act_fn")):
             return None
     return _step(text, layers, head, compile_rows, threads,
-                 wide=compile_rows is not None or max_rows > decode_kernels.MAX_LINEAR_ROWS)
+                 wide=compile_rows is not None)
 
 
 class _Fused:
@@ -146,10 +147,10 @@ def _product(linears: tuple[Any, ...], bias: Any, wide: bool
              ) -> tuple[Callable[[Any], Any], Any]:
     """One product over ``linears``' weights concatenated (see :class:`_Fused`), and the
     concatenated float weight (None for int8): float ones through the linear kernel
-    (:func:`engine.models.decode_kernels.linear`) where it takes them, with
-    :func:`engine.models.cpu_linear.prepared` (oneDNN) for wider inputs only when ``wide``,
-    else through ``prepared``; int8 ones (``--quantization int8``, rows and scales
-    concatenated alike: a scale belongs to its row) through the kernel's int8 panels
+    (:func:`engine.models.decode_kernels.linear`) where it takes them, with a
+    :func:`engine.models.cpu_linear.prepared` (oneDNN) copy kept beside it only when ``wide``
+    (the compiled step's), else through ``prepared``; int8 ones (``--quantization int8``,
+    rows and scales concatenated alike: a scale belongs to its row) through the kernel's int8 panels
     (:func:`engine.models.decode_kernels.linear_int8`) where it takes them, with
     :func:`engine.models.int8_linear.product` for wider inputs, else through that alone."""
     if getattr(linears[0], "qweight", None) is None:

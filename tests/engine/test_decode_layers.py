@@ -3,7 +3,8 @@ csrc/decode_step.c): the same logits and the same cache columns, bit for bit, as
 step calling the kernels one by one from Python, for rows of different lengths (padding), on
 one thread and on two, and on the next step too (the buffers' spare room reused); where the
 caches are not for it, nothing is touched and the one-by-one step runs; where it fails
-part-way, the step runs again one by one; off, it is not built."""
+part-way, the step runs again one by one; a step of many rows keeps each row's bits; off, it
+is not built."""
 
 from __future__ import annotations
 
@@ -154,11 +155,10 @@ def test_a_failure_part_way_runs_the_step_again_one_by_one(runner, new_batch):
     assert not bool(failed[0][0].isnan().any())
 
 
-def test_more_rows_than_the_linear_kernel_takes_run_one_by_one(runner, new_batch, monkeypatch):
-    """Past MAX_LINEAR_ROWS the one-by-one step runs its products elsewhere (oneDNN's,
-    PyTorch's): there the layers in one call do not run, so the step is that one's."""
-    batch = new_batch()
-    monkeypatch.setattr(decode_kernels, "MAX_LINEAR_ROWS", len(batch.rows) - 1)
+def test_a_step_of_many_rows_runs_in_one_call_and_each_row_keeps_its_bits(runner):
+    """A step of 70 rows (``--max-num-seqs`` past 64, whose steps once went to oneDNN's
+    products) runs the layers in one call, and each row's logits are the bits of the same
+    row in a step of its prompt's few (the products' sums do not change with the rows)."""
     whole = runner._lean_decode.whole
     ran = []
 
@@ -166,9 +166,21 @@ def test_more_rows_than_the_linear_kernel_takes_run_one_by_one(runner, new_batch
         ran.append(whole(*args))
         return ran[-1]
 
-    got = _steps(runner, batch, counted, count=1)
-    assert ran == [False]
-    assert torch.equal(got[0][0], _steps(runner, batch, None, count=1)[0][0])
+    prompts = prompts_of("qwen2_5_vl")
+    batches = []
+    try:
+        batches.append(running_batch(runner, prompts))
+        batches.append(running_batch(runner, prompts * (70 // len(prompts) + 1)))
+        assert len(batches[1].rows) >= 70
+        few = _steps(runner, batches[0], counted, count=1)[0][0]
+        many = _steps(runner, batches[1], counted, count=1)[0][0]
+    finally:
+        for batch in batches:
+            for row in batch.rows:
+                finish_row(row, "abort")
+    assert ran == [True, True]
+    for i in range(many.shape[0]):
+        assert torch.equal(many[i], few[i % len(prompts)]), i
 
 
 @pytest.mark.parametrize("variable", ["APHRODITE_DECODE_STEP_KERNEL",

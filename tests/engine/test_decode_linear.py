@@ -51,7 +51,7 @@ def test_it_is_within_the_rounding_bound(lib, n, k, with_bias):
     bias = torch.randn(n) if with_bias else None
     product = decode_kernels.linear(weight, bias)
     assert product is not None
-    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33, 64):
+    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33, 64, 65, 100):
         x = torch.randn(rows, 1, k)
         out = product(x)
         assert out.shape == (rows, 1, n) and out.dtype == torch.float32
@@ -67,12 +67,12 @@ def test_it_is_within_the_rounding_bound(lib, n, k, with_bias):
 
 
 def test_a_rows_result_never_depends_on_its_batch_mates_or_threads(lib):
-    """Row 0's output alone, and at every place among 1 to 19 other rows, on one thread and
-    on two: the same bits."""
+    """Row 0's output alone, and at the start, middle and end of 1 to 131 other rows, on one
+    thread and on two: the same bits."""
     torch.manual_seed(0)
     weight, bias = torch.randn(600, 320) * 0.05, torch.randn(600)
     assert_batch_invariant(decode_kernels.linear(weight, bias), 320,
-                           (1, 2, 3, 4, 5, 8, 9, 13, 16, 20))
+                           (1, 2, 3, 4, 5, 8, 9, 13, 16, 20, 70, 131))
 
 
 def assert_batch_invariant(product, k: int, counts: tuple[int, ...]) -> None:
@@ -94,20 +94,25 @@ def assert_batch_invariant(product, k: int, counts: tuple[int, ...]) -> None:
 
 
 def test_wider_inputs_and_what_it_does_not_take(lib, monkeypatch):
-    """More rows than MAX_LINEAR_ROWS or an input that needs gradients go to the
-    product given for them (F.linear by default); a small weight, float64 weight or a bias of
-    the wrong size is not taken at all."""
+    """Any number of rows runs through it (a step of many is not sent elsewhere); an input
+    that needs gradients, or of another dtype, goes to the product given for them (F.linear
+    by default); a small weight, float64 weight or a bias of the wrong size is not taken at
+    all."""
     weight = torch.randn(300, 256)
     calls = []
 
     def wider(x):
         calls.append(x.shape[0])
-        return torch.nn.functional.linear(x, weight)
+        return torch.nn.functional.linear(x, weight.to(x.dtype))
 
     product = decode_kernels.linear(weight, None, wider)
-    x = torch.randn(decode_kernels.MAX_LINEAR_ROWS + 1, 256)
-    assert torch.equal(product(x), torch.nn.functional.linear(x, weight))
-    assert calls == [decode_kernels.MAX_LINEAR_ROWS + 1]
+    many = torch.randn(200, 256)
+    error = (product(many).double() - _reference(many, weight, None)).abs()
+    assert bool((error <= _bound(many, weight, None)).all())
+    assert calls == []
+    wide = torch.randn(3, 256, dtype=torch.float64)
+    assert torch.equal(product(wide), torch.nn.functional.linear(wide, weight.double()))
+    assert calls == [3]
     plain = decode_kernels.linear(weight, None)
     grad = torch.randn(2, 256, requires_grad=True)
     assert plain(grad).requires_grad

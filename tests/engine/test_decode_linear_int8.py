@@ -40,7 +40,7 @@ def test_it_is_the_dequantized_product_within_the_rounding_bound(n, k, with_bias
     bias = torch.randn(n) if with_bias else None
     product = decode_kernels.linear_int8(q, scale, bias, lambda x: None)
     assert product is not None
-    for rows in (1, 2, 3, 5, 8, 9, 17, 64):
+    for rows in (1, 2, 3, 5, 8, 9, 17, 64, 65, 100):
         x = torch.randn(rows, 1, k)
         out = product(x)
         assert out.shape == (rows, 1, n) and out.dtype == torch.float32
@@ -56,13 +56,14 @@ def test_it_is_the_dequantized_product_within_the_rounding_bound(n, k, with_bias
 def test_a_rows_result_never_depends_on_its_batch_mates_or_threads():
     q, scale, _ = _quantized(600, 320, 0)
     assert_batch_invariant(decode_kernels.linear_int8(q, scale, torch.randn(600),
-                                                      lambda x: None), 320, (1, 3, 4, 8, 9, 20))
+                                                      lambda x: None), 320, (1, 3, 4, 8, 9, 20, 70))
 
 
 def test_wider_inputs_go_to_the_product_given_and_what_it_refuses():
-    """More rows than MAX_LINEAR_ROWS (a prefill) go to the product given (the module's own,
-    bfloat16 there); float weights, a scale of the wrong size or type, a small weight are
-    not taken."""
+    """Any number of rows runs through it (a step of many rows is not sent to the module's
+    own product, bfloat16 there: a row's logits would change with its batch's size); an input
+    of another dtype goes to the product given; float weights, a scale of the wrong size or
+    type, a small weight are not taken."""
     q, scale, _ = _quantized(300, 256, 1)
     calls = []
 
@@ -71,9 +72,14 @@ def test_wider_inputs_go_to_the_product_given_and_what_it_refuses():
         return int8_linear.product(x, q, scale, None)
 
     product = decode_kernels.linear_int8(q, scale, None, wider)
-    x = torch.randn(decode_kernels.MAX_LINEAR_ROWS + 1, 256)
-    assert torch.equal(product(x), int8_linear.product(x, q, scale, None))
-    assert calls == [decode_kernels.MAX_LINEAR_ROWS + 1]
+    many = torch.randn(200, 256)
+    out = product(many)
+    assert calls == []
+    assert torch.equal(out[:3], product(many[:3]))  # (its rows' bits, not bfloat16's)
+    assert not torch.equal(out, int8_linear.product(many, q, scale, None))
+    half = many.to(torch.bfloat16)
+    assert torch.equal(product(half), int8_linear.product(half, q, scale, None))
+    assert calls == [200]
     assert decode_kernels.linear_int8(q.float(), scale, None, wider) is None
     assert decode_kernels.linear_int8(q, scale[:-1], None, wider) is None
     assert decode_kernels.linear_int8(q, scale.double(), None, wider) is None
