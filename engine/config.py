@@ -397,7 +397,9 @@ class EngineConfig:
              "... up to --max-num-seqs; a step's rows padded up to the next, as vLLM's CUDA "
              "graphs), compiled on a background thread at start-up: until a bucket is ready "
              "the eager step runs it, and a failed compile leaves it eager. Logits within "
-             "float rounding of the eager step's. Off by default: on the tiny and 43 M "
+             "float rounding of the eager step's, not its bits: a row's may change with its "
+             "batch's bucket and once the bucket is compiled (the eager step keeps a row's "
+             "bits whatever its batch-mates). Off by default: on the tiny and 43 M "
              "models a step took 0.95-1.00x the eager one's at batch 1 and 8 (one thread), "
              "for 1-2 minutes of compiling on the cores at start-up (docs/performance.md; "
              "aphrodite bench decode-step --compile-decode compares both).")
