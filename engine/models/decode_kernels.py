@@ -215,10 +215,9 @@ def linear(weight: Any, bias: Any, wider: Callable[[Any], Any] | None = None
     batch-mates: a step of many rows is not sent elsewhere, where the sums would be another
     product's), with ``weight`` packed into the kernel's panels now (a copy: ``weight`` stays
     as it is); other dtypes and inputs that need gradients go to ``wider`` (``F.linear`` by
-    default). None where the kernel is off or
-    not loaded (see :func:`prepare`), ``weight`` is under :data:`MIN_LINEAR_WEIGHT` elements
-    (a call costs more than it saves) or not a 2-D float32 CPU tensor (or ``bias`` not a
-    matching vector)."""
+    default). None where the kernel is off or not loaded (see :func:`prepare`), ``weight`` is
+    under :data:`MIN_LINEAR_WEIGHT` elements (a call costs more than it saves) or not a 2-D
+    float32 CPU tensor (or ``bias`` not a matching vector)."""
     import torch
     import torch.nn.functional as F
 

@@ -80,8 +80,7 @@ def _rms(norm: Any, x: Any) -> Any:
     return norm.weight * x32.to(dtype)
 
 
-def for_model(model: Any, compile_rows: int | None = None, threads: int = 1,
-) -> Step | None:
+def for_model(model: Any, compile_rows: int | None = None, threads: int = 1) -> Step | None:
     """The lean decode step for ``model`` (``step(ids, mask, positions, cache)``: ids
     ``(rows, 1)``, the rows' 2-D padding mask over the cache plus the new column, positions as
     the model's forward takes them; the last logits, ``(rows, vocab)``), or None where the
