@@ -25,8 +25,8 @@ head) runs through it over its own packed copy of the weight (the fused products
 is then not made, unless ``--compile-decode`` needs it): 1.26x less time a step of 8 rows of
 the 150 M-parameter model. It takes steps of any number of rows: one of many
 (``--max-num-seqs 256``, say) is not sent to oneDNN's product, whose other sums would change a
-row's logits with the size of its batch (at 65-256 rows the kernel ran in 0.8-1.4x oneDNN's
-time on this project's AVX2 machine, a noisy hour). Its sums are ordered differently from
+row's logits with the size of its batch (its products then take about 1.1-1.3x oneDNN's
+time on this project's AVX2 machine: docs/performance.md). Its sums are ordered differently from
 PyTorch's, so then the logits are within rounding of the model's forward, not its bits
 (``tests/engine/test_decode_linear.py``); the tiny test models' weights are under its
 minimum, and there the bit-for-bit test holds. Where every product of
