@@ -32,10 +32,12 @@ and MKL's at 5-7, where one row, or a plain read, runs at 12-14; the kernel stre
 the weight packed at load into panels of 16 output columns, three panels side by side, each
 prefetched ahead, with up to 8 rows' sums in registers: 11-13 GB/s at 1-8 rows
 (``scripts/linear_bench.py``). Each output is one chain of multiply-adds over the input in
-order, so a row's result is the same bits whatever its batch-mates and threads, and within
-the rounding bound of any float32 sum (``tests/engine/test_decode_linear.py``); not the bits
-of MKL's or oneDNN's sums. Its copy of each weight is memory beside the weight itself (and a
-oneDNN copy where :mod:`engine.models.cpu_linear` packs one for prefills).
+order, so a row's result is the same bits whatever its batch-mates, their number (it takes a
+step of any number of rows: past 64, 1.1-1.3x oneDNN's time, see docs/performance.md) and
+threads, and within the rounding bound of any float32 sum
+(``tests/engine/test_decode_linear.py``); not the bits of MKL's or oneDNN's sums. Its copy
+of each weight is memory beside the weight itself (and a oneDNN copy where
+:mod:`engine.models.cpu_linear` packs one for prefills).
 ``APHRODITE_DECODE_LINEAR_KERNEL=0`` turns it off. With ``--quantization int8`` the same
 kernel streams panels of int8 rows (:func:`linear_int8`: a byte an element, widened to
 float32 in registers, each column's sum times its row's scale): a quarter of the bytes, the
