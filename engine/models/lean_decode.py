@@ -110,8 +110,7 @@ def for_model(model: Any, compile_rows: int | None = None, threads: int = 1) -> 
                 not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj",
                                                   "act_fn")):
             return None
-    return _step(text, layers, head, compile_rows, threads,
-                 wide=compile_rows is not None)
+    return _step(text, layers, head, compile_rows, threads)
 
 
 class _Fused:
@@ -218,7 +217,9 @@ def _single(module: Any) -> Callable[[Any], Any]:
 
 
 def _step(text: Any, layers: list[Any], head: Any, compile_rows: int | None = None,
-          threads: int = 1, wide: bool = False) -> Step:
+          threads: int = 1) -> Step:
+    # (the compiled step keeps the fused products' oneDNN copies: see _product)
+    wide = compile_rows is not None
     fused = [_Fused(layer, wide) if envs.APHRODITE_LEAN_DECODE_FUSED and _fusable(layer)
              else None for layer in layers]
     step = _eager(text, layers, head, fused)

@@ -16,6 +16,7 @@ from engine.executor.outputs import finish_row
 from engine.models import decode_kernels, lean_decode
 from tests.engine.test_lean_decode import running_batch
 from tests.engine.test_scheduler import prompts_of
+from tests.engine_fixtures import llm
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +42,7 @@ def model():
 @pytest.fixture
 def runner(model, monkeypatch):
     runner = model.engine.runner
-    # (the shared tiny LLM the prompts are made with, loaded before the patch below: loaded
-    # under it, its later tests' steps would run the kernels too)
-    prompts_of("qwen2_5_vl")
+    llm("qwen2_5_vl")  # (the prompts' shared tiny LLM, loaded before the patch below)
     # (every product through the linear kernel: the tiny model's weights are under the minimum)
     monkeypatch.setattr(decode_kernels, "MIN_LINEAR_WEIGHT", 0)
     monkeypatch.setattr(runner, "_lean_decode", lean_decode.for_model(runner.model))
