@@ -176,6 +176,9 @@ def _load() -> ctypes.CDLL:
     lib.ap_decode_layers.argtypes = [p, lng, lng, lng, lng, lng, f, f, p, p, p, p, p, lng, lng,
                                      i]
     lib.ap_decode_layers.restype = i
+    lib.ap_decode_step.argtypes = [p, lng, lng, lng, lng, lng, f, f, p, lng, p, p, p, p, p, p,
+                                   p, lng, lng, i]
+    lib.ap_decode_step.restype = i
     lib.ap_step_layer_bytes.restype = lng
     lib.group_columns = lib.ap_linear_group_columns()
     lib.vector_floats = lib.ap_vector_floats()

@@ -10,6 +10,11 @@ each layer's cache buffer (after making room for one more column) and makes one 
 kernels, their operands and their order are the same, so the results are the same bits as
 the one-by-one step (``tests/engine/test_decode_layers.py``).
 
+Where the embedding is a plain table and the head a kernel product, the embedding lookup, the
+first layer's input norm and the head run in the same call (``ap_decode_step``): each of them
+from Python was a few tensors made and checked on caches the step had just flushed with its
+weights (0.2-0.35 ms of the 43 M model's 6-11 ms step).
+
 It runs where every layer's cache is a growing full-attention layer (with ``room`` and
 ``grow``: :func:`engine.executor.kv.reserve`) of float32 keys and values of the same length
 and the mask covers them and the new column; otherwise (and with
@@ -50,14 +55,19 @@ def _product(product: Any) -> _Product:
 
 def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_after: list[Any],
           norms_next: list[Any], heads: int, kv_heads: int, dim: int, eps: float,
-          scalings: list[float]) -> Any | None:
+          scalings: list[float], embed: Any = None, norm_first: Any = None,
+          head: Any = None) -> Any | None:
     """The layers' runner ``(h, x, cos, sin, keep, cache) -> bool`` over the kernel products
     ``(qkv, o, gate_up, down)`` of each layer (:func:`engine.models.decode_kernels.linear`'s,
     kept alive by the caller) and its norms' weights (float32, copied here: the products'
     panels are copies too); None where the whole-step kernel or the attention kernel is off
     (the one-by-one step would run other products there), the library has none, or the
     layers are not alike (one attention scaling, matching widths) or past the attention
-    kernel's limits."""
+    kernel's limits. With the embedding table ``embed`` (float32 ``(vocab, hidden)``), the
+    first layer's input norm ``norm_first`` and the head's kernel product ``head``, the runner
+    also has ``step(ids, cos, sin, keep, cache) -> logits`` (``ap_decode_step``: the
+    embedding, the norm, the layers and the head in the one call; None where those do not
+    fit, or the library has no such entry)."""
     import torch
 
     from engine.models import decode_kernels
@@ -89,8 +99,40 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
         record.gate_up, record.down = _product(gate_up), _product(down)
         record.norm_after, record.norm_next = after.data_ptr(), then.data_ptr()
     scaling = scalings[0]
-    keep_alive = (products, norms_after, norms_next)
+    keep_alive: tuple[Any, ...] = (products, norms_after, norms_next)
     lock = threading.Lock()  # (one table: one call at a time)
+
+    def bound(rows: int, keep: Any, cos: Any, sin: Any, cache: Any, more: tuple[Any, ...]
+              ) -> tuple[list[Any], int] | None:
+        """The cache's layers and the columns they hold, each layer's buffers (with room for
+        one more) in the table, where these tensors and caches are for the kernel; else
+        None. Called under ``lock``."""
+        layers = list(getattr(cache, "layers", ()))
+        if len(layers) != count or rows <= 0 or \
+                keep.dtype != torch.bool or keep.dim() != 2 or keep.shape[0] != rows or \
+                keep.shape[1] < 2 or keep.stride(-1) != 1 or \
+                not all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous()
+                        for t in (*more, cos, sin)) or \
+                cos.shape != (rows, dim) or sin.shape != cos.shape:
+            return None
+        used = keep.shape[1] - 1  # (the columns every layer's cache must hold)
+        for layer in layers:
+            # (a growing full-attention layer: engine.executor.kv.reserve's)
+            if not hasattr(layer, "grow") or not getattr(layer, "is_initialized", False):
+                return None
+            keys, values = layer.keys, layer.values
+            if keys.dtype != torch.float32 or values.dtype != torch.float32 or \
+                    keys.shape != (rows, kv_heads, used, dim) or values.shape != keys.shape or \
+                    not keys.is_cpu or not values.is_cpu:
+                return None
+        buffers = [layer.room(1) for layer in layers]
+        for record, (kbuf, vbuf, _) in zip(table, buffers, strict=True):
+            if kbuf.stride(3) != 1 or vbuf.stride(3) != 1:
+                return None
+            record.keys, record.values = kbuf.data_ptr(), vbuf.data_ptr()
+            record.ksr, record.ksh, record.ksc = kbuf.stride()[:3]
+            record.vsr, record.vsh, record.vsc = vbuf.stride()[:3]
+        return layers, used
 
     def run(h: Any, x: Any, cos: Any, sin: Any, keep: Any, cache: Any) -> bool | None:
         """The layers on ``h`` (rows, hidden) and ``x`` (its first norm), ``keep`` the
@@ -99,36 +141,14 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
         caches are not for it (nothing touched); None where it failed part-way (a buffer
         could not be had: ``h`` and ``x`` are no longer the step's, so run the step again;
         the caches are as they were)."""
-        import torch
-
         rows = h.shape[0]
-        layers = list(getattr(cache, "layers", ()))
-        if len(layers) != count or rows <= 0 or \
-                keep.dtype != torch.bool or keep.dim() != 2 or keep.shape[0] != rows or \
-                keep.shape[1] < 2 or keep.stride(-1) != 1 or \
-                not all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous()
-                        for t in (h, x, cos, sin)) or \
-                h.shape != (rows, hidden) or x.shape != h.shape or \
-                cos.shape != (rows, dim) or sin.shape != cos.shape:
+        if h.shape != (rows, hidden) or x.shape != h.shape:
             return False
-        used = keep.shape[1] - 1  # (the columns every layer's cache must hold)
-        for layer in layers:
-            # (a growing full-attention layer: engine.executor.kv.reserve's)
-            if not hasattr(layer, "grow") or not getattr(layer, "is_initialized", False):
-                return False
-            keys, values = layer.keys, layer.values
-            if keys.dtype != torch.float32 or values.dtype != torch.float32 or \
-                    keys.shape != (rows, kv_heads, used, dim) or values.shape != keys.shape or \
-                    not keys.is_cpu or not values.is_cpu:
-                return False
         with lock:
-            buffers = [layer.room(1) for layer in layers]  # (held until the call returns)
-            for record, (kbuf, vbuf, _) in zip(table, buffers, strict=True):
-                if kbuf.stride(3) != 1 or vbuf.stride(3) != 1:
-                    return False
-                record.keys, record.values = kbuf.data_ptr(), vbuf.data_ptr()
-                record.ksr, record.ksh, record.ksc = kbuf.stride()[:3]
-                record.vsr, record.vsh, record.vsc = vbuf.stride()[:3]
+            found = bound(rows, keep, cos, sin, cache, (h, x))
+            if found is None:
+                return False
+            layers, used = found
             if lib.ap_decode_layers(table, count, rows, heads, kv_heads, dim, eps, scaling,
                                     h.data_ptr(), x.data_ptr(), cos.data_ptr(),
                                     sin.data_ptr(), keep.data_ptr(), keep.stride(0), used,
@@ -139,4 +159,48 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
         return True
 
     run.keep_alive = keep_alive  # type: ignore[attr-defined]
+    run.step = None  # type: ignore[attr-defined]
+    if embed is None or norm_first is None or head is None or \
+            not hasattr(lib, "ap_decode_step") or not _takes(head) or \
+            head.shape[1] != hidden or embed.dtype != torch.float32 or \
+            embed.dim() != 2 or embed.shape[1] != hidden or not embed.is_cpu or \
+            norm_first.dtype != torch.float32 or norm_first.shape != (hidden,):
+        return run
+    embed = embed.detach().contiguous()  # (a view of the model's own table where it is one)
+    norm_first = norm_first.detach().clone().contiguous()
+    head_record = _product(head)
+    vocab, logits_n = embed.shape[0], head.shape[0]
+    keep_alive += (embed, norm_first, head, head_record)
+    run.keep_alive = keep_alive  # type: ignore[attr-defined]
+
+    def step(ids: Any, cos: Any, sin: Any, keep: Any, cache: Any) -> Any:
+        """``ids`` (rows, 1) int64 through the embedding, the layers and the head: the
+        step's logits ``(rows, vocab)``, each cache one column longer; False where these
+        tensors or caches are not for it, or an id is not in the table (nothing touched);
+        None where it failed part-way (the caches are as they were)."""
+        rows = ids.shape[0]
+        if ids.dtype != torch.int64 or ids.shape != (rows, 1) or not ids.is_cpu or \
+                not ids.is_contiguous():
+            return False
+        logits = torch.empty(rows, logits_n, dtype=torch.float32)
+        with lock:
+            found = bound(rows, keep, cos, sin, cache, ())
+            if found is None:
+                return False
+            layers, used = found
+            failed = lib.ap_decode_step(table, count, rows, heads, kv_heads, dim, eps,
+                                        scaling, embed.data_ptr(), vocab, ids.data_ptr(),
+                                        norm_first.data_ptr(), ctypes.addressof(head_record),
+                                        logits.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                                        keep.data_ptr(), keep.stride(0), used,
+                                        torch.get_num_threads())
+        if failed == -2:
+            return False
+        if failed:
+            return None
+        for layer in layers:
+            layer.grow(1)
+        return logits
+
+    run.step = step  # type: ignore[attr-defined]
     return run

@@ -121,6 +121,57 @@ def test_the_layers_in_one_call_are_the_one_by_one_steps_bits(runner, new_batch,
     assert one_call[1][1][0][0].shape[2] == one_call[0][1][0][0].shape[2] + 1
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_whole_step_in_one_call_is_the_layers_calls_bits(runner, new_batch, threads):
+    """The embedding, the first norm, the layers and the head in one call (``ap_decode_step``)
+    give the logits and cache columns of the layers in one call with the rest in Python."""
+    whole = runner._lean_decode.whole
+    assert whole.step is not None
+    calls = []
+
+    def layers_only(*args):  # (no ``step``: the layers' call, the rest in Python)
+        return whole(*args)
+
+    def with_step(*args):
+        return whole(*args)
+
+    def step(*args):
+        calls.append(whole.step(*args))
+        return calls[-1]
+
+    with_step.step = step
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        batch = new_batch()
+        in_one = _steps(runner, batch, with_step)
+        layers = _steps(runner, batch, layers_only)
+    finally:
+        torch.set_num_threads(saved)
+    assert len(calls) == 2 and all(isinstance(c, torch.Tensor) for c in calls)
+    for (logits, caches), (their_logits, their_caches) in zip(in_one, layers, strict=True):
+        assert torch.equal(logits, their_logits)
+        assert all(torch.equal(k, their_k) and torch.equal(v, their_v)
+                   for (k, v), (their_k, their_v) in zip(caches, their_caches, strict=True))
+
+
+def test_an_id_outside_the_table_touches_nothing_and_fails_as_the_embedding(runner, new_batch):
+    batch = new_batch()
+    whole = runner._lean_decode.whole
+    ids, mask, positions = _inputs(batch)
+    vocab = runner.model.get_input_embeddings().weight.shape[0]
+    ids[-1, 0] = vocab + 5
+    kv.reserve(batch.cache)
+    keys = [layer.keys for layer in batch.cache.layers]
+    dim = batch.cache.layers[0].keys.shape[-1]
+    cos = sin = torch.ones(len(batch.rows), dim)
+    with torch.inference_mode():
+        assert whole.step(ids, cos, sin, mask.bool(), batch.cache) is False
+        assert all(layer.keys is k for layer, k in zip(batch.cache.layers, keys, strict=True))
+        with pytest.raises(IndexError):
+            runner._lean_decode(ids, mask, positions, batch.cache)
+
+
 def test_caches_not_for_it_are_left_alone_and_the_step_runs_one_by_one(runner, new_batch):
     """Caches not turned into growing layers (kv.reserve), or a mask of another width: False,
     nothing touched; the step itself still runs (one by one) and gives the same logits."""

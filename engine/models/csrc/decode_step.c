@@ -10,6 +10,7 @@
  * step at one row). Built with them by engine/models/decode_kernels.py; its caller
  * (engine/models/decode_layers.py) checks every shape and pointer before the call.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,4 +102,35 @@ int ap_decode_layers(const ap_layer *layers, long count, long rows, long heads, 
     }
     free(buf);
     return 0;
+}
+
+/* The whole step around the layers: each row's embedding (embed: (vocab, hidden) rows; ids
+ * checked before anything is written), the first layer's input norm (norm_first), the
+ * layers (ap_decode_layers: the caches as it leaves them), then the head product of the last
+ * norm into logits (rows, head->n). What ran between these in Python (an embedding lookup,
+ * a norm, the head's call: tensors made and checked after a step that streamed every weight
+ * through the caches) is one call. Returns 0; -2 where an id is not a row of embed (nothing
+ * written); -1 where a buffer could not be had (as ap_decode_layers). */
+int ap_decode_step(const ap_layer *layers, long count, long rows, long heads, long kv_heads,
+                   long dim, float eps, float scaling, const float *embed, long vocab,
+                   const int64_t *ids, const float *norm_first, const ap_product *head,
+                   float *logits, const float *cos, const float *sin,
+                   const unsigned char *keep, long keep_sr, long used, int threads) {
+    long hidden = layers[0].o.n;
+    for (long r = 0; r < rows; r++)
+        if (ids[r] < 0 || ids[r] >= vocab)
+            return -2;
+    float *h = malloc(sizeof(float) * rows * hidden * 2);
+    if (!h)
+        return -1;
+    float *x = h + rows * hidden;
+    for (long r = 0; r < rows; r++)
+        memcpy(h + r * hidden, embed + ids[r] * hidden, sizeof(float) * hidden);
+    ap_add_rms(h, NULL, norm_first, eps, x, rows, hidden);
+    int failed = ap_decode_layers(layers, count, rows, heads, kv_heads, dim, eps, scaling, h, x,
+                                  cos, sin, keep, keep_sr, used, threads);
+    if (!failed)
+        product(head, x, rows, logits, threads);
+    free(h);
+    return failed;
 }
