@@ -13,10 +13,14 @@ and context length:
 - the bytes that step must read: the language model's weights (its input embedding table
   only as far as the step's rows read it, unless it is also the output head) plus the keys
   and values of ``context_len + 1`` columns per row;
-- the machine's read bandwidth on the same torch threads, measured between the
-  configurations: a sum over a float32 tensor several times the last-level cache.
+- the machine's read bandwidth on the same torch threads: a sum over a float32 tensor several
+  times the last-level cache, read after each timed step of the configuration (and between
+  configurations, for the run's own figure).
 
-``floor_ms`` is bytes / bandwidth; ``ratio_to_floor`` the median step over it.
+``floor_ms`` is bytes over the median bandwidth read beside that configuration's steps (a
+shared machine's bandwidth drifts over a run: a floor from the run's median alone moved a
+configuration's ratio by 20% from one run to the next); ``ratio_to_floor`` the median step
+over it.
 
 With ``compile_decode`` the model is loaded with ``--compile-decode``, its compiles awaited
 (their time recorded), and each configuration timed twice in turn on the same model: the
@@ -27,6 +31,7 @@ its step over the eager one's), a step of each in turn on the same rows.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,10 +128,13 @@ def _requests(llm: Any, rows: int, prompt_tokens: int, steps: int) -> list[Any]:
 
 
 def _one(llm: Any, rows: int, context: int, warmups: int, repeats: int,
-         variants: tuple[bool | None, ...] = (None,)) -> list[dict[str, Any]]:
+         variants: tuple[bool | None, ...] = (None,),
+         probe: Callable[[], float] | None = None) -> list[dict[str, Any]]:
     """The configuration timed on each of ``variants`` (None: the step as loaded; False and
     True: ``--compile-decode``'s step eager and compiled), one step of each in turn on the
-    same rows (each sees the same contexts and the same moments of the machine's load)."""
+    same rows (each sees the same contexts and the same moments of the machine's load);
+    ``probe`` (GB/s of one bandwidth read) after each timed round, their summary in each
+    row's ``bandwidth_gb_s``."""
     from engine.executor.outputs import finish_row
 
     runner = llm.engine.runner
@@ -134,6 +142,7 @@ def _one(llm: Any, rows: int, context: int, warmups: int, repeats: int,
     prompt_tokens = context - (warmups + repeats // 2) * len(variants)
     batch = runner.prefill_requests(_requests(llm, rows, prompt_tokens, steps))
     times: list[list[float]] = [[] for _ in variants]
+    rates: list[float] = []
     for n in range(warmups + repeats):
         for i, on in enumerate(variants):
             if on is not None:
@@ -142,12 +151,15 @@ def _one(llm: Any, rows: int, context: int, warmups: int, repeats: int,
             runner.decode(batch)
             if n >= warmups:
                 times[i].append((time.perf_counter() - start) * 1e3)
+        if n >= warmups and probe is not None:
+            rates.append(probe())
     weights = weight_bytes(runner.model, rows)
     kv = kv_bytes(batch.cache, context + 1)
     for row in batch.rows:
         finish_row(row, "abort")
     return [{"batch_size": rows, "context_len": context, "step_ms": summary(t),
              "weight_bytes": weights, "kv_bytes": kv, "bytes": weights + kv,
+             **({"bandwidth_gb_s": summary(rates)} if rates else {}),
              **({} if on is None else {"compiled": on})}
             for on, t in zip(variants, times, strict=True)]
 
@@ -207,6 +219,11 @@ def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: 
         buffer = torch.ones(nbytes // 4, dtype=torch.float32)
         buffer.sum()  # (its pages touched)
         rates = read_bandwidth(buffer, PROBE_SAMPLES)
+
+        def probe() -> float:  # (one read beside a configuration's steps, in the run's too)
+            rates.append(read_bandwidth(buffer, 1)[0])
+            return rates[-1]
+
         rows = []
         graphs = _graphs_compiled()
         for context in context_lens:
@@ -214,14 +231,15 @@ def run_decode_step(model: str | None, *, batch_sizes: list[int], context_lens: 
                 for name, llm in llms.items():
                     rows += [{"quantization": name, **r} for r in _one(
                         llm, size, context, warmups, repeats,
-                        (False, True) if compiled is not None else (None,))]
+                        (False, True) if compiled is not None else (None,), probe=probe)]
                 rates += read_bandwidth(buffer, PROBE_SAMPLES)
-        del buffer
+        buffer = None  # (its memory back before the quality comparison)
         bandwidth = summary(rates)
         plain = {(r["batch_size"], r["context_len"]): r["step_ms"]["median"] for r in rows
                  if r["quantization"] == "none" and not r.get("compiled")}
         for row in rows:
-            floor_ms = row["bytes"] / (bandwidth["median"] * 1e9) * 1e3
+            beside = row.get("bandwidth_gb_s", bandwidth)["median"]
+            floor_ms = row["bytes"] / (beside * 1e9) * 1e3
             step = row["step_ms"]["median"]
             row.update(floor_ms=floor_ms, ratio_to_floor=step / floor_ms,
                        achieved_gb_s=row["bytes"] / (step / 1e3) / 1e9)
