@@ -284,8 +284,8 @@ ms per step is the median of --repeats steps of the engine's decode step (runner
 lean step where the model has one, sampling included); the bytes are the language model's
 weights plus the rows' keys and values; the floor is those bytes over the read bandwidth
 measured on the same threads beside that configuration's steps (a float32 sum over a tensor
-4x the last-level cache, read after each timed step: a shared machine's bandwidth drifts
-over a run); x floor is the step over it.
+4x the last-level cache, read before each timed step, an untimed step between: a shared
+machine's bandwidth drifts over a run); x floor is the step over it.
 
   aphrodite bench decode-step --size small --quantization int8 --num-threads 1
 

@@ -14,8 +14,8 @@ and context length:
   only as far as the step's rows read it, unless it is also the output head) plus the keys
   and values of ``context_len + 1`` columns per row;
 - the machine's read bandwidth on the same torch threads: a sum over a float32 tensor several
-  times the last-level cache, read after each timed step of the configuration (and between
-  configurations, for the run's own figure).
+  times the last-level cache, read before each timed step of the configuration (an untimed
+  step between them) and between configurations, for the run's own figure.
 
 ``floor_ms`` is bytes over the median bandwidth read beside that configuration's steps (a
 shared machine's bandwidth drifts over a run: a floor from the run's median alone moved a
@@ -133,17 +133,24 @@ def _one(llm: Any, rows: int, context: int, warmups: int, repeats: int,
     """The configuration timed on each of ``variants`` (None: the step as loaded; False and
     True: ``--compile-decode``'s step eager and compiled), one step of each in turn on the
     same rows (each sees the same contexts and the same moments of the machine's load);
-    ``probe`` (GB/s of one bandwidth read) after each timed round, their summary in each
-    row's ``bandwidth_gb_s``."""
+    ``probe`` (GB/s of one bandwidth read) before each timed round, their summary in each
+    row's ``bandwidth_gb_s``, and an untimed step after it (a step right after the probe's
+    read ran 5% slower on two threads than one after a step, as a busy server's are)."""
     from engine.executor.outputs import finish_row
 
     runner = llm.engine.runner
-    steps = (warmups + repeats) * len(variants)
-    prompt_tokens = context - (warmups + repeats // 2) * len(variants)
+    per_round = len(variants) + (probe is not None)
+    steps = (warmups + repeats) * per_round
+    prompt_tokens = context - (warmups + repeats // 2) * per_round
     batch = runner.prefill_requests(_requests(llm, rows, prompt_tokens, steps))
     times: list[list[float]] = [[] for _ in variants]
     rates: list[float] = []
     for n in range(warmups + repeats):
+        if n >= warmups and probe is not None:
+            rates.append(probe())
+            runner.decode(batch)  # (untimed: see above)
+        elif probe is not None:
+            runner.decode(batch)  # (the contexts move as in the timed rounds)
         for i, on in enumerate(variants):
             if on is not None:
                 runner._lean_decode.enabled = on
@@ -151,8 +158,6 @@ def _one(llm: Any, rows: int, context: int, warmups: int, repeats: int,
             runner.decode(batch)
             if n >= warmups:
                 times[i].append((time.perf_counter() - start) * 1e3)
-        if n >= warmups and probe is not None:
-            rates.append(probe())
     weights = weight_bytes(runner.model, rows)
     kv = kv_bytes(batch.cache, context + 1)
     for row in batch.rows:
