@@ -17,7 +17,9 @@ dataset holds are the bytes sent).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import json
 from dataclasses import dataclass
 from itertools import islice
@@ -56,13 +58,16 @@ def _hub_rows(path: str, hub: HubArgs, limit: int) -> tuple[list[dict], list[str
     # A streamed split hands its state to torch's workers when torch is installed, importing
     # it (~4 s here) for nothing: the rows are read in this process alone.
     datasets.config.TORCH_AVAILABLE = False
+    data = rows_iter = None
     try:
         data = datasets.load_dataset(path, name=hub.subset, split=hub.split,
                                      streaming=hub.stream)
         if not hub.stream:
             data = data.to_iterable_dataset()
         data = data.decode(False)  # image/video features as the bytes or URL stored
-        rows = list(islice(data, limit))
+        rows_iter = iter(data)
+        rows = list(islice(rows_iter, limit))
+        columns = list(data.column_names or (rows[0] if rows else []))
     except Exception as exc:  # the library raises its own and anything below it (network,
         # parquet, a missing split or subset); none is this project's bug
         raise ConfigError(f"--dataset-path {path} (--hf-split {hub.split}"
@@ -70,7 +75,18 @@ def _hub_rows(path: str, hub: HubArgs, limit: int) -> tuple[list[dict], list[str
                           + f") could not be read: {_one_line(exc)}",
                           hint="check the id, split and subset on the Hub (HF_ENDPOINT, "
                                "HF_TOKEN for a gated one)", code="invalid_dataset") from None
-    columns = list(data.column_names or (rows[0] if rows else []))
+    finally:
+        # A streamed split's iterator left part-read (the rows taken, a feature lookup) and
+        # collected at the interpreter's exit, after Arrow's C++ runtime had gone, killed the
+        # process with "terminate called without an active exception" (SIGABRT) instead of
+        # its exit status: once in this project's CI, on a dataset of an unknown schema
+        # (huggingface/datasets#7566, apache/arrow#45214). Closed and collected here instead.
+        close = getattr(rows_iter, "close", None)
+        if callable(close):
+            with contextlib.suppress(Exception):
+                close()
+        data = rows_iter = None
+        gc.collect()
     return rows, columns
 
 
