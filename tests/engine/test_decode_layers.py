@@ -172,6 +172,27 @@ def test_an_id_outside_the_table_touches_nothing_and_fails_as_the_embedding(runn
             runner._lean_decode(ids, mask, positions, batch.cache)
 
 
+def test_steps_in_a_row_reuse_the_records_and_keep_the_bits_past_a_buffers_end(runner,
+                                                                               new_batch):
+    """Steps in a row past the spare room of the cache buffers (so they are made again
+    once): each step's logits and cache the bits of the one-by-one step's; the layers'
+    records are set on the first step and when the buffers changed, not each step."""
+    whole = runner._lean_decode.whole
+    batch = new_batch()
+    columns = batch.mask.shape[1]
+    count = max(kv._SPARE_COLUMNS, (columns + 1) // 4) + 8  # (past the first buffers' room)
+    start = whole.rebinds
+    in_one = _steps(runner, batch, whole, count=count)
+    rebinds = whole.rebinds - start
+    one_by_one = _steps(runner, batch, None, count=count)
+    for n, ((logits, caches), (their_logits, their_caches)) in enumerate(
+            zip(in_one, one_by_one, strict=True)):
+        assert torch.equal(logits, their_logits), n
+        assert all(torch.equal(k, their_k) and torch.equal(v, their_v)
+                   for (k, v), (their_k, their_v) in zip(caches, their_caches, strict=True)), n
+    assert rebinds == 2, rebinds  # (the first step, then the buffers made again)
+
+
 def test_caches_not_for_it_are_left_alone_and_the_step_runs_one_by_one(runner, new_batch):
     """Caches not turned into growing layers (kv.reserve), or a mask of another width: False,
     nothing touched; the step itself still runs (one by one) and gives the same logits."""
