@@ -27,8 +27,9 @@ from typing import Any
 #: positions computed together (a block's tensors stay under PyTorch's grain for splitting
 #: an elementwise operation over threads)
 BLOCK = 64
-#: the table grows to at most this many positions (float32, head size 128: 128 MiB); later
-#: ones go to the module
+#: the table grows to at most this many positions (float32, head size 128: 128 MiB of cos
+#: and sin at most, reached only by a row that many positions in); later ones go to the
+#: module
 MAX_POSITIONS = 1 << 17
 
 
@@ -43,7 +44,9 @@ class RopeTable:
         kind = getattr(rotary, "rope_type", None)
         #: False where the module's frequencies may change with the sequence (or are unknown)
         self.enabled = isinstance(kind, str) and "dynamic" not in kind and kind != "longrope"
+        #: the filled rows of each store (what lookups read), by position form and dtype
         self._tables: dict[tuple[int, Any], tuple[Any, Any]] = {}
+        self._stores: dict[tuple[int, Any], tuple[Any, Any]] = {}
         self._lock = threading.Lock()
 
     def __call__(self, x: Any, positions: Any) -> tuple[Any, Any]:
@@ -87,7 +90,11 @@ class RopeTable:
 
     def _grown(self, key: tuple[int, Any], size: int, x: Any) -> tuple[Any, Any] | None:
         """The table for ``key`` holding at least ``size`` positions (whole blocks), or None
-        where the module's output is not one ``(1, positions, dim)`` tensor each."""
+        where the module's output is not one ``(1, positions, dim)`` tensor each. The
+        entries live in a store of twice the room when it fills (a long answer's table is
+        copied a logarithmic number of times, not once per block); lookups read views of its
+        filled rows, so a position past them fails the lookup instead of reading an unfilled
+        row."""
         import torch
 
         form = key[0]
@@ -97,7 +104,7 @@ class RopeTable:
             return old
         want = -(-size // BLOCK) * BLOCK
         probe = x.new_empty((1, 1, x.shape[-1]) if x.dim() else (1, 1, 1))
-        cos_parts, sin_parts = ([old[0]], [old[1]]) if old is not None else ([], [])
+        store = self._stores.get(key)
         for start in range(have, want, BLOCK):
             block = torch.arange(start, start + BLOCK, dtype=torch.long, device=x.device)
             block = block.view(1, 1, -1).expand(3, 1, -1) if form == 3 else block.view(1, -1)
@@ -105,8 +112,16 @@ class RopeTable:
             if cos.dim() != 3 or cos.shape[:2] != (1, BLOCK) or sin.shape != cos.shape:
                 self.enabled = False
                 return None
-            cos_parts.append(cos[0])
-            sin_parts.append(sin[0])
-        table = (torch.cat(cos_parts).contiguous(), torch.cat(sin_parts).contiguous())
+            if store is None or store[0].shape[0] < start + BLOCK:
+                room = max(want, min(2 * (0 if store is None else store[0].shape[0]),
+                                     -(-MAX_POSITIONS // BLOCK) * BLOCK))
+                grown = tuple(cos.new_empty((room, cos.shape[-1])) for _ in range(2))
+                if store is not None:
+                    grown[0][:start] = store[0][:start]
+                    grown[1][:start] = store[1][:start]
+                store = self._stores[key] = grown
+            store[0][start:start + BLOCK] = cos[0]
+            store[1][start:start + BLOCK] = sin[0]
+        table = (store[0][:want], store[1][:want])
         self._tables[key] = table
         return table

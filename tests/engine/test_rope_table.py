@@ -31,9 +31,10 @@ def test_lookups_are_the_modules_bits(arch, mrope):
     generator = torch.Generator().manual_seed(0)
     hidden = torch.zeros(1, 1, 8)
     with torch.inference_mode():
-        # first small positions, then ones past every block built so far (the table grows),
+        # first small positions, then ones past every block built so far (the table grows;
+        # 1100 leaves its store room to spare, 1500 is past the filled rows but within it),
         # then batches that mix old and new ones, rows of one to 9
-        for high in (5, 70, 200, 1000, 3000, 3000):
+        for high in (5, 70, 200, 1000, 1100, 1500, 3000, 3000):
             rows = int(torch.randint(1, 10, (1,), generator=generator))
             values = torch.randint(0, high, (rows,), generator=generator).tolist()
             values[0] = high - 1
@@ -43,7 +44,9 @@ def test_lookups_are_the_modules_bits(arch, mrope):
             assert cos.shape == own_cos.shape and sin.shape == own_sin.shape
             assert torch.equal(cos, own_cos) and torch.equal(sin, own_sin), values
     assert table._tables, "the lookups went to the module instead of the table"
-    assert next(iter(table._tables.values()))[0].shape[0] % rope_table.BLOCK == 0
+    filled, store = next(iter(table._tables.values())), next(iter(table._stores.values()))
+    assert filled[0].shape[0] % rope_table.BLOCK == 0 and filled[0].shape[0] >= 3000
+    assert store[0].shape[0] >= filled[0].shape[0]
 
 
 def test_what_the_table_does_not_take_goes_to_the_module(monkeypatch):
