@@ -226,10 +226,12 @@ def test_a_failure_part_way_runs_the_step_again_one_by_one(runner, new_batch):
     assert not bool(failed[0][0].isnan().any())
 
 
-def test_a_step_of_many_rows_runs_in_one_call_and_each_row_keeps_its_bits(runner):
+@pytest.mark.parametrize("whole_step", [False, True])
+def test_a_step_of_many_rows_runs_in_one_call_and_each_row_keeps_its_bits(runner, whole_step):
     """A step of 70 rows (``--max-num-seqs`` past 64, whose steps once went to oneDNN's
-    products) runs the layers in one call, and each row's logits are the bits of the same
-    row in a step of its prompt's few (the products' sums do not change with the rows)."""
+    products) runs the layers in one call (and, ``whole_step``, the embedding and the head
+    too), and each row's logits are the bits of the same row in a step of its prompt's few
+    (the products' sums do not change with the rows)."""
     whole = runner._lean_decode.whole
     ran = []
 
@@ -237,6 +239,12 @@ def test_a_step_of_many_rows_runs_in_one_call_and_each_row_keeps_its_bits(runner
         ran.append(whole(*args))
         return ran[-1]
 
+    def step(*args):
+        ran.append(whole.step(*args))
+        return ran[-1]
+
+    if whole_step:
+        counted.step = step
     prompts = prompts_of("qwen2_5_vl")
     batches = []
     try:
@@ -249,7 +257,10 @@ def test_a_step_of_many_rows_runs_in_one_call_and_each_row_keeps_its_bits(runner
         for batch in batches:
             for row in batch.rows:
                 finish_row(row, "abort")
-    assert ran == [True, True]
+    if whole_step:
+        assert len(ran) == 2 and all(isinstance(r, torch.Tensor) for r in ran)
+    else:
+        assert ran == [True, True]
     for i in range(many.shape[0]):
         assert torch.equal(many[i], few[i % len(prompts)]), i
 
