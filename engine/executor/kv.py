@@ -161,7 +161,7 @@ def _growing_layer() -> type:
             keys, values = self.keys, self.values
             used = keys.shape[-2]
             buffers = getattr(self, "_buffers", None)
-            if buffers is None or buffers[2] is not keys or buffers[3] is not values or \
+            if buffers is None or not self.holds(buffers[0], buffers[1]) or \
                     buffers[0].shape[-2] < used + new:
                 room = used + new + max(_SPARE_COLUMNS, (used + new) // 4)
                 kbuf = keys.new_empty(*keys.shape[:-2], room, keys.shape[-1])
@@ -170,6 +170,13 @@ def _growing_layer() -> type:
                 vbuf[..., :used, :] = values
                 self._buffers = (kbuf, vbuf, keys, values)
             return self._buffers[0], self._buffers[1], used
+
+        def holds(self, kbuf: Any, vbuf: Any) -> bool:
+            """Whether the keys and values are still the views of ``kbuf`` and ``vbuf`` that
+            the last :meth:`room` or :meth:`grow` left (nothing replaced them since)."""
+            buffers = getattr(self, "_buffers", None)
+            return buffers is not None and buffers[0] is kbuf and buffers[1] is vbuf and \
+                buffers[2] is self.keys and buffers[3] is self.values
 
         def grow(self, new: int) -> tuple[Any, Any]:
             """The keys and values of the columns written past them (after :meth:`room`)."""
