@@ -25,7 +25,7 @@ import threading
 from typing import Any
 
 #: positions computed together (a block's tensors stay under PyTorch's grain for splitting
-#: an elementwise operation over threads)
+#: an elementwise operation over threads; MAX_POSITIONS is a multiple)
 BLOCK = 64
 #: the table grows to at most this many positions (float32, head size 128: 128 MiB of cos
 #: and sin at most, reached only by a row that many positions in); later ones go to the
@@ -72,8 +72,7 @@ class RopeTable:
         table = self._tables.get(key)
         if table is not None:
             try:
-                cos, sin = table[0].index_select(0, index), table[1].index_select(0, index)
-                return cos.unsqueeze(1), sin.unsqueeze(1)
+                return _gather(table, index)
             except (IndexError, RuntimeError):  # (past the table, or below zero)
                 pass
         if index.numel() == 0:
@@ -83,10 +82,7 @@ class RopeTable:
             return None
         with self._lock:
             table = self._grown(key, high + 1, x)
-        if table is None:
-            return None
-        cos, sin = table[0].index_select(0, index), table[1].index_select(0, index)
-        return cos.unsqueeze(1), sin.unsqueeze(1)
+        return None if table is None else _gather(table, index)
 
     def _grown(self, key: tuple[int, Any], size: int, x: Any) -> tuple[Any, Any] | None:
         """The table for ``key`` holding at least ``size`` positions (whole blocks), or None
@@ -114,7 +110,7 @@ class RopeTable:
                 return None
             if store is None or store[0].shape[0] < start + BLOCK:
                 room = max(want, min(2 * (0 if store is None else store[0].shape[0]),
-                                     -(-MAX_POSITIONS // BLOCK) * BLOCK))
+                                     MAX_POSITIONS))
                 grown = tuple(cos.new_empty((room, cos.shape[-1])) for _ in range(2))
                 if store is not None:
                     grown[0][:start] = store[0][:start]
@@ -125,3 +121,9 @@ class RopeTable:
         table = (store[0][:want], store[1][:want])
         self._tables[key] = table
         return table
+
+
+def _gather(table: tuple[Any, Any], index: Any) -> tuple[Any, Any]:
+    """The rows' cos and sin, ``(rows, 1, dim)`` each, as the module gives a step's."""
+    return table[0].index_select(0, index).unsqueeze(1), \
+        table[1].index_select(0, index).unsqueeze(1)

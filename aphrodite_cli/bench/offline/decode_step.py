@@ -146,11 +146,10 @@ def _one(llm: Any, rows: int, context: int, warmups: int, repeats: int,
     times: list[list[float]] = [[] for _ in variants]
     rates: list[float] = []
     for n in range(warmups + repeats):
-        if n >= warmups and probe is not None:
-            rates.append(probe())
-            runner.decode(batch)  # (untimed: see above)
-        elif probe is not None:
-            runner.decode(batch)  # (the contexts move as in the timed rounds)
+        if probe is not None:
+            if n >= warmups:
+                rates.append(probe())
+            runner.decode(batch)  # (untimed: see above; in warm-ups too, as the contexts move)
         for i, on in enumerate(variants):
             if on is not None:
                 runner._lean_decode.enabled = on
