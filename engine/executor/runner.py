@@ -49,6 +49,38 @@ class RunningBatch:
     cache: Any
     mask: Any
     mrope: bool
+    #: buffers with room for the mask's next columns (:meth:`next_masks`): the mask they
+    #: were last grown into, its int and bool buffers and their numpy views
+    _room: list[Any] | None = field(default=None, repr=False)
+
+    def next_masks(self) -> tuple[Any, Any]:
+        """The mask with the next step's column, and as bools (the whole-step kernel's
+        ``keep``): views of buffers with room for more columns, so a step of the kernel's fast
+        path copies no mask (``torch.cat`` copied it whole each step, and made a bool copy
+        after). A step that takes them calls :meth:`took`; a mask set any other way (a join,
+        rows leaving, the other path's step) is not the one the buffers hold, and the next
+        call copies it into new ones."""
+        import torch
+
+        mask, room = self.mask, self._room
+        width = mask.shape[1]
+        if room is None or room[0] is not mask or room[1].shape[1] <= width:
+            rows = mask.shape[0]
+            capacity = width + 1 + max(kv._SPARE_COLUMNS, (width + 1) // 4)
+            longs = mask.new_zeros((rows, capacity))
+            longs[:, :width] = mask
+            bools = torch.zeros((rows, capacity), dtype=torch.bool)
+            bools[:, :width] = mask != 0
+            room = self._room = [mask, longs, bools, longs.numpy(), bools.numpy()]
+        room[3][:, width] = 1
+        room[4][:, width] = True
+        return room[1].narrow(1, 0, width + 1), room[2].narrow(1, 0, width + 1)
+
+    def took(self, mask: Any) -> None:
+        """The step took :meth:`next_masks`' ``mask``: it is the batch's now."""
+        self.mask = mask
+        if self._room is not None:
+            self._room[0] = mask
 
     def join(self, other: RunningBatch) -> None:
         import torch
@@ -523,6 +555,8 @@ class TransformersRunner:
         token comes out. On an exception the cache is as it was before the step."""
         import torch
 
+        if self._decode_at(batch):
+            return
         rows = batch.rows
         ids = torch.tensor([[r.last_token] for r in rows], dtype=torch.long, device=self.device)
         mask = torch.cat([batch.mask, batch.mask.new_ones((len(rows), 1))], dim=1)
@@ -550,10 +584,46 @@ class TransformersRunner:
             row.position += 1
         self._advance(rows, logits)
 
-    def _advance(self, rows: list[Row], logits: Any) -> None:
-        logits = grammar.mask_logits(rows, logits, self._grammars)
-        tokens = self._sample(rows, logits_processors.apply(rows, logits, self.tokenizer,
-                                                            self.eos_ids))
+    def _decode_at(self, batch: RunningBatch) -> bool:
+        """The decode step through the lean kernel step's fast path (``at``: the rows' tokens
+        and positions as lists, the whole step in one call, each row's greedy token from it),
+        where it takes the batch; False where it does not (nothing changed: :meth:`decode`'s
+        own path runs the step). Outside ``inference_mode``: it makes no tensor but the
+        logits, and its call leaves the caches as they were when it fails."""
+        at = getattr(self._lean_decode, "at", None)
+        if at is None:
+            return False
+        rows = batch.rows
+        if batch.mrope:
+            if any(r.rope_delta is None for r in rows):
+                return False
+            positions = [r.position + r.rope_delta for r in rows]
+        else:
+            positions = [r.position for r in rows]
+        mask, keep = batch.next_masks()
+        out = at([r.last_token for r in rows], positions, 3 if batch.mrope else 2, keep,
+                 batch.cache)
+        if not out:
+            return False
+        logits, greedy = out
+        batch.took(mask)
+        for row in rows:
+            row.position += 1
+        self._advance(rows, logits, greedy)
+        return True
+
+    def _advance(self, rows: list[Row], logits: Any, greedy: list[int] | None = None) -> None:
+        """Each row's next token from ``logits``; ``greedy``: each row's first maximal logit,
+        computed with them (taken where every row is greedy and nothing changes the logits
+        before the sampler: no grammar, no logits processor)."""
+        if greedy is not None and all(
+                r.request.params.temperature == 0 and r.request.grammar is None and
+                not logits_processors.needs_processing(r.request.params) for r in rows):
+            tokens = greedy
+        else:
+            logits = grammar.mask_logits(rows, logits, self._grammars)
+            tokens = self._sample(rows, logits_processors.apply(rows, logits, self.tokenizer,
+                                                                self.eos_ids))
         logprobs = sampler.logprobs(rows, logits, tokens)
         now = time.perf_counter()
         for row, token, lp in zip(rows, tokens, logprobs, strict=True):

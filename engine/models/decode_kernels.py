@@ -179,6 +179,11 @@ def _load() -> ctypes.CDLL:
     lib.ap_decode_step.argtypes = [p, lng, lng, lng, lng, lng, f, f, p, lng, p, p, p, p, p, p,
                                    p, lng, lng, i]
     lib.ap_decode_step.restype = i
+    lib.ap_decode_step_at.argtypes = [p, lng, lng, lng, lng, lng, f, f, p, lng, p, p, p, p, p,
+                                      p, p, lng, p, p, lng, lng, i]
+    lib.ap_decode_step_at.restype = i
+    lib.ap_argmax_rows.argtypes = [p, lng, lng, p]
+    lib.ap_argmax_rows.restype = None
     lib.ap_step_layer_bytes.restype = lng
     lib.group_columns = lib.ap_linear_group_columns()
     lib.vector_floats = lib.ap_vector_floats()

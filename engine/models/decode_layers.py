@@ -106,12 +106,12 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
     lock = threading.Lock()  # (one table: one call at a time)
 
     # What the table's cache records were last set from (under ``lock``): the layers, their
-    # key and value buffers, the columns the layers held after the last step's grow and the
-    # buffers' least capacity. While every layer still holds those buffers and the views its
-    # last grow made (nothing merged, split, restored or grown since) and there is room, the
-    # records stand and a step skips the checks and ``room`` below: on the caches a step has
-    # just flushed, they were ~0.2 ms of a 43 M model's 6 ms step.
-    bound_to: dict[str, Any] = {"layers": (), "used": -1, "capacity": 0}
+    # key and value buffers, the columns the layers held after the last step's grow, the
+    # buffers' least capacity and their rows. While every layer still holds those buffers
+    # and the views its last grow made (nothing merged, split, restored or grown since) and
+    # there is room, the records stand and a step skips the checks and ``room`` below: on
+    # the caches a step has just flushed, they were ~0.2 ms of a 43 M model's 6 ms step.
+    bound_to: dict[str, Any] = {"layers": (), "used": -1, "capacity": 0, "rows": 0}
 
     def still_bound(layers: list[Any], used: int) -> bool:
         known = bound_to["layers"]  # (each layer with its key and value buffers)
@@ -140,7 +140,7 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
                 cos.shape != (rows, dim) or sin.shape != cos.shape:
             return None
         used = keep.shape[1] - 1  # (the columns every layer's cache must hold)
-        if still_bound(layers, used) and layers[0].keys.shape[0] == rows:
+        if still_bound(layers, used) and bound_to["rows"] == rows:
             return layers, used
         bound_to["used"] = -1  # (unbound until the records below are all set)
         for layer in layers:
@@ -161,7 +161,7 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
             record.vsr, record.vsh, record.vsc = vbuf.stride()[:3]
         bound_to.update(layers=tuple((layer, k, v) for layer, (k, v, _) in
                                      zip(layers, buffers, strict=True)),
-                        capacity=min(k.shape[2] for k, _, _ in buffers))
+                        capacity=min(k.shape[2] for k, _, _ in buffers), rows=rows)
         run.rebinds += 1  # type: ignore[attr-defined]
         return layers, used
 
@@ -189,7 +189,7 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
         return True
 
     run.keep_alive = keep_alive  # type: ignore[attr-defined]
-    run.step = None  # type: ignore[attr-defined]
+    run.step = run.step_at = None  # type: ignore[attr-defined]
     #: how many times the table's cache records were set (see ``bound_to``; the tests)
     run.rebinds = 0  # type: ignore[attr-defined]
     if embed is None or norm_first is None or head is None or \
@@ -234,5 +234,44 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
             return None
         return logits
 
+    def step_at(ids: Any, positions: Any, cos_table: Any, sin_table: Any, keep: Any,
+                cache: Any, argmax: Any) -> Any:
+        """``step`` for rows given as ctypes int64 arrays (``ids``, ``positions``: no tensors
+        made for them) on the caches the last step left (its records still bound: anything
+        else is False, for ``step``): each row's cos and sin are the row of ``cos_table`` and
+        ``sin_table`` (float32 ``(positions, dim)``, :class:`engine.models.rope_table.RopeTable`'s)
+        at its position, gathered in the call, and ``argmax`` (an int64 array) gets each
+        row's first maximal logit. The logits ``(rows, vocab)``; False where these are not
+        for it, an id is not in the table or a position past the tables (nothing touched);
+        None where it failed part-way (the caches are as they were)."""
+        rows = len(ids)
+        layers = getattr(cache, "layers", None)
+        if not isinstance(layers, list) or keep.dtype != torch.bool or keep.dim() != 2 or \
+                keep.shape[0] != rows or keep.stride(-1) != 1 or len(positions) != rows or \
+                len(argmax) != rows or cos_table.dtype != torch.float32 or \
+                sin_table.shape != cos_table.shape or cos_table.dim() != 2 or \
+                cos_table.shape[1] != dim or not cos_table.is_contiguous() or \
+                not sin_table.is_contiguous() or sin_table.dtype != torch.float32:
+            return False
+        used = keep.shape[1] - 1
+        logits = torch.empty(rows, logits_n, dtype=torch.float32)
+        with lock:
+            if rows <= 0 or bound_to["rows"] != rows or not still_bound(layers, used):
+                return False
+            failed = lib.ap_decode_step_at(
+                table, count, rows, heads, kv_heads, dim, eps, scaling, embed.data_ptr(), vocab,
+                ctypes.addressof(ids), norm_first.data_ptr(), ctypes.addressof(head_record),
+                logits.data_ptr(), ctypes.addressof(positions), cos_table.data_ptr(),
+                sin_table.data_ptr(), cos_table.shape[0], ctypes.addressof(argmax),
+                keep.data_ptr(), keep.stride(0), used, torch.get_num_threads())
+            if not failed:
+                grown(layers, used)
+        if failed in (-2, -3):
+            return False
+        if failed:
+            return None
+        return logits
+
     run.step = step  # type: ignore[attr-defined]
+    run.step_at = step_at if hasattr(lib, "ap_decode_step_at") else None  # type: ignore
     return run

@@ -54,6 +54,7 @@ the runner starts.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -357,7 +358,33 @@ def _with_kernels(text: Any, layers: list[Any], head: Any, fused: list[_Fused | 
                                    eps_value, x)
         return last(x)
 
+    step_at = getattr(whole, "step_at", None)
+
+    def at(tokens: list[int], positions: list[int], form: int, keep: Any, cache: Any
+           ) -> tuple[Any, list[int]] | bool | None:
+        """The step for rows given as lists, without a tensor made for them: each row's last
+        token, its rotary position (M-RoPE's: the text position plus the row's delta; ``form``
+        3) and ``keep``, the rows' bool mask with the new column; the whole step in one call
+        (``decode_layers``' ``step_at``), its cos and sin gathered from the rotary table in
+        it. ``(logits, each row's greedy token)``; False where that call does not take these
+        (a table not yet filled that far, caches other than the last step's: run ``step``);
+        None where it failed part-way (the caches as they were)."""
+        if step_at is None:
+            return False
+        tables = rotary.filled(form, probe.dtype)
+        if tables is None:
+            return False
+        rows = len(tokens)
+        array = ctypes.c_int64 * rows
+        best = array()
+        logits = step_at(array(*tokens), array(*positions), tables[0], tables[1], keep, cache,
+                         best)
+        if logits is False or logits is None:
+            return logits
+        return logits, list(best)
+
     step.kernel_products = eager.kernel_products  # type: ignore[attr-defined]
     step.eager = eager  # type: ignore[attr-defined]
     step.whole = whole  # type: ignore[attr-defined]
+    step.at = at  # type: ignore[attr-defined]
     return step

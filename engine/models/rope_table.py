@@ -57,6 +57,14 @@ class RopeTable:
                 return found
         return self.rotary(x, positions)
 
+    def filled(self, form: int, dtype: Any) -> tuple[Any, Any] | None:
+        """The table's filled rows for positions of ``form`` (2: ``(rows, 1)``, 3: M-RoPE's)
+        and hidden states of ``dtype``: ``(cos, sin)``, contiguous ``(positions, dim)`` each,
+        row ``p`` the bits the module gives position ``p`` (what a lookup gathers); None
+        where the table is off or holds none yet (a lookup through :meth:`__call__` fills
+        it)."""
+        return self._tables.get((form, dtype)) if self.enabled else None
+
     @staticmethod
     def _index(positions: Any) -> Any | None:
         """The rows' positions ``(rows,)``, or None for a form the table does not take."""

@@ -134,3 +134,54 @@ int ap_decode_step(const ap_layer *layers, long count, long rows, long heads, lo
     free(h);
     return failed;
 }
+
+/* Each row's index of its greatest value in x (rows, n): the first maximal one, or the first
+ * NaN where the row has one (torch.max's index over the last dimension). */
+void ap_argmax_rows(const float *x, long rows, long n, int64_t *out) {
+    for (long r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        long best = 0;
+        for (long j = 0; j < n; j++) {
+            if (row[j] != row[j]) {  /* NaN */
+                best = j;
+                break;
+            }
+            if (row[j] > row[best])
+                best = j;
+        }
+        out[r] = best;
+    }
+}
+
+/* ap_decode_step for rows given by their positions: each row's rotary cos and sin are the
+ * row of cos_table and sin_table (table_rows, dim) at its position (the table of
+ * engine/models/rope_table.py, whose rows are the bits the model's rotary gives each
+ * position), gathered here instead of by PyTorch operations from Python; and, where argmax
+ * is not NULL, each row's token of greatest logit after the step (ap_argmax_rows: what the
+ * greedy sampler takes). Returns -3 where a position is not a row of the tables (nothing
+ * written); otherwise as ap_decode_step. */
+int ap_decode_step_at(const ap_layer *layers, long count, long rows, long heads, long kv_heads,
+                      long dim, float eps, float scaling, const float *embed, long vocab,
+                      const int64_t *ids, const float *norm_first, const ap_product *head,
+                      float *logits, const int64_t *positions, const float *cos_table,
+                      const float *sin_table, long table_rows, int64_t *argmax,
+                      const unsigned char *keep, long keep_sr, long used, int threads) {
+    for (long r = 0; r < rows; r++)
+        if (positions[r] < 0 || positions[r] >= table_rows)
+            return -3;
+    float *cos = malloc(sizeof(float) * rows * dim * 2);
+    if (!cos)
+        return -1;
+    float *sin = cos + rows * dim;
+    for (long r = 0; r < rows; r++) {
+        memcpy(cos + r * dim, cos_table + positions[r] * dim, sizeof(float) * dim);
+        memcpy(sin + r * dim, sin_table + positions[r] * dim, sizeof(float) * dim);
+    }
+    int failed = ap_decode_step(layers, count, rows, heads, kv_heads, dim, eps, scaling, embed,
+                                vocab, ids, norm_first, head, logits, cos, sin, keep, keep_sr,
+                                used, threads);
+    free(cos);
+    if (!failed && argmax)
+        ap_argmax_rows(logits, rows, head->n, argmax);
+    return failed;
+}
