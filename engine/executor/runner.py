@@ -49,17 +49,19 @@ class RunningBatch:
     cache: Any
     mask: Any
     mrope: bool
-    #: buffers with room for the mask's next columns (:meth:`next_masks`): the mask they
-    #: were last grown into, its int and bool buffers and their numpy views
+    #: buffers with room for the mask's next columns (:meth:`next_keep`): the mask they were
+    #: last grown into, its int and bool buffers and their numpy views
     _room: list[Any] | None = field(default=None, repr=False)
 
-    def next_masks(self) -> tuple[Any, Any]:
-        """The mask with the next step's column, and as bools (the whole-step kernel's
-        ``keep``): views of buffers with room for more columns, so a step of the kernel's fast
-        path copies no mask (``torch.cat`` copied it whole each step, and made a bool copy
-        after). A step that takes them calls :meth:`took`; a mask set any other way (a join,
-        rows leaving, the other path's step) is not the one the buffers hold, and the next
-        call copies it into new ones."""
+    def next_keep(self) -> tuple[Any, int]:
+        """The mask as bools with the next step's column of ones (the whole-step kernel's
+        ``keep``): a buffer with room for more columns, and how many of them are the mask's
+        (the first ``columns``). No tensor is made or copied while the buffers last (a step
+        once copied the mask with ``torch.cat`` and again with ``.bool()``, and each PyTorch
+        call lets the engine's other threads take the GIL just before the step): the new
+        column is written through numpy. A step that takes it calls :meth:`took`; a mask set
+        any other way (a join, rows leaving, the other path's step) is not the one the
+        buffers hold, and the next call copies it into new ones."""
         import torch
 
         mask, room = self.mask, self._room
@@ -74,13 +76,12 @@ class RunningBatch:
             room = self._room = [mask, longs, bools, longs.numpy(), bools.numpy()]
         room[3][:, width] = 1
         room[4][:, width] = True
-        return room[1].narrow(1, 0, width + 1), room[2].narrow(1, 0, width + 1)
+        return room[2], width + 1
 
-    def took(self, mask: Any) -> None:
-        """The step took :meth:`next_masks`' ``mask``: it is the batch's now."""
-        self.mask = mask
-        if self._room is not None:
-            self._room[0] = mask
+    def took(self, columns: int) -> None:
+        """The step took :meth:`next_keep`'s mask of ``columns``: it is the batch's now."""
+        assert self._room is not None
+        self.mask = self._room[0] = self._room[1].narrow(1, 0, columns)
 
     def join(self, other: RunningBatch) -> None:
         import torch
@@ -588,8 +589,9 @@ class TransformersRunner:
         """The decode step through the lean kernel step's fast path (``at``: the rows' tokens
         and positions as lists, the whole step in one call, each row's greedy token from it),
         where it takes the batch; False where it does not (nothing changed: :meth:`decode`'s
-        own path runs the step). Outside ``inference_mode``: it makes no tensor but the
-        logits, and its call leaves the caches as they were when it fails."""
+        own path runs the step). Outside ``inference_mode``: it makes no tensor before the
+        call (the logits are the step's buffer, reused; the mask's view comes after), and
+        its call leaves the caches as they were when it fails."""
         at = getattr(self._lean_decode, "at", None)
         if at is None:
             return False
@@ -600,13 +602,13 @@ class TransformersRunner:
             positions = [r.position + r.rope_delta for r in rows]
         else:
             positions = [r.position for r in rows]
-        mask, keep = batch.next_masks()
+        keep, columns = batch.next_keep()
         out = at([r.last_token for r in rows], positions, 3 if batch.mrope else 2, keep,
-                 batch.cache)
+                 columns, batch.cache)
         if not out:
             return False
         logits, greedy = out
-        batch.took(mask)
+        batch.took(columns)
         for row in rows:
             row.position += 1
         self._advance(rows, logits, greedy)

@@ -234,27 +234,34 @@ def build(lib: ctypes.CDLL, products: list[tuple[Any, Any, Any, Any]], norms_aft
             return None
         return logits
 
+    logits_buffer: list[Any] = [None]  # (step_at's, reused while the rows' count stays)
+
     def step_at(ids: Any, positions: Any, cos_table: Any, sin_table: Any, keep: Any,
-                cache: Any, argmax: Any) -> Any:
+                columns: int, cache: Any, argmax: Any) -> Any:
         """``step`` for rows given as ctypes int64 arrays (``ids``, ``positions``: no tensors
         made for them) on the caches the last step left (its records still bound: anything
         else is False, for ``step``): each row's cos and sin are the row of ``cos_table`` and
         ``sin_table`` (float32 ``(positions, dim)``, :class:`engine.models.rope_table.RopeTable`'s)
-        at its position, gathered in the call, and ``argmax`` (an int64 array) gets each
-        row's first maximal logit. The logits ``(rows, vocab)``; False where these are not
-        for it, an id is not in the table or a position past the tables (nothing touched);
-        None where it failed part-way (the caches are as they were)."""
+        at its position, gathered in the call, the mask the first ``columns`` of ``keep``'s
+        rows, and ``argmax`` (an int64 array) gets each row's first maximal logit. The logits
+        ``(rows, vocab)``: one buffer, written again by the next step of as many rows (so no
+        tensor is made before the call: read them before it); False where these are not for
+        it, an id is not in the table or a position past the tables (nothing touched); None
+        where it failed part-way (the caches are as they were)."""
         rows = len(ids)
         layers = getattr(cache, "layers", None)
         if not isinstance(layers, list) or keep.dtype != torch.bool or keep.dim() != 2 or \
                 keep.shape[0] != rows or keep.stride(-1) != 1 or len(positions) != rows or \
+                not 2 <= columns <= keep.shape[1] or \
                 len(argmax) != rows or cos_table.dtype != torch.float32 or \
                 sin_table.shape != cos_table.shape or cos_table.dim() != 2 or \
                 cos_table.shape[1] != dim or not cos_table.is_contiguous() or \
                 not sin_table.is_contiguous() or sin_table.dtype != torch.float32:
             return False
-        used = keep.shape[1] - 1
-        logits = torch.empty(rows, logits_n, dtype=torch.float32)
+        used = columns - 1
+        logits = logits_buffer[0]
+        if logits is None or logits.shape[0] != rows:
+            logits = logits_buffer[0] = torch.empty(rows, logits_n, dtype=torch.float32)
         with lock:
             if rows <= 0 or bound_to["rows"] != rows or not still_bound(layers, used):
                 return False

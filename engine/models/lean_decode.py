@@ -360,11 +360,12 @@ def _with_kernels(text: Any, layers: list[Any], head: Any, fused: list[_Fused | 
 
     step_at = getattr(whole, "step_at", None)
 
-    def at(tokens: list[int], positions: list[int], form: int, keep: Any, cache: Any
-           ) -> tuple[Any, list[int]] | bool | None:
+    def at(tokens: list[int], positions: list[int], form: int, keep: Any, columns: int,
+           cache: Any) -> tuple[Any, list[int]] | bool | None:
         """The step for rows given as lists, without a tensor made for them: each row's last
         token, its rotary position (M-RoPE's: the text position plus the row's delta; ``form``
-        3) and ``keep``, the rows' bool mask with the new column; the whole step in one call
+        3) and ``keep``, the rows' bool mask with the new column in its first ``columns``
+        (the rest of its row unread); the whole step in one call
         (``decode_layers``' ``step_at``), its cos and sin gathered from the rotary table in
         it. ``(logits, each row's greedy token)``; False where that call does not take these
         (a table not yet filled that far, caches other than the last step's: run ``step``);
@@ -377,8 +378,8 @@ def _with_kernels(text: Any, layers: list[Any], head: Any, fused: list[_Fused | 
         rows = len(tokens)
         array = ctypes.c_int64 * rows
         best = array()
-        logits = step_at(array(*tokens), array(*positions), tables[0], tables[1], keep, cache,
-                         best)
+        logits = step_at(array(*tokens), array(*positions), tables[0], tables[1], keep,
+                         columns, cache, best)
         if logits is False or logits is None:
             return logits
         return logits, list(best)

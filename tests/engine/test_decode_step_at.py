@@ -106,16 +106,17 @@ def test_a_position_past_the_table_or_other_caches_touch_nothing(runner):
         rows = batch.rows
         positions = [r.position + r.rope_delta for r in rows]
         keys = [(layer.keys, layer.values) for layer in batch.cache.layers]
-        _mask, keep = batch.next_masks()
+        keep, columns = batch.next_keep()
         tokens = [r.last_token for r in rows]
         far = [*positions[:-1], 1 << 20]
-        assert at(tokens, far, 3, keep, batch.cache) is False
+        assert at(tokens, far, 3, keep, columns, batch.cache) is False
         other = batch.split(rows)  # (the same rows in other buffers)
         kv.reserve(other.cache)
-        assert at(tokens, positions, 3, keep, other.cache) is False
+        assert at(tokens, positions, 3, keep, columns, other.cache) is False
+        assert at(tokens, positions, 3, keep, columns - 1, batch.cache) is False  # (short)
         assert all(layer.keys is k and layer.values is v
                    for layer, (k, v) in zip(batch.cache.layers, keys, strict=True))
-        out = at(tokens, positions, 3, keep, batch.cache)  # (and the real one takes it)
+        out = at(tokens, positions, 3, keep, columns, batch.cache)  # (the real one takes it)
         assert isinstance(out, tuple) and out[1] == out[0].max(dim=-1).indices.tolist()
     finally:
         _finish(batch)
@@ -167,27 +168,30 @@ def test_argmax_rows_is_torch_maxs_index():
 
 
 def test_the_mask_grows_in_its_buffers_until_replaced(runner):
-    """``next_masks`` gives the mask with a column of ones and its bools; taken, the next
-    call writes into the same buffers; a mask set otherwise (rows leaving) is copied into new
-    ones, its values kept."""
+    """``next_keep`` gives the mask as bools with a column of ones in a buffer with room;
+    taken, the batch's mask is that mask and the next call writes into the same buffers; a
+    mask set otherwise (rows leaving) is copied into new ones, its values kept."""
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     batch = _batch(runner, params)
     try:
         start = batch.mask.clone()
-        mask, keep = batch.next_masks()
-        assert torch.equal(mask, torch.cat([start, torch.ones(len(batch.rows), 1,
-                                                              dtype=start.dtype)], dim=1))
-        assert torch.equal(keep, mask != 0) and keep.dtype == torch.bool
-        batch.took(mask)
-        again, keep2 = batch.next_masks()
-        assert again.untyped_storage().data_ptr() == mask.untyped_storage().data_ptr()
-        assert keep2.untyped_storage().data_ptr() == keep.untyped_storage().data_ptr()
-        assert torch.equal(again[:, :-1], mask) and bool(again[:, -1].all())
-        batch.took(again)
+        keep, columns = batch.next_keep()
+        grown = torch.cat([start, torch.ones(len(batch.rows), 1, dtype=start.dtype)], dim=1)
+        assert columns == start.shape[1] + 1 and keep.dtype == torch.bool
+        assert torch.equal(keep[:, :columns], grown != 0)
+        batch.took(columns)
+        assert torch.equal(batch.mask, grown) and batch.mask.dtype == start.dtype
+        again, more = batch.next_keep()
+        assert again is keep and more == columns + 1 and bool(again[:, columns].all())
+        batch.took(more)
+        assert torch.equal(batch.mask[:, :-1], grown) and bool(batch.mask[:, -1].all())
+        buffer = batch.mask.untyped_storage().data_ptr()
         batch.keep(batch.rows[1:])  # (the first row leaves: the mask is another tensor)
-        left, keep3 = batch.next_masks()
-        assert left.untyped_storage().data_ptr() != again.untyped_storage().data_ptr()
-        assert torch.equal(left[:, :-1], batch.mask) and torch.equal(keep3, left != 0)
+        left, last = batch.next_keep()
+        assert left is not keep and last == batch.mask.shape[1] + 1
+        assert torch.equal(left[:, :last - 1], batch.mask != 0)
+        batch.took(last)
+        assert batch.mask.untyped_storage().data_ptr() != buffer
     finally:
         _finish(batch)
 
