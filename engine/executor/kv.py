@@ -132,6 +132,21 @@ def drop_left(cache: Any, columns: int) -> None:
             layer.values = layer.values[..., columns:, :]
 
 
+def _settled(name: str) -> property:
+    """A growing layer's ``keys`` or ``values``: in the instance's dict, the views a lazy
+    ``grow`` left made first (on reading, and before a new tensor is set)."""
+
+    def get(layer: Any) -> Any:
+        layer._settle()
+        return layer.__dict__.get(name)
+
+    def put(layer: Any, value: Any) -> None:
+        layer._settle()
+        layer.__dict__[name] = value
+
+    return property(get, put)
+
+
 @functools.cache
 def _growing_layer() -> type:
     from transformers.cache_utils import DynamicLayer
@@ -149,25 +164,8 @@ def _growing_layer() -> type:
         of them (two views a layer were ~0.15 ms of a 43 M model's step, on the caches the
         step had just flushed)."""
 
-        @property
-        def keys(self) -> Any:
-            self._settle()
-            return self.__dict__.get("keys")
-
-        @keys.setter
-        def keys(self, value: Any) -> None:
-            self._settle()
-            self.__dict__["keys"] = value
-
-        @property
-        def values(self) -> Any:
-            self._settle()
-            return self.__dict__.get("values")
-
-        @values.setter
-        def values(self, value: Any) -> None:
-            self._settle()
-            self.__dict__["values"] = value
+        keys = _settled("keys")
+        values = _settled("values")
 
         def _settle(self) -> None:
             """Make the views a lazy :meth:`grow` left to make."""

@@ -80,8 +80,10 @@ class RunningBatch:
 
     def took(self, columns: int) -> None:
         """The step took :meth:`next_keep`'s mask of ``columns``: it is the batch's now."""
-        assert self._room is not None
-        self.mask = self._room[0] = self._room[1].narrow(1, 0, columns)
+        room = self._room
+        if room is None:
+            raise RuntimeError("RunningBatch.took() without next_keep()")
+        self.mask = room[0] = room[1].narrow(1, 0, columns)
 
     def join(self, other: RunningBatch) -> None:
         import torch

@@ -16,10 +16,9 @@ import torch
 
 from engine.executor import kv
 from engine.executor.outputs import finish_row
-from engine.executor.request import CompletionOutput, EngineRequest
-from engine.executor.row import Row
 from engine.executor.sampling import SamplingParams
 from engine.models import decode_kernels, rope_table
+from tests.engine.test_lean_decode import running_batch
 from tests.engine.test_scheduler import prompts_of
 
 
@@ -30,16 +29,7 @@ def runner(kernel_runner):
 
 def _batch(runner, params: SamplingParams):
     """The test prompts (rows of different lengths, padding) prefilled into one batch."""
-    batch = None
-    for prompt in prompts_of("qwen2_5_vl"):
-        req = EngineRequest(prompt, params)
-        req.outputs = [CompletionOutput(0)]
-        part = runner.prefill([Row(req, 0, None)])
-        if batch is None:
-            batch = part
-        else:
-            batch.join(part)
-    return batch
+    return running_batch(runner, prompts_of("qwen2_5_vl"), params)
 
 
 def _finish(batch) -> None:

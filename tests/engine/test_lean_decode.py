@@ -22,10 +22,12 @@ from tests.engine_fixtures import FAMILIES, llm
 LEAN = ("qwen2_5_vl", "qwen2_vl", "llava", "qwen2_audio", "llava_onevision", "internvl", "smolvlm")
 
 
-def running_batch(runner: TransformersRunner, prompts: list) -> object:
+def running_batch(runner: TransformersRunner, prompts: list, params=None) -> object:
+    """``prompts`` prefilled one by one and joined into one batch (``params``: each
+    request's sampling, 8 greedy tokens by default)."""
     batch = None
     for prompt in prompts:
-        req = EngineRequest(prompt, greedy(8))
+        req = EngineRequest(prompt, greedy(8) if params is None else params)
         req.outputs = [CompletionOutput(0)]
         part = runner.prefill([Row(req, 0, None)])
         if batch is None:
