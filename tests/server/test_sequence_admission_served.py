@@ -49,7 +49,7 @@ def in_flight(server) -> int:
 
 BIG = {"model": MODEL, "prompt": [f"Story number {i}:" for i in range(8)], "n": 8,
        "max_tokens": 64, "ignore_eos": True, "temperature": 1.0}
-SMALL = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+SMALL = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "ignore_eos": True}  # (2 tokens, always)
 
 
 def test_a_big_request_leaves_room_for_a_small_one_and_one_past_the_limit_gets_a_503(server):
